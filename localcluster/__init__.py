@@ -1,0 +1,1 @@
+"""A real Kubernetes control plane on this machine, with process-backed nodes and fault injection."""

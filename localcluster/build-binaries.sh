@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Build the local cluster's control-plane binaries from the upstream Go modules, into a cache
+# outside the repository. Idempotent: a binary already present is kept.
+#
+#   KUBE_VERSION  pinned Kubernetes release (staging modules follow as v0.<minor>.<patch>)
+#   ETCD_VERSION  pinned etcd release
+#   FSDPOP_CACHE  cache root (default ~/.cache/fsdp-operator)
+set -euo pipefail
+
+KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+CACHE="${FSDPOP_CACHE:-$HOME/.cache/fsdp-operator}"
+OUT="$CACHE/k8s-$KUBE_VERSION/bin"
+WORK="$CACHE/k8s-$KUBE_VERSION/src"
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+
+mkdir -p "$OUT" "$WORK/kube" "$WORK/etcd"
+export GOFLAGS="-mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local
+
+missing=()
+for c in "${KUBE_CMDS[@]}"; do [ -x "$OUT/$c" ] || missing+=("$c"); done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  cd "$WORK/kube"
+  if [ ! -f go.mod ]; then
+    go mod init fsdpop.local/kubebuild >/dev/null 2>&1
+    # k8s.io/kubernetes pins its staging modules to v0.0.0 with local replaces; point each one
+    # at the published v0.<minor>.<patch> release instead.
+    modfile=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    staging="v0.${KUBE_VERSION#v1.}"
+    python3 - "$modfile" "$staging" "$KUBE_VERSION" >>go.mod <<'PY'
+import re, sys
+modfile, staging, kube = sys.argv[1:]
+names = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s+=>\s+\./staging/", open(modfile).read(), re.M)
+print(f"\nrequire k8s.io/kubernetes {kube}\n")
+print("replace (")
+for n in sorted(set(names)):
+    print(f"\t{n} => {n} {staging}")
+print(")")
+PY
+    printf 'package main\nimport (\n' > tools.go
+    for c in "${KUBE_CMDS[@]}"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$c" >> tools.go; done
+    printf ')\nfunc main() {}\n' >> tools.go
+    go mod tidy
+  fi
+  for c in "${missing[@]}"; do
+    echo "building $c ($KUBE_VERSION)..." >&2
+    go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION" \
+      -o "$OUT/$c.tmp" "k8s.io/kubernetes/cmd/$c"
+    mv "$OUT/$c.tmp" "$OUT/$c"
+  done
+fi
+
+if [ ! -x "$OUT/etcd" ]; then
+  cd "$WORK/etcd"
+  if [ ! -f go.mod ]; then
+    go mod init fsdpop.local/etcdbuild >/dev/null 2>&1
+    printf 'package main\nimport _ "go.etcd.io/etcd/server/v3"\nfunc main() {}\n' > tools.go
+    go get "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+    go mod tidy
+  fi
+  echo "building etcd ($ETCD_VERSION)..." >&2
+  go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3
+  mv "$OUT/etcd.tmp" "$OUT/etcd"
+fi
+echo "$OUT"

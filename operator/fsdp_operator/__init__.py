@@ -1,0 +1,1 @@
+"""fsdp-operator: the kopf operator that runs and recovers FSDPJob training. Never imports torch."""

@@ -1,0 +1,1 @@
+"""fsdp-worker: the torchrun entrypoint. Torch-free at package level so the operator can share catalog and config."""

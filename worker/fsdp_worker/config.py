@@ -1,0 +1,210 @@
+"""The training-config document: the one contract between an FSDPJob spec and its workers.
+
+The operator embeds `TrainingConfig` in the FSDPJob spec (the CRD's `spec.training` schema is
+generated from it) and hands `WorkerConfig` to every rank as one JSON document. Torch-free and
+numpy-free by design: the operator image imports this module. It must not read the clock, the
+environment or the disk.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from typing import Annotated, Any
+
+import pydantic
+from pydantic import Field
+
+# Names a user may put in a config that later become paths or module references are restricted
+# to these shapes so that nothing can smuggle `$(VAR)` expansion, shell syntax or `..`.
+FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+SAFE_PATH_PATTERN = r"^/([A-Za-z0-9._-]+/?)*$"
+MAX_PATH_LENGTH = 255
+
+
+class _Model(pydantic.BaseModel):
+    """Base for config models: camelCase on the wire, unknown fields are errors."""
+
+    model_config = pydantic.ConfigDict(
+        alias_generator=pydantic.alias_generators.to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class ModelPreset(enum.StrEnum):
+    """Built-in decoder-only transformer sizes."""
+
+    TINY = "tiny"  # CPU tests: a few thousand parameters per block
+    SMALL = "small"  # CPU demo and benchmarks
+    B1 = "1b"
+    B7 = "7b"
+    CUSTOM = "custom"  # dim/layers/heads taken from the fields below
+
+
+class DataKind(enum.StrEnum):
+    SYNTHETIC = "synthetic"
+    TOKEN_FILE = "tokenFile"
+
+
+class Precision(enum.StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class SchedulerKind(enum.StrEnum):
+    CONSTANT = "constant"
+    COSINE = "cosine"
+
+
+def _no_dotdot(value: str | None) -> str | None:
+    if value is not None and any(part == ".." for part in value.split("/")):
+        raise ValueError(f"path {value!r} must not contain '..'")
+    return value
+
+
+SafePath = Annotated[
+    str,
+    Field(pattern=SAFE_PATH_PATTERN, max_length=MAX_PATH_LENGTH),
+    pydantic.AfterValidator(_no_dotdot),
+]
+
+
+class ModelConfig(_Model):
+    """Which transformer to train. `factory` replaces the built-in model entirely."""
+
+    preset: ModelPreset = Field(ModelPreset.TINY, description="Built-in transformer size.")
+    vocab_size: int = Field(256, ge=2, le=1_048_576, description="Vocabulary size.")
+    seq_len: int = Field(32, ge=1, le=1_048_576, description="Tokens per sample.")
+    dim: int | None = Field(None, ge=8, le=65_536, description="Model width (custom preset).")
+    n_layers: int | None = Field(None, ge=1, le=1024, description="Transformer blocks (custom).")
+    n_heads: int | None = Field(None, ge=1, le=1024, description="Attention heads (custom).")
+    factory: str | None = Field(
+        None,
+        pattern=FACTORY_PATTERN,
+        max_length=200,
+        description="User model factory 'pkg.module:function' returning an nn.Module.",
+    )
+
+
+class DataConfig(_Model):
+    """Where tokens come from. The position is a global sample cursor, world-size free."""
+
+    kind: DataKind = Field(DataKind.SYNTHETIC, description="synthetic or tokenFile.")
+    path: SafePath | None = Field(None, description="Token file (uint16/uint32 memmap) path.")
+    dtype: str = Field("uint16", pattern=r"^uint(16|32)$", description="Token file dtype.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the synthetic stream.")
+
+
+class OptimizerConfig(_Model):
+    """AdamW settings."""
+
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.95, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0, le=1)
+    weight_decay: float = Field(0.1, ge=0, le=10)
+    grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
+
+
+class SchedulerConfig(_Model):
+    """Learning-rate schedule: linear warmup then constant or cosine decay."""
+
+    kind: SchedulerKind = SchedulerKind.COSINE
+    warmup_steps: int = Field(0, ge=0, le=10_000_000)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class PrecisionConfig(_Model):
+    """FSDP2 mixed precision: parameter dtype for compute, dtype of gradient reduction."""
+
+    param: Precision = Precision.FP32
+    reduce: Precision = Precision.FP32
+
+
+class TrainingConfig(_Model):
+    """`spec.training` of an FSDPJob: everything that defines the training run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    steps: int = Field(100, ge=1, le=1_000_000_000, description="Total optimizer steps.")
+    global_batch_size: int = Field(
+        8, ge=1, le=16_777_216, description="Samples per optimizer step, at every world size."
+    )
+    micro_batch_size: int = Field(1, ge=1, le=65_536, description="Samples per rank per pass.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    activation_checkpointing: bool = False
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of model init and dropout.")
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> TrainingConfig:
+        if self.micro_batch_size > self.global_batch_size:
+            raise ValueError(
+                f"microBatchSize={self.micro_batch_size} exceeds "
+                f"globalBatchSize={self.global_batch_size}; it must be at most globalBatchSize"
+            )
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"globalBatchSize={self.global_batch_size} must be a multiple of "
+                f"microBatchSize={self.micro_batch_size}"
+            )
+        if self.data.kind is DataKind.TOKEN_FILE and self.data.path is None:
+            raise ValueError("data.path is required when data.kind is 'tokenFile'")
+        return self
+
+    def accumulation_steps(self, world_size: int) -> int:
+        """Gradient-accumulation passes per step, or ValueError naming the fields."""
+        per_pass = self.micro_batch_size * world_size
+        if world_size < 1 or self.global_batch_size % per_pass:
+            raise ValueError(
+                f"globalBatchSize={self.global_batch_size} is not divisible by "
+                f"microBatchSize={self.micro_batch_size} x worldSize={world_size}; "
+                "allowed world sizes are those dividing globalBatchSize/microBatchSize"
+            )
+        return self.global_batch_size // per_pass
+
+    def allowed_world_sizes(self, upper: int) -> list[int]:
+        """World sizes in [1, upper] at which the global batch stays exact."""
+        passes = self.global_batch_size // self.micro_batch_size
+        return [w for w in range(1, upper + 1) if passes % w == 0]
+
+    def resume_hash(self) -> str:
+        """Hash of the fields a checkpoint's meaning depends on.
+
+        `steps` is excluded on purpose: extending a run must be able to resume it.
+        """
+        doc = self.model_dump(mode="json", by_alias=True, exclude={"steps"})
+        blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+class CheckpointConfig(_Model):
+    """`spec.checkpoint` of an FSDPJob."""
+
+    root: SafePath = Field("/ckpt", description="Checkpoint directory on a shared volume.")
+    interval_steps: int = Field(500, ge=1, le=100_000_000, description="Save every N steps.")
+    keep: int = Field(3, ge=1, le=1000, description="Complete checkpoints to retain.")
+    async_: bool = Field(
+        False, alias="async", description="Save with dcp.async_save (one in flight)."
+    )
+
+
+class WorkerConfig(_Model):
+    """The document every rank reads (FSDP_WORKER_CONFIG): training plus checkpointing."""
+
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @classmethod
+    def parse(cls, raw: str | bytes | dict[str, Any]) -> WorkerConfig:
+        """Parse JSON text or a dict; raises pydantic.ValidationError naming the field."""
+        if isinstance(raw, dict):
+            return cls.model_validate(raw)
+        return cls.model_validate_json(raw)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
