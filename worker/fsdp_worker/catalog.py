@@ -1,0 +1,438 @@
+"""The checkpoint catalog: marker format, listing, verification, selection, retention choice.
+
+Shared by the operator (which picks the resume checkpoint) and the worker (which writes markers
+and applies retention). Standard library only: the operator image has no torch. It must never
+unpickle anything (DCP's `.metadata` is pickled; only the JSON marker is read here), never
+import torch/numpy/pydantic, and never write a step directory's contents other than the marker.
+
+Layout: `<root>/step-<N>/` holds one checkpoint. It counts only when `COMPLETE.json` (the
+marker) exists, parses strictly, and its manifest matches the files present. Any other name
+under the root (partial saves, quarantined steps) is ignored by `list_checkpoints`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import posixpath
+import re
+import stat
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+MARKER_NAME = "COMPLETE.json"
+MARKER_FORMAT = 1
+STEP_PREFIX = "step-"
+STEP_DIR_RE = re.compile(r"^step-(0|[1-9][0-9]{0,17})$")
+PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>: a save in flight, ignored here
+QUARANTINE_INFIX = ".quarantined-"  # step-<N>.quarantined-<k>: set aside, ignored here
+MAX_MARKER_BYTES = 16 * 1024 * 1024  # a marker is small; refuse to parse anything huge
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_READ_CHUNK = 8 * 1024 * 1024
+
+
+class CatalogError(Exception):
+    """A marker that does not parse, or a storage path that escapes its root."""
+
+
+class RejectReason(enum.StrEnum):
+    """Why a step directory cannot be resumed from."""
+
+    NO_MARKER = "NoMarker"  # incomplete: a save never finished (or is still in flight)
+    BAD_MARKER = "BadMarker"  # marker unreadable, malformed, or for another step
+    MANIFEST_MISMATCH = "ManifestMismatch"  # a file missing, truncated, or unexpected
+    CHECKSUM_MISMATCH = "ChecksumMismatch"  # sizes match but content does not (deep only)
+    CONFIG_HASH_MISMATCH = "ConfigHashMismatch"  # written by a different training config
+    LINEAGE = "Lineage"  # written by a superseded attempt after the restart point
+
+
+def step_dir_name(step: int) -> str:
+    return f"{STEP_PREFIX}{step}"
+
+
+def partial_dir_name(*, step: int, attempt: int) -> str:
+    return f"{STEP_PREFIX}{step}{PARTIAL_INFIX}{attempt}"
+
+
+# --- storage ------------------------------------------------------------------------------------
+
+
+class Storage(Protocol):
+    """The few operations the catalog needs, so an object store can follow the filesystem."""
+
+    def list_dirs(self, root: str) -> list[str]: ...
+    def list_files(self, path: str) -> dict[str, int]: ...
+    def read_bytes(self, path: str) -> bytes: ...
+    def exists(self, path: str) -> bool: ...
+    def rename(self, src: str, dst: str) -> None: ...
+
+
+class LocalStorage:
+    """Filesystem storage; every path must resolve (realpath) inside `base`.
+
+    Paths may be absolute or relative to `base`. Symlinks are not followed out of `base`, and
+    only regular files count in `list_files` (a symlinked shard reads as missing).
+    """
+
+    def __init__(self, base: str) -> None:
+        self.base = os.path.realpath(base)
+
+    def resolve(self, path: str) -> str:
+        full = os.path.realpath(os.path.join(self.base, path))
+        if os.path.commonpath([self.base, full]) != self.base:
+            raise CatalogError(f"path {path!r} escapes the checkpoint root {self.base!r}")
+        return full
+
+    def list_dirs(self, root: str) -> list[str]:
+        full = self.resolve(root)
+        try:
+            entries = list(os.scandir(full))
+        except FileNotFoundError:
+            return []
+        return sorted(e.name for e in entries if e.is_dir(follow_symlinks=False))
+
+    def list_files(self, path: str) -> dict[str, int]:
+        top = self.resolve(path)
+        out: dict[str, int] = {}
+        for dirpath, _dirs, files in os.walk(top, followlinks=False):
+            for name in files:
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    rel = os.path.relpath(os.path.join(dirpath, name), top)
+                    out[rel.replace(os.sep, "/")] = st.st_size
+        return out
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(self.resolve(path), "rb") as f:
+            return f.read()
+
+    def sha256(self, path: str) -> str:
+        digest = hashlib.sha256()
+        with open(self.resolve(path), "rb") as f:
+            while chunk := f.read(_READ_CHUNK):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(self.resolve(path))
+
+    def rename(self, src: str, dst: str) -> None:
+        # os.rename of a directory onto an existing non-empty one fails: no silent overwrite.
+        os.rename(self.resolve(src), self.resolve(dst))
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        """Write a file so readers see the old state or the whole new file, durably."""
+        full = self.resolve(path)
+        directory = os.path.dirname(full)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.rename(tmp, full)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        fsync_dir(directory)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- the marker ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Marker:
+    """The completion marker of one checkpoint; written last, by rank 0, atomically."""
+
+    step: int
+    attempt: int
+    world_size: int
+    global_batch_size: int
+    samples_consumed: int
+    resumed_from_step: int | None
+    time: float
+    torch_version: str
+    config_hash: str
+    files: dict[str, FileEntry]
+
+    def to_json(self) -> bytes:
+        doc: dict[str, Any] = dataclasses.asdict(self)
+        doc["format"] = MARKER_FORMAT
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Marker:
+        """Strict parse: JSON only, every field present with the right type."""
+        if len(raw) > MAX_MARKER_BYTES:
+            raise CatalogError(f"marker is {len(raw)} bytes, over {MAX_MARKER_BYTES}")
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CatalogError(f"marker is not JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise CatalogError("marker is not a JSON object")
+        if doc.get("format") != MARKER_FORMAT:
+            raise CatalogError(f"marker format {doc.get('format')!r}, expected {MARKER_FORMAT}")
+        return cls(
+            step=_int(doc, "step"),
+            attempt=_int(doc, "attempt"),
+            world_size=_int(doc, "world_size", minimum=1),
+            global_batch_size=_int(doc, "global_batch_size", minimum=1),
+            samples_consumed=_int(doc, "samples_consumed"),
+            resumed_from_step=_opt_int(doc, "resumed_from_step"),
+            time=_float(doc, "time"),
+            torch_version=_str(doc, "torch_version"),
+            config_hash=_str(doc, "config_hash"),
+            files=_files(doc),
+        )
+
+
+def _int(doc: dict[str, Any], key: str, *, minimum: int = 0) -> int:
+    value = doc.get(key)
+    if type(value) is not int or value < minimum:
+        raise CatalogError(f"marker field {key!r}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _opt_int(doc: dict[str, Any], key: str) -> int | None:
+    if key not in doc:
+        raise CatalogError(f"marker field {key!r} is missing")
+    return None if doc[key] is None else _int(doc, key)
+
+
+def _float(doc: dict[str, Any], key: str) -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CatalogError(f"marker field {key!r}={value!r} must be a number")
+    return float(value)
+
+
+def _str(doc: dict[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str):
+        raise CatalogError(f"marker field {key!r}={value!r} must be a string")
+    return value
+
+
+def _files(doc: dict[str, Any]) -> dict[str, FileEntry]:
+    raw = doc.get("files")
+    if not isinstance(raw, dict) or not raw:
+        raise CatalogError("marker field 'files' must be a non-empty object")
+    out: dict[str, FileEntry] = {}
+    for name, entry in raw.items():
+        parts = name.split("/")
+        if name.startswith("/") or ".." in parts or name == MARKER_NAME:
+            raise CatalogError(f"marker lists an invalid file name {name!r}")
+        if not isinstance(entry, dict):
+            raise CatalogError(f"marker entry for {name!r} must be an object")
+        size = _int(entry, "size")
+        digest = entry.get("sha256")
+        if digest is not None and (not isinstance(digest, str) or not _SHA256_RE.match(digest)):
+            raise CatalogError(f"marker entry for {name!r} has a malformed sha256")
+        out[name] = FileEntry(size=size, sha256=digest)
+    return out
+
+
+# --- verification and selection -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """The attempt that is running (or just failed) and the step it resumed from (None: fresh).
+
+    Allowed: checkpoints of `attempt` itself, and of earlier attempts only at steps
+    <= `resumed_from_step`. An attempt that started fresh (None) superseded every earlier one,
+    so no earlier-attempt checkpoint qualifies. Later attempts' markers are always refused.
+    """
+
+    attempt: int
+    resumed_from_step: int | None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    step: int
+    path: str
+    marker: Marker | None
+    ok: bool
+    reason: str  # a RejectReason member, or "" when ok
+    detail: str = ""
+
+
+def lineage_allows(marker: Marker, lineage: Lineage) -> bool:
+    if marker.attempt == lineage.attempt:
+        return True
+    if marker.attempt > lineage.attempt or lineage.resumed_from_step is None:
+        return False
+    return marker.step <= lineage.resumed_from_step
+
+
+def verify(
+    storage: Storage,
+    step_path: str,
+    *,
+    config_hash: str | None = None,
+    lineage: Lineage | None = None,
+    deep: bool = False,
+) -> Candidate:
+    """Check one step directory: marker, manifest (sizes; sha256 when deep), config, lineage."""
+    match = STEP_DIR_RE.match(posixpath.basename(step_path.rstrip("/")))
+    step = int(match.group(1)) if match else -1
+
+    def reject(reason: RejectReason, detail: str, marker: Marker | None = None) -> Candidate:
+        return Candidate(step, step_path, marker, ok=False, reason=reason, detail=detail)
+
+    marker_path = posixpath.join(step_path, MARKER_NAME)
+    if not storage.exists(marker_path):
+        return reject(RejectReason.NO_MARKER, f"{MARKER_NAME} absent: the save never completed")
+    try:
+        marker = Marker.from_json(storage.read_bytes(marker_path))
+    except (CatalogError, OSError) as exc:
+        return reject(RejectReason.BAD_MARKER, str(exc))
+    if marker.step != step:
+        return reject(RejectReason.BAD_MARKER, f"marker says step {marker.step}", marker)
+    problem = _manifest_problem(storage, step_path=step_path, marker=marker, deep=deep)
+    if problem:
+        reason = RejectReason.CHECKSUM_MISMATCH if "sha256" in problem else None
+        return reject(reason or RejectReason.MANIFEST_MISMATCH, problem, marker)
+    if config_hash is not None and marker.config_hash != config_hash:
+        detail = (
+            f"written with training-config hash {marker.config_hash}, the running config has "
+            f"{config_hash} (globalBatchSize={marker.global_batch_size} then)"
+        )
+        return reject(RejectReason.CONFIG_HASH_MISMATCH, detail, marker)
+    if lineage is not None and not lineage_allows(marker, lineage):
+        detail = (
+            f"written by attempt {marker.attempt}; attempt {lineage.attempt} resumed from step "
+            f"{lineage.resumed_from_step}"
+        )
+        return reject(RejectReason.LINEAGE, detail, marker)
+    return Candidate(step, step_path, marker, ok=True, reason="")
+
+
+def _manifest_problem(storage: Storage, *, step_path: str, marker: Marker, deep: bool) -> str:
+    present = storage.list_files(step_path)
+    present.pop(MARKER_NAME, None)
+    for name, entry in sorted(marker.files.items()):
+        if name not in present:
+            return f"file {name} listed in the marker is missing"
+        if present[name] != entry.size:
+            return f"file {name} is {present[name]} bytes, the marker says {entry.size}"
+    extra = sorted(set(present) - set(marker.files))
+    if extra:
+        return f"files not in the marker: {', '.join(extra[:5])}"
+    if deep:
+        for name, entry in sorted(marker.files.items()):
+            if entry.sha256 is None:
+                continue
+            digest = _sha256(storage, posixpath.join(step_path, name))
+            if digest != entry.sha256:
+                return f"file {name} sha256 {digest[:12]} differs from the marker's"
+    return ""
+
+
+def _sha256(storage: Storage, path: str) -> str:
+    fast = getattr(storage, "sha256", None)
+    if callable(fast):
+        return str(fast(path))
+    return hashlib.sha256(storage.read_bytes(path)).hexdigest()
+
+
+def list_checkpoints(
+    storage: Storage,
+    root: str,
+    *,
+    config_hash: str | None = None,
+    lineage: Lineage | None = None,
+    deep: bool = False,
+) -> list[Candidate]:
+    """Every `step-<N>` directory under root, newest first, each verified."""
+    steps = sorted(
+        (int(m.group(1)), name)
+        for name in storage.list_dirs(root)
+        if (m := STEP_DIR_RE.match(name))
+    )
+    return [
+        verify(
+            storage,
+            posixpath.join(root, name),
+            config_hash=config_hash,
+            lineage=lineage,
+            deep=deep,
+        )
+        for _step, name in reversed(steps)
+    ]
+
+
+def select(
+    storage: Storage,
+    root: str,
+    *,
+    config_hash: str | None,
+    lineage: Lineage | None,
+    deep: bool = False,
+) -> tuple[Candidate | None, list[Candidate]]:
+    """The newest checkpoint that passes, and every rejected one (newest first, with reasons)."""
+    candidates = list_checkpoints(
+        storage, root, config_hash=config_hash, lineage=lineage, deep=deep
+    )
+    chosen = next((c for c in candidates if c.ok), None)
+    return chosen, [c for c in candidates if not c.ok]
+
+
+def quarantine(storage: Storage, root: str, step: int) -> str:
+    """Rename step-<N> to a name `list_checkpoints` ignores; returns the new path."""
+    src = posixpath.join(root, step_dir_name(step))
+    if not storage.exists(src):
+        raise CatalogError(f"{src} does not exist")
+    for k in range(1, 10_000):
+        dst = posixpath.join(root, f"{step_dir_name(step)}{QUARANTINE_INFIX}{k}")
+        if not storage.exists(dst):
+            storage.rename(src, dst)
+            return dst
+    raise CatalogError(f"too many quarantined copies of {src}")
+
+
+def retention_victims(candidates: Sequence[Candidate], *, keep: int) -> list[Candidate]:
+    """Complete, usable checkpoints beyond the newest `keep`; incomplete ones are never chosen.
+
+    A directory without a marker may be a save still in flight, and a rejected one is evidence
+    for the operator, so only `ok` candidates are ever victims; the newest is always kept.
+    """
+    usable = sorted((c for c in candidates if c.ok), key=lambda c: c.step, reverse=True)
+    return usable[max(keep, 1) :]
+
+
+def build_manifest(
+    storage: LocalStorage, step_path: str, *, checksums: bool
+) -> dict[str, FileEntry]:
+    """The manifest of a finished save: every file with its size (and sha256 if asked)."""
+    files = storage.list_files(step_path)
+    files.pop(MARKER_NAME, None)
+    return {
+        name: FileEntry(
+            size=size,
+            sha256=storage.sha256(posixpath.join(step_path, name)) if checksums else None,
+        )
+        for name, size in sorted(files.items())
+    }
