@@ -14,6 +14,7 @@ import json
 from typing import Annotated, Any
 
 import pydantic
+import pydantic.alias_generators
 from pydantic import Field
 
 # Names a user may put in a config that later become paths or module references are restricted
@@ -21,6 +22,11 @@ from pydantic import Field
 FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 SAFE_PATH_PATTERN = r"^/([A-Za-z0-9._-]+/?)*$"
 MAX_PATH_LENGTH = 255
+
+
+def k8s_rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """CEL rules for the generated CRD (the Python validators below enforce the same)."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
 
 
 class _Model(pydantic.BaseModel):
@@ -46,7 +52,7 @@ class ModelPreset(enum.StrEnum):
 
 class DataKind(enum.StrEnum):
     SYNTHETIC = "synthetic"
-    TOKEN_FILE = "tokenFile"
+    TOKEN_FILE = "tokenFile"  # noqa: S105 (not a secret)
 
 
 class Precision(enum.StrEnum):
@@ -88,6 +94,28 @@ class ModelConfig(_Model):
         description="User model factory 'pkg.module:function' returning an nn.Module.",
     )
 
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=k8s_rules(
+            (
+                "self.preset != 'custom' || (has(self.dim) && has(self.nLayers)"
+                " && has(self.nHeads))",
+                "preset 'custom' requires dim, nLayers and nHeads",
+            ),
+            (
+                "!has(self.dim) || !has(self.nHeads) || self.dim % self.nHeads == 0",
+                "dim must be divisible by nHeads",
+            ),
+        )
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.preset is ModelPreset.CUSTOM and None in (self.dim, self.n_layers, self.n_heads):
+            raise ValueError("model.preset 'custom' requires model.dim, nLayers and nHeads")
+        if self.dim is not None and self.n_heads is not None and self.dim % self.n_heads:
+            raise ValueError(f"model.dim={self.dim} must be divisible by nHeads={self.n_heads}")
+        return self
+
 
 class DataConfig(_Model):
     """Where tokens come from. The position is a global sample cursor, world-size free."""
@@ -96,6 +124,16 @@ class DataConfig(_Model):
     path: SafePath | None = Field(None, description="Token file (uint16/uint32 memmap) path.")
     dtype: str = Field("uint16", pattern=r"^uint(16|32)$", description="Token file dtype.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of the synthetic stream.")
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=k8s_rules(
+            ("self.kind != 'tokenFile' || has(self.path)", "path is required for tokenFile"),
+            (
+                "!has(self.path) || (!self.path.contains('/../') && !self.path.endsWith('/..'))",
+                "path must not contain '..' segments",
+            ),
+        )
+    )
 
 
 class OptimizerConfig(_Model):
@@ -139,6 +177,15 @@ class TrainingConfig(_Model):
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     activation_checkpointing: bool = False
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of model init and dropout.")
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=k8s_rules(
+            (
+                "self.globalBatchSize % self.microBatchSize == 0",
+                "globalBatchSize must be a multiple of microBatchSize",
+            ),
+        )
+    )
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> TrainingConfig:

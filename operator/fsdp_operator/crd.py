@@ -1,0 +1,164 @@
+"""Generate the FSDPJob CustomResourceDefinition from the pydantic models in spec.py/status.py.
+
+`python -m fsdp_operator.crd > crds/fsdpjobs.yaml` writes the committed file; a test fails when
+it drifts. This module turns pydantic's JSON Schema into a Kubernetes structural schema: refs
+inlined, nullables dropped, exclusive bounds rewritten, free-form objects marked to preserve
+unknown fields. It must not talk to a cluster.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from fsdp_operator import spec as api
+from fsdp_operator import status as st
+
+_DROP = {"title"}
+
+
+def _inline(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_inline(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = dict(defs[node["$ref"].rsplit("/", 1)[-1]])
+        extra = {k: v for k, v in node.items() if k != "$ref"}
+        return _inline({**target, **extra}, defs)
+    return {k: _inline(v, defs) for k, v in node.items() if k not in _DROP}
+
+
+def _free_form(node: dict[str, Any]) -> None:
+    """dict[str, Any] becomes an object that keeps unknown fields; `extra=forbid` is implied."""
+    extra = node.get("additionalProperties")
+    if extra is False:
+        del node["additionalProperties"]
+    elif node.get("type") == "object" and (
+        extra is True or (extra is None and "properties" not in node)
+    ):
+        node.pop("additionalProperties", None)
+        node["x-kubernetes-preserve-unknown-fields"] = True
+
+
+def _structural(node: Any) -> Any:
+    """Rewrite one inlined JSON Schema node (recursively) into Kubernetes' dialect."""
+    if isinstance(node, list):
+        return [_structural(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    node = dict(node)
+    if "anyOf" in node:  # Optional[X] -> X; absent means null in Kubernetes
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        if len(options) != 1:
+            raise ValueError(f"unsupported union in schema: {options}")
+        node = {**options[0], **node}
+    if node.get("default", 0) is None:
+        del node["default"]
+    for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
+            node[limit] = node.pop(bound)
+            node[bound] = True
+    if "maxLength" in node and node.get("type") in ("object", "array"):
+        node["maxProperties" if node["type"] == "object" else "maxItems"] = node.pop("maxLength")
+    _free_form(node)
+    out = {k: _structural(v) if k != "x-kubernetes-validations" else v for k, v in node.items()}
+    if "properties" in out:
+        out["properties"] = {k: _structural(v) for k, v in node["properties"].items()}
+    return out
+
+
+def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
+    """Give optional nested objects `default: {}` so the API server fills their defaults too.
+
+    CEL rules can then read every defaulted field without `has()` guards.
+    """
+    required = set(node.get("required", []))
+    for name, prop in node.get("properties", {}).items():
+        if prop.get("type") == "object" and "properties" in prop:
+            _default_objects(prop)
+            if name not in required and "default" not in prop:
+                prop["default"] = {}
+    return node
+
+
+def schema_of(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return dict(_structural(_inline(raw, defs)))
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    cols = [
+        ("Phase", "string", ".status.phase", "Lifecycle phase"),
+        ("World", "integer", ".status.worldSize", "Ranks in the current attempt"),
+        ("Step", "integer", ".status.step", "Last completed training step"),
+        ("Checkpoint", "integer", ".status.lastCheckpoint.step", "Newest complete checkpoint"),
+        ("Restarts", "integer", ".status.restarts.total", "Restarts, all budgets"),
+        ("Age", "date", ".metadata.creationTimestamp", ""),
+    ]
+    return [
+        {"name": n, "type": t, "jsonPath": p, **({"description": d} if d else {})}
+        for n, t, p, d in cols
+    ]
+
+
+def build() -> dict[str, Any]:
+    """The CRD as a dict."""
+    spec_schema = _default_objects(schema_of(api.FSDPJobSpec))
+    status_schema = schema_of(st.FSDPJobStatus)
+    root = {
+        "type": "object",
+        "description": "FSDPJob runs a PyTorch FSDP2 training job and restarts it from its "
+        "newest complete checkpoint after failures.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema,
+            "status": status_schema,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{api.PLURAL}.{api.GROUP}"},
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": api.CATEGORIES,
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _printer_columns(),
+                    "schema": {"openAPIV3Schema": root},
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated by `python -m fsdp_operator.crd` from operator/fsdp_operator/spec.py.\n"
+    header += "# Do not edit by hand: tests/unit/test_crd.py fails when this file drifts.\n"
+    return header + yaml.safe_dump(build(), sort_keys=False, width=100)
+
+
+def main() -> None:
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

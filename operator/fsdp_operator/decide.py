@@ -1,0 +1,329 @@
+"""The reconcile decision: `decide(observed) -> Decision`. The operator's brain, and pure.
+
+One pass: keep what happened (checkpoints, progress), then either finish, fail, suspend, tear
+down and restart, launch, or wait. The result carries the whole new status (written in one
+patch), the pods to delete and create, the Events, and when to look again. No I/O, no clock
+reads, no kopf: tests drive it as a truth table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+
+from fsdp_operator import detect, policy
+from fsdp_operator import observed as ob
+from fsdp_operator import status as st
+
+POLL_SECONDS = 5.0  # look again at least this often while pods run (progress, node loss)
+
+
+class EventType(enum.StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    type: EventType
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class PodDelete:
+    name: str
+    force: bool = False  # grace 0: the node is gone, nobody will confirm the kill
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Create every pod of `attempt` that does not exist yet (idempotent)."""
+
+    attempt: int
+    replicas: int
+    resume_path: str
+    excluded_nodes: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Decision:
+    status: st.FSDPJobStatus
+    delete: list[PodDelete] = dataclasses.field(default_factory=list)
+    launch: Launch | None = None
+    events: list[Event] = dataclasses.field(default_factory=list)
+    quarantine: list[str] = dataclasses.field(default_factory=list)
+    delete_job: bool = False
+    requeue_after: float | None = None
+    failure: st.Failure | None = None  # detected in this pass (for metrics)
+    recovered: st.HistoryEntry | None = None  # an attempt launched after a failure
+
+    def emit(self, reason: str, message: str, *, warning: bool = False) -> None:
+        kind = EventType.WARNING if warning else EventType.NORMAL
+        self.events.append(Event(kind, reason, message))
+
+    def again(self, seconds: float) -> None:
+        seconds = max(0.0, seconds)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+
+def _stamp(now: float) -> str:
+    return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _set_condition(
+    d: Decision, now: float, *, kind: str, true: bool, reason: str, msg: str
+) -> None:
+    value = "True" if true else "False"
+    conds = [c for c in d.status.conditions if c.type != kind]
+    old = next((c for c in d.status.conditions if c.type == kind), None)
+    when = old.last_transition_time if old and old.status == value else _stamp(now)
+    conds.append(
+        st.Condition(type=kind, status=value, reason=reason, message=msg, last_transition_time=when)
+    )
+    d.status.conditions = sorted(conds, key=lambda c: c.type)
+
+
+def _phase(d: Decision, obs: ob.Observed, phase: st.Phase, reason: str, msg: str = "") -> None:
+    s = d.status
+    s.phase, s.reason, s.message = phase, reason, msg
+    progressing = phase in (st.Phase.PENDING, st.Phase.RUNNING, st.Phase.RESTARTING)
+    _set_condition(d, obs.now, kind="Progressing", true=progressing, reason=reason, msg=msg)
+    _set_condition(
+        d, obs.now, kind="Suspended", true=phase is st.Phase.SUSPENDED, reason=reason, msg=msg
+    )
+    _set_condition(
+        d, obs.now, kind="Complete", true=phase is st.Phase.SUCCEEDED, reason=reason, msg=msg
+    )
+    _set_condition(d, obs.now, kind="Failed", true=phase is st.Phase.FAILED, reason=reason, msg=msg)
+
+
+def _track(d: Decision, obs: ob.Observed) -> None:
+    """Record the newest checkpoint and rank 0's step; queue corrupt checkpoints."""
+    s, ck = d.status, obs.checkpoint
+    for path in obs.corrupt_checkpoints:
+        if path not in s.quarantined:
+            d.quarantine.append(path)
+            s.quarantined = [*s.quarantined, path][-64:]
+            d.emit("CheckpointQuarantined", f"{path} failed verification", warning=True)
+    if ck is not None and (s.last_checkpoint is None or ck.step != s.last_checkpoint.step):
+        s.last_checkpoint = ck
+        d.emit("CheckpointComplete", f"step {ck.step} at {ck.path} (attempt {ck.attempt})")
+    prog = obs.progress
+    if prog is not None and prog.step is not None and prog.step != s.step:
+        s.step, s.last_progress_time = prog.step, obs.now
+
+
+def _delete_all(d: Decision, obs: ob.Observed, *, keep_finished: bool = False) -> None:
+    """Delete the gang; force pods whose node is gone. Exited pods of a failed job stay (logs)."""
+    for pod in obs.pods:
+        if pod.deleting and not _node_gone(obs, pod):
+            continue
+        if keep_finished and pod.phase in (ob.PodPhase.SUCCEEDED, ob.PodPhase.FAILED):
+            continue
+        d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
+
+
+def _node_gone(obs: ob.Observed, pod: ob.PodView) -> bool:
+    node = obs.node(pod.node) if pod.node else None
+    return bool(pod.node) and (node is None or not node.ready)
+
+
+def _close_history(d: Decision, obs: ob.Observed, cause: st.Cause, detect_s: float | None) -> None:
+    s = d.status
+    if not s.history or s.history[-1].attempt != s.attempt:
+        return
+    last = s.history[-1]
+    last.ended, last.cause, last.detect_seconds = obs.now, cause, detect_s
+    resumed = obs.checkpoint.step if obs.checkpoint else 0
+    if s.step is not None:
+        last.steps_lost = max(0, s.step - resumed)
+
+
+def _finish(d: Decision, obs: ob.Observed, cause: st.Cause | None, msg: str) -> Decision:
+    s = d.status
+    s.finished = obs.now
+    if cause is None:
+        _phase(d, obs, st.Phase.SUCCEEDED, "Succeeded", msg)
+        d.emit("Succeeded", msg)
+    else:
+        _close_history(d, obs, cause, None)
+        _phase(d, obs, st.Phase.FAILED, cause.value, msg)
+        d.emit(cause.value, msg, warning=True)
+        _delete_all(d, obs, keep_finished=True)
+    ttl = obs.spec.ttl_seconds_after_finished
+    if ttl is not None:
+        d.again(ttl)
+    return d
+
+
+def _finished(d: Decision, obs: ob.Observed) -> Decision:
+    ttl = obs.spec.ttl_seconds_after_finished
+    done = d.status.finished or obs.now
+    if ttl is not None and obs.now >= done + ttl:
+        d.delete_job = True
+        d.emit("Deleted", f"ttlSecondsAfterFinished={ttl} passed")
+    elif ttl is not None:
+        d.again(done + ttl - obs.now)
+    return d
+
+
+def _on_failure(
+    d: Decision, obs: ob.Observed, failure: st.Failure, tun: policy.Tunables
+) -> Decision:
+    s = d.status
+    d.failure, s.last_failure = failure, failure
+    detect_s = max(0.0, obs.now - failure.time)
+    where = f" rank {failure.rank} pod {failure.pod} node {failure.node}" if failure.pod else ""
+    d.emit("FailureDetected", f"{failure.cause.value}:{where} {failure.message}", warning=True)
+    counters = policy.charge(s.restarts, failure.cause)
+    app = st.budget_of(failure.cause) is st.Budget.APPLICATION
+    stalled = app and not policy.made_progress(s, obs.checkpoint)
+    counters.without_progress = counters.without_progress + 1 if stalled else 0
+    stop = policy.stop_reason(spec=obs.spec, restarts=counters, cause=failure.cause)
+    if stop is not None:
+        return _finish(d, obs, stop[0], stop[1])
+    s.restarts = counters
+    _close_history(d, obs, failure.cause, detect_s)
+    blame = failure.node if failure.cause is st.Cause.NODE_LOST else None
+    s.excluded_nodes = policy.active_exclusions(s, now=obs.now, blame=blame, tun=tun)
+    if blame:
+        d.emit("NodeExcluded", f"node {blame} excluded for {tun.node_exclusion_seconds:.0f}s")
+    delay = policy.backoff_seconds(obs.spec, counters)
+    s.next_attempt_at, s.failure_observed, s.drain = obs.now + delay, obs.now, False
+    _phase(d, obs, st.Phase.RESTARTING, failure.cause.value, failure.message)
+    d.emit("Restarting", f"tearing down attempt {s.attempt}; next attempt in {delay:.0f}s")
+    _delete_all(d, obs)
+    return _launch(d, obs, tun, cause=failure.cause)
+
+
+def _planned_stop(d: Decision, obs: ob.Observed, cause: st.Cause, msg: str) -> Decision:
+    """Tear down gracefully: workers save a checkpoint on SIGTERM before they exit."""
+    s = d.status
+    _close_history(d, obs, cause, None)
+    s.failure_observed, s.drain, s.next_attempt_at = obs.now, True, obs.now
+    phase = st.Phase.SUSPENDED if cause is st.Cause.SUSPENDED else st.Phase.RESTARTING
+    _phase(d, obs, phase, cause.value, msg)
+    d.emit(cause.value, msg)
+    _delete_all(d, obs)
+    d.again(1.0)
+    return d
+
+
+def _launch(
+    d: Decision, obs: ob.Observed, tun: policy.Tunables, *, cause: st.Cause | None
+) -> Decision:
+    """Start the next attempt when backoff and draining allow; otherwise say when to look."""
+    s = d.status
+    if s.next_attempt_at is not None and obs.now < s.next_attempt_at:
+        d.again(s.next_attempt_at - obs.now)
+        return d
+    draining = [p for p in obs.pods if p.attempt <= s.attempt and not _node_gone(obs, p)]
+    if (
+        s.drain
+        and draining
+        and obs.now - (s.failure_observed or obs.now) < tun.drain_timeout_seconds
+    ):
+        d.again(1.0)  # old pods are saving their checkpoint; resume from it, not before it
+        return d
+    excluded = [e.node for e in s.excluded_nodes if e.until > obs.now]
+    replicas = policy.world_size(obs=obs, excluded=excluded, cause=cause, current=s.replicas)
+    ck = obs.checkpoint
+    s.attempt += 1
+    s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
+    s.pods_created, s.drain, s.next_attempt_at = False, False, None
+    s.attempt_started, s.last_progress_time = obs.now, None
+    s.resumed_from_step = ck.step if ck else None
+    s.resume_path = ck.path if ck else None
+    s.step = ck.step if ck else None
+    entry = st.HistoryEntry(
+        attempt=s.attempt,
+        started=obs.now,
+        resumed_from_step=s.resumed_from_step,
+        world_size=s.world_size,
+    )
+    s.history = [*s.history, entry][-st.HISTORY_LIMIT :]
+    d.launch = Launch(s.attempt, replicas, s.resume_path or "", tuple(excluded))
+    origin = f"checkpoint step {ck.step}" if ck else "scratch"
+    d.emit("AttemptStarted", f"attempt {s.attempt}: {replicas} pods from {origin}")
+    d.again(1.0)
+    return d
+
+
+def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
+    s = d.status
+    pods = obs.attempt_pods(s.attempt)
+    if not s.pods_created:
+        if len(pods) >= (s.replicas or 0):
+            s.pods_created = True
+        else:  # the operator stopped between the status write and pod creation: finish it
+            live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
+            d.launch = Launch(s.attempt, s.replicas or 0, s.resume_path or "", live)
+    failure = detect.detect(obs)
+    if failure is not None:
+        return _on_failure(d, obs, failure, tun)
+    if detect.succeeded(obs):
+        return _finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
+    stale = [p for p in obs.pods if p.attempt != s.attempt]
+    for pod in stale:
+        if not pod.deleting or _node_gone(obs, pod):
+            d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
+    if pods and all(p.phase is ob.PodPhase.RUNNING for p in pods) and s.pods_created:
+        if s.phase is not st.Phase.RUNNING:
+            _phase(d, obs, st.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")
+            if s.failure_observed is not None and s.history:
+                s.history[-1].recover_seconds = obs.now - s.failure_observed
+                d.recovered = s.history[-1]
+            s.failure_observed = None
+        excluded = [e.node for e in s.excluded_nodes if e.until > obs.now]
+        target = policy.grow_target(obs, excluded)
+        if target is not None:
+            return _planned_stop(
+                d, obs, st.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
+            )
+    d.again(POLL_SECONDS)
+    return d
+
+
+def decide(obs: ob.Observed, tun: policy.Tunables | None = None) -> Decision:
+    """What to do about one FSDPJob, given everything observed in this pass."""
+    tun = tun or policy.Tunables()
+    d = Decision(status=obs.status.model_copy(deep=True))
+    s = d.status
+    s.observed_generation = obs.generation
+    _track(d, obs)
+    if s.phase in st.TERMINAL_PHASES:
+        return _finished(d, obs)
+    if obs.spec_error:
+        return _finish(d, obs, st.Cause.INVALID_SPEC, obs.spec_error)
+    if s.started is None or (s.phase is st.Phase.SUSPENDED and not obs.spec.suspend):
+        s.started = obs.now  # the active deadline counts from (re)start, like a Job's
+    if obs.spec.suspend:
+        return _suspend(d, obs)
+    deadline = obs.spec.active_deadline_seconds
+    if deadline is not None and obs.now - s.started >= deadline:
+        return _finish(d, obs, st.Cause.DEADLINE, f"activeDeadlineSeconds={deadline} passed")
+    if deadline is not None:
+        d.again(s.started + deadline - obs.now)
+    if s.phase is st.Phase.SUSPENDED:
+        _phase(d, obs, st.Phase.PENDING, "Resumed", "spec.suspend cleared")
+        d.emit("Resumed", "spec.suspend cleared; starting from the newest checkpoint")
+        return _launch(d, obs, tun, cause=None)
+    if s.attempt == 0 or (s.phase is st.Phase.RESTARTING and s.next_attempt_at is not None):
+        if s.attempt == 0:
+            _phase(d, obs, st.Phase.PENDING, "Created", "")
+        return _launch(d, obs, tun, cause=s.last_failure.cause if s.last_failure else None)
+    return _running(d, obs, tun)
+
+
+def _suspend(d: Decision, obs: ob.Observed) -> Decision:
+    s = d.status
+    if s.phase is st.Phase.SUSPENDED:
+        _delete_all(d, obs)  # stragglers from a pass that stopped half-way
+        if d.delete:
+            d.again(1.0)
+        return d
+    return _planned_stop(d, obs, st.Cause.SUSPENDED, "spec.suspend set; pods stop after a save")

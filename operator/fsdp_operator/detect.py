@@ -1,0 +1,140 @@
+"""Failure detection: did the running attempt fail, and why? A pure function of one observation.
+
+Order matters and is the policy: someone else's eviction or deletion first, then a lost node
+(its pods' own exits are symptoms), then the earliest failed pod, then pods that vanished, then
+pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
+"""
+
+from __future__ import annotations
+
+from fsdp_operator import observed as ob
+from fsdp_operator import status as st
+from fsdp_worker import contract
+
+_PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
+
+
+def classify(pod: ob.PodView, *, non_retryable: frozenset[int]) -> st.Cause:
+    """Cause of one Failed pod, from its reason, exit code and the worker's JSON message."""
+    doc = pod.worker_cause()
+    cls = doc.get("class")
+    worker_code = doc.get("exitCode") if isinstance(doc.get("exitCode"), int) else None
+    codes = {c for c in (pod.exit_code, worker_code) if c is not None}
+    if pod.reason == "OOMKilled" or cls == contract.FailureClass.OOM.value:
+        return st.Cause.OOM
+    if cls in _PERMANENT_CLASSES or int(contract.ExitCode.CONFIG_ERROR) in codes:
+        return st.Cause.CONFIG_ERROR
+    if codes & non_retryable:
+        return st.Cause.NON_RETRYABLE
+    if pod.disrupted or cls == contract.FailureClass.PREEMPTED.value:
+        return st.Cause.EVICTED
+    return st.Cause.CRASH
+
+
+def _failure(
+    cause: st.Cause, pod: ob.PodView | None, *, at: float, message: str = ""
+) -> st.Failure:
+    doc = pod.worker_cause() if pod else {}
+    text = message or str(doc.get("message") or (pod.message if pod else ""))
+    return st.Failure(
+        cause=cause,
+        rank=pod.rank if pod else None,
+        pod=pod.name if pod else None,
+        node=pod.node if pod else None,
+        exit_code=pod.exit_code if pod else None,
+        message=text[:1024],
+        time=at,
+    )
+
+
+def _evicted(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    for pod in pods:
+        if pod.disrupted or (pod.deleting and pod.phase is not ob.PodPhase.SUCCEEDED):
+            how = "evicted (DisruptionTarget)" if pod.disrupted else "deleted by someone else"
+            return _failure(st.Cause.EVICTED, pod, at=obs.now, message=f"pod {pod.name} {how}")
+    return None
+
+
+def _node_lost(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    grace = obs.spec.failure_policy.node_loss_grace_seconds
+    for pod in pods:
+        if not pod.node or pod.phase in (ob.PodPhase.SUCCEEDED, ob.PodPhase.FAILED):
+            continue
+        node = obs.node(pod.node)
+        if node is None:
+            msg = f"node {pod.node} of pod {pod.name} no longer exists"
+            return _failure(st.Cause.NODE_LOST, pod, at=obs.now, message=msg)
+        since = node.not_ready_since
+        if not node.ready and since is not None and obs.now - since >= grace:
+            msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"
+            return _failure(st.Cause.NODE_LOST, pod, at=since, message=msg)
+    return None
+
+
+def _crashed(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    failed = [p for p in pods if p.phase is ob.PodPhase.FAILED]
+    if not failed:
+        return None
+    first = min(failed, key=lambda p: (p.finished if p.finished is not None else obs.now, p.rank))
+    codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
+    at = first.finished if first.finished is not None else obs.now
+    return _failure(classify(first, non_retryable=codes), first, at=at)
+
+
+def _vanished(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    if not obs.status.pods_created:
+        return None
+    present = {p.rank for p in pods}
+    missing = [r for r in range(obs.status.replicas or 0) if r not in present]
+    if not missing:
+        return None
+    failure = _failure(st.Cause.EVICTED, None, at=obs.now, message=f"ranks {missing} vanished")
+    return failure.model_copy(update={"rank": missing[0]})
+
+
+def _stuck_pending(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    started = obs.status.attempt_started
+    timeout = obs.spec.failure_policy.pending_timeout_seconds
+    if started is None or obs.now - started < timeout:
+        return None
+    pending = [p for p in pods if p.phase is ob.PodPhase.PENDING]
+    for pod in pending:
+        if pod.image_error:
+            msg = f"pod {pod.name}: {pod.image_error} for over {timeout}s"
+            return _failure(st.Cause.IMAGE_PULL, pod, at=started + timeout, message=msg)
+    stuck = [p for p in pending if p.unschedulable or not p.node]
+    if stuck:
+        msg = f"{len(stuck)} pod(s) unschedulable for over {timeout}s"
+        return _failure(st.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
+    return None
+
+
+def _hung(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+    if not pods or any(p.phase is not ob.PodPhase.RUNNING for p in pods):
+        return None
+    baseline = obs.status.last_progress_time or obs.status.attempt_started
+    deadline = obs.spec.failure_policy.progress_deadline_seconds
+    if baseline is None or obs.now - baseline < deadline:
+        return None
+    rank0 = next((p for p in pods if p.rank == 0), pods[0])
+    msg = f"no step progress on rank 0 for {obs.now - baseline:.0f}s (step {obs.status.step})"
+    return _failure(st.Cause.HANG, rank0, at=baseline + deadline, message=msg)
+
+
+_CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _hung)
+
+
+def detect(obs: ob.Observed) -> st.Failure | None:
+    """The failure of the current attempt, or None while it is healthy (or finished well)."""
+    pods = obs.attempt_pods(obs.status.attempt)
+    for check in _CHECKS:
+        failure = check(obs, pods)
+        if failure is not None:
+            return failure
+    return None
+
+
+def succeeded(obs: ob.Observed) -> bool:
+    pods = obs.attempt_pods(obs.status.attempt)
+    expected = obs.status.replicas or 0
+    return len(pods) == expected > 0 and all(p.phase is ob.PodPhase.SUCCEEDED for p in pods)

@@ -1,0 +1,98 @@
+"""What the operator saw in one pass: pods, nodes, checkpoints and rank 0's progress.
+
+Plain frozen dataclasses built by kube.py (from API objects) and read by decide.py, so decisions
+are testable as truth tables without a cluster. No I/O, no clock, no kopf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fsdp_operator import spec as api
+from fsdp_operator import status as st
+
+
+class PodPhase(enum.StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodView:
+    """One worker pod, reduced to what decisions need."""
+
+    name: str
+    attempt: int
+    rank: int
+    phase: PodPhase
+    node: str | None = None
+    deleting: bool = False  # deletionTimestamp is set
+    exit_code: int | None = None
+    reason: str = ""  # container terminated reason: Error, OOMKilled, Completed
+    message: str = ""  # termination message (JSON from the worker, or log tail)
+    finished: float | None = None  # container finishedAt
+    disrupted: bool = False  # DisruptionTarget condition (eviction, preemption, taint)
+    unschedulable: bool = False  # PodScheduled=False reason Unschedulable
+    image_error: str = ""  # waiting reason such as ErrImagePull, InvalidImageName
+    ip: str | None = None
+
+    def worker_cause(self) -> dict[str, Any]:
+        """The worker's JSON termination message, or {} when it wrote none (or garbage)."""
+        try:
+            doc = json.loads(self.message)
+        except (ValueError, TypeError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: bool
+    not_ready_since: float | None = None  # when Ready stopped being True
+    schedulable: bool = True  # not cordoned
+    fits: bool = True  # a worker pod of this job fits (selector, taints, free resources)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Rank 0's metrics endpoint, as last scraped."""
+
+    step: int | None
+    last_step_time: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile pass knows. `now` is passed in: decisions never read a clock."""
+
+    spec: api.FSDPJobSpec
+    status: st.FSDPJobStatus
+    generation: int
+    now: float
+    pods: Sequence[PodView] = ()
+    nodes: Sequence[NodeView] = ()
+    checkpoint: st.CheckpointRef | None = None  # newest that passes catalog + lineage
+    corrupt_checkpoints: Sequence[str] = ()  # failed verification: quarantine them
+    progress: Progress | None = None
+    spec_error: str = ""  # what only the operator can check (templating), "" when fine
+    created: float | None = None  # the FSDPJob's creationTimestamp
+
+    def attempt_pods(self, attempt: int) -> list[PodView]:
+        return sorted((p for p in self.pods if p.attempt == attempt), key=lambda p: p.rank)
+
+    def node(self, name: str | None) -> NodeView | None:
+        return next((n for n in self.nodes if n.name == name), None)
+
+    def capacity(self, excluded: Sequence[str]) -> int:
+        """Nodes a worker pod could land on now."""
+        return sum(
+            1 for n in self.nodes if n.ready and n.schedulable and n.fits and n.name not in excluded
+        )

@@ -1,0 +1,126 @@
+"""Restart policies: budgets, circuit breaker, backoff, world size, node exclusion. Pure.
+
+Each function answers one question from the spec, the status and what was observed; decide.py
+strings them together. No I/O, no clock reads, no kopf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fsdp_operator import observed as ob
+from fsdp_operator import spec as api
+from fsdp_operator import status as st
+
+PERMANENT_CAUSES = frozenset({st.Cause.CONFIG_ERROR, st.Cause.NON_RETRYABLE, st.Cause.IMAGE_PULL})
+
+
+@dataclasses.dataclass(frozen=True)
+class Tunables:
+    """Operator-wide knobs (settings.py fills them from the environment)."""
+
+    node_exclusion_seconds: float = 300.0
+    """How long a node blamed for a failure is kept out of new attempts."""
+    max_excluded_nodes: int = 8
+    """Cap on excluded nodes, so exclusion alone never starves a job of nodes."""
+    drain_timeout_seconds: float = 120.0
+    """A planned restart waits this long for old pods to save and exit, then moves on."""
+
+
+def charge(restarts: st.Restarts, cause: st.Cause) -> st.Restarts:
+    """Restart counters after one more restart for `cause`."""
+    budget = st.budget_of(cause)
+    return restarts.model_copy(
+        update={
+            "total": restarts.total + (budget is not st.Budget.NONE),
+            "application": restarts.application + (budget is st.Budget.APPLICATION),
+            "infrastructure": restarts.infrastructure + (budget is st.Budget.INFRASTRUCTURE),
+        }
+    )
+
+
+def made_progress(status: st.FSDPJobStatus, newest: st.CheckpointRef | None) -> bool:
+    """Did the attempt that just ended write a checkpoint past where it resumed from?"""
+    if newest is None or newest.attempt != status.attempt:
+        return False
+    return status.resumed_from_step is None or newest.step > status.resumed_from_step
+
+
+def stop_reason(
+    *, spec: api.FSDPJobSpec, restarts: st.Restarts, cause: st.Cause
+) -> tuple[st.Cause, str] | None:
+    """Why the job must fail instead of restarting, or None to restart."""
+    fp = spec.failure_policy
+    if cause in PERMANENT_CAUSES:
+        return cause, f"{cause.value} is not retryable"
+    if restarts.application > fp.max_restarts:
+        return st.Cause.BUDGET, f"application restarts exceed maxRestarts={fp.max_restarts}"
+    if restarts.infrastructure > fp.max_infra_restarts:
+        limit = fp.max_infra_restarts
+        return st.Cause.BUDGET, f"infrastructure restarts exceed maxInfraRestarts={limit}"
+    if restarts.without_progress >= fp.max_restarts_without_progress:
+        return (
+            st.Cause.CIRCUIT_BREAKER,
+            f"{restarts.without_progress} failed attempts in a row wrote no new checkpoint "
+            f"(maxRestartsWithoutProgress={fp.max_restarts_without_progress})",
+        )
+    return None
+
+
+def backoff_seconds(spec: api.FSDPJobSpec, restarts: st.Restarts) -> float:
+    """Delay before the next attempt.
+
+    The first restart after progress is immediate (a crash mid-run should cost seconds); each
+    further restart without a new checkpoint doubles from initialSeconds up to maxSeconds.
+    """
+    b = spec.failure_policy.backoff
+    k = restarts.without_progress
+    if k <= 1:
+        return 0.0
+    return float(min(b.max_seconds, b.initial_seconds * 2 ** (k - 2)))
+
+
+def active_exclusions(
+    status: st.FSDPJobStatus, *, now: float, blame: str | None, tun: Tunables
+) -> list[st.ExcludedNode]:
+    """Excluded nodes still in force, plus `blame` (newest kept when over the cap)."""
+    kept = [e for e in status.excluded_nodes if e.until > now and e.node != blame]
+    if blame:
+        kept.append(st.ExcludedNode(node=blame, until=now + tun.node_exclusion_seconds))
+    return kept[-tun.max_excluded_nodes :]
+
+
+def world_size(
+    *, obs: ob.Observed, excluded: list[str], cause: st.Cause | None, current: int | None
+) -> int:
+    """Replica count for the next attempt.
+
+    The desired `replicas` when capacity allows; otherwise the largest size in
+    [minReplicas, replicas] that keeps the global batch exact and fits the Ready nodes. After an
+    Unschedulable timeout the size strictly shrinks, so a wrong capacity estimate cannot loop.
+    """
+    allowed = obs.spec.allowed_replicas()
+    if not allowed:  # CEL guarantees replicas itself is allowed; stay defensive
+        return obs.spec.replicas
+    if current is None:
+        return allowed[0]
+    limit = max(obs.capacity(excluded), min(allowed))
+    if cause is st.Cause.UNSCHEDULABLE:
+        limit = min(limit, current - 1)
+    fitting = [r for r in allowed if r <= limit]
+    return fitting[0] if fitting else min(allowed)
+
+
+def grow_target(obs: ob.Observed, excluded: list[str]) -> int | None:
+    """A better replica count for a healthy running attempt, or None to keep it."""
+    current = obs.status.replicas
+    if current is None:
+        return None
+    allowed = obs.spec.allowed_replicas()
+    capacity = obs.capacity(excluded)
+    fitting = [r for r in allowed if r <= capacity]
+    if obs.spec.replicas < current:  # a replicas edit down: always honoured
+        return fitting[0] if fitting else min(allowed)
+    if fitting and fitting[0] > current:
+        return fitting[0]
+    return None
