@@ -262,10 +262,11 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
         else:  # the operator stopped between the status write and pod creation: finish it
             live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
             d.launch = Launch(s.attempt, s.replicas or 0, s.resume_path or "", live)
-    failure = detect.detect(obs)
+    now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
+    failure = detect.detect(now_seen)
     if failure is not None:
         return _on_failure(d, obs, failure, tun)
-    if detect.succeeded(obs):
+    if detect.succeeded(now_seen):
         return _finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
     stale = [p for p in obs.pods if p.attempt != s.attempt]
     for pod in stale:

@@ -29,7 +29,8 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NO_VAR_EXPANSION = "!self.contains('$(')"
 
-_Model = wconfig._Model
+class _Model(wconfig._Model):
+    """Spec models share the worker config's wire conventions (camelCase, extra=forbid)."""
 
 
 def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:

@@ -1,0 +1,469 @@
+"""Truth tables for decide(): every cause, budget, backoff, shrink/grow, lineage and lifecycle case.
+
+No cluster and no clock: each row is an observation and the decision a user would see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from fsdp_operator import decide as dc
+from fsdp_operator import observed as ob
+from fsdp_operator import policy
+from fsdp_operator import spec as api
+from fsdp_operator import status as st
+
+NOW = 1_000_000.0
+
+
+def make_spec(**over: Any) -> api.FSDPJobSpec:
+    doc: dict[str, Any] = {
+        "replicas": 4,
+        "minReplicas": 2,
+        "image": "worker:1",
+        "training": {"globalBatchSize": 8, "microBatchSize": 1},
+        "failurePolicy": {
+            "maxRestarts": 3,
+            "maxInfraRestarts": 5,
+            "maxRestartsWithoutProgress": 3,
+            "nonRetryableExitCodes": [42],
+            "backoff": {"initialSeconds": 10, "maxSeconds": 60},
+            "nodeLossGraceSeconds": 30,
+            "progressDeadlineSeconds": 100,
+            "pendingTimeoutSeconds": 50,
+        },
+    }
+    for key, value in over.items():
+        doc[key] = value
+    return api.FSDPJobSpec.model_validate(doc)
+
+
+def running_status(**over: Any) -> st.FSDPJobStatus:
+    base = {
+        "phase": st.Phase.RUNNING,
+        "attempt": 1,
+        "replicas": 4,
+        "world_size": 4,
+        "pods_created": True,
+        "attempt_started": NOW - 200,
+        "last_progress_time": NOW - 10,
+        "step": 50,
+        "started": NOW - 200,
+        "history": [st.HistoryEntry(attempt=1, started=NOW - 200, world_size=4)],
+    }
+    base.update(over)
+    return st.FSDPJobStatus(**base)
+
+
+def pods(attempt: int = 1, n: int = 4, **over: Any) -> list[ob.PodView]:
+    """n healthy running pods, one per node; `over` maps rank -> field overrides."""
+    out = []
+    for r in range(n):
+        fields: dict[str, Any] = {
+            "name": f"job-a{attempt}-{r}",
+            "attempt": attempt,
+            "rank": r,
+            "phase": ob.PodPhase.RUNNING,
+            "node": f"node-{r}",
+        }
+        fields.update(over.get(f"r{r}", {}))
+        out.append(ob.PodView(**fields))
+    return out
+
+
+def nodes(n: int = 4, down: dict[int, float] | None = None) -> list[ob.NodeView]:
+    down = down or {}
+    return [
+        ob.NodeView(name=f"node-{i}", ready=i not in down, not_ready_since=down.get(i))
+        for i in range(n)
+    ]
+
+
+def ckpt(step: int, attempt: int = 1) -> st.CheckpointRef:
+    return st.CheckpointRef(step=step, path=f"/ckpt/step-{step}", attempt=attempt, world_size=4)
+
+
+def observe(**over: Any) -> ob.Observed:
+    fields: dict[str, Any] = {
+        "spec": make_spec(),
+        "status": running_status(),
+        "generation": 1,
+        "now": NOW,
+        "pods": pods(),
+        "nodes": nodes(),
+        "checkpoint": ckpt(40),
+        "progress": ob.Progress(step=50),
+    }
+    fields.update(over)
+    return ob.Observed(**fields)
+
+
+# --- a fresh job ------------------------------------------------------------------------------
+
+
+def test_new_job_launches_attempt_one_at_full_size_from_scratch() -> None:
+    d = dc.decide(observe(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None))
+    assert d.launch == dc.Launch(attempt=1, replicas=4, resume_path="")
+    assert d.status.phase is st.Phase.PENDING and d.status.attempt == 1
+    assert d.status.world_size == 4 and not d.status.pods_created
+    assert [e.reason for e in d.events] == ["AttemptStarted"]
+
+
+def test_pods_seen_once_then_running() -> None:
+    status = running_status(phase=st.Phase.PENDING, pods_created=False)
+    d = dc.decide(observe(status=status))
+    assert d.status.pods_created and d.status.phase is st.Phase.RUNNING and d.launch is None
+
+
+def test_operator_died_between_status_write_and_pod_creation_recreates_missing_pods() -> None:
+    status = running_status(phase=st.Phase.PENDING, pods_created=False, resume_path="/ckpt/s")
+    d = dc.decide(observe(status=status, pods=pods(n=2)))
+    assert d.launch == dc.Launch(attempt=1, replicas=4, resume_path="/ckpt/s")
+    assert d.failure is None and d.status.attempt == 1
+
+
+def test_healthy_run_records_step_and_checkpoint_and_polls() -> None:
+    d = dc.decide(observe(progress=ob.Progress(step=55)))
+    assert d.status.step == 55 and d.status.last_progress_time == NOW
+    assert d.status.last_checkpoint == ckpt(40)
+    assert d.launch is None and not d.delete and d.requeue_after == dc.POLL_SECONDS
+
+
+# --- detection: each cause ----------------------------------------------------------------------
+
+CRASH_MSG = '{"class": "RuntimeError", "rank": 3, "step": 51, "exitCode": 1, "message": "boom"}'
+CONFIG_MSG = '{"class": "ConfigError", "rank": 0, "step": null, "exitCode": 78, "message": "bad"}'
+
+
+@pytest.mark.parametrize(
+    ("rank_over", "cause"),
+    [
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CRASH_MSG}, st.Cause.CRASH),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 137, "reason": "OOMKilled"}, st.Cause.OOM),
+        (
+            {"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CONFIG_MSG},
+            st.Cause.CONFIG_ERROR,
+        ),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 42}, st.Cause.NON_RETRYABLE),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": "not json"}, st.Cause.CRASH),
+        ({"disrupted": True}, st.Cause.EVICTED),
+        ({"deleting": True}, st.Cause.EVICTED),
+    ],
+)
+def test_pod_level_causes(rank_over: dict[str, Any], cause: st.Cause) -> None:
+    d = dc.decide(observe(pods=pods(r3={**rank_over, "finished": NOW - 1})))
+    assert d.failure is not None and d.failure.cause is cause
+    assert d.failure.pod == "job-a1-3" and d.failure.rank == 3 and d.failure.node == "node-3"
+    assert d.status.last_failure == d.failure
+
+
+def test_worker_message_reaches_status() -> None:
+    over = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CRASH_MSG, "finished": NOW}
+    d = dc.decide(observe(pods=pods(r3=over)))
+    assert d.status.last_failure is not None and d.status.last_failure.message == "boom"
+
+
+def test_earliest_failed_pod_is_the_root_cause() -> None:
+    late = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
+    first = {
+        "phase": ob.PodPhase.FAILED,
+        "exit_code": 137,
+        "reason": "OOMKilled",
+        "finished": NOW - 5,
+    }
+    d = dc.decide(observe(pods=pods(r0=late, r2=first)))
+    assert d.failure is not None and d.failure.cause is st.Cause.OOM and d.failure.rank == 2
+
+
+def test_node_not_ready_within_grace_is_tolerated() -> None:
+    d = dc.decide(observe(nodes=nodes(down={2: NOW - 10})))
+    assert d.failure is None
+
+
+def test_node_not_ready_past_grace_is_node_loss_with_force_delete() -> None:
+    d = dc.decide(observe(nodes=nodes(down={2: NOW - 31})))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.failure.node == "node-2" and d.failure.time == NOW - 31
+    forced = {x.name for x in d.delete if x.force}
+    assert forced == {"job-a1-2"} and len(d.delete) == 4
+    assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
+    assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
+
+
+def test_node_loss_beats_the_crashes_it_causes() -> None:
+    crashed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
+    d = dc.decide(observe(pods=pods(r0=crashed), nodes=nodes(down={2: NOW - 60})))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+
+
+def test_vanished_pod_is_eviction() -> None:
+    d = dc.decide(observe(pods=pods()[:3]))
+    assert d.failure is not None and d.failure.cause is st.Cause.EVICTED and d.failure.rank == 3
+
+
+def test_hang_after_progress_deadline() -> None:
+    status = running_status(last_progress_time=NOW - 101)
+    d = dc.decide(observe(status=status, progress=None))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG and d.failure.rank == 0
+
+
+def test_no_hang_while_steps_advance() -> None:
+    status = running_status(last_progress_time=NOW - 101)
+    d = dc.decide(observe(status=status, progress=ob.Progress(step=51)))
+    assert d.failure is None and d.status.last_progress_time == NOW
+
+
+@pytest.mark.parametrize(
+    ("over", "cause", "phase"),
+    [
+        ({"unschedulable": True, "node": None}, st.Cause.UNSCHEDULABLE, st.Phase.RESTARTING),
+        ({"image_error": "ErrImagePull", "node": "node-3"}, st.Cause.IMAGE_PULL, st.Phase.FAILED),
+    ],
+)
+def test_pending_past_timeout(over: dict[str, Any], cause: st.Cause, phase: st.Phase) -> None:
+    status = running_status(phase=st.Phase.PENDING, attempt_started=NOW - 51)
+    stuck = {"phase": ob.PodPhase.PENDING, **over}
+    d = dc.decide(observe(status=status, pods=pods(r3=stuck)))
+    assert d.failure is not None and d.failure.cause is cause and d.status.phase is phase
+
+
+def test_pending_within_timeout_waits() -> None:
+    status = running_status(phase=st.Phase.PENDING, attempt_started=NOW - 10)
+    stuck = {"phase": ob.PodPhase.PENDING, "unschedulable": True, "node": None}
+    d = dc.decide(observe(status=status, pods=pods(r3=stuck)))
+    assert d.failure is None and d.launch is None
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+def test_crash_restarts_at_once_from_newest_checkpoint() -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 2}
+    d = dc.decide(observe(pods=pods(r1=failed), checkpoint=ckpt(40)))
+    assert d.launch == dc.Launch(attempt=2, replicas=4, resume_path="/ckpt/step-40")
+    assert {x.name for x in d.delete} == {f"job-a1-{r}" for r in range(4)}
+    assert d.status.phase is st.Phase.RESTARTING and d.status.attempt == 2
+    assert d.status.resumed_from_step == 40 and d.status.step == 40
+    assert d.status.restarts == st.Restarts(total=1, application=1, infrastructure=0)
+    old = d.status.history[0]
+    assert old.cause is st.Cause.CRASH and old.steps_lost == 10 and old.detect_seconds == 2
+    reasons = [e.reason for e in d.events]
+    assert reasons[-3:] == ["FailureDetected", "Restarting", "AttemptStarted"]
+
+
+def test_recovery_duration_recorded_when_new_attempt_runs() -> None:
+    status = running_status(
+        phase=st.Phase.RESTARTING,
+        attempt=2,
+        pods_created=False,
+        failure_observed=NOW - 7,
+        history=[st.HistoryEntry(attempt=2, started=NOW - 7, world_size=4)],
+    )
+    d = dc.decide(observe(status=status, pods=pods(attempt=2)))
+    assert d.status.phase is st.Phase.RUNNING
+    assert d.status.history[-1].recover_seconds == 7 and d.recovered is not None
+
+
+def test_restart_without_new_checkpoint_backs_off_exponentially() -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW}
+    delays = []
+    for without in (0, 1):
+        status = running_status(
+            resumed_from_step=40,
+            restarts=st.Restarts(total=without, application=without, without_progress=without),
+        )
+        d = dc.decide(observe(status=status, pods=pods(r0=failed), checkpoint=ckpt(40)))
+        delays.append(d.status.next_attempt_at)
+    assert delays[0] is None  # first failure without progress: launched at once
+    assert delays[1] == NOW + 10  # second: initialSeconds, then doubling
+    spec = make_spec()
+    assert policy.backoff_seconds(spec, st.Restarts(without_progress=4)) == 40
+    assert policy.backoff_seconds(spec, st.Restarts(without_progress=9)) == 60
+
+
+def test_backoff_wait_then_launch() -> None:
+    status = running_status(phase=st.Phase.RESTARTING, next_attempt_at=NOW + 5)
+    d = dc.decide(observe(status=status, pods=[]))
+    assert d.launch is None and d.requeue_after == 5
+    status = running_status(phase=st.Phase.RESTARTING, next_attempt_at=NOW - 1)
+    d = dc.decide(observe(status=status, pods=[]))
+    assert d.launch is not None and d.launch.attempt == 2
+
+
+def test_progress_resets_the_circuit_breaker() -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW}
+    status = running_status(resumed_from_step=40, restarts=st.Restarts(without_progress=2))
+    d = dc.decide(observe(status=status, pods=pods(r0=failed), checkpoint=ckpt(45)))
+    assert d.status.restarts.without_progress == 0 and d.status.phase is st.Phase.RESTARTING
+
+
+def test_circuit_breaker_fails_the_job() -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW}
+    status = running_status(
+        resumed_from_step=40, restarts=st.Restarts(total=2, application=2, without_progress=2)
+    )
+    d = dc.decide(observe(status=status, pods=pods(r0=failed), checkpoint=ckpt(40)))
+    assert d.status.phase is st.Phase.FAILED and d.status.reason == st.Cause.CIRCUIT_BREAKER
+    assert d.launch is None and "maxRestartsWithoutProgress=3" in d.status.message
+
+
+def test_application_budget_exhausted() -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW}
+    status = running_status(restarts=st.Restarts(total=3, application=3))
+    d = dc.decide(observe(status=status, pods=pods(r0=failed), checkpoint=ckpt(60)))
+    assert d.status.phase is st.Phase.FAILED and d.status.reason == st.Cause.BUDGET
+    assert "maxRestarts=3" in d.status.message and d.status.finished == NOW
+
+
+def test_infrastructure_failures_do_not_spend_the_application_budget() -> None:
+    status = running_status(restarts=st.Restarts(total=3, application=3))
+    d = dc.decide(observe(status=status, pods=pods(r0={"disrupted": True})))
+    assert d.status.phase is st.Phase.RESTARTING
+    assert d.status.restarts.application == 3 and d.status.restarts.infrastructure == 1
+    assert d.status.restarts.without_progress == 0  # not the job's fault
+
+
+def test_infrastructure_budget_exhausted() -> None:
+    status = running_status(restarts=st.Restarts(total=5, infrastructure=5))
+    d = dc.decide(observe(status=status, pods=pods(r0={"disrupted": True})))
+    assert d.status.phase is st.Phase.FAILED and "maxInfraRestarts=5" in d.status.message
+
+
+@pytest.mark.parametrize("code_over", [{"exit_code": 42}, {"message": CONFIG_MSG, "exit_code": 1}])
+def test_non_retryable_fails_after_one_attempt(code_over: dict[str, Any]) -> None:
+    failed = {"phase": ob.PodPhase.FAILED, "finished": NOW, **code_over}
+    d = dc.decide(observe(pods=pods(r0=failed)))
+    assert d.status.phase is st.Phase.FAILED and d.launch is None
+    assert d.status.restarts.total == 0
+    kept = {x.name for x in d.delete}
+    assert "job-a1-0" not in kept and len(kept) == 3  # the failed pod stays for its logs
+
+
+# --- world size ---------------------------------------------------------------------------------
+
+
+def test_shrink_to_what_the_ready_nodes_hold_after_node_loss() -> None:
+    d = dc.decide(observe(nodes=nodes(down={3: NOW - 40})))
+    # 3 nodes left; 3 does not divide 8 samples, so 2 is the largest exact size
+    assert d.launch is not None and d.launch.replicas == 2 and d.status.world_size == 2
+    assert d.launch.excluded_nodes == ("node-3",)
+
+
+def test_unschedulable_always_shrinks_even_if_capacity_looks_fine() -> None:
+    status = running_status(phase=st.Phase.PENDING, attempt_started=NOW - 60)
+    stuck = {"phase": ob.PodPhase.PENDING, "unschedulable": True, "node": None}
+    d = dc.decide(observe(status=status, pods=pods(r3=stuck)))
+    assert d.launch is not None and d.launch.replicas == 2
+
+
+def test_never_below_min_replicas() -> None:
+    d = dc.decide(observe(nodes=nodes(down={1: NOW - 40, 2: NOW - 40, 3: NOW - 40})))
+    assert d.launch is not None and d.launch.replicas == 2  # minReplicas, will wait Pending
+
+
+def test_grow_back_when_capacity_returns_is_a_planned_drain() -> None:
+    status = running_status(replicas=2, world_size=2)
+    d = dc.decide(observe(status=status, pods=pods(n=2)))
+    assert d.status.phase is st.Phase.RESTARTING and d.status.reason == st.Cause.RESIZE
+    assert d.status.drain and d.launch is None and {x.force for x in d.delete} == {False}
+    assert d.status.restarts.total == 0  # planned restarts cost no budget
+
+
+def test_drain_waits_for_old_pods_to_save_then_launches_at_full_size() -> None:
+    status = running_status(
+        phase=st.Phase.RESTARTING,
+        replicas=2,
+        drain=True,
+        next_attempt_at=NOW,
+        failure_observed=NOW - 3,
+    )
+    deleting = pods(n=2, r0={"deleting": True}, r1={"deleting": True})
+    d = dc.decide(observe(status=status, pods=deleting))
+    assert d.launch is None and d.requeue_after == 1.0
+    d = dc.decide(observe(status=status, pods=[], checkpoint=ckpt(52)))
+    assert d.launch == dc.Launch(attempt=2, replicas=4, resume_path="/ckpt/step-52")
+
+
+def test_excluded_node_does_not_count_as_capacity() -> None:
+    excluded = [st.ExcludedNode(node="node-3", until=NOW + 100)]
+    status = running_status(replicas=2, world_size=2, excluded_nodes=excluded)
+    d = dc.decide(observe(status=status, pods=pods(n=2)))
+    assert d.launch is None and not d.delete  # 3 usable nodes: 2 is still the best size
+
+
+def test_replicas_edit_down_is_applied_by_a_planned_restart() -> None:
+    spec = make_spec(replicas=2, minReplicas=1)
+    d = dc.decide(observe(spec=spec, generation=2))
+    assert d.status.reason == st.Cause.RESIZE and d.status.observed_generation == 2
+
+
+# --- lifecycle ----------------------------------------------------------------------------------
+
+
+def test_success_when_every_pod_exits_zero() -> None:
+    done = {"phase": ob.PodPhase.SUCCEEDED, "exit_code": 0}
+    d = dc.decide(observe(pods=pods(**{f"r{r}": done for r in range(4)})))
+    assert d.status.phase is st.Phase.SUCCEEDED and not d.delete and d.launch is None
+
+
+def test_suspend_drains_then_resume_launches_next_attempt() -> None:
+    d = dc.decide(observe(spec=make_spec(suspend=True)))
+    assert d.status.phase is st.Phase.SUSPENDED and len(d.delete) == 4 and d.status.drain
+    suspended = d.status
+    d = dc.decide(observe(spec=make_spec(suspend=True), status=suspended, pods=[]))
+    assert not d.delete and d.launch is None
+    d = dc.decide(observe(status=suspended, pods=[], checkpoint=ckpt(50)))
+    assert d.launch == dc.Launch(attempt=2, replicas=4, resume_path="/ckpt/step-50")
+    assert d.status.restarts.total == 0
+
+
+def test_active_deadline_fails_and_tears_down() -> None:
+    spec = make_spec(activeDeadlineSeconds=100)
+    d = dc.decide(observe(spec=spec))
+    assert d.status.phase is st.Phase.FAILED and d.status.reason == st.Cause.DEADLINE
+    assert len(d.delete) == 4
+
+
+def test_ttl_after_finished_deletes_the_job() -> None:
+    spec = make_spec(ttlSecondsAfterFinished=60)
+    status = running_status(phase=st.Phase.SUCCEEDED, finished=NOW - 30)
+    d = dc.decide(observe(spec=spec, status=status))
+    assert not d.delete_job and d.requeue_after == 30
+    d = dc.decide(observe(spec=spec, status=status, now=NOW + 31))
+    assert d.delete_job
+
+
+def test_invalid_spec_fails_without_pods() -> None:
+    d = dc.decide(
+        observe(status=st.FSDPJobStatus(), pods=[], spec_error="template: volume at /ckpt")
+    )
+    assert d.status.phase is st.Phase.FAILED and d.status.reason == st.Cause.INVALID_SPEC
+    assert d.launch is None and "volume at /ckpt" in d.status.message
+
+
+def test_terminal_job_stays_terminal() -> None:
+    status = running_status(phase=st.Phase.FAILED)
+    d = dc.decide(observe(status=status, pods=pods(r0={"phase": ob.PodPhase.FAILED})))
+    assert d.status.phase is st.Phase.FAILED and d.launch is None and not d.delete
+
+
+def test_stale_pods_of_old_attempts_are_deleted() -> None:
+    status = running_status(attempt=2)
+    d = dc.decide(observe(status=status, pods=[*pods(attempt=2), *pods(attempt=1, n=1)]))
+    assert [x.name for x in d.delete] == ["job-a1-0"]
+
+
+def test_corrupt_checkpoint_quarantined_once() -> None:
+    d = dc.decide(observe(corrupt_checkpoints=["/ckpt/step-60"]))
+    assert d.quarantine == ["/ckpt/step-60"] and d.status.quarantined == ["/ckpt/step-60"]
+    d2 = dc.decide(observe(status=d.status, corrupt_checkpoints=["/ckpt/step-60"]))
+    assert d2.quarantine == []
+
+
+def test_decision_is_deterministic() -> None:
+    obs = observe(nodes=nodes(down={2: NOW - 31}))
+    a, b = dc.decide(obs), dc.decide(obs)
+    assert dataclasses.asdict(a) == dataclasses.asdict(b)
