@@ -1,0 +1,328 @@
+"""Pure templating: an FSDPJob spec in, the headless Service and worker pod dicts out.
+
+Everything the operator creates is spelled here (merging the user's volumes and affinity lives
+in podmerge.py), golden-tested, so a reviewer knows what runs in the cluster. It must stay pure: no kubernetes client objects, no I/O, no
+clock reads, no kopf, no torch. What the CRD cannot check (user volumes, env and affinity that
+would break the operator's own settings) raises TemplateError naming the field.
+
+Security choices, enforced here rather than left to the user's template:
+- The worker command is an argument list for torchrun; nothing passes through a shell.
+- Kubernetes expands `$(VAR)` in command, args and env values; `$$` is its escape for a literal
+  `$`. Every `$` in those strings is doubled (see `escape`), so a user string such as a config
+  value containing `$(HOME)` reaches the worker byte for byte.
+- The Pod Security "restricted" profile (non-root uid 1000, RuntimeDefault seccomp, no
+  privilege escalation, all capabilities dropped); no service-account token (workers hold no
+  credentials); no service-link env vars.
+- User labels/annotations under `fsdpoperator.io/` or on the operator's own keys are dropped
+  (the operator's win); user env vars named `FSDP_*` are rejected, since the worker reads that
+  prefix (FSDP_WORKER_CONFIG_FILE alone would replace the whole config).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fsdp_operator import names, podmerge
+from fsdp_operator import spec as api
+from fsdp_worker import config as wconfig
+from fsdp_worker import contract
+
+JobRef = names.JobRef
+
+RESERVED_ENV_PREFIX = "FSDP_"
+RUN_AS_ID = 1000
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+
+TemplateError = podmerge.TemplateError
+
+
+def escape(value: str) -> str:
+    """Double every `$` so Kubernetes' `$(VAR)` expansion yields `value` literally."""
+    return value.replace("$", "$$")
+
+
+def owner_reference(job: JobRef) -> dict[str, Any]:
+    """Makes the FSDPJob own a child, so deleting the job garbage-collects it."""
+    return {
+        "apiVersion": job.api_version,
+        "kind": job.kind,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _user_keys(values: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in values.items() if not names.is_operator_key(k)}
+
+
+def _labels(job: JobRef, spec: api.FSDPJobSpec, component: names.Component) -> dict[str, str]:
+    return {
+        **_user_keys(spec.template.metadata.labels),
+        names.Label.APP_NAME.value: names.APP_NAME,
+        names.Label.APP_INSTANCE.value: names.job_label_value(job.name),
+        names.Label.APP_COMPONENT.value: component.value,
+        names.Label.APP_MANAGED_BY.value: names.MANAGER,
+        **names.selector_labels(job.name),
+    }
+
+
+def _ports() -> list[dict[str, Any]]:
+    return [
+        {
+            "name": names.RENDEZVOUS_PORT_NAME,
+            "containerPort": names.RENDEZVOUS_PORT,
+            "protocol": "TCP",
+        },
+        {"name": names.METRICS_PORT_NAME, "containerPort": names.METRICS_PORT, "protocol": "TCP"},
+    ]
+
+
+def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """The headless Service giving every worker pod a DNS name (stable across attempts)."""
+    ports = [
+        {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
+        for p in _ports()
+    ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.service_name(job.name),
+            "namespace": job.namespace,
+            "labels": _labels(job, spec, names.Component.RENDEZVOUS),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Ranks resolve rank 0 before any readiness exists (workers have no probe).
+            "publishNotReadyAddresses": True,
+            "selector": names.selector_labels(job.name),
+            "ports": ports,
+        },
+    }
+
+
+def worker_pods(
+    *,
+    job: JobRef,
+    spec: api.FSDPJobSpec,
+    attempt: int,
+    replicas: int,
+    resume_path: str,
+    excluded_nodes: Sequence[str],
+    cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
+) -> list[dict[str, Any]]:
+    """Every rank's pod of one attempt, rank order."""
+    return [
+        worker_pod(
+            job=job,
+            spec=spec,
+            attempt=attempt,
+            node_rank=rank,
+            replicas=replicas,
+            resume_path=resume_path,
+            excluded_nodes=excluded_nodes,
+            cluster_domain=cluster_domain,
+        )
+        for rank in range(replicas)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Slot:
+    """One rank's place in one attempt: what every part of its pod is derived from."""
+
+    job: JobRef
+    spec: api.FSDPJobSpec
+    attempt: int
+    node_rank: int
+    replicas: int
+    resume_path: str
+    cluster_domain: str
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.spec.nproc_per_node
+
+    @property
+    def pod_name(self) -> str:
+        return names.pod_name(self.job.name, attempt=self.attempt, node_rank=self.node_rank)
+
+
+def worker_pod(
+    *,
+    job: JobRef,
+    spec: api.FSDPJobSpec,
+    attempt: int,
+    node_rank: int,
+    replicas: int,
+    resume_path: str,
+    excluded_nodes: Sequence[str],
+    cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
+) -> dict[str, Any]:
+    """One worker pod: torchrun with a static node rank, restricted, owned by the job."""
+    slot = _Slot(job, spec, attempt, node_rank, replicas, resume_path, cluster_domain)
+    _check_shape(slot)
+    overrides = spec.template.spec
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "hostname": slot.pod_name,
+        "subdomain": names.service_name(job.name),
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_ID,
+            "runAsGroup": RUN_AS_ID,
+            "fsGroup": RUN_AS_ID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [_container(slot)],
+        "volumes": podmerge.volumes(spec),
+        "affinity": podmerge.affinity(
+            overrides.affinity, job_name=job.name, attempt=attempt, excluded_nodes=excluded_nodes
+        ),
+    }
+    optional = {
+        "nodeSelector": dict(overrides.node_selector),
+        "tolerations": copy.deepcopy(overrides.tolerations),
+        "priorityClassName": overrides.priority_class_name,
+        "schedulerName": overrides.scheduler_name,
+    }
+    pod_spec.update({key: value for key, value in optional.items() if value})
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
+
+
+def _check_shape(slot: _Slot) -> None:
+    spec, replicas = slot.spec, slot.replicas
+    if not 1 <= replicas <= spec.replicas:
+        raise TemplateError(f"replicas={replicas} must be within 1..spec.replicas={spec.replicas}")
+    if not 0 <= slot.node_rank < replicas:
+        raise TemplateError(f"node_rank={slot.node_rank} must be within 0..{replicas - 1}")
+    if not 0 <= slot.attempt <= names.MAX_ATTEMPT:
+        raise TemplateError(f"attempt={slot.attempt} must be within 0..{names.MAX_ATTEMPT}")
+    try:
+        spec.training.accumulation_steps(slot.world_size)
+    except ValueError as err:
+        raise TemplateError(f"replicas={replicas}: {err}") from err
+
+
+def _pod_metadata(slot: _Slot) -> dict[str, Any]:
+    job, spec = slot.job, slot.spec
+    labels = {
+        **_labels(job, spec, names.Component.WORKER),
+        names.Label.ATTEMPT.value: str(slot.attempt),
+        names.Label.NODE_RANK.value: str(slot.node_rank),
+        names.Label.REPLICAS.value: str(slot.replicas),
+        names.Label.WORLD_SIZE.value: str(slot.world_size),
+    }
+    annotations = {
+        **_user_keys(spec.template.metadata.annotations),
+        names.Annotation.RESUME_FROM.value: slot.resume_path,
+        names.Annotation.RENDEZVOUS_ID.value: names.rendezvous_id(job, attempt=slot.attempt),
+        names.Annotation.CONFIG_HASH.value: spec.training.resume_hash(),
+    }
+    return {
+        "name": slot.pod_name,
+        "namespace": job.namespace,
+        "labels": labels,
+        "annotations": annotations,
+        "ownerReferences": [owner_reference(job)],
+    }
+
+
+def _command(slot: _Slot) -> list[str]:
+    """The torchrun argument list (unescaped; the pod carries it escaped)."""
+    job, attempt = slot.job, slot.attempt
+    endpoint = names.rank0_address(job, attempt=attempt, cluster_domain=slot.cluster_domain)
+    return [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={slot.replicas}",
+        f"--nproc-per-node={slot.spec.nproc_per_node}",
+        f"--node-rank={slot.node_rank}",
+        "--rdzv-backend=static",
+        # Static rendezvous takes the endpoint as rank 0's TCPStore (master) address.
+        f"--rdzv-endpoint={endpoint}:{names.RENDEZVOUS_PORT}",
+        f"--rdzv-id={names.rendezvous_id(job, attempt=attempt)}",
+        "--max-restarts=0",  # the operator owns restarts
+        "-m",
+        "fsdp_worker",
+    ]
+
+
+def _container(slot: _Slot) -> dict[str, Any]:
+    spec = slot.spec
+    resources = {
+        key: dict(value)
+        for key, value in (("requests", spec.resources.requests), ("limits", spec.resources.limits))
+        if value
+    }
+    return {
+        "name": names.CONTAINER_NAME,
+        "image": spec.image,
+        "command": [escape(arg) for arg in _command(slot)],
+        "env": _env(slot),
+        "ports": _ports(),
+        "resources": resources,
+        "volumeMounts": podmerge.volume_mounts(spec),
+        "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": False,
+        },
+    }
+
+
+def worker_config(spec: api.FSDPJobSpec) -> wconfig.WorkerConfig:
+    """The document every rank reads from FSDP_WORKER_CONFIG."""
+    return wconfig.WorkerConfig(training=spec.training, checkpoint=spec.checkpoint.worker_config())
+
+
+def _env(slot: _Slot) -> list[dict[str, str]]:
+    job, spec = slot.job, slot.spec
+    user = spec.template.spec.env
+    for index, var in enumerate(user):
+        if var.name.startswith(RESERVED_ENV_PREFIX):
+            raise TemplateError(
+                f"template.spec.env[{index}].name={var.name!r}: names starting with"
+                f" {RESERVED_ENV_PREFIX!r} are reserved for the operator; choose another name"
+            )
+    pairs = [
+        (contract.ENV_JOB_NAME, job.name),
+        (contract.ENV_JOB_NAMESPACE, job.namespace),
+        (contract.ENV_ATTEMPT, str(slot.attempt)),
+        (contract.ENV_CONFIG, worker_config(spec).to_json()),
+        (contract.ENV_RESUME, slot.resume_path),
+        (contract.ENV_CHECKPOINT_ROOT, spec.checkpoint.root),
+        (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
+        (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
+    ]
+    if all(var.name != OMP_NUM_THREADS for var in user):
+        pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
+    pairs.extend((var.name, var.value) for var in user)
+    return [{"name": name, "value": escape(value)} for name, value in pairs]
+
+
+def omp_threads(spec: api.FSDPJobSpec) -> str:
+    """OMP_NUM_THREADS per rank: the pod's CPUs split over its ranks, at least 1.
+
+    Without it each rank would start one OpenMP thread per host core and oversubscribe shared
+    nodes (torchrun only sets 1, and only for nprocPerNode > 1). A user env var wins.
+    """
+    raw = spec.resources.limits.get("cpu") or spec.resources.requests.get("cpu")
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m?)", raw or "")
+    if match is None:
+        return "1"
+    cpus = float(match.group(1)) / (1000 if match.group(2) else 1)
+    return str(max(1, int(cpus // spec.nproc_per_node)))
