@@ -1,0 +1,230 @@
+"""Checkpoint saving: DCP save (sync or async, one in flight), publish, marker, retention.
+
+A save writes into `step-<N>.partial-a<attempt>`; when DCP has returned (which on the
+coordinator means every rank's files are written and fsync'd and `.metadata` is written) and a
+barrier has passed, rank 0 renames it to `step-<N>` and then writes `COMPLETE.json` atomically.
+An async failure is re-raised by `poll`/`wait`, never swallowed. This module must not choose
+resume checkpoints (see resume.py) or run training.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import enum
+import logging
+import posixpath
+import shutil
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from fsdp_worker import catalog, errors, faults, metrics, state
+from fsdp_worker.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+CHECKSUM_MAX_BYTES = 256 * 1024 * 1024  # sha256 in the manifest only below this total size
+
+
+class SaveMode(enum.StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a marker says about the run that wrote it."""
+
+    attempt: int
+    resumed_from_step: int | None
+    config_hash: str
+    global_batch_size: int
+
+
+@dataclass
+class _InFlight:
+    step: int
+    started: float
+    blocking: float
+    future: cf.Future[Any]  # rank 0: publish+marker done; others: DCP upload done
+    staging: cf.Future[Any] | None
+
+
+class CheckpointManager:
+    """Saves checkpoints of one attempt. Public methods are collective unless noted."""
+
+    def __init__(
+        self,
+        *,
+        root: str,
+        keep: int,
+        mode: SaveMode,
+        identity: Identity,
+        dist_info: DistInfo,
+        meters: metrics.Metrics,
+    ) -> None:
+        self.root, self.keep, self.mode, self.identity = root, keep, mode, identity
+        self.dist, self.meters = dist_info, meters
+        self.storage = catalog.LocalStorage(root)
+        self.lineage = catalog.Lineage(identity.attempt, identity.resumed_from_step)
+        self._inflight: _InFlight | None = None
+        self._samples: dict[int, int] = {}
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
+        cuda = dist_info.device.type == "cuda"
+        # One stager for the whole run: its cached staging buffers are reused by every save.
+        self._stager = DefaultStager(StagingOptions(cuda, False, cuda, cuda))
+
+    def save(self, st: state.TrainState) -> None:
+        """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
+        self.wait()
+        step, started = st.step, time.monotonic()
+        self._samples[step] = st.samples
+        partial = posixpath.join(
+            self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
+        )
+        if self.dist.rank == 0:
+            shutil.rmtree(self.storage.resolve(partial), ignore_errors=True)  # our own leftover
+        dist.barrier(group=self.dist.ckpt_group)
+        sd = state.to_save(st, group=self.dist.ckpt_group)
+        writer = faults.writer(partial, step=step, sync_files=True, single_file_per_rank=True)
+        if self.mode is SaveMode.SYNC:
+            self._save_sync(sd, writer=writer, step=step, started=started)
+        else:
+            self._save_async(sd, writer=writer, step=step, started=started)
+
+    def _save_sync(self, sd: dict[str, Any], *, writer: Any, step: int, started: float) -> None:
+        try:
+            state_dict_saver.save(sd, storage_writer=writer, process_group=self.dist.ckpt_group)
+            dist.barrier(group=self.dist.ckpt_group)
+        except Exception as exc:
+            raise errors.CheckpointError(f"saving step {step} failed: {exc}") from exc
+        if self.dist.rank == 0:
+            self._publish(step=step, started=started, blocking=time.monotonic() - started)
+
+    def _save_async(self, sd: dict[str, Any], *, writer: Any, step: int, started: float) -> None:
+        response = state_dict_saver.async_save(
+            sd, storage_writer=writer, process_group=self.dist.ckpt_group, async_stager=self._stager
+        )
+        staging: cf.Future[Any] | None = None
+        if isinstance(response, cf.Future):
+            upload = response
+        else:
+            upload, staging = response.upload_completion, response.staging_completion
+        blocking = time.monotonic() - started
+        future: cf.Future[Any] = upload
+        if self.dist.rank == 0:
+            future = self._pool.submit(self._finish_async, upload, step, started, blocking)
+        self._inflight = _InFlight(step, started, blocking, future, staging)
+        log.info(
+            "checkpoint step %d staged (blocking %.3fs), writing in background", step, blocking
+        )
+
+    def _finish_async(
+        self, upload: cf.Future[Any], step: int, started: float, blocking: float
+    ) -> None:
+        upload.result()  # re-raises a failed background write
+        self._publish(step=step, started=started, blocking=blocking)
+
+    def before_optimizer_step(self) -> None:
+        """Parameters must not change while an async save is still copying them (CUDA)."""
+        if self._inflight and self._inflight.staging is not None:
+            self._inflight.staging.result()
+
+    def poll(self) -> None:
+        """Finish an async save that is done; raise if it failed. Local, not collective."""
+        if self._inflight is not None and self._inflight.future.done():
+            self._collect()
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is complete; raise if it failed."""
+        if self._inflight is not None:
+            cf.wait([self._inflight.future])
+            self._collect()
+
+    def _collect(self) -> None:
+        assert self._inflight is not None
+        inflight, self._inflight = self._inflight, None
+        try:
+            inflight.future.result()
+        except Exception as exc:
+            raise errors.CheckpointError(
+                f"async save of step {inflight.step} failed: {exc}"
+            ) from exc
+
+    def close(self, *, wait: bool) -> None:
+        """Release staging buffers and the publisher thread (not collective). On failure
+        (wait=False) an in-flight publish is not waited for: its peers may be gone."""
+        self._pool.shutdown(wait=wait)
+        self._stager.close()
+
+    # --- rank 0 only -------------------------------------------------------------------------
+
+    def _publish(self, *, step: int, started: float, blocking: float) -> None:
+        partial = posixpath.join(
+            self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
+        )
+        final = posixpath.join(self.root, catalog.step_dir_name(step))
+        if self.storage.exists(final):
+            old = catalog.verify(
+                self.storage, final, config_hash=self.identity.config_hash, lineage=self.lineage
+            )
+            moved = catalog.quarantine(self.storage, self.root, step)
+            log.warning(
+                "step-%d already existed (%s %s); moved it to %s",
+                step,
+                old.reason or "ok",
+                old.detail,
+                moved,
+            )
+        self.storage.rename(partial, final)
+        catalog.fsync_dir(self.storage.resolve(self.root))
+        faults.kill_self_if("kill_before_marker", step)
+        manifest = self._manifest(final)
+        marker = catalog.Marker(
+            step=step,
+            attempt=self.identity.attempt,
+            world_size=self.dist.world_size,
+            global_batch_size=self.identity.global_batch_size,
+            samples_consumed=self._samples.pop(step),
+            resumed_from_step=self.identity.resumed_from_step,
+            time=time.time(),
+            torch_version=torch.__version__,
+            config_hash=self.identity.config_hash,
+            files=manifest,
+        )
+        self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
+        total = time.monotonic() - started
+        size = sum(f.size for f in manifest.values())
+        self._record(step=step, blocking=blocking, total=total, size=size)
+        self._retain()
+
+    def _manifest(self, final: str) -> dict[str, catalog.FileEntry]:
+        sizes = self.storage.list_files(final)
+        checksums = sum(sizes.values()) <= CHECKSUM_MAX_BYTES
+        return catalog.build_manifest(self.storage, final, checksums=checksums)
+
+    def _record(self, *, step: int, blocking: float, total: float, size: int) -> None:
+        self.meters.ckpt_step.set(step)
+        self.meters.ckpt_seconds.labels(kind="blocking").set(blocking)
+        self.meters.ckpt_seconds.labels(kind="total").set(total)
+        self.meters.ckpt_bytes.set(size)
+        log.info(
+            "checkpoint step %d complete: %d bytes, blocking %.3fs, total %.3fs",
+            step,
+            size,
+            blocking,
+            total,
+        )
+
+    def _retain(self) -> None:
+        candidates = catalog.list_checkpoints(
+            self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
+        )
+        for victim in catalog.retention_victims(candidates, keep=self.keep):
+            log.info("retention: removing %s", victim.path)
+            shutil.rmtree(self.storage.resolve(victim.path), ignore_errors=True)

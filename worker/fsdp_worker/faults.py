@@ -1,0 +1,70 @@
+"""Fault injection for the worker's own tests, read from $FSDP_TEST_FAULTS.
+
+Format: comma-separated `name=value`, e.g. `kill_before_marker=6,step_sleep=0.1`. Unset in
+production, where every hook is a no-op. This module must not change behaviour otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+ENV_FAULTS = "FSDP_TEST_FAULTS"
+
+
+def _parse() -> dict[str, str]:
+    raw = os.environ.get(ENV_FAULTS, "")
+    pairs = (item.partition("=") for item in raw.split(",") if item)
+    return {k.strip(): v.strip() for k, _, v in pairs}
+
+
+FAULTS = _parse()
+
+
+def number(name: str) -> float | None:
+    value = FAULTS.get(name)
+    return float(value) if value is not None else None
+
+
+def at_step(name: str, step: int) -> bool:
+    value = number(name)
+    return value is not None and int(value) == step
+
+
+def step_sleep() -> None:
+    """Slow every step down so a test can act between steps."""
+    delay = number("step_sleep")
+    if delay:
+        time.sleep(delay)
+
+
+def kill_self_if(name: str, step: int) -> None:
+    """SIGKILL this process (no cleanup, no finally blocks) at the named point."""
+    if at_step(name, step):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class FaultyWriter(FileSystemWriter):
+    """A FileSystemWriter whose writes are slowed down or fail, for async-save tests."""
+
+    def __init__(self, path: str, *, step: int, **kwargs: Any) -> None:
+        super().__init__(path, **kwargs)
+        self._step = step
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        delay = number("slow_write")
+        if delay:
+            time.sleep(delay)
+        if at_step("fail_write", self._step):
+            raise OSError(f"injected write failure at step {self._step}")
+        return super().write_data(plan, planner)
+
+
+def writer(path: str, *, step: int, **kwargs: Any) -> FileSystemWriter:
+    if "slow_write" in FAULTS or "fail_write" in FAULTS:
+        return FaultyWriter(path, step=step, **kwargs)
+    return FileSystemWriter(path, **kwargs)

@@ -1,0 +1,46 @@
+"""Rank 0's Prometheus endpoint: training progress and checkpoint figures (names in contract).
+
+The operator scrapes step and last-step time for `status.step` and hang detection. Other ranks
+get a no-op instance. This module must not compute anything; it only records what it is given.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import prometheus_client as prom
+
+from fsdp_worker import contract
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    """Gauges on a private registry; `serve` starts the HTTP endpoint (rank 0 only)."""
+
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> prom.Gauge:
+            return prom.Gauge(name, doc, labelnames=labels, registry=self.registry)
+
+        self.step = gauge(contract.METRIC_STEP, "Last completed optimizer step.")
+        self.last_step_time = gauge(contract.METRIC_LAST_STEP_TIME, "Unix time of that step.")
+        self.loss = gauge(contract.METRIC_LOSS, "Global-batch mean loss of the last step.")
+        self.tokens_per_second = gauge(contract.METRIC_TOKENS_PER_SECOND, "All ranks.")
+        self.step_seconds = gauge(contract.METRIC_STEP_SECONDS, "Duration of the last step.")
+        self.peak_memory = gauge(contract.METRIC_PEAK_MEMORY, "Peak memory of rank 0.")
+        self.ckpt_step = gauge(contract.METRIC_CKPT_STEP, "Step of the newest complete checkpoint.")
+        self.ckpt_seconds = gauge(
+            contract.METRIC_CKPT_SAVE_SECONDS, "Last save: blocking and total.", ("kind",)
+        )
+        self.ckpt_bytes = gauge(contract.METRIC_CKPT_BYTES, "Bytes of the last checkpoint.")
+
+    def serve(self, port: int) -> None:
+        if port <= 0:
+            return
+        prom.start_http_server(port, registry=self.registry)
+        log.info("metrics on :%d", port)
+
+    def render(self) -> str:
+        return prom.generate_latest(self.registry).decode()

@@ -1,0 +1,141 @@
+"""Resume: choose the checkpoint to load (named, or `auto` via the catalog) and load it.
+
+Rank 0 reads the catalog and broadcasts the decision, so every rank loads the same step. A
+checkpoint written by a different training config is refused with a ConfigError (permanent);
+a damaged one named explicitly is a CheckpointError (retryable: the operator picks another).
+This module must not write checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import sys
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_loader
+
+from fsdp_worker import catalog, contract, errors, state
+from fsdp_worker.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: str
+    step: int
+    world_size: int
+    samples: int
+    global_batch_size: int
+
+
+def _config_refusal(
+    c: catalog.Candidate, *, config_hash: str, global_batch: int
+) -> errors.ConfigError:
+    assert c.marker is not None
+    m = c.marker
+    batch = (
+        f"training.globalBatchSize was {m.global_batch_size}, the config now says {global_batch}"
+        if m.global_batch_size != global_batch
+        else "the training config differs (model, data, optimizer, precision or seed)"
+    )
+    return errors.ConfigError(
+        f"refusing to resume from {c.path}: it was written with config hash {m.config_hash}, "
+        f"the running config hashes to {config_hash}; {batch}. Restore the original config, "
+        "or start a new run in an empty checkpoint root."
+    )
+
+
+def _point(c: catalog.Candidate) -> ResumePoint:
+    assert c.marker is not None
+    m = c.marker
+    return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
+
+
+def _choose(
+    *, resume: str, root: str, attempt: int, config_hash: str, global_batch: int
+) -> ResumePoint | None:
+    storage = catalog.LocalStorage(root)
+    if resume == contract.RESUME_AUTO:
+        # The worker does not know the operator's restart chain; it refuses only checkpoints of
+        # later attempts. The operator, which knows the chain, names the path explicitly.
+        lineage = catalog.Lineage(attempt=attempt, resumed_from_step=sys.maxsize)
+        chosen, rejected = catalog.select(storage, root, config_hash=config_hash, lineage=lineage)
+        for c in rejected:
+            log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
+        if chosen is None:
+            mismatched = [
+                c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH
+            ]
+            if mismatched:
+                raise _config_refusal(
+                    mismatched[0], config_hash=config_hash, global_batch=global_batch
+                )
+            log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
+            return None
+        return _point(chosen)
+    candidate = catalog.verify(storage, resume, config_hash=config_hash)
+    if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
+        raise _config_refusal(candidate, config_hash=config_hash, global_batch=global_batch)
+    if not candidate.ok:
+        raise errors.CheckpointError(
+            f"checkpoint {resume} is unusable: {candidate.reason}: {candidate.detail}"
+        )
+    return _point(candidate)
+
+
+def choose(
+    *,
+    resume: str,
+    root: str,
+    attempt: int,
+    config_hash: str,
+    global_batch: int,
+    dist_info: DistInfo,
+) -> ResumePoint | None:
+    """Collective: rank 0 decides, every rank gets the same answer (or the same error)."""
+    if not resume:
+        return None
+    box: list[object] = [None]
+    if dist_info.rank == 0:
+        try:
+            box[0] = _choose(
+                resume=resume,
+                root=root,
+                attempt=attempt,
+                config_hash=config_hash,
+                global_batch=global_batch,
+            )
+        except (errors.WorkerError, catalog.CatalogError) as exc:
+            box[0] = exc
+    dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)
+    outcome = box[0]
+    if isinstance(outcome, catalog.CatalogError):
+        raise errors.CheckpointError(str(outcome))
+    if isinstance(outcome, errors.WorkerError):
+        raise outcome
+    assert outcome is None or isinstance(outcome, ResumePoint)
+    return outcome
+
+
+def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed: int) -> None:
+    """Load (resharding if the world size changed) into st; collective."""
+    if not os.path.isdir(point.path):
+        raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
+    sd = state.template(st, saved_world_size=point.world_size)
+    try:
+        state_dict_loader.load(sd, checkpoint_id=point.path, process_group=dist_info.ckpt_group)
+    except Exception as exc:
+        raise errors.CheckpointError(f"loading {point.path} failed: {exc}") from exc
+    state.apply_loaded(st, sd, rank=dist_info.rank, seed=seed)
+    log.info(
+        "resumed from %s: step %d, samples %d, saved at world size %d, now %d",
+        posixpath.basename(point.path),
+        st.step,
+        st.samples,
+        point.world_size,
+        dist_info.world_size,
+    )

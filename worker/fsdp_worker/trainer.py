@@ -1,0 +1,122 @@
+"""The training loop, and nothing else: forward, backward with accumulation, step, report,
+checkpoint at the configured points, stop on request.
+
+The loss of a micro batch is its token-summed cross entropy divided by the global batch's
+token count, times the world size because FSDP averages gradients over ranks; the update is
+the same global-batch mean at every world size. Construction, resume and exit codes belong
+to main.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+
+from fsdp_worker import checkpoint, config, data, errors, faults, ledger, metrics, state
+from fsdp_worker.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+LEDGER_AFTER_STEPS = 2
+
+
+@dataclass
+class Loop:
+    cfg: config.TrainingConfig
+    interval: int
+    st: state.TrainState
+    source: data.Source
+    plan: data.Plan
+    ckpt: checkpoint.CheckpointManager
+    meters: metrics.Metrics
+    dist: DistInfo
+    stop_requested: Callable[[], bool]
+
+
+def _forward_backward(loop: Loop, accum_index: int) -> torch.Tensor:
+    cfg, model = loop.cfg, loop.st.model
+    inputs, targets = data.micro_batch(
+        loop.source, plan=loop.plan, cursor=loop.st.samples, accum_index=accum_index
+    )
+    inputs, targets = inputs.to(loop.dist.device), targets.to(loop.dist.device)
+    logits = model(inputs)
+    tokens = cfg.global_batch_size * cfg.model.seq_len
+    loss = (
+        F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="sum"
+        )
+        / tokens
+    )
+    (loss * loop.dist.world_size).backward()  # type: ignore[no-untyped-call]
+    return loss.detach()
+
+
+def _one_step(loop: Loop) -> tuple[float, bool]:
+    """One optimizer step over the global batch; returns (global loss, stop agreed)."""
+    model, accumulation = loop.st.model, loop.plan.accumulation
+    local = torch.zeros((), device=loop.dist.device)
+    for a in range(accumulation):
+        if isinstance(model, FSDPModule):
+            model.set_requires_gradient_sync(a == accumulation - 1)
+        local += _forward_backward(loop, a)
+    grad_clip = loop.cfg.optimizer.grad_clip
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+    loop.ckpt.before_optimizer_step()
+    loop.st.optimizer.step()
+    loop.st.scheduler.step()
+    loop.st.optimizer.zero_grad(set_to_none=True)
+    loop.st.step += 1
+    loop.st.samples += loop.cfg.global_batch_size
+    # One collective per step carries both the loss and every rank's stop request, so all
+    # ranks stop after the same step.
+    flag = 1.0 if loop.stop_requested() else 0.0
+    packed = torch.stack([local, torch.tensor(flag, device=loop.dist.device)])
+    dist.all_reduce(packed)
+    return float(packed[0]), bool(packed[1] > 0)
+
+
+def _report(loop: Loop, *, loss: float, seconds: float) -> None:
+    m, st = loop.meters, loop.st
+    tokens = loop.cfg.global_batch_size * loop.cfg.model.seq_len
+    m.step.set(st.step)
+    m.last_step_time.set(time.time())
+    m.loss.set(loss)
+    m.step_seconds.set(seconds)
+    m.tokens_per_second.set(tokens / seconds if seconds > 0 else 0.0)
+    peak = ledger.peak_memory_bytes(loop.dist.device)
+    m.peak_memory.set(peak)
+    if loop.dist.rank == 0:
+        log.info(
+            "step %s", json.dumps({"step": st.step, "loss": loss, "seconds": round(seconds, 4)})
+        )
+        if st.step == LEDGER_AFTER_STEPS:
+            log.info("ledger %s", json.dumps({"measuredPeakBytesRank0": peak}))
+
+
+def run(loop: Loop) -> None:
+    """Train from loop.st.step to cfg.steps; raises errors.Preempted after saving on SIGTERM."""
+    loop.st.model.train()
+    while loop.st.step < loop.cfg.steps:
+        started = time.monotonic()
+        loss, stop = _one_step(loop)
+        _report(loop, loss=loss, seconds=time.monotonic() - started)
+        loop.ckpt.poll()
+        step = loop.st.step
+        if stop or step % loop.interval == 0 or step == loop.cfg.steps:
+            loop.ckpt.save(loop.st)
+        if stop:
+            loop.ckpt.wait()
+            raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")
+        if faults.at_step("crash_after", step):
+            loop.ckpt.wait()
+            raise errors.WorkerError(f"injected crash after step {step}")
+        faults.step_sleep()
+    loop.ckpt.wait()
