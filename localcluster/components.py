@@ -1,0 +1,176 @@
+"""Command lines and files for the control-plane components: pure paths-and-ports in, argv out.
+
+Also creates the PKI the command lines point at. Starting, waiting for and stopping the
+processes is ``controlplane``'s job; nothing here spawns a process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from localcluster import pki
+
+SERVICE_CIDR = "10.96.0.0/16"
+SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
+NODE_MONITOR_GRACE = "8s"
+"""Node lifecycle grace: a node whose lease stops renewing turns NotReady after this."""
+OWNED = (
+    "pki",
+    "etcd",
+    "logs",
+    "kubeconfigs",
+    "agent",
+    "kubectl-cache",
+    "scheduler.yaml",
+    "flexvolume",
+)
+SERVER_NAMES = (
+    "127.0.0.1", "localhost", pki.SERVICE_CLUSTER_IP, "kubernetes", "kubernetes.default",
+    "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+)  # fmt: skip
+
+
+@dataclasses.dataclass
+class Layout:
+    """Where things live under the state directory."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.root = self.root.resolve()
+        self.pki = self.root / "pki"
+        self.logs = self.root / "logs"
+        self.kubeconfigs = self.root / "kubeconfigs"
+        self.admin = self.root / "kubeconfig"
+        self.state = self.root / "cluster.json"
+
+
+def reset(layout: Layout) -> None:
+    """Remove what a previous run left, touching only paths this module owns."""
+    for name in (*OWNED, "kubeconfig", "cluster.json"):
+        path = layout.root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    layout.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for sub in (layout.pki, layout.logs, layout.kubeconfigs):
+        sub.mkdir(mode=0o700)
+
+
+def pair(layout: Layout, name: str) -> pki.Pair:
+    return pki.Pair(layout.pki / f"{name}.crt", layout.pki / f"{name}.key")
+
+
+def make_pki(layout: Layout) -> dict[str, pki.Pair]:
+    ca = pki.make_ca(layout.pki)
+    loopback = ("127.0.0.1", "localhost")
+    leaves = [
+        pki.Leaf("etcd", "etcd", server_names=loopback),
+        pki.Leaf("apiserver-etcd-client", "kube-apiserver-etcd-client"),
+        pki.Leaf("apiserver", "kube-apiserver", server_names=SERVER_NAMES),
+        pki.Leaf("admin", "kubernetes-admin", organization="system:masters"),
+        pki.Leaf("controller-manager-client", "system:kube-controller-manager"),
+        pki.Leaf("scheduler-client", "system:kube-scheduler"),
+        pki.Leaf("controller-manager", "kube-controller-manager", server_names=loopback),
+        pki.Leaf("scheduler", "kube-scheduler", server_names=loopback),
+    ]
+    certs = {leaf.name: pki.issue(ca, layout.pki, leaf) for leaf in leaves}
+    certs["sa"] = pki.make_signing_key(layout.pki)
+    return certs
+
+
+def etcd_args(layout: Layout, ports: dict[str, int]) -> list[str]:
+    client, peer = f"https://127.0.0.1:{ports['etcd']}", f"https://127.0.0.1:{ports['etcd-peer']}"
+    p = layout.pki
+    return [
+        "etcd", "--name", "local", "--data-dir", str(layout.root / "etcd"),
+        "--listen-client-urls", client, "--advertise-client-urls", client,
+        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", f"local={peer}", "--initial-cluster-state", "new",
+        "--cert-file", str(p / "etcd.crt"), "--key-file", str(p / "etcd.key"),
+        "--trusted-ca-file", str(p / "ca.crt"), "--client-cert-auth",
+        "--peer-cert-file", str(p / "etcd.crt"), "--peer-key-file", str(p / "etcd.key"),
+        "--peer-trusted-ca-file", str(p / "ca.crt"), "--peer-client-cert-auth",
+        # A throwaway test cluster: durability across power loss buys nothing, fsync costs seconds.
+        "--unsafe-no-fsync", "--log-level", "warn",
+    ]  # fmt: skip
+
+
+def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
+    p = layout.pki
+    return [
+        "kube-apiserver",
+        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+        "--secure-port", str(ports["apiserver"]),
+        "--etcd-servers", f"https://127.0.0.1:{ports['etcd']}",
+        "--etcd-cafile", str(p / "ca.crt"),
+        "--etcd-certfile", str(p / "apiserver-etcd-client.crt"),
+        "--etcd-keyfile", str(p / "apiserver-etcd-client.key"),
+        "--tls-cert-file", str(p / "apiserver.crt"),
+        "--tls-private-key-file", str(p / "apiserver.key"),
+        "--client-ca-file", str(p / "ca.crt"),
+        "--authorization-mode", "Node,RBAC",
+        "--enable-admission-plugins", "NodeRestriction,PodSecurity",
+        "--allow-privileged=true",  # so that PodSecurity, not this flag, is what rejects pods
+        "--service-account-issuer", SA_ISSUER,
+        "--service-account-key-file", str(p / "sa.pub"),
+        "--service-account-signing-key-file", str(p / "sa.key"),
+        "--service-cluster-ip-range", SERVICE_CIDR,
+        # Endpoints may not hold a loopback address; nothing in-cluster dials the apiserver.
+        "--endpoint-reconciler-type", "none",
+        "--profiling=false",
+    ]  # fmt: skip
+
+
+def _component_serving(layout: Layout, name: str, port: int) -> list[str]:
+    kubeconfig = str(layout.kubeconfigs / f"{name}.kubeconfig")
+    return [
+        "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
+        "--bind-address", "127.0.0.1", "--secure-port", str(port),
+        "--tls-cert-file", str(layout.pki / f"{name}.crt"),
+        "--tls-private-key-file", str(layout.pki / f"{name}.key"),
+        "--profiling=false",
+    ]  # fmt: skip
+
+
+def controller_manager_args(layout: Layout, ports: dict[str, int]) -> list[str]:
+    name = "controller-manager"
+    return [
+        "kube-controller-manager",
+        "--kubeconfig", str(layout.kubeconfigs / f"{name}.kubeconfig"),
+        *_component_serving(layout, name, ports[name]),
+        "--controllers", "*",
+        "--use-service-account-credentials=true",
+        "--service-account-private-key-file", str(layout.pki / "sa.key"),
+        "--root-ca-file", str(layout.pki / "ca.crt"),
+        "--node-monitor-grace-period", NODE_MONITOR_GRACE,
+        "--node-monitor-period", "2s",
+        "--leader-elect=false",
+        # Its default is under /usr/libexec, which it would create on the host.
+        "--flex-volume-plugin-dir", str(layout.root / "flexvolume"),
+    ]  # fmt: skip
+
+
+def scheduler_args(layout: Layout, ports: dict[str, int]) -> list[str]:
+    config = layout.root / "scheduler.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "kubescheduler.config.k8s.io/v1",
+                "kind": "KubeSchedulerConfiguration",
+                "clientConnection": {
+                    "kubeconfig": str(layout.kubeconfigs / "scheduler.kubeconfig")
+                },
+                "leaderElection": {"leaderElect": False},
+            }
+        )
+    )
+    return [
+        "kube-scheduler",
+        "--config", str(config),
+        *_component_serving(layout, "scheduler", ports["scheduler"]),
+    ]  # fmt: skip

@@ -1,0 +1,285 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler.
+
+``Cluster.up`` generates certificates, starts each component as a plain subprocess (no shell) on
+ports picked at run time, waits until it is healthy, and records what it started in
+``<state_dir>/cluster.json`` so another process (the CLI's ``down``/``status``) can find it.
+Process-backed nodes come from ``localcluster.agent``, started last by ``_start_agent``.
+
+Component command lines live in ``components``. This module does not build binaries
+(``build-binaries.sh`` does) and never runs a node itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from localcluster import components, pki, procs
+
+_DEFAULT_SA = "/api/v1/namespaces/default/serviceaccounts/default"
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane could not be started, found or reached."""
+
+
+class KubectlError(RuntimeError):
+    """kubectl exited non-zero; the message carries its stderr."""
+
+    def __init__(self, args: Sequence[str], returncode: int, stderr: str) -> None:
+        super().__init__(f"kubectl {' '.join(args)} exited {returncode}: {stderr.strip()}")
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeOptions:
+    """The process-backed nodes the agent registers."""
+
+    nodes: int = 0
+    """How many Node objects; 0 starts no agent."""
+    gpus_per_node: int = 8
+    """``nvidia.com/gpu`` capacity of each node."""
+    cpu: str = "16"
+    """CPU capacity of each node, as a Kubernetes quantity."""
+    memory: str = "64Gi"
+    """Memory capacity of each node, as a Kubernetes quantity."""
+
+
+def find_bin_dir() -> Path:
+    """The directory of the control-plane binaries, building them on first use.
+
+    ``FSDPOP_BIN_DIR`` overrides; otherwise ``build-binaries.sh`` (idempotent, fast when cached)
+    prints it as its last line.
+    """
+    if override := os.environ.get("FSDPOP_BIN_DIR"):
+        return Path(override)
+    script = Path(__file__).with_name("build-binaries.sh")
+    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def agent_available() -> bool:
+    """Whether ``python -m localcluster.agent`` can run yet (a module, or a package with main)."""
+    spec = importlib.util.find_spec("localcluster.agent")
+    if spec is None or spec.submodule_search_locations is None:
+        return spec is not None
+    return importlib.util.find_spec("localcluster.agent.__main__") is not None
+
+
+def _free_port() -> int:
+    # Another process may take the port between close and use; startup then fails loudly
+    # with the component's log, which is rare enough on loopback to accept.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Cluster:
+    """A running local control plane; create with :meth:`up` or :meth:`attach`."""
+
+    def __init__(self, state_dir: Path, *, bin_dir: Path, ports: dict[str, int]) -> None:
+        self._layout = components.Layout(Path(state_dir))
+        self.bin_dir = Path(bin_dir)
+        self.ports = dict(ports)
+        self._procs = procs.Registry(self._layout.state)
+
+    # --- paths ---------------------------------------------------------------------------
+    @property
+    def state_dir(self) -> Path:
+        return self._layout.root
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin (system:masters) kubeconfig."""
+        return self._layout.admin
+
+    @property
+    def logs(self) -> Path:
+        """One ``<component>.log`` per process."""
+        return self._layout.logs
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['apiserver']}"
+
+    # --- lifecycle -----------------------------------------------------------------------
+    @classmethod
+    def up(
+        cls,
+        state_dir: Path,
+        *,
+        nodes: NodeOptions | None = None,
+        bin_dir: Path | None = None,
+        timeout: float = 120.0,
+    ) -> Cluster:
+        """Start a fresh cluster in ``state_dir`` and return once it is usable.
+
+        Usable means: apiserver ``/readyz`` ok, controller-manager and scheduler healthy, the
+        ``default`` ServiceAccount exists, and the requested nodes are Ready. Anything started
+        is stopped again if a step fails.
+        """
+        layout = components.Layout(Path(state_dir))
+        if procs.Registry(layout.state).alive():
+            raise ControlPlaneError(f"a cluster is already running in {layout.root}; run down")
+        components.reset(layout)
+        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        cluster = cls(layout.root, bin_dir=bin_dir or find_bin_dir(), ports={})
+        cluster.ports = {name: _free_port() for name in names}
+        try:
+            cluster._start(nodes or NodeOptions(), deadline=time.monotonic() + timeout)
+        except BaseException:
+            cluster.down()
+            raise
+        return cluster
+
+    @classmethod
+    def attach(cls, state_dir: Path) -> Cluster:
+        """The cluster a previous ``up`` (maybe in another process) left in ``state_dir``."""
+        layout = components.Layout(Path(state_dir))
+        try:
+            meta = json.loads(layout.state.read_text())["meta"]
+        except (FileNotFoundError, KeyError, json.JSONDecodeError) as err:
+            raise ControlPlaneError(f"no cluster recorded in {layout.root}") from err
+        return cls(layout.root, bin_dir=Path(meta["bin_dir"]), ports=meta["ports"])
+
+    def down(self, *, grace: float = 10.0) -> None:
+        """Stop every recorded process (SIGTERM, then SIGKILL after ``grace`` seconds)."""
+        self._procs.stop_all(grace=grace, graces={"agent": max(grace, 30.0)})
+
+    def component_status(self) -> dict[str, bool]:
+        """Each recorded component and whether its process is still running."""
+        return self._procs.status()
+
+    def _start(self, nodes: NodeOptions, *, deadline: float) -> None:
+        self._procs.meta = {"bin_dir": str(self.bin_dir), "ports": self.ports}
+        certs = components.make_pki(self._layout)
+        self._write_kubeconfigs(certs)
+        self._spawn("etcd", components.etcd_args(self._layout, self.ports))
+        self._wait("etcd", f"https://127.0.0.1:{self.ports['etcd']}/health", deadline)
+        self._spawn("apiserver", components.apiserver_args(self._layout, self.ports))
+        self._wait("apiserver", f"{self.server}/readyz", deadline)
+        self._spawn(
+            "controller-manager", components.controller_manager_args(self._layout, self.ports)
+        )
+        self._spawn("scheduler", components.scheduler_args(self._layout, self.ports))
+        self._wait("controller-manager", self._health_url("controller-manager"), deadline)
+        self._wait("scheduler", self._health_url("scheduler"), deadline)
+        self._wait("controller-manager", f"{self.server}{_DEFAULT_SA}", deadline)
+        if nodes.nodes:
+            self._start_agent(nodes)
+            self._poll("agent", lambda: self.ready_nodes() >= nodes.nodes, deadline)
+
+    def _start_agent(self, nodes: NodeOptions) -> None:
+        if not agent_available():
+            raise ControlPlaneError("nodes requested but localcluster.agent does not exist yet")
+        self._spawn(
+            "agent",
+            [
+                sys.executable, "-m", "localcluster.agent",
+                "--kubeconfig", str(self.kubeconfig),
+                "--state-dir", str(self.state_dir / "agent"),
+                "--nodes", str(nodes.nodes),
+                "--gpus-per-node", str(nodes.gpus_per_node),
+                "--cpu", nodes.cpu,
+                "--memory", nodes.memory,
+            ],
+        )  # fmt: skip
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        if not argv[0].startswith("/"):
+            argv = [str(self.bin_dir / argv[0]), *argv[1:]]
+        self._procs.spawn(name, argv, log=self.logs / f"{name}.log", cwd=self.state_dir)
+
+    def _health_url(self, name: str) -> str:
+        return f"https://127.0.0.1:{self.ports[name]}/healthz"
+
+    def _wait(self, name: str, url: str, deadline: float) -> None:
+        ca, client = self._layout.pki / "ca.crt", components.pair(self._layout, "admin")
+        self._poll(name, lambda: procs.https_ok(url, ca=ca, cert=client.cert, key=client.key),
+                   deadline)  # fmt: skip
+
+    def _poll(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
+        while not ready():
+            if not self._procs.status().get(name, False):
+                raise ControlPlaneError(f"{name} exited:\n{procs.tail(self.logs / f'{name}.log')}")
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{name} not ready in time:\n{procs.tail(self.logs / f'{name}.log')}"
+                )
+            time.sleep(0.2)
+
+    # --- clients -------------------------------------------------------------------------
+    def kubectl(
+        self,
+        *args: str,
+        kubeconfig: Path | None = None,
+        input: str | None = None,
+        check: bool = True,
+        timeout: float = 60.0,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cluster's own kubectl with ``args`` (admin unless ``kubeconfig`` is given).
+
+        Raises :class:`KubectlError` (with stderr) on a non-zero exit when ``check``.
+        """
+        argv = [
+            str(self.bin_dir / "kubectl"),
+            "--kubeconfig", str(kubeconfig or self.kubeconfig),
+            "--cache-dir", str(self.state_dir / "kubectl-cache"),
+            *args,
+        ]  # fmt: skip
+        done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise KubectlError(args, done.returncode, done.stderr)
+        return done
+
+    def get_json(self, *args: str) -> Any:
+        """``kubectl get <args> -o json``, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def kubeconfig_for_serviceaccount(
+        self, namespace: str, name: str, *, duration: str = "24h"
+    ) -> Path:
+        """A kubeconfig that authenticates as ServiceAccount ``namespace/name``.
+
+        The token comes from the TokenRequest API (``kubectl create token``), bound to the
+        account and expiring after ``duration``; the account needs RBAC bindings to do anything.
+        """
+        token = self.kubectl(
+            "create", "token", name, "--namespace", namespace, "--duration", duration
+        ).stdout.strip()
+        path = self._layout.kubeconfigs / f"sa-{namespace}-{name}.kubeconfig"
+        return pki.write_kubeconfig(
+            path, server=self.server, ca=self._layout.pki / "ca.crt", user={"token": token}
+        )
+
+    def ready_nodes(self) -> int:
+        """How many Node objects report Ready=True."""
+        nodes = self.get_json("nodes")["items"]
+        return sum(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"]["conditions"])
+            for n in nodes
+            if n.get("status", {}).get("conditions")
+        )
+
+    def _write_kubeconfigs(self, certs: dict[str, pki.Pair]) -> None:
+        ca = self._layout.pki / "ca.crt"
+        pki.write_kubeconfig(
+            self.kubeconfig, server=self.server, ca=ca, user=pki.client_user(certs["admin"])
+        )
+        for name in ("controller-manager", "scheduler"):
+            pki.write_kubeconfig(
+                self._layout.kubeconfigs / f"{name}.kubeconfig",
+                server=self.server,
+                ca=ca,
+                user=pki.client_user(certs[f"{name}-client"]),
+            )
