@@ -1,0 +1,47 @@
+"""`python -m fsdp_operator`: run the operator (kopf, cluster-wide, one replica).
+
+Subcommands: `run` (default) starts the operator; `crd` prints the CRD. The CLI for people is
+`fsdpctl` (cli.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import kopf
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fsdp_operator")
+    parser.add_argument("command", nargs="?", default="run", choices=["run", "crd"])
+    parser.add_argument("--liveness", default=None, help="kopf liveness endpoint URL")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "crd":
+        from fsdp_operator import crd
+
+        crd.main()
+        return 0
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from fsdp_operator import handlers  # noqa: F401  (registers the handlers)
+    from fsdp_operator import settings as cfg
+
+    conf = cfg.Settings.from_env()
+    asyncio.run(
+        kopf.operator(
+            standalone=True,
+            clusterwide=True,
+            liveness_endpoint=args.liveness or conf.liveness_endpoint or None,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

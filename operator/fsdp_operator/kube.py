@@ -1,0 +1,159 @@
+"""The one module that talks to the Kubernetes API (and to rank 0's metrics endpoint).
+
+Objects travel as plain dicts (the JSON the API serves) so templates and observations need no
+client types. Every call is idempotent where the reconcile loop needs it: creating what exists
+and deleting what is gone are not errors. No decisions are made here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import kubernetes
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsdp_operator import names
+from fsdp_operator import spec as api
+from fsdp_worker import contract
+
+log = logging.getLogger(__name__)
+
+
+def load_client() -> kubernetes.client.ApiClient:
+    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()
+    return kubernetes.client.ApiClient()
+
+
+def _data(resp: Any) -> Any:
+    return json.loads(resp.data)
+
+
+def _ok_statuses(exc: ApiException, *codes: int) -> bool:
+    return exc.status in codes
+
+
+class Kube:
+    """Thin, typed-by-dict access to the objects an FSDPJob owns."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self.core = kubernetes.client.CoreV1Api(client)
+        self.custom = kubernetes.client.CustomObjectsApi(client)
+
+    # --- the FSDPJob --------------------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            resp = self.custom.get_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
+            )
+        except ApiException as exc:
+            if _ok_statuses(exc, 404):
+                return None
+            raise
+        return dict(_data(resp))
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """One merge patch of the whole status (None values clear fields)."""
+        self.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}
+        )
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, propagation_policy="Background"
+            )
+        except ApiException as exc:
+            if not _ok_statuses(exc, 404):
+                raise
+
+    # --- pods, nodes, service -----------------------------------------------------------------
+    def list_job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
+        selector = names.label_selector(names.selector_labels(job_name))
+        resp = self.core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        return list(_data(resp)["items"])
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(_data(self.core.list_node(_preload_content=False))["items"])
+
+    def list_active_pods(self) -> list[dict[str, Any]]:
+        """Every pod that holds node resources (for the capacity estimate)."""
+        resp = self.core.list_pod_for_all_namespaces(
+            field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
+        )
+        return list(_data(resp)["items"])
+
+    def create(self, body: dict[str, Any]) -> None:
+        ns = body["metadata"]["namespace"]
+        try:
+            if body["kind"] == "Pod":
+                self.core.create_namespaced_pod(ns, body)
+            else:
+                self.core.create_namespaced_service(ns, body)
+        except ApiException as exc:
+            if not _ok_statuses(exc, 409):
+                raise
+
+    def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
+        try:
+            self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=0 if force else None
+            )
+        except ApiException as exc:
+            if not _ok_statuses(exc, 404):
+                raise
+
+    # --- events ---------------------------------------------------------------------------------
+    def event(self, job: names.JobRef, *, type_: str, reason: str, message: str) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "metadata": {"name": f"{job.name}.{uuid.uuid4().hex[:12]}", "namespace": job.namespace},
+            "involvedObject": {
+                "apiVersion": job.api_version,
+                "kind": job.kind,
+                "name": job.name,
+                "namespace": job.namespace,
+                "uid": job.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": names.MANAGER},
+            "reportingComponent": names.MANAGER,
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(job.namespace, body)
+        except ApiException as exc:  # an Event is advice; never fail a pass for one
+            log.warning("event %s for %s not posted: %s", reason, job.name, exc.reason)
+
+
+def scrape_progress(ip: str, *, timeout: float) -> tuple[int | None, float | None] | None:
+    """(step, last step unix time) from rank 0's Prometheus endpoint; None when unreachable."""
+    url = f"http://{ip}:{names.METRICS_PORT}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http to a pod IP)
+            text = resp.read(1 << 20).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in (contract.METRIC_STEP, contract.METRIC_LAST_STEP_TIME):
+                values[sample.name] = sample.value
+    step = values.get(contract.METRIC_STEP)
+    return (int(step) if step is not None else None, values.get(contract.METRIC_LAST_STEP_TIME))

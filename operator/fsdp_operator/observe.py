@@ -1,0 +1,172 @@
+"""Turn API objects (dicts) into the views decide() reads. Pure: no I/O, no clock reads.
+
+Pod and node parsing follows what a kubelet reports: phase, container terminated state (exit
+code, reason, termination message), DisruptionTarget, PodScheduled=Unschedulable, image errors,
+and the node Ready condition with its transition time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from fsdp_operator import names
+from fsdp_operator import observed as ob
+from fsdp_operator import spec as api
+from fsdp_operator import status as st
+
+IMAGE_ERRORS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+)
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+    "Ki": 1024.0, "Mi": 1024.0**2, "Gi": 1024.0**3, "Ti": 1024.0**4,
+}  # fmt: skip
+
+
+def ts(value: str | None) -> float | None:
+    """RFC 3339 timestamp -> unix seconds."""
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def quantity(value: str | int | float) -> float:
+    m = _QUANTITY.match(str(value))
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"not a quantity: {value!r}")
+    return float(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def _terminated(pod: Mapping[str, Any]) -> dict[str, Any]:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        if cs.get("name") == names.CONTAINER_NAME:
+            return dict((cs.get("state") or {}).get("terminated") or {})
+    return {}
+
+
+def _waiting_reason(pod: Mapping[str, Any]) -> str:
+    for cs in pod.get("status", {}).get("containerStatuses") or []:
+        reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason", "")
+        if reason in IMAGE_ERRORS:
+            return str(reason)
+    return ""
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return dict(cond)
+    return {}
+
+
+def pod_view(pod: Mapping[str, Any]) -> ob.PodView | None:
+    """None for pods without the operator's attempt/rank labels (not ours to judge)."""
+    meta = pod.get("metadata", {})
+    attempt = names.parse_attempt(meta.get("labels"))
+    rank = names.parse_node_rank(meta.get("labels"))
+    if attempt is None or rank is None:
+        return None
+    term = _terminated(pod)
+    phase = pod.get("status", {}).get("phase", "Pending")
+    scheduled = _condition(pod, "PodScheduled")
+    return ob.PodView(
+        name=meta["name"],
+        attempt=attempt,
+        rank=rank,
+        phase=ob.PodPhase(phase)
+        if phase in ob.PodPhase.__members__.values()
+        else ob.PodPhase.UNKNOWN,
+        node=pod.get("spec", {}).get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        exit_code=term.get("exitCode"),
+        reason=str(term.get("reason", "")),
+        message=str(term.get("message", "")),
+        finished=ts(term.get("finishedAt")),
+        disrupted=_condition(pod, "DisruptionTarget").get("status") == "True",
+        unschedulable=scheduled.get("reason") == "Unschedulable",
+        image_error=_waiting_reason(pod),
+        ip=pod.get("status", {}).get("podIP"),
+    )
+
+
+def _requests(pod: Mapping[str, Any]) -> dict[str, float]:
+    total: dict[str, float] = {}
+    for c in pod.get("spec", {}).get("containers") or []:
+        for key, value in ((c.get("resources") or {}).get("requests") or {}).items():
+            total[key] = total.get(key, 0.0) + quantity(value)
+    return total
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+    for tol in tolerations:
+        if tol.get("operator") == "Exists" and not tol.get("key"):
+            return True
+        same = tol.get("key") == taint.get("key") and tol.get("effect") in (
+            "",
+            None,
+            taint["effect"],
+        )
+        if same and (tol.get("operator") == "Exists" or tol.get("value") == taint.get("value")):
+            return True
+    return False
+
+
+def _fits(node: Mapping[str, Any], *, spec: api.FSDPJobSpec, used: Mapping[str, float]) -> bool:
+    labels = node.get("metadata", {}).get("labels") or {}
+    selector = spec.template.spec.node_selector
+    if any(labels.get(k) != v for k, v in selector.items()):
+        return False
+    for taint in node.get("spec", {}).get("taints") or []:
+        hard = taint.get("effect") in ("NoSchedule", "NoExecute")
+        if hard and not _tolerated(taint, spec.template.spec.tolerations):
+            return False
+    alloc = node.get("status", {}).get("allocatable") or {}
+    wanted = {**spec.resources.limits, **spec.resources.requests}
+    for key, value in wanted.items():
+        if quantity(alloc.get(key, 0)) - used.get(key, 0.0) < quantity(value):
+            return False
+    return True
+
+
+def node_views(
+    nodes: Iterable[Mapping[str, Any]],
+    *,
+    spec: api.FSDPJobSpec,
+    other_pods: Iterable[Mapping[str, Any]],
+) -> list[ob.NodeView]:
+    """Nodes with readiness and whether one more worker of this job would fit there.
+
+    `other_pods` are active pods NOT of this job: our own pods free their room on restart.
+    """
+    used: dict[str, dict[str, float]] = {}
+    for pod in other_pods:
+        node = pod.get("spec", {}).get("nodeName")
+        if node:
+            slot = used.setdefault(node, {})
+            for key, value in _requests(pod).items():
+                slot[key] = slot.get(key, 0.0) + value
+    views = []
+    for node in nodes:
+        ready = _condition(node, "Ready")
+        is_ready = ready.get("status") == "True"
+        name = node["metadata"]["name"]
+        views.append(
+            ob.NodeView(
+                name=name,
+                ready=is_ready,
+                not_ready_since=None if is_ready else ts(ready.get("lastTransitionTime")),
+                schedulable=not node.get("spec", {}).get("unschedulable", False),
+                fits=_fits(node, spec=spec, used=used.get(name, {})),
+            )
+        )
+    return views
+
+
+def status_of(raw: Mapping[str, Any] | None) -> st.FSDPJobStatus:
+    """Parse status leniently: fields we do not know (e.g. other tools') are ignored."""
+    known = {f.alias or k for k, f in st.FSDPJobStatus.model_fields.items()}
+    return st.FSDPJobStatus.model_validate({k: v for k, v in (raw or {}).items() if k in known})

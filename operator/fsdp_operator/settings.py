@@ -1,0 +1,50 @@
+"""Operator settings, read once from the environment at start-up.
+
+Every knob has a docstring and a safe default; nothing here talks to the cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from fsdp_operator import policy
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    storage_template: str = ""
+    """Where the operator sees a job's checkpoint volume: a path with {namespace} and {claim},
+    e.g. /mnt/ckpt/{namespace}/{claim}. Empty: the operator cannot read checkpoints and lets
+    workers pick (`auto`), so lineage is then the workers' job."""
+    metrics_port: int = 8000
+    """Port of the operator's own Prometheus endpoint (0 disables it)."""
+    liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    """kopf's liveness probe endpoint."""
+    scrape_timeout_seconds: float = 2.0
+    """Timeout of one scrape of rank 0's metrics (hang detection, status.step)."""
+    watch_server_timeout: int = 60
+    """Server-side watch timeout: a silently dead watch stream is re-opened this often."""
+    watch_client_timeout: int = 90
+    """Client-side watch timeout, a little above the server's."""
+    deep_verify: bool = False
+    """Also compare sha256 of every checkpoint file (slow for big checkpoints)."""
+    tunables: policy.Tunables = dataclasses.field(default_factory=policy.Tunables)
+    """Node exclusion and draining knobs for decide()."""
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        e = dict(os.environ if env is None else env)
+        tun = policy.Tunables(
+            node_exclusion_seconds=float(e.get("FSDPOP_NODE_EXCLUSION_SECONDS", "300")),
+            max_excluded_nodes=int(e.get("FSDPOP_MAX_EXCLUDED_NODES", "8")),
+            drain_timeout_seconds=float(e.get("FSDPOP_DRAIN_TIMEOUT_SECONDS", "120")),
+        )
+        return cls(
+            storage_template=e.get("FSDPOP_STORAGE_TEMPLATE", ""),
+            metrics_port=int(e.get("FSDPOP_METRICS_PORT", "8000")),
+            liveness_endpoint=e.get("FSDPOP_LIVENESS", "http://0.0.0.0:8080/healthz"),
+            scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "2")),
+            deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
+            tunables=tun,
+        )
