@@ -150,6 +150,8 @@ def controller_manager_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         "--node-monitor-grace-period", NODE_MONITOR_GRACE,
         "--node-monitor-period", "2s",
         "--leader-elect=false",
+        # The default 20 qps throttles start-up, when every controller gets its own account.
+        "--kube-api-qps", "200", "--kube-api-burst", "400",
         # Its default is under /usr/libexec, which it would create on the host.
         "--flex-volume-plugin-dir", str(layout.root / "flexvolume"),
     ]  # fmt: skip
