@@ -146,6 +146,7 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
         for pod in templates.worker_pods(
             job=job, spec=obs.spec, attempt=d.launch.attempt, replicas=d.launch.replicas,
             resume_path=d.launch.resume_path, excluded_nodes=d.launch.excluded_nodes,
+            worker_module=ctx.settings.worker_module,
         ):  # fmt: skip
             kube.create(pod)
     for ev in d.events:

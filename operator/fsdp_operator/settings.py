@@ -27,6 +27,9 @@ class Settings:
     """Server-side watch timeout: a silently dead watch stream is re-opened this often."""
     watch_client_timeout: int = 90
     """Client-side watch timeout, a little above the server's."""
+    worker_module: str = "fsdp_worker"
+    """Python module torchrun runs in every pod. `fsdp_worker.standin` is the torch-free stand-in
+    for dry runs and the operator's own tests."""
     deep_verify: bool = False
     """Also compare sha256 of every checkpoint file (slow for big checkpoints)."""
     tunables: policy.Tunables = dataclasses.field(default_factory=policy.Tunables)
@@ -46,5 +49,6 @@ class Settings:
             liveness_endpoint=e.get("FSDPOP_LIVENESS", "http://0.0.0.0:8080/healthz"),
             scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "2")),
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
+            worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),
             tunables=tun,
         )

@@ -1,9 +1,10 @@
 """Pure templating: an FSDPJob spec in, the headless Service and worker pod dicts out.
 
 Everything the operator creates is spelled here (merging the user's volumes and affinity lives
-in podmerge.py), golden-tested, so a reviewer knows what runs in the cluster. It must stay pure: no kubernetes client objects, no I/O, no
-clock reads, no kopf, no torch. What the CRD cannot check (user volumes, env and affinity that
-would break the operator's own settings) raises TemplateError naming the field.
+in podmerge.py), golden-tested, so a reviewer knows what runs in the cluster. It must stay
+pure: no kubernetes client objects, no I/O, no clock reads, no kopf, no torch. What the CRD
+cannot check (user volumes, env and affinity that would break the operator's own settings)
+raises TemplateError naming the field.
 
 Security choices, enforced here rather than left to the user's template:
 - The worker command is an argument list for torchrun; nothing passes through a shell.
@@ -32,6 +33,7 @@ from fsdp_worker import config as wconfig
 from fsdp_worker import contract
 
 JobRef = names.JobRef
+DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
 
 RESERVED_ENV_PREFIX = "FSDP_"
 RUN_AS_ID = 1000
@@ -118,6 +120,7 @@ def worker_pods(
     resume_path: str,
     excluded_nodes: Sequence[str],
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
+    worker_module: str = DEFAULT_WORKER_MODULE,
 ) -> list[dict[str, Any]]:
     """Every rank's pod of one attempt, rank order."""
     return [
@@ -130,6 +133,7 @@ def worker_pods(
             resume_path=resume_path,
             excluded_nodes=excluded_nodes,
             cluster_domain=cluster_domain,
+            worker_module=worker_module,
         )
         for rank in range(replicas)
     ]
@@ -146,6 +150,7 @@ class _Slot:
     replicas: int
     resume_path: str
     cluster_domain: str
+    worker_module: str = "fsdp_worker"
 
     @property
     def world_size(self) -> int:
@@ -166,9 +171,14 @@ def worker_pod(
     resume_path: str,
     excluded_nodes: Sequence[str],
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
+    worker_module: str = DEFAULT_WORKER_MODULE,
 ) -> dict[str, Any]:
     """One worker pod: torchrun with a static node rank, restricted, owned by the job."""
-    slot = _Slot(job, spec, attempt, node_rank, replicas, resume_path, cluster_domain)
+    if not re.fullmatch(wconfig.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
+        raise TemplateError(f"worker module {worker_module!r} is not a dotted module name")
+    slot = _Slot(
+        job, spec, attempt, node_rank, replicas, resume_path, cluster_domain, worker_module
+    )
     _check_shape(slot)
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
@@ -255,7 +265,7 @@ def _command(slot: _Slot) -> list[str]:
         f"--rdzv-id={names.rendezvous_id(job, attempt=attempt)}",
         "--max-restarts=0",  # the operator owns restarts
         "-m",
-        "fsdp_worker",
+        slot.worker_module,
     ]
 
 

@@ -1,0 +1,170 @@
+"""A torch-free stand-in worker: the real contract, no training. For operator tests and dry runs.
+
+Run under torchrun exactly like `fsdp_worker` (`-m fsdp_worker.standin`): it reads the same
+environment and config, advances one "step" every STANDIN_STEP_SECONDS, serves rank 0's
+progress metrics, writes checkpoints the real way (per-rank files in a partial directory, a
+barrier on the shared volume, then rank 0 renames and writes the marker through the catalog),
+saves on SIGTERM, resumes from the checkpoint the operator names, and writes the JSON
+termination message on failure. It must never be used to train anything.
+
+Behaviour knobs (plain env a job may set in spec.template.spec.env):
+  STANDIN_STEP_SECONDS   seconds per step (default 0.2)
+  STANDIN_FAIL_AT_STEP   fail when reaching this step ...
+  STANDIN_FAIL_ATTEMPT   ... in this attempt only (default 1; 0 = every attempt)
+  STANDIN_FAIL_RANK      ... on this global rank (default 0)
+  STANDIN_FAIL_CODE      ... with this exit code (78 writes a ConfigError cause)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import signal
+import sys
+import time
+from typing import Any
+
+import prometheus_client as prom
+
+from fsdp_worker import catalog, contract
+from fsdp_worker import config as wconfig
+
+log = logging.getLogger("fsdp_worker.standin")
+BARRIER_TIMEOUT = 60.0
+
+
+_stop_requested = False
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def _terminate(*, rank: int, step: int, code: int, cls: str, message: str) -> None:
+    path = os.environ.get(contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG)
+    doc = {"class": cls, "rank": rank, "step": step, "exitCode": code, "message": message}
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(doc)[: contract.TERMINATION_MESSAGE_MAX_BYTES])
+    except OSError:
+        log.warning("cannot write termination message to %s", path)
+
+
+class StandIn:
+    def __init__(self, cfg: wconfig.WorkerConfig) -> None:
+        self.cfg = cfg
+        self.rank = _env_int("RANK", 0)
+        self.world = _env_int("WORLD_SIZE", 1)
+        self.attempt = _env_int(contract.ENV_ATTEMPT, 1)
+        self.root = os.environ.get(contract.ENV_CHECKPOINT_ROOT) or cfg.checkpoint.root
+        self.storage = catalog.LocalStorage(self.root)
+        self.hash = cfg.training.resume_hash()
+        self.step, self.resumed_from = self._resume()
+        self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
+
+    def _resume(self) -> tuple[int, int | None]:
+        where = os.environ.get(contract.ENV_RESUME, "")
+        if not where:
+            return 0, None
+        name = posixpath.basename(where.rstrip("/"))
+        cand = catalog.verify(self.storage, name, config_hash=self.hash)
+        if not cand.ok or cand.marker is None:
+            raise RuntimeError(f"resume checkpoint {where} rejected: {cand.reason} {cand.detail}")
+        return cand.marker.step, cand.marker.step
+
+    def save(self, step: int) -> None:
+        partial = catalog.partial_dir_name(step=step, attempt=self.attempt)
+        mine = self.storage.resolve(posixpath.join(partial, f"rank-{self.rank}.bin"))
+        os.makedirs(os.path.dirname(mine), exist_ok=True)
+        with open(mine, "wb") as fh:
+            fh.write(json.dumps({"step": step, "rank": self.rank}).encode().ljust(64))
+            fh.flush()
+            os.fsync(fh.fileno())
+        if self.rank != 0:
+            return
+        deadline = time.monotonic() + BARRIER_TIMEOUT
+        while len(self.storage.list_files(partial)) < self.world:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"checkpoint step {step}: not every rank wrote its shard")
+            time.sleep(0.02)
+        final = catalog.step_dir_name(step)
+        if self.storage.exists(final):
+            catalog.quarantine(self.storage, ".", step)
+        self.storage.rename(partial, final)
+        marker = catalog.Marker(
+            step=step, attempt=self.attempt, world_size=self.world,
+            global_batch_size=self.cfg.training.global_batch_size,
+            samples_consumed=step * self.cfg.training.global_batch_size,
+            resumed_from_step=self.resumed_from, time=time.time(), torch_version="standin",
+            config_hash=self.hash,
+            files=catalog.build_manifest(self.storage, final, checksums=True),
+        )  # fmt: skip
+        self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
+        log.info("checkpoint step %d complete", step)
+
+    def _maybe_fail(self) -> None:
+        at = _env_int("STANDIN_FAIL_AT_STEP", -1)
+        which = _env_int("STANDIN_FAIL_ATTEMPT", 1)
+        if self.step != at or self.rank != _env_int("STANDIN_FAIL_RANK", 0):
+            return
+        if which and which != self.attempt:
+            return
+        code = _env_int("STANDIN_FAIL_CODE", 1)
+        cls = contract.FailureClass.CONFIG if code == 78 else contract.FailureClass.RUNTIME
+        _terminate(rank=self.rank, step=self.step, code=code, cls=cls, message="injected")
+        log.error("injected failure at step %d, exit %d", self.step, code)
+        sys.exit(code)
+
+    def run(self) -> int:
+        gauge_step = prom.Gauge(contract.METRIC_STEP, "last completed step")
+        gauge_time = prom.Gauge(contract.METRIC_LAST_STEP_TIME, "time of the last step")
+        if self.rank == 0:
+            prom.start_http_server(
+                _env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT)
+            )
+        gauge_step.set(self.step)
+        interval = self.cfg.checkpoint.interval_steps
+        while self.step < self.cfg.training.steps:
+            time.sleep(self.step_time)
+            if _stop_requested:  # SIGTERM between steps: a complete checkpoint, then exit
+                log.warning("SIGTERM at step %d: saving before exit", self.step)
+                self.save(self.step)
+                return int(contract.ExitCode.PREEMPTED)
+            self.step += 1
+            gauge_step.set(self.step)
+            gauge_time.set(time.time())
+            self._maybe_fail()
+            if self.step % interval == 0 or self.step == self.cfg.training.steps:
+                self.save(self.step)
+        return int(contract.ExitCode.SUCCESS)
+
+
+def _on_term(signum: int, frame: Any) -> None:
+    global _stop_requested
+    _stop_requested = True
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=logging.INFO, format=f"[rank{os.environ.get('RANK', '?')}] %(message)s"
+    )
+    raw = os.environ.get(contract.ENV_CONFIG, "{}")
+    try:
+        cfg = wconfig.WorkerConfig.parse(raw)
+    except ValueError as exc:
+        _terminate(rank=_env_int("RANK", 0), step=0, code=78, cls=contract.FailureClass.CONFIG,
+                   message=str(exc)[:1000])  # fmt: skip
+        return int(contract.ExitCode.CONFIG_ERROR)
+    signal.signal(signal.SIGTERM, _on_term)
+    try:
+        return StandIn(cfg).run()
+    except Exception as exc:
+        _terminate(rank=_env_int("RANK", 0), step=-1, code=1, cls=contract.FailureClass.RUNTIME,
+                   message=str(exc)[:1000])  # fmt: skip
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
