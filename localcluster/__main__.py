@@ -67,6 +67,9 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     cluster = controlplane.Cluster.attach(args.state_dir)
     components = cluster.component_status()
+    if not components:
+        print(f"no cluster running in {cluster.state_dir}", file=sys.stderr)
+        return 1
     for name, running in components.items():
         print(f"{name:20} {'running' if running else 'stopped'}")
     if not components.get("apiserver"):
