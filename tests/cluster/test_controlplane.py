@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +120,31 @@ def test_deleting_an_owner_garbage_collects_its_pods(cluster: Cluster, kube_name
         return {p["metadata"]["name"] for p in cluster.get_json("pods", *ns)["items"]}
 
     eventually(lambda: names() == {"bystander"}, what="owned pods to be collected")
+
+
+def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "localcluster", "--state-dir", str(tmp_path), *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=180)
+
+    up = cli("up", "--nodes", "0")
+    try:
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.strip() == f"export KUBECONFIG={tmp_path / 'kubeconfig'}"
+        status = cli("status")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "apiserver            running" in status.stdout
+        started = json.loads((tmp_path / "cluster.json").read_text())["processes"]
+    finally:
+        assert cli("down").returncode == 0
+    assert {p["name"] for p in started} == {"etcd", "apiserver", "controller-manager", "scheduler"}
+    eventually(lambda: not any(running(p["pid"]) for p in started), timeout=5, what="all stopped")
+    assert cli("status").returncode == 1
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
