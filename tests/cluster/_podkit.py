@@ -1,0 +1,127 @@
+"""Helpers for tests that run pods on the process nodes: manifests, waits, lookups."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from localcluster.controlplane import Cluster, KubectlError
+
+JSON = dict[str, Any]
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "") -> Any:
+    """Poll ``check`` until it returns something truthy; that value is returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.25)
+
+
+def python_pod(
+    name: str,
+    code: str,
+    *,
+    labels: dict[str, str] | None = None,
+    hostname: str | None = None,
+    subdomain: str | None = None,
+    node: str | None = None,
+    grace: int | None = None,
+    extra: JSON | None = None,
+) -> JSON:
+    """A restartPolicy=Never pod whose one container runs ``python -c code``."""
+    spec: JSON = {
+        "restartPolicy": "Never",
+        "containers": [
+            {"name": "main", "image": "ignored", "command": ["python", "-u", "-c", code]}
+        ],
+    }
+    if hostname:
+        spec["hostname"] = hostname
+    if subdomain:
+        spec["subdomain"] = subdomain
+    if node:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if grace is not None:
+        spec["terminationGracePeriodSeconds"] = grace
+    spec |= extra or {}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+    }
+
+
+def apply(cluster: Cluster, namespace: str, *objects: JSON) -> None:
+    items = {"apiVersion": "v1", "kind": "List", "items": list(objects)}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(items))
+
+
+def get_pod(cluster: Cluster, namespace: str, name: str) -> JSON | None:
+    try:
+        found: JSON = cluster.get_json("pod", name, "-n", namespace)
+    except KubectlError as exc:
+        if "NotFound" in exc.stderr:
+            return None
+        raise
+    return found
+
+
+def wait_phase(
+    cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...], *, timeout: float = 60.0
+) -> JSON:
+    def check() -> JSON | None:
+        pod = get_pod(cluster, namespace, name)
+        return pod if pod and pod.get("status", {}).get("phase") in phases else None
+
+    found: JSON = eventually(check, timeout=timeout, what=f"pod {name} in {phases}")
+    return found
+
+
+def terminated(pod: JSON) -> JSON:
+    """The first container's terminated state."""
+    state: JSON = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    return state
+
+
+def running(cluster: Cluster, namespace: str, name: str, *, timeout: float = 60.0) -> JSON:
+    """Wait until the pod's container runs; the pod."""
+
+    def check() -> JSON | None:
+        pod = get_pod(cluster, namespace, name)
+        statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
+        return pod if statuses and "running" in statuses[0]["state"] else None
+
+    found: JSON = eventually(check, timeout=timeout, what=f"pod {name} running")
+    return found
+
+
+def node_ready(cluster: Cluster, node: str) -> str:
+    """The node's Ready condition status: True, False or Unknown."""
+    conditions = cluster.get_json("node", node)["status"]["conditions"]
+    return str(next(c["status"] for c in conditions if c["type"] == "Ready"))
+
+
+def process_state(pid: int) -> str:
+    """The one-letter state of a process (R, S, T, ...), or '' when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except OSError:
+        return ""
+    return ""
+
+
+def alive(pid: int) -> bool:
+    return process_state(pid) not in ("", "Z", "X")

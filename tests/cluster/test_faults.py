@@ -1,0 +1,126 @@
+"""Each fault verb does what the real failure would do, as the operator would observe it."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from _podkit import (
+    alive,
+    apply,
+    eventually,
+    get_pod,
+    process_state,
+    python_pod,
+    running,
+    terminated,
+    wait_phase,
+)
+
+from localcluster.controlplane import Cluster
+from localcluster.faults import FaultError, Faults
+
+pytestmark = pytest.mark.cluster
+
+SLEEPER = "import time\nwhile True: time.sleep(0.2)"
+SERVER = (
+    "import socket\ns = socket.create_server(('0.0.0.0', 9000))\n"
+    "while True:\n    c, _ = s.accept(); c.sendall(b'up'); c.close()\n"
+)
+
+
+@pytest.fixture
+def faults(cluster: Cluster) -> Faults:
+    return Faults.for_cluster(cluster.state_dir)
+
+
+def _started(cluster: Cluster, namespace: str, name: str, code: str = SLEEPER) -> None:
+    apply(cluster, namespace, python_pod(name, code))
+    running(cluster, namespace, name)
+
+
+def test_crash_reports_the_chosen_exit_code(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    _started(cluster, kube_namespace, "crashy")
+    faults.crash(kube_namespace, "crashy", exit_code=7, message="rank 3 exploded")
+    pod = wait_phase(cluster, kube_namespace, "crashy", ("Failed",))
+    assert terminated(pod)["exitCode"] == 7
+    assert terminated(pod)["reason"] == "Error"
+    assert terminated(pod)["message"] == "rank 3 exploded"
+
+
+def test_oom_kill_reads_oomkilled_137(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    _started(cluster, kube_namespace, "hungry")
+    pids = faults.pids(kube_namespace, "hungry")
+    faults.oom(kube_namespace, "hungry")
+    pod = wait_phase(cluster, kube_namespace, "hungry", ("Failed",))
+    assert terminated(pod)["exitCode"] == 137
+    assert terminated(pod)["reason"] == "OOMKilled"
+    assert not any(alive(p) for p in pids)
+
+
+def test_freeze_stops_every_process_and_thaw_resumes(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    forking = (
+        "import subprocess, sys\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    )
+    _started(cluster, kube_namespace, "stuck", forking + SLEEPER)
+    pids = eventually(
+        lambda: len(found := faults.pids(kube_namespace, "stuck")) == 2 and found,
+        what="parent and child",
+    )
+    faults.freeze(kube_namespace, "stuck")
+    assert [process_state(p) for p in pids] == ["T", "T"]
+    pod = get_pod(cluster, kube_namespace, "stuck")
+    assert pod is not None and pod["status"]["phase"] == "Running", "a hang looks healthy"
+    faults.thaw(kube_namespace, "stuck")
+    assert all(process_state(p) in ("S", "R") for p in pids)
+
+
+def test_evict_goes_through_the_eviction_api(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    _started(cluster, kube_namespace, "evictee")
+    faults.evict(kube_namespace, "evictee")
+
+    def evicted() -> bool:
+        pod = get_pod(cluster, kube_namespace, "evictee")
+        if pod is None:
+            return True
+        kinds = {c["type"] for c in pod["status"].get("conditions", [])}
+        return "DisruptionTarget" in kinds
+
+    eventually(evicted, timeout=60, what="pod evicted")
+    eventually(lambda: get_pod(cluster, kube_namespace, "evictee") is None, what="pod gone")
+
+
+def test_cut_link_makes_the_pod_unreachable_until_restored(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    _started(cluster, kube_namespace, "island", SERVER)
+    pod = get_pod(cluster, kube_namespace, "island")
+    assert pod is not None
+    ip = pod["status"]["podIP"]
+
+    def reachable() -> bool:
+        try:
+            with socket.create_connection((ip, 9000), timeout=1) as conn:
+                return conn.recv(4) == b"up"
+        except OSError:
+            return False
+
+    eventually(reachable, timeout=20, what="reachable before the cut")
+    faults.cut_link(kube_namespace, "island")
+    assert not reachable()
+    faults.restore_link(kube_namespace, "island")
+    eventually(reachable, timeout=20, what="reachable after restore")
+
+
+def test_unknown_pod_is_a_clear_error(kube_namespace: str, faults: Faults) -> None:
+    with pytest.raises(FaultError, match="not running on this agent"):
+        faults.freeze(kube_namespace, "nobody")

@@ -1,0 +1,142 @@
+"""Process nodes act like kubelets: pods scheduled by the real scheduler run as processes.
+
+Each test checks what a user of the cluster would see: the pod's phase, exit code, reason and
+termination message; the environment, volumes and hostname a container is promised; deletion
+honouring the grace period; a lost node turning NotReady through the node lifecycle controller.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from _podkit import (
+    alive,
+    apply,
+    eventually,
+    get_pod,
+    node_ready,
+    process_state,
+    python_pod,
+    running,
+    terminated,
+    wait_phase,
+)
+
+from localcluster.controlplane import Cluster
+from localcluster.faults import Faults
+
+pytestmark = pytest.mark.cluster
+
+SLEEPER = "import time\nwhile True: time.sleep(0.2)"
+
+
+@pytest.fixture
+def faults(cluster: Cluster) -> Faults:
+    return Faults.for_cluster(cluster.state_dir)
+
+
+def test_pod_runs_as_a_process_and_succeeds(cluster: Cluster, kube_namespace: str) -> None:
+    apply(cluster, kube_namespace, python_pod("ok", "print('hello from a process node')"))
+    pod = wait_phase(cluster, kube_namespace, "ok", ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Succeeded"
+    assert terminated(pod)["exitCode"] == 0
+    assert terminated(pod)["reason"] == "Completed"
+    nodes = {n["metadata"]["name"] for n in cluster.get_json("nodes")["items"]}
+    assert pod["spec"]["nodeName"] in nodes
+    assert pod["status"]["podIP"].startswith("10.")
+    conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert conditions["PodScheduled"] == "True"
+    assert conditions["Ready"] == "False"
+
+
+def test_failure_reports_exit_code_and_termination_message(
+    cluster: Cluster, kube_namespace: str
+) -> None:
+    code = "import sys\nopen('/dev/termination-log','w').write('disk on fire')\nsys.exit(3)"
+    apply(cluster, kube_namespace, python_pod("bad", code))
+    pod = wait_phase(cluster, kube_namespace, "bad", ("Succeeded", "Failed"))
+    assert pod["status"]["phase"] == "Failed"
+    assert terminated(pod)["exitCode"] == 3
+    assert terminated(pod)["reason"] == "Error"
+    assert terminated(pod)["message"] == "disk on fire"
+
+
+def test_environment_volumes_and_hostname(cluster: Cluster, kube_namespace: str) -> None:
+    code = (
+        "import os, socket, json\n"
+        "open('/shared/out', 'w').write('x')\n"
+        "out = {k: os.environ[k] for k in ('POD', 'NS', 'NODE', 'IP', 'TEAM', 'LINE')}\n"
+        "out['host'] = socket.gethostname()\n"
+        "out['cwd'] = os.getcwd()\n"
+        "out['files'] = sorted(os.listdir('/shared'))\n"
+        "open('/dev/termination-log', 'w').write(json.dumps(out))\n"
+    )
+    pod = python_pod("env", code, labels={"team": "infra"}, hostname="worker-7")
+    main = pod["spec"]["containers"][0]
+    main["workingDir"] = "/work-here"
+    main["env"] = [
+        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}},
+        {"name": "LINE", "value": "$(POD)/$$(POD)/$(MISSING)"},
+    ]
+    main["volumeMounts"] = [{"name": "scratch", "mountPath": "/shared"}]
+    pod["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    apply(cluster, kube_namespace, pod)
+    done = wait_phase(cluster, kube_namespace, "env", ("Succeeded", "Failed"))
+    seen = json.loads(terminated(done)["message"])
+    assert seen["POD"] == "env"
+    assert seen["NS"] == kube_namespace
+    assert seen["NODE"] == done["spec"]["nodeName"]
+    assert seen["IP"] == done["status"]["podIP"]
+    assert seen["TEAM"] == "infra"
+    assert seen["LINE"] == "env/$(POD)/$(MISSING)"
+    assert seen["host"] == "worker-7"
+    assert seen["cwd"] == "/work-here"
+    assert seen["files"] == ["out"]
+
+
+def test_delete_stops_the_process_within_the_grace_period(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
+    apply(cluster, kube_namespace, python_pod("stubborn", stubborn, grace=3))
+    running(cluster, kube_namespace, "stubborn")
+    pids = eventually(lambda: faults.pids(kube_namespace, "stubborn"), what="pod pids")
+    started = time.monotonic()
+    cluster.kubectl("delete", "pod", "stubborn", "-n", kube_namespace, "--wait=false")
+    eventually(lambda: not any(alive(p) for p in pids), timeout=10, what="process gone")
+    elapsed = time.monotonic() - started
+    assert 2.0 < elapsed < 8.0, f"SIGTERM ignored, so SIGKILL after the 3 s grace; took {elapsed}"
+    eventually(
+        lambda: get_pod(cluster, kube_namespace, "stubborn") is None, what="pod object deleted"
+    )
+
+
+def test_lost_node_turns_not_ready_and_gets_no_new_pods(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    apply(cluster, kube_namespace, python_pod("victim", SLEEPER))
+    node = running(cluster, kube_namespace, "victim")["spec"]["nodeName"]
+    pids = faults.pids(kube_namespace, "victim")
+    faults.lose_node(node)
+    try:
+        assert all(process_state(p) == "T" for p in pids), "pods on a lost node are frozen"
+        eventually(lambda: node_ready(cluster, node) != "True", timeout=60, what="NotReady")
+        pinned = python_pod("pinned", "print(1)", node=node)
+        apply(cluster, kube_namespace, pinned, python_pod("free", "print(1)"))
+        free = wait_phase(cluster, kube_namespace, "free", ("Succeeded",))
+        assert free["spec"]["nodeName"] != node
+        time.sleep(3)
+        pinned_now = get_pod(cluster, kube_namespace, "pinned")
+        assert pinned_now is not None
+        assert not pinned_now["spec"].get("nodeName"), "the scheduler avoids the lost node"
+    finally:
+        faults.restore_node(node)
+    eventually(lambda: node_ready(cluster, node) == "True", timeout=60, what="Ready again")
+    assert all(process_state(p) != "T" for p in pids), "a restored node's pods resume"
+    wait_phase(cluster, kube_namespace, "pinned", ("Succeeded",), timeout=90)
