@@ -64,7 +64,10 @@ def find_bin_dir() -> Path:
     if override := os.environ.get("FSDPOP_BIN_DIR"):
         return Path(override)
     script = Path(__file__).with_name("build-binaries.sh")
-    out = subprocess.run(["bash", str(script)], check=True, capture_output=True, text=True)
+    out = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    if out.returncode != 0 or not out.stdout.strip():
+        tail = "\n".join(out.stderr.splitlines()[-20:])
+        raise ControlPlaneError(f"{script} exited {out.returncode}:\n{tail}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 
