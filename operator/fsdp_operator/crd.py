@@ -71,16 +71,19 @@ def _structural(node: Any) -> Any:
 
 
 def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
-    """Give optional nested objects `default: {}` so the API server fills their defaults too.
+    """Give optional nested objects a default holding their own defaults, recursively.
 
-    CEL rules can then read every defaulted field without `has()` guards.
+    The API server then fills every defaulted field, so CEL rules (which it also checks against
+    the defaults themselves) can read them without `has()` guards.
     """
     required = set(node.get("required", []))
     for name, prop in node.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
             _default_objects(prop)
             if name not in required and "default" not in prop:
-                prop["default"] = {}
+                prop["default"] = {
+                    k: v["default"] for k, v in prop["properties"].items() if "default" in v
+                }
     return node
 
 

@@ -29,6 +29,7 @@ QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NO_VAR_EXPANSION = "!self.contains('$(')"
 
+
 class _Model(wconfig._Model):
     """Spec models share the worker config's wire conventions (camelCase, extra=forbid)."""
 
@@ -131,6 +132,13 @@ class EnvVar(_Model):
             _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
         ),
     )
+
+    @pydantic.field_validator("value")
+    @classmethod
+    def _no_expansion(cls, value: str) -> str:
+        if "$(" in value:
+            raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
+        return value
 
 
 class PodOverrides(_Model):

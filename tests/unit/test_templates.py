@@ -205,8 +205,13 @@ def test_every_rank_rendezvous_on_the_same_rank0_endpoint() -> None:
 
 
 def test_dollar_paren_in_user_strings_reaches_the_worker_literally() -> None:
-    spec = make_spec(template__spec__env=[{"name": "NOTE", "value": "$(HOME) $$ $x $"}])
-    # The schema rejects '$' in config paths today; bypass it to prove the escaping holds anyway.
+    spec = make_spec()
+    # The schema rejects '$(' in env values and '$' in config paths; bypass it (model_construct,
+    # model_copy) to prove the escaping holds even for values that slipped past validation.
+    note = api.EnvVar.model_construct(name="NOTE", value="$(HOME) $$ $x $")
+    overrides = spec.template.spec.model_copy(update={"env": [note]})
+    template = spec.template.model_copy(update={"spec": overrides})
+    spec = spec.model_copy(update={"template": template})
     data = spec.training.data.model_copy(update={"path": "/data/$(HOME)/$(FSDP_ATTEMPT)"})
     spec = spec.model_copy(update={"training": spec.training.model_copy(update={"data": data})})
     argv, seen = container_view(pod(spec), host_env={"HOME": "/home/worker"})

@@ -24,9 +24,18 @@ SAFE_PATH_PATTERN = r"^/([A-Za-z0-9._-]+/?)*$"
 MAX_PATH_LENGTH = 255
 
 
-def k8s_rules(*rules: tuple[str, str]) -> dict[str, Any]:
-    """CEL rules for the generated CRD (the Python validators below enforce the same)."""
-    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+def k8s_rules(*rules: tuple[str, ...]) -> dict[str, Any]:
+    """CEL rules (rule, message[, fieldPath]) for the generated CRD.
+
+    The Python validators below enforce the same rules for the operator and the worker.
+    """
+    out = []
+    for rule in rules:
+        doc = {"rule": rule[0], "message": rule[1]}
+        if len(rule) > 2:
+            doc["fieldPath"] = rule[2]
+        out.append(doc)
+    return {"x-kubernetes-validations": out}
 
 
 class _Model(pydantic.BaseModel):
@@ -127,10 +136,15 @@ class DataConfig(_Model):
 
     model_config = pydantic.ConfigDict(
         json_schema_extra=k8s_rules(
-            ("self.kind != 'tokenFile' || has(self.path)", "path is required for tokenFile"),
+            (
+                "self.kind != 'tokenFile' || has(self.path)",
+                "path is required for tokenFile",
+                ".path",
+            ),
             (
                 "!has(self.path) || (!self.path.contains('/../') && !self.path.endsWith('/..'))",
                 "path must not contain '..' segments",
+                ".path",
             ),
         )
     )

@@ -1,0 +1,136 @@
+"""The FSDPJob CRD on the real API server: installs, accepts the examples, rejects bad specs.
+
+Each invalid spec is refused at admission (`kubectl apply` fails) with a message naming the
+field, which is what a user typing a bad spec sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from localcluster import controlplane
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.cluster
+
+BASE: dict[str, Any] = {
+    "apiVersion": "fsdpoperator.io/v1alpha1",
+    "kind": "FSDPJob",
+    "metadata": {"name": "probe"},
+    "spec": {
+        "replicas": 4,
+        "minReplicas": 2,
+        "nprocPerNode": 2,
+        "image": "example/worker:1",
+        "training": {"globalBatchSize": 16, "microBatchSize": 2},
+        "checkpoint": {"root": "/ckpt", "claimName": "ckpt"},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: controlplane.Cluster) -> controlplane.Cluster:
+    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "fsdpjobs.yaml"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io", "--timeout=30s"
+    )
+    return cluster
+
+
+def _apply(cluster: controlplane.Cluster, ns: str, doc: dict[str, Any]) -> Any:
+    return cluster.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(doc), check=False)
+
+
+def test_examples_apply_and_show_printer_columns(
+    crd: controlplane.Cluster, kube_namespace: str
+) -> None:
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        crd.kubectl("apply", "-n", kube_namespace, "-f", str(path))
+    out = crd.kubectl("get", "fsdpjobs", "-n", kube_namespace).stdout
+    header = out.splitlines()[0].split()
+    assert header == ["NAME", "PHASE", "WORLD", "STEP", "CHECKPOINT", "RESTARTS", "AGE"]
+    assert {"tiny-cpu", "llama-1b"} <= {line.split()[0] for line in out.splitlines()[1:]}
+    # the short name and the category work too
+    assert "tiny-cpu" in crd.kubectl("get", "fsdpj", "-n", kube_namespace).stdout
+    assert "llama-1b" in crd.kubectl("get", "training", "-n", kube_namespace).stdout
+
+
+def test_defaults_are_filled_by_the_api_server(
+    crd: controlplane.Cluster, kube_namespace: str
+) -> None:
+    assert _apply(crd, kube_namespace, BASE).returncode == 0
+    got = crd.get_json("fsdpjob", "probe", "-n", kube_namespace)["spec"]
+    assert got["failurePolicy"]["nodeLossGraceSeconds"] == 30
+    assert got["failurePolicy"]["backoff"] == {"initialSeconds": 5, "maxSeconds": 300}
+    assert got["training"]["model"]["preset"] == "tiny"
+    assert got["checkpoint"]["intervalSteps"] == 500
+
+
+def _with(path: str, value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    node = doc["spec"]
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+    node[keys[-1]] = value
+    return doc
+
+
+INVALID = [
+    ("replicas", 0, "spec.replicas"),
+    ("replicas", 5000, "spec.replicas"),
+    ("minReplicas", 8, "minReplicas must be <= replicas"),
+    ("nprocPerNode", 0, "spec.nprocPerNode"),
+    ("image", "bad image; rm -rf /", "spec.image"),
+    ("image", "x" * 600, "spec.image"),
+    ("training.globalBatchSize", 10, "training.globalBatchSize"),
+    ("training.microBatchSize", 3, "globalBatchSize"),
+    ("training.steps", -1, "spec.training.steps"),
+    ("training.model.preset", "huge", "spec.training.model.preset"),
+    ("training.model.preset", "custom", "preset 'custom' requires dim"),
+    ("training.model.factory", "os:system; echo", "spec.training.model.factory"),
+    ("training.data.kind", "tokenFile", "path is required"),
+    ("training.data.path", "/data/../../etc/passwd", "spec.training.data.path"),
+    ("training.optimizer.lr", 0, "spec.training.optimizer.lr"),
+    ("checkpoint.root", "/ckpt/../../etc", "spec.checkpoint.root"),
+    ("checkpoint.root", "relative/path", "spec.checkpoint.root"),
+    ("checkpoint.root", "/ckpt/$(HOME)", "spec.checkpoint.root"),
+    ("checkpoint.keep", 0, "spec.checkpoint.keep"),
+    ("checkpoint.claimName", "Bad_Name", "spec.checkpoint.claimName"),
+    ("failurePolicy.backoff", {"initialSeconds": 100, "maxSeconds": 10}, "initialSeconds"),
+    ("failurePolicy.nodeLossGraceSeconds", 999999, "nodeLossGraceSeconds"),
+    ("template.spec.env", [{"name": "X", "value": "$(SECRET)"}], "template.spec.env[0].value"),
+    ("template.spec.env", [{"name": "1X", "value": "v"}], "template.spec.env[0].name"),
+    ("unknownField", 1, "unknownField"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"), INVALID, ids=[f"{p}={v!r}"[:40] for p, v, _ in INVALID]
+)
+def test_invalid_spec_rejected_naming_the_field(
+    crd: controlplane.Cluster, kube_namespace: str, path: str, value: Any, field: str
+) -> None:
+    done = _apply(crd, kube_namespace, _with(path, value))
+    assert done.returncode != 0, f"accepted: {path}={value!r}"
+    assert field in done.stderr, done.stderr
+
+
+def test_immutable_fields(crd: controlplane.Cluster, kube_namespace: str) -> None:
+    assert _apply(crd, kube_namespace, BASE).returncode == 0
+    for path, value, message in [
+        ("nprocPerNode", 4, "nprocPerNode is immutable"),
+        ("training.globalBatchSize", 32, "immutable"),
+        ("checkpoint.root", "/other", "checkpoint.root is immutable"),
+    ]:
+        done = _apply(crd, kube_namespace, _with(path, value))
+        assert done.returncode != 0 and message in done.stderr, done.stderr
+    # what may change does change: replicas (a resize) and steps (extend the run)
+    edit = _with("replicas", 2)
+    edit["spec"]["minReplicas"] = 1
+    edit["spec"]["training"]["steps"] = 500
+    assert _apply(crd, kube_namespace, edit).returncode == 0
