@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from localcluster import controlplane
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,9 +24,9 @@ def _walk(node: Any, path: str = "") -> list[str]:
     """Paths of schema nodes that break structural-schema rules."""
     bad: list[str] = []
     if isinstance(node, dict):
-        if "properties" in node or "items" in node or "additionalProperties" in node:
-            if "type" not in node:
-                bad.append(path or "/")
+        nested = "properties" in node or "items" in node or "additionalProperties" in node
+        if nested and "type" not in node:
+            bad.append(path or "/")
         for key in ("anyOf", "oneOf", "$ref", "$defs", "title", "const"):
             if key in node:
                 bad.append(f"{path}/{key}")
