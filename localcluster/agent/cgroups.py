@@ -15,6 +15,15 @@ import time
 from pathlib import Path
 
 
+def _state(pid: int) -> str:
+    """The one-letter state of a process from /proc ('' when gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 def cgroup2_available(root: Path) -> bool:
     return (root / "cgroup.procs").exists() and os.access(root, os.W_OK)
 
@@ -66,9 +75,14 @@ class ProcessSet:
     def stop(self) -> None:
         """SIGSTOP everything; freezing first means no child is forked unseen meanwhile."""
         frozen = self._freeze(True)
+        pids = self.pids()
         self.signal_all(signal.SIGSTOP)
         if frozen:
             self._freeze(False)
+        # A frozen task takes its SIGSTOP only once thawed: wait, so the fault is synchronous.
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and any(_state(p) not in "TXZ" for p in pids):
+            time.sleep(0.01)
 
     def cont(self) -> None:
         self.signal_all(signal.SIGCONT)

@@ -22,12 +22,16 @@ START_ERROR = 128
 
 def _mount(source: str, target: str, *, read_only: bool, created: list[str]) -> None:
     if not os.path.lexists(target):
+        missing, parent = [], os.path.dirname(target)
+        while parent and not os.path.lexists(parent):
+            missing.append(parent)
+            parent = os.path.dirname(parent)
         if os.path.isdir(source):
             os.makedirs(target, exist_ok=True)
         else:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             open(target, "a").close()
-        created.append(target)
+        created.extend([*missing, target])
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.mount(source.encode(), target.encode(), None, MS_BIND, None) != 0:
         errno = ctypes.get_errno()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import socket
 
 import pytest
-from _podkit import (
+
+from localcluster.controlplane import Cluster
+from localcluster.faults import FaultError, Faults
+from tests.cluster._podkit import (
     alive,
     apply,
     eventually,
@@ -16,9 +19,6 @@ from _podkit import (
     terminated,
     wait_phase,
 )
-
-from localcluster.controlplane import Cluster
-from localcluster.faults import FaultError, Faults
 
 pytestmark = pytest.mark.cluster
 

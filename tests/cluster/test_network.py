@@ -11,9 +11,9 @@ import json
 import socket
 
 import pytest
-from _podkit import apply, eventually, python_pod, running, terminated, wait_phase
 
 from localcluster.controlplane import Cluster
+from tests.cluster._podkit import apply, eventually, python_pod, running, terminated, wait_phase
 
 pytestmark = pytest.mark.cluster
 

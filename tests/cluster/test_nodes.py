@@ -11,7 +11,10 @@ import json
 import time
 
 import pytest
-from _podkit import (
+
+from localcluster.controlplane import Cluster
+from localcluster.faults import Faults
+from tests.cluster._podkit import (
     alive,
     apply,
     eventually,
@@ -23,9 +26,6 @@ from _podkit import (
     terminated,
     wait_phase,
 )
-
-from localcluster.controlplane import Cluster
-from localcluster.faults import Faults
 
 pytestmark = pytest.mark.cluster
 
