@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import gather, launch, marker, worker_config
+from worker_harness import gather, launch, marker, worker_config
 
 pytestmark = pytest.mark.torch
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
 from fsdp_worker import catalog, errors, faults, metrics, state
@@ -53,6 +54,17 @@ class _InFlight:
     blocking: float
     future: cf.Future[Any]  # rank 0: publish+marker done; others: DCP upload done
     staging: cf.Future[Any] | None
+
+
+def brief(exc: BaseException) -> str:
+    """One line per failing rank instead of DCP's multi-rank traceback dump."""
+    if isinstance(exc, CheckpointException):
+        parts = []
+        for rank, wrapped in sorted(exc.failures.items()):
+            inner = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+            parts.append(f"rank {rank}: {type(inner).__name__}: {inner}")
+        return "; ".join(parts)
+    return f"{type(exc).__name__}: {exc}"
 
 
 class CheckpointManager:
@@ -101,8 +113,8 @@ class CheckpointManager:
         try:
             state_dict_saver.save(sd, storage_writer=writer, process_group=self.dist.ckpt_group)
             dist.barrier(group=self.dist.ckpt_group)
-        except Exception as exc:
-            raise errors.CheckpointError(f"saving step {step} failed: {exc}") from exc
+        except (Exception, CheckpointException) as exc:
+            raise errors.CheckpointError(f"saving step {step} failed: {brief(exc)}") from exc
         if self.dist.rank == 0:
             self._publish(step=step, started=started, blocking=time.monotonic() - started)
 
@@ -151,9 +163,9 @@ class CheckpointManager:
         inflight, self._inflight = self._inflight, None
         try:
             inflight.future.result()
-        except Exception as exc:
+        except (Exception, CheckpointException) as exc:
             raise errors.CheckpointError(
-                f"async save of step {inflight.step} failed: {exc}"
+                f"async save of step {inflight.step} failed: {brief(exc)}"
             ) from exc
 
     def close(self, *, wait: bool) -> None:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
+from torch.distributed.checkpoint.api import CheckpointException
 
-from fsdp_worker import catalog, contract, errors, state
+from fsdp_worker import catalog, checkpoint, contract, errors, state
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -128,8 +129,10 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
     sd = state.template(st, saved_world_size=point.world_size)
     try:
         state_dict_loader.load(sd, checkpoint_id=point.path, process_group=dist_info.ckpt_group)
-    except Exception as exc:
-        raise errors.CheckpointError(f"loading {point.path} failed: {exc}") from exc
+    except (Exception, CheckpointException) as exc:
+        raise errors.CheckpointError(
+            f"loading {point.path} failed: {checkpoint.brief(exc)}"
+        ) from exc
     state.apply_loaded(st, sd, rank=dist_info.rank, seed=seed)
     log.info(
         "resumed from %s: step %d, samples %d, saved at world size %d, now %d",

@@ -1,0 +1,107 @@
+"""What a user sees when things go wrong: torn saves, damaged checkpoints, a changed config,
+preemption, and async saves that overlap training or fail in the background."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from worker_harness import launch, marker, training, worker_config
+
+from fsdp_worker import catalog, contract
+
+pytestmark = pytest.mark.torch
+
+
+def test_rank_killed_before_the_marker_leaves_a_step_that_is_never_chosen(
+    reference: dict[str, Any], tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    cfg = worker_config(root)
+    first = launch(tmp_path, nproc=2, config=cfg, faults="kill_before_marker=6", name="first")
+    assert first.wait().rc != 0
+    assert (root / "step-6" / ".metadata").exists()  # every shard written ...
+    assert not (root / "step-6" / catalog.MARKER_NAME).exists()  # ... but no marker
+
+    second = launch(tmp_path, nproc=2, config=cfg, attempt=2, resume="auto", name="second")
+    assert second.wait().rc == 0, second.log[-3000:]
+    assert "step-6: NoMarker" in second.log
+    assert "resumed from step-3" in second.log
+    assert second.losses() == {s: reference["losses"][s] for s in range(4, 13)}
+    # The torn directory was set aside, not reused, when step 6 was saved again.
+    assert marker(root / "step-6")["attempt"] == 2
+    assert (root / "step-6.quarantined-1").is_dir()
+
+
+def test_truncated_or_missing_files_fall_back_to_an_older_checkpoint(
+    reference: dict[str, Any], tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(reference["root"], root)
+    shard = root / "step-12" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:-100])  # truncated
+    (root / "step-9" / "__0_0.distcp").unlink()  # missing
+    run = launch(tmp_path, nproc=2, config=worker_config(root), attempt=2, resume="auto")
+    assert run.wait().rc == 0, run.log[-3000:]
+    assert "step-12: ManifestMismatch: file __1_0.distcp is" in run.log
+    assert "step-9: ManifestMismatch: file __0_0.distcp listed in the marker is missing" in run.log
+    assert "resumed from step-6" in run.log
+    assert run.losses() == {s: reference["losses"][s] for s in range(7, 13)}
+
+
+def test_a_changed_global_batch_is_refused_with_a_config_error(
+    reference: dict[str, Any], tmp_path: Path
+) -> None:
+    root = tmp_path / "ckpt"
+    shutil.copytree(reference["root"] / "step-6", root / "step-6")
+    cfg = worker_config(root, train=training(globalBatchSize=8))
+    run = launch(tmp_path, nproc=2, config=cfg, attempt=2, resume="auto")
+    assert run.wait().rc != 0
+    term = run.termination()
+    assert term["class"] == contract.FailureClass.CONFIG
+    assert term["exitCode"] == contract.ExitCode.CONFIG_ERROR
+    assert "training.globalBatchSize was 12, the config now says 8" in term["message"]
+    assert not run.losses()  # not a single step trained on the wrong config
+
+
+def test_sigterm_saves_the_current_step_then_exits_preempted(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    cfg = worker_config(root, train=training(steps=1000), intervalSteps=500)
+    run = launch(tmp_path, nproc=2, config=cfg, faults="step_sleep=0.2")
+    run.wait_for(lambda log: '"step": 4,' in log)
+    run.proc.send_signal(15)  # what the kubelet does to the container's torchrun
+    run.wait()
+    last = max(run.losses())
+    assert 4 <= last < 500
+    assert marker(root / f"step-{last}")["step"] == last
+    assert catalog.verify(catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True).ok
+    term = run.termination()
+    assert (term["class"], term["exitCode"], term["step"]) == ("Preempted", 143, last)
+
+
+def test_async_save_overlaps_training_and_marks_only_durable_checkpoints(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    cfg = worker_config(root, train=training(steps=9), **{"async": True})
+    run = launch(tmp_path, nproc=2, config=cfg, faults="slow_write=1.0,step_sleep=0.1")
+    assert run.wait().rc == 0, run.log[-3000:]
+    lines = run.log.splitlines()
+    complete3 = next(i for i, x in enumerate(lines) if "checkpoint step 3 complete" in x)
+    step4 = next(i for i, x in enumerate(lines) if '"step": 4,' in x)
+    assert step4 < complete3  # training went on while step 3 was being written
+    storage = catalog.LocalStorage(str(root))
+    found = catalog.list_checkpoints(storage, str(root), deep=True)
+    assert [(c.step, c.ok) for c in found] == [(9, True), (6, True), (3, True)]
+
+
+def test_a_failed_background_write_fails_the_run_loudly(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    cfg = worker_config(root, train=training(steps=9), **{"async": True})
+    run = launch(tmp_path, nproc=2, config=cfg, faults="fail_write=3")
+    assert run.wait().rc != 0
+    term = run.termination()
+    assert term["class"] == contract.FailureClass.CHECKPOINT
+    assert "injected write failure at step 3" in term["message"]
+    assert not (root / "step-3").exists()
+    assert max(run.losses()) < 9

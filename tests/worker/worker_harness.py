@@ -1,0 +1,162 @@
+"""Harness for the worker tier: launch real torchrun gangs of `python -m fsdp_worker` on CPU.
+
+Every rank gets OMP_NUM_THREADS=1; torchrun runs --standalone (its own free port).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT = 180
+GLOBAL_BATCH = 12  # divisible by micro(1) x world for worlds 1, 2, 3, 4, 6
+
+
+def training(**overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "steps": 12,
+        "globalBatchSize": GLOBAL_BATCH,
+        "microBatchSize": 1,
+        "model": {"preset": "tiny", "seqLen": 16, "vocabSize": 64},
+        "optimizer": {"lr": 0.01},
+        "scheduler": {"warmupSteps": 2},
+    }
+    doc.update(overrides)
+    return doc
+
+
+def worker_config(
+    root: Path, *, train: dict[str, Any] | None = None, **ckpt: Any
+) -> dict[str, Any]:
+    checkpoint = {"root": str(root), "intervalSteps": 3, "keep": 10}
+    checkpoint.update(ckpt)
+    return {"training": train or training(), "checkpoint": checkpoint}
+
+
+@dataclass
+class Run:
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    term_path: Path
+    rc: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait(self, timeout: float = RUN_TIMEOUT) -> Run:
+        self.rc = self.proc.wait(timeout=timeout)
+        return self
+
+    def wait_for(self, predicate: Callable[[str], bool], timeout: float = RUN_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate(self.log):
+                return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited early:\n{self.log[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting:\n{self.log[-3000:]}")
+
+    def kill_all(self) -> None:
+        """SIGKILL torchrun and every rank at once (torchrun puts ranks in their own sessions,
+        so they are found through /proc, not the process group)."""
+        victims = [self.proc.pid, *descendants(self.proc.pid)]
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def ranks(self) -> list[int]:
+        return descendants(self.proc.pid)
+
+    def losses(self) -> dict[int, float]:
+        return losses(self.log)
+
+    def termination(self) -> dict[str, Any]:
+        return dict(json.loads(self.term_path.read_text()))
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def losses(log: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for line in log.splitlines():
+        if "fsdp_worker.trainer: step {" in line:
+            doc = json.loads(line.split("step ", 1)[1])
+            out[doc["step"]] = doc["loss"]
+    return out
+
+
+def launch(
+    tmp: Path,
+    *,
+    nproc: int,
+    config: dict[str, Any],
+    attempt: int = 1,
+    resume: str = "",
+    faults: str = "",
+    name: str = "run",
+) -> Run:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg_path, log_path, term_path = tmp / f"{name}.json", tmp / f"{name}.log", tmp / f"{name}.term"
+    cfg_path.write_text(json.dumps(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_", "RANK"))}
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(REPO / "worker"),
+        FSDP_WORKER_CONFIG_FILE=str(cfg_path),
+        FSDP_ATTEMPT=str(attempt),
+        FSDP_RESUME_FROM=resume,
+        FSDP_METRICS_PORT="0",
+        FSDP_TERMINATION_LOG=str(term_path),
+        FSDP_TEST_FAULTS=faults,
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=0"]
+    cmd += [f"--nproc-per-node={nproc}", "-m", "fsdp_worker"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp
+        )
+    return Run(proc, log_path, term_path)
+
+
+def gather(step_dir: Path, tmp: Path) -> dict[str, Any]:
+    """Every tensor of a checkpoint, unsharded (DCP -> one torch.save file)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out = tmp / f"gathered-{step_dir.parent.name}-{step_dir.name}.pt"
+    dcp_to_torch_save(str(step_dir), str(out))
+    return dict(torch.load(out, weights_only=False))
+
+
+def marker(step_dir: Path) -> dict[str, Any]:
+    return dict(json.loads((step_dir / "COMPLETE.json").read_text()))
