@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # kopf logs every handler run at INFO; our own Events and logs say what matters.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from fsdp_operator import handlers  # noqa: F401  (registers the handlers)
     from fsdp_operator import settings as cfg
 

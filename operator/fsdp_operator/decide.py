@@ -115,6 +115,8 @@ def _track(d: Decision, obs: ob.Observed) -> None:
     prog = obs.progress
     if prog is not None and prog.step is not None and prog.step != s.step:
         s.step, s.last_progress_time = prog.step, obs.now
+    if ck is not None and ck.attempt == s.attempt and (s.step is None or ck.step > s.step):
+        s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
 
 
 def _delete_all(d: Decision, obs: ob.Observed, *, keep_finished: bool = False) -> None:
