@@ -7,6 +7,7 @@ Kubernetes and to the operator:
 
 - ``crash``: the container's processes are killed; its status reads exitCode N, reason Error.
 - ``oom``: SIGKILL; reason OOMKilled, exitCode 137.
+- ``kill-rank``: signal (default SIGKILL) the worker with ``RANK=<n>``; torchrun notices.
 - ``freeze`` / ``thaw``: SIGSTOP / SIGCONT every process of the pod (a hang; state T).
 - ``lose-node`` / ``restore-node``: the node's lease and status stop, its pods freeze and go
   unreported (a partition); restore resumes them, or kills those deleted meanwhile.
@@ -74,6 +75,10 @@ class Faults:
     def oom(self, namespace: str, pod: str, *, container: str | None = None) -> None:
         self.call("oom", namespace=namespace, pod=pod, container=container)
 
+    def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
+        """Signal one torchrun worker (env RANK=<rank>); torchrun reacts as to a real crash."""
+        return list(self.call("kill-rank", namespace=namespace, pod=pod, rank=rank, signal=signal))
+
     def freeze(self, namespace: str, pod: str) -> None:
         self.call("freeze", namespace=namespace, pod=pod)
 
@@ -126,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         if verb == "crash":
             sub.add_argument("--exit-code", type=int, default=1)
             sub.add_argument("--message", default="")
+    rank = verbs.add_parser("kill-rank")
+    rank.add_argument("pod", help="[namespace/]name")
+    rank.add_argument("rank", type=int)
+    rank.add_argument("--signal", type=int, default=9)
     for verb in ("lose-node", "restore-node"):
         verbs.add_parser(verb).add_argument("node")
     verbs.add_parser("status")

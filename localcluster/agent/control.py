@@ -37,6 +37,9 @@ class Verbs:
     def oom(self, namespace: str, pod: str, container: str | None = None) -> None:
         self.agent.runner(namespace, pod).oom(container)
 
+    def kill_rank(self, namespace: str, pod: str, rank: int, signal: int = 9) -> list[int]:
+        return self.agent.runner(namespace, pod).kill_rank(int(rank), sig=int(signal))
+
     def freeze(self, namespace: str, pod: str) -> None:
         self.agent.runner(namespace, pod).freeze()
 

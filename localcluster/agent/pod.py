@@ -11,6 +11,7 @@ reports nothing and its processes stay stopped. Decisions about status shape liv
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import threading
@@ -204,6 +205,22 @@ class PodRunner:
             code = status.SIGNAL_BASE + signal.SIGKILL
             self.forced[name] = (code, status.Reason.OOM_KILLED, "")
             self.running[name].procs.kill()
+
+    def kill_rank(self, rank: int, *, sig: int) -> list[int]:
+        """Signal the torchrun worker(s) whose environment says ``RANK=<rank>``."""
+        wanted = f"RANK={rank}".encode()
+        hit = []
+        for pid in self.pids():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as environ:
+                    if wanted in environ.read().split(b"\0"):
+                        os.kill(pid, sig)
+                        hit.append(pid)
+            except (OSError, ProcessLookupError):
+                continue
+        if not hit:
+            raise LookupError(f"no process with RANK={rank} in {self.path}")
+        return hit
 
     def freeze(self) -> None:
         with self.lock:

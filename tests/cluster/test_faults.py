@@ -124,3 +124,23 @@ def test_cut_link_makes_the_pod_unreachable_until_restored(
 def test_unknown_pod_is_a_clear_error(kube_namespace: str, faults: Faults) -> None:
     with pytest.raises(FaultError, match="not running on this agent"):
         faults.freeze(kube_namespace, "nobody")
+
+
+def test_kill_rank_signals_only_that_worker(
+    cluster: Cluster, kube_namespace: str, faults: Faults
+) -> None:
+    launcher = (
+        "import os, subprocess, sys\n"
+        "sleep = [sys.executable, '-c', 'import time; time.sleep(600)']\n"
+        "kids = [subprocess.Popen(sleep, env={**os.environ, 'RANK': str(r)}) for r in (0, 1)]\n"
+        "code = kids[1].wait()\n"
+        "open('/dev/termination-log', 'w').write(f'rank 1 exited {code}')\n"
+        "sys.exit(1)\n"
+    )
+    _started(cluster, kube_namespace, "gang", launcher)
+    eventually(lambda: len(faults.pids(kube_namespace, "gang")) == 3, what="launcher + 2 ranks")
+    killed = faults.kill_rank(kube_namespace, "gang", rank=1)
+    assert len(killed) == 1
+    pod = wait_phase(cluster, kube_namespace, "gang", ("Failed",))
+    assert terminated(pod)["exitCode"] == 1
+    assert terminated(pod)["message"] == "rank 1 exited -9"
