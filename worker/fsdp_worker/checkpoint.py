@@ -21,8 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_saver
+from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
 from fsdp_worker import catalog, errors, faults, metrics, state
 from fsdp_worker.distributed import DistInfo
@@ -56,6 +57,31 @@ class _InFlight:
     staging: cf.Future[Any] | None
 
 
+class ThreadStager(AsyncStager):
+    """CPU staging on a background thread into cached, reused buffers.
+
+    DefaultStager stages asynchronously only on CUDA; on CPU it would copy the whole state on
+    the training thread. The copy here overlaps the next forward/backward, which only read
+    parameters; `CheckpointManager.before_optimizer_step` waits for it before they change.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._copier = StateDictStager(pin_memory=False, share_memory=False)
+        self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-stage")
+
+    def stage(self, state_dict: dict[str, Any]) -> cf.Future[dict[str, Any]]:
+        return self._pool.submit(self._copier.stage, state_dict)
+
+    def synchronize_staging(self) -> None:
+        """Nothing to do: the future returned by `stage` is the synchronisation point."""
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._copier.close()  # type: ignore[no-untyped-call]
+
+
 def brief(exc: BaseException) -> str:
     """One line per failing rank instead of DCP's multi-rank traceback dump."""
     if isinstance(exc, CheckpointException):
@@ -87,9 +113,12 @@ class CheckpointManager:
         self._inflight: _InFlight | None = None
         self._samples: dict[int, int] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
-        cuda = dist_info.device.type == "cuda"
         # One stager for the whole run: its cached staging buffers are reused by every save.
-        self._stager = DefaultStager(StagingOptions(cuda, False, cuda, cuda))
+        self._stager: AsyncStager = (
+            DefaultStager(StagingOptions(True, False, True, True))
+            if dist_info.device.type == "cuda"
+            else ThreadStager()
+        )
 
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
@@ -127,25 +156,34 @@ class CheckpointManager:
             upload = response
         else:
             upload, staging = response.upload_completion, response.staging_completion
-        blocking = time.monotonic() - started
-        future: cf.Future[Any] = upload
+        inflight = _InFlight(step, started, time.monotonic() - started, upload, staging)
         if self.dist.rank == 0:
-            future = self._pool.submit(self._finish_async, upload, step, started, blocking)
-        self._inflight = _InFlight(step, started, blocking, future, staging)
+            inflight.future = self._pool.submit(self._finish_async, upload, inflight)
+        self._inflight = inflight
         log.info(
-            "checkpoint step %d staged (blocking %.3fs), writing in background", step, blocking
+            "checkpoint step %d submitted (%.3fs), writing in background", step, inflight.blocking
         )
 
-    def _finish_async(
-        self, upload: cf.Future[Any], step: int, started: float, blocking: float
-    ) -> None:
+    def _finish_async(self, upload: cf.Future[Any], inflight: _InFlight) -> None:
         upload.result()  # re-raises a failed background write
-        self._publish(step=step, started=started, blocking=blocking)
+        self._publish(step=inflight.step, started=inflight.started, blocking=inflight.blocking)
 
     def before_optimizer_step(self) -> None:
-        """Parameters must not change while an async save is still copying them (CUDA)."""
-        if self._inflight and self._inflight.staging is not None:
-            self._inflight.staging.result()
+        """Parameters must not change while an async save is still copying them; the time
+        spent waiting here counts as the save's blocking time."""
+        inflight = self._inflight
+        if inflight is None or inflight.staging is None:
+            return
+        waited = time.monotonic()
+        try:
+            inflight.staging.result()
+        except (Exception, CheckpointException) as exc:
+            raise errors.CheckpointError(
+                f"staging step {inflight.step} failed: {brief(exc)}"
+            ) from exc
+        inflight.blocking += time.monotonic() - waited
+        inflight.staging = None
+        self.meters.ckpt_seconds.labels(kind="blocking").set(inflight.blocking)
 
     def poll(self) -> None:
         """Finish an async save that is done; raise if it failed. Local, not collective."""
@@ -155,6 +193,7 @@ class CheckpointManager:
     def wait(self) -> None:
         """Block until the in-flight save (if any) is complete; raise if it failed."""
         if self._inflight is not None:
+            self.before_optimizer_step()
             cf.wait([self._inflight.future])
             self._collect()
 
