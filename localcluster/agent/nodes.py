@@ -13,7 +13,7 @@ import platform
 import threading
 from typing import Any
 
-from localcluster.agent import context, kube
+from localcluster.agent import context, kube, kubeletapi
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -99,11 +99,12 @@ class Nodes:
                     ready,
                 ),
             ],  # fmt: skip
+            # No Hostname address: the API server would prefer it for `kubectl logs`, and node
+            # names resolve nowhere on the host.
             "addresses": [
                 {"type": "InternalIP", "address": self.ctx.network.node_ip(self.index(name))},
-                {"type": "Hostname", "address": name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": kubeletapi.PORT}},
             "nodeInfo": {
                 "machineID": name,
                 "systemUUID": name,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from localcluster.agent import cgroups, context, dns, kube, netns, nodes, pod
+from localcluster.agent import cgroups, context, dns, kube, kubeletapi, netns, nodes, pod
 
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -47,6 +47,11 @@ class Agent:
     def start(self) -> None:
         self.nodes.register()
         self.dns.start()
+        self.kubelet_api = kubeletapi.KubeletApi(
+            addresses=[self.ctx.network.node_ip(i) for i in range(len(self.nodes.names))],
+            state_dir=self.ctx.settings.state_dir,
+            is_running=self._container_running,
+        )
         self._thread(self.nodes.run, self.stop)
         self._thread(self._watch, "/api/v1/pods", self.on_pod, self._relisted_pods)
         self._thread(self._watch, "/apis/discovery.k8s.io/v1/endpointslices", self._on_slice, None)
@@ -145,6 +150,12 @@ class Agent:
                     return runner
         raise LookupError(f"pod {namespace}/{name} is not running on this agent's nodes")
 
+    def _container_running(self, namespace: str, name: str, container: str) -> bool:
+        try:
+            return container in self.runner(namespace, name).running
+        except LookupError:
+            return False
+
     def on_node(self, name: str) -> list[pod.PodRunner]:
         with self.lock:
             return [r for r in self.runners.values() if r.pod["spec"].get("nodeName") == name]
@@ -190,6 +201,8 @@ class Agent:
         for runner in runners:
             runner.kill_now()
         self.dns.stop()
+        if hasattr(self, "kubelet_api"):
+            self.kubelet_api.stop()
         self.ctx.network.destroy()
         _remove_mountpoints(self.ctx.settings.state_dir / "created-mountpoints")
 

@@ -49,6 +49,8 @@ def test_pod_runs_as_a_process_and_succeeds(cluster: Cluster, kube_namespace: st
     conditions = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
     assert conditions["PodScheduled"] == "True"
     assert conditions["Ready"] == "False"
+    logs = cluster.kubectl("logs", "ok", "-n", kube_namespace).stdout
+    assert logs == "hello from a process node\n", "kubectl logs reaches the node's log endpoint"
 
 
 def test_failure_reports_exit_code_and_termination_message(
