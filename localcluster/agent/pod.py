@@ -116,6 +116,10 @@ class PodRunner:
             self.running.pop(name, None)
             launched.procs.remove()
             if self._restart_wanted(code):
+                # As the kubelet shows it: never a terminal phase while a restart is due.
+                state.last_terminated = state.terminated()
+                state.state, state.reason = status.State.WAITING, status.Reason.BACK_OFF
+                state.message = f"back-off restarting failed container {name}"
                 threading.Thread(target=self._restart, args=(name,), daemon=True).start()
             elif not self.running:
                 self._teardown()
@@ -135,7 +139,6 @@ class PodRunner:
                 if not self.running:
                     self._teardown()
                 return
-            state.last_terminated = state.terminated()
             state.restart_count += 1
             try:
                 self._launch(name)

@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     OOM_KILLED = "OOMKilled"
     START_ERROR = "StartError"
     CONFIG_ERROR = "CreateContainerConfigError"
+    BACK_OFF = "CrashLoopBackOff"
 
 
 @dataclasses.dataclass
@@ -83,7 +84,7 @@ def exit_reason(code: int, *, oom: bool) -> Reason:
 def phase(containers: list[Container]) -> Phase:
     if containers and all(c.state is State.TERMINATED for c in containers):
         return Phase.SUCCEEDED if all(c.exit_code == 0 for c in containers) else Phase.FAILED
-    if any(c.state is State.RUNNING or c.restart_count for c in containers):
+    if any(c.state is State.RUNNING or c.last_terminated for c in containers):
         return Phase.RUNNING
     return Phase.PENDING
 

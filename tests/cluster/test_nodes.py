@@ -142,3 +142,47 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
     eventually(lambda: node_ready(cluster, node) == "True", timeout=60, what="Ready again")
     assert all(process_state(p) != "T" for p in pids), "a restored node's pods resume"
     wait_phase(cluster, kube_namespace, "pinned", ("Succeeded",), timeout=90)
+
+
+def test_claim_is_shared_across_pods_and_on_failure_restarts(
+    cluster: Cluster, kube_namespace: str
+) -> None:
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"pv-{kube_namespace}"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
+                 "storageClassName": "manual", "hostPath": {"path": "/nonexistent"},
+                 "claimRef": {"namespace": kube_namespace, "name": "ckpt"}},
+    }  # fmt: skip
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "ckpt"},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    # Fails until its second run, then leaves a count that the next pod reads.
+    counter = (
+        "import os, sys\np = '/ckpt/count'\n"
+        "n = int(open(p).read()) + 1 if os.path.exists(p) else 1\n"
+        "open(p, 'w').write(str(n))\nsys.exit(0 if n >= 2 else 5)\n"
+    )
+    mounts = {"volumes": [{"name": "c", "persistentVolumeClaim": {"claimName": "ckpt"}}]}
+    first = python_pod("first", counter, extra={**mounts, "restartPolicy": "OnFailure"})
+    first["spec"]["containers"][0]["volumeMounts"] = [{"name": "c", "mountPath": "/ckpt"}]
+    try:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(volume))
+        apply(cluster, kube_namespace, claim, first)
+        done = wait_phase(cluster, kube_namespace, "first", ("Succeeded", "Failed"))
+        assert done["status"]["phase"] == "Succeeded"
+        status = done["status"]["containerStatuses"][0]
+        assert status["restartCount"] == 1
+        assert status["lastState"]["terminated"]["exitCode"] == 5
+        reader = python_pod("second", "print(open('/ckpt/count').read())", extra=mounts)
+        reader["spec"]["containers"][0]["volumeMounts"] = [{"name": "c", "mountPath": "/ckpt"}]
+        apply(cluster, kube_namespace, reader)
+        wait_phase(cluster, kube_namespace, "second", ("Succeeded",))
+        assert cluster.kubectl("logs", "second", "-n", kube_namespace).stdout == "2\n"
+    finally:
+        cluster.kubectl("delete", "pv", f"pv-{kube_namespace}", "--wait=false", check=False)

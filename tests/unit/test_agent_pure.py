@@ -150,3 +150,11 @@ def test_dns_unknown_names_are_nxdomain_and_aaaa_is_empty() -> None:
     aaaa = dns.answer(_query("a.peers.ns.svc.cluster.local", qtype=28), records)
     _, flags, _, answers, _, _ = struct.unpack_from("!HHHHHH", aaaa)
     assert (flags & 0xF, answers) == (0, 0)
+
+
+def test_a_container_waiting_to_restart_keeps_the_pod_running() -> None:
+    backing_off = status.Container(
+        "c", "img", state=status.State.WAITING, reason=status.Reason.BACK_OFF,
+        last_terminated={"exitCode": 5},
+    )  # fmt: skip
+    assert status.phase([backing_off]) == "Running"
