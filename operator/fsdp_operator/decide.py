@@ -140,9 +140,6 @@ def _close_history(d: Decision, obs: ob.Observed, cause: st.Cause, detect_s: flo
         return
     last = s.history[-1]
     last.ended, last.cause, last.detect_seconds = obs.now, cause, detect_s
-    resumed = obs.checkpoint.step if obs.checkpoint else 0
-    if s.step is not None:
-        last.steps_lost = max(0, s.step - resumed)
 
 
 def _finish(d: Decision, obs: ob.Observed, cause: st.Cause | None, msg: str) -> Decision:
@@ -234,6 +231,9 @@ def _launch(
     excluded = [e.node for e in s.excluded_nodes if e.until > obs.now]
     replicas = policy.world_size(obs=obs, excluded=excluded, cause=cause, current=s.replicas)
     ck = obs.checkpoint
+    if s.history and s.history[-1].attempt == s.attempt and s.step is not None:
+        # known only now: the step reached versus the step the next attempt resumes from
+        s.history[-1].steps_lost = max(0, s.step - (ck.step if ck else 0))
     s.attempt += 1
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None

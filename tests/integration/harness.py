@@ -30,6 +30,13 @@ OP_SA = "fsdp-operator"
 T = TypeVar("T")
 
 
+def _die_with_parent() -> None:
+    """Child side of fork: SIGKILL this process when the test runner dies (no orphan operator)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -84,6 +91,7 @@ class Operator:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fsdp_operator", "run"],
             env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent,
         )  # fmt: skip
 
     def kill(self) -> None:

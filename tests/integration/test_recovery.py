@@ -49,3 +49,240 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     # the marker of the final checkpoint names the attempt that resumed from step 10
     marker = (jobs.ckpt_dir() / "step-40" / "COMPLETE.json").read_text()
     assert '"resumed_from_step": 10' in marker and '"attempt": 2' in marker
+
+
+def _faults(operator: harness.Operator) -> lf.Faults:
+    return lf.Faults.for_cluster(operator.cluster.state_dir)
+
+
+def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
+    return harness.wait_for(
+        f"pods of attempt {attempt} running",
+        lambda: len(p := jobs.running_pods(name, attempt)) == jobs.status(name).get("replicas")
+        and p,
+        timeout=60,
+    )
+
+
+def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
+    harness.wait_for(f"step >= {step}", lambda: (jobs.status(name).get("step") or 0) >= step)
+
+
+def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> dict:
+    return harness.wait_for(
+        f"phase {phase}", lambda: (s := jobs.status(name)).get("phase") == phase and s,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def test_node_loss_force_deletes_and_restarts_elsewhere(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("nodeloss")
+    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    victim = next(p for p in _pods_of(jobs, name, 1) if p["metadata"]["name"].endswith("-1"))
+    lost = victim["spec"]["nodeName"]
+    _step_at_least(jobs, name, 6)
+    faults = _faults(operator)
+    faults.lose_node(lost)
+    try:
+        s = harness.wait_for(
+            "restart after node loss", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
+            timeout=60, context=operator.log_tail,
+        )  # fmt: skip
+        assert s["lastFailure"]["cause"] == "NodeLost" and s["lastFailure"]["node"] == lost
+        assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["application"] == 0
+        assert [e["node"] for e in s["excludedNodes"]] == [lost]
+        pods = _pods_of(jobs, name, 2)
+        assert lost not in {p["spec"]["nodeName"] for p in pods} and len(pods) == 2
+        # the lost node's pod was force-deleted: no object waits for a kubelet that is gone
+        harness.wait_for("old pods gone", lambda: not [
+            p for p in jobs.pods(name) if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "1"
+        ])  # fmt: skip
+        detect = s["history"][0]["detectSeconds"]
+        assert detect is not None and detect < 30
+    finally:
+        faults.restore_node(lost)
+    jobs.patch(name, {"suspend": True})  # free the nodes for the next test
+
+
+def test_eviction_spends_the_infrastructure_budget(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("evict")
+    jobs.apply(harness.job_doc(name, training={"steps": 60}))
+    pods = _pods_of(jobs, name, 1)
+    _step_at_least(jobs, name, 6)
+    _faults(operator).evict(jobs.ns, pods[1]["metadata"]["name"])
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["history"][0]["cause"] == "Evicted"
+    assert done["restarts"]["infrastructure"] == 1 and done["restarts"]["application"] == 0
+    assert done["history"][1]["resumedFromStep"] >= 5
+
+
+def test_hang_is_caught_by_the_progress_deadline(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("hang")
+    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    pods = _pods_of(jobs, name, 1)
+    _step_at_least(jobs, name, 6)
+    rank0 = next(p for p in pods if p["metadata"]["name"].endswith("-0"))
+    _faults(operator).freeze(jobs.ns, rank0["metadata"]["name"])
+    s = harness.wait_for(
+        "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
+        timeout=60, context=operator.log_tail,
+    )  # fmt: skip
+    assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
+    assert "no step progress" in s["lastFailure"]["message"]
+    _pods_of(jobs, name, 2)
+    jobs.patch(name, {"suspend": True})
+
+
+def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("elastic")
+    doc = harness.job_doc(name, replicas=3, minReplicas=1, training={"steps": 2000,
+                          "globalBatchSize": 6, "microBatchSize": 1})  # fmt: skip
+    jobs.apply(doc)
+    pods = _pods_of(jobs, name, 1)
+    lost = pods[2]["spec"]["nodeName"]
+    _step_at_least(jobs, name, 6)
+    faults = _faults(operator)
+    faults.lose_node(lost)
+    try:
+        s = harness.wait_for(
+            "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
+            timeout=60, context=operator.log_tail,
+        )  # fmt: skip
+        assert s["replicas"] == 2 and s["worldSize"] == 2
+        _pods_of(jobs, name, 2)
+        _step_at_least(jobs, name, (s.get("resumedFromStep") or 0) + 3)
+    finally:
+        faults.restore_node(lost)
+    # capacity is back (after the node's exclusion expires): a planned restart at full size
+    s = harness.wait_for(
+        "grown back", lambda: (s := jobs.status(name)).get("replicas") == 3
+        and s.get("attempt", 0) >= 3 and s, timeout=90, context=operator.log_tail,
+    )  # fmt: skip
+    resize = s["history"][1]
+    assert resize["cause"] == "Resize" and resize["stepsLost"] == 0
+    assert s["restarts"]["total"] == 1  # the planned resize cost no budget
+    _pods_of(jobs, name, s["attempt"])
+    jobs.patch(name, {"suspend": True})
+
+
+def test_pods_that_never_schedule_shrink_the_world(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("toobig")
+    nodes = len(operator.cluster.get_json("nodes")["items"])
+    doc = harness.job_doc(name, replicas=nodes + 1, minReplicas=1,
+                          training={"steps": 30, "globalBatchSize": 12 * (nodes + 1)})  # fmt: skip
+    jobs.apply(doc)
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["history"][0]["cause"] == "Unschedulable"
+    assert done["replicas"] <= nodes and done["restarts"]["infrastructure"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("env", "policy", "cause"),
+    [
+        ({"STANDIN_FAIL_CODE": 78}, {}, "ConfigError"),
+        ({"STANDIN_FAIL_CODE": 42}, {"nonRetryableExitCodes": [42]}, "NonRetryableExitCode"),
+    ],
+)
+def test_non_retryable_failure_fails_after_one_attempt(
+    jobs: harness.Jobs, operator: harness.Operator, env: dict, policy: dict, cause: str
+) -> None:
+    name = harness.unique("fatal")
+    jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 3, **env},
+                               failurePolicy=policy))  # fmt: skip
+    s = _phase(jobs, name, "Failed")
+    assert s["reason"] == cause and s["attempt"] == 1 and s["restarts"]["total"] == 0
+    assert s["lastFailure"]["message"] == "injected"
+    assert "Failed" in {c["type"] for c in s["conditions"] if c["status"] == "True"}
+
+
+def test_restart_budget_and_circuit_breaker(jobs: harness.Jobs, operator: harness.Operator) -> None:
+    budget = harness.unique("budget")  # fails at step 7 every attempt: progress only at first
+    jobs.apply(harness.job_doc(budget, env={"STANDIN_FAIL_AT_STEP": 7, "STANDIN_FAIL_ATTEMPT": 0},
+                               failurePolicy={"maxRestarts": 1}))  # fmt: skip
+    breaker = harness.unique("breaker")  # fails before any checkpoint: never any progress
+    jobs.apply(harness.job_doc(breaker, env={"STANDIN_FAIL_AT_STEP": 3, "STANDIN_FAIL_ATTEMPT": 0},
+                               failurePolicy={"maxRestartsWithoutProgress": 2}))  # fmt: skip
+    s = _phase(jobs, budget, "Failed", timeout=120)
+    assert s["reason"] == "RestartBudgetExhausted" and "maxRestarts=1" in s["message"]
+    assert s["attempt"] == 2 and s["restarts"]["application"] == 1
+    s = _phase(jobs, breaker, "Failed", timeout=120)
+    assert s["reason"] == "CircuitBreaker" and s["attempt"] == 2
+
+
+@pytest.mark.parametrize("kill_when", ["at-failure", "restarting", "new-pods"])
+def test_operator_killed_mid_recovery_makes_no_duplicate_attempt(
+    jobs: harness.Jobs, operator: harness.Operator, kill_when: str
+) -> None:
+    name = harness.unique("opkill")
+    jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 8}, training={"steps": 30}))
+    _pods_of(jobs, name, 1)
+    if kill_when == "at-failure":
+        _step_at_least(jobs, name, 7)
+    elif kill_when == "restarting":
+        harness.wait_for("restart decided", lambda: jobs.status(name).get("attempt") == 2,
+                         every=0.05)  # fmt: skip
+    else:
+        harness.wait_for("new pods", lambda: any(
+            p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2" for p in jobs.pods(name)
+        ), every=0.05)  # fmt: skip
+    operator.kill()
+    try:
+        seen_attempts = {
+            p["metadata"]["labels"]["fsdpoperator.io/attempt"] for p in jobs.pods(name)
+        }
+    finally:
+        operator.start()
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["attempt"] == 2 and done["restarts"]["total"] == 1
+    assert [h["attempt"] for h in done["history"]] == [1, 2]
+    assert seen_attempts <= {"1", "2"}
+
+
+def test_suspend_saves_and_resume_continues_from_that_step(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("suspend")
+    jobs.apply(harness.job_doc(name, training={"steps": 60}))
+    _pods_of(jobs, name, 1)
+    _step_at_least(jobs, name, 7)
+    jobs.patch(name, {"suspend": True})
+    harness.wait_for("pods gone", lambda: not jobs.pods(name), timeout=60)
+    s = _phase(jobs, name, "Suspended")
+    saved = s["lastCheckpoint"]["step"]
+    assert saved % 5 != 0 or saved >= 7  # a SIGTERM save, not only the interval ones
+    jobs.patch(name, {"suspend": False})
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["history"][1]["resumedFromStep"] == saved
+    assert done["history"][0]["stepsLost"] == 0 and done["restarts"]["total"] == 0
+
+
+def test_delete_garbage_collects_everything(jobs: harness.Jobs, operator: harness.Operator) -> None:
+    name = harness.unique("gc")
+    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    _pods_of(jobs, name, 1)
+    jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
+    harness.wait_for("pods collected", lambda: not jobs.pods(name), timeout=60)
+    svc = jobs.cluster.kubectl("get", "svc", "-n", jobs.ns, "-o", "name").stdout
+    assert f"{name}-workers" not in svc
+
+
+def test_invalid_spec_only_the_operator_can_catch_fails_without_pods(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("badtpl")
+    doc = harness.job_doc(name)
+    doc["spec"]["template"]["spec"]["env"].append({"name": "FSDP_ATTEMPT", "value": "7"})
+    jobs.apply(doc)
+    s = _phase(jobs, name, "Failed", timeout=30)
+    assert s["reason"] == "InvalidSpec" and "FSDP_ATTEMPT" in s["message"]
+    assert jobs.pods(name) == []
