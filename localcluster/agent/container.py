@@ -79,9 +79,18 @@ def launch(
         shutil.which("ip") or "ip", "netns", "exec", net.netns,
         "unshare", "--uts", sys.executable, "-I", str(LAUNCHER), str(spec_file),
     ]  # fmt: skip
+    popen = _spawn(command, log=log, env=env, cgroup_fd=cgroup_fd)
+    procs.leader = popen.pid
+    return Launched(popen=popen, procs=procs, termination=termination, log=log)
+
+
+def _spawn(
+    command: list[str], *, log: Path, env: dict[str, str], cgroup_fd: int | None
+) -> subprocess.Popen[bytes]:
+    """A new session (so SIGTERM to the group reaches the whole tree), output to the log."""
     try:
         with log.open("ab") as out:
-            popen = subprocess.Popen(
+            return subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 env=env, start_new_session=True, close_fds=True,
                 pass_fds=() if cgroup_fd is None else (cgroup_fd,),
@@ -89,8 +98,6 @@ def launch(
     finally:
         if cgroup_fd is not None:
             os.close(cgroup_fd)
-    procs.leader = popen.pid
-    return Launched(popen=popen, procs=procs, termination=termination, log=log)
 
 
 def pod_hostname(pod: JSON) -> str:

@@ -28,44 +28,44 @@ class Verbs:
         self.agent = agent
 
     def crash(
-        self, namespace: str, pod: str, container: str | None = None, exit_code: int = 1,
+        self, *, namespace: str, pod: str, container: str | None = None, exit_code: int = 1,
         message: str = "",
     ) -> None:  # fmt: skip
         self.agent.runner(namespace, pod).crash(container, exit_code=int(exit_code),
                                                 message=message)  # fmt: skip
 
-    def oom(self, namespace: str, pod: str, container: str | None = None) -> None:
+    def oom(self, *, namespace: str, pod: str, container: str | None = None) -> None:
         self.agent.runner(namespace, pod).oom(container)
 
-    def kill_rank(self, namespace: str, pod: str, rank: int, signal: int = 9) -> list[int]:
+    def kill_rank(self, *, namespace: str, pod: str, rank: int, signal: int = 9) -> list[int]:
         return self.agent.runner(namespace, pod).kill_rank(int(rank), sig=int(signal))
 
-    def freeze(self, namespace: str, pod: str) -> None:
+    def freeze(self, *, namespace: str, pod: str) -> None:
         self.agent.runner(namespace, pod).freeze()
 
-    def thaw(self, namespace: str, pod: str) -> None:
+    def thaw(self, *, namespace: str, pod: str) -> None:
         self.agent.runner(namespace, pod).thaw()
 
-    def cut_link(self, namespace: str, pod: str) -> None:
+    def cut_link(self, *, namespace: str, pod: str) -> None:
         self.agent.runner(namespace, pod).set_link(up=False)
 
-    def restore_link(self, namespace: str, pod: str) -> None:
+    def restore_link(self, *, namespace: str, pod: str) -> None:
         self.agent.runner(namespace, pod).set_link(up=True)
 
-    def pids(self, namespace: str, pod: str) -> list[int]:
+    def pids(self, *, namespace: str, pod: str) -> list[int]:
         return self.agent.runner(namespace, pod).pids()
 
-    def netns(self, namespace: str, pod: str) -> str | None:
+    def netns(self, *, namespace: str, pod: str) -> str | None:
         net = self.agent.runner(namespace, pod).net
         return net.netns if net else None
 
-    def lose_node(self, node: str) -> None:
+    def lose_node(self, *, node: str) -> None:
         self.agent.lose_node(node)
 
-    def restore_node(self, node: str) -> None:
+    def restore_node(self, *, node: str) -> None:
         self.agent.restore_node(node)
 
-    def evict(self, namespace: str, pod: str) -> JSON:
+    def evict(self, *, namespace: str, pod: str) -> JSON:
         """Through the Eviction API (policy/v1), so PodDisruptionBudgets apply."""
         body = {"apiVersion": "policy/v1", "kind": "Eviction",
                 "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip

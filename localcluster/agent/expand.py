@@ -74,7 +74,7 @@ def field_ref(pod: JSON, path: str) -> str:
     raise EnvError(f"fieldRef.fieldPath {path!r} is not supported by the process node")
 
 
-def _value_from(pod: JSON, source: JSON, configmaps: ConfigMapLookup) -> str | None:
+def _value_from(pod: JSON, source: JSON, *, configmaps: ConfigMapLookup) -> str | None:
     namespace = pod["metadata"]["namespace"]
     if "fieldRef" in source:
         return field_ref(pod, source["fieldRef"]["fieldPath"])
@@ -105,7 +105,7 @@ def container_env(
             env[source.get("prefix", "") + key] = value
     for var in container.get("env", []):
         if "valueFrom" in var:
-            resolved = _value_from(pod, var["valueFrom"], configmaps)
+            resolved = _value_from(pod, var["valueFrom"], configmaps=configmaps)
             if resolved is not None:
                 env[var["name"]] = resolved
         else:

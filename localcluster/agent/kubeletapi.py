@@ -21,7 +21,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 PORT = 10250
-IsRunning = Callable[[str, str, str], bool]
+IsRunning = Callable[[tuple[str, str, str]], bool]
 """(namespace, pod, container) -> whether that container still runs (ends a follow)."""
 
 
@@ -36,14 +36,14 @@ def _certificate(directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def log_file(pods_dir: Path, namespace: str, pod: str, container: str) -> Path | None:
+def log_file(pods_dir: Path, *, namespace: str, pod: str, container: str) -> Path | None:
     """The newest log of that container (pods re-created under one name keep their uid apart)."""
     found = sorted(pods_dir.glob(f"{namespace}_{pod}_*/{container}.log"),
                    key=lambda p: p.stat().st_mtime)  # fmt: skip
     return found[-1] if found else None
 
 
-def _tail(data: bytes, lines: int | None, limit: int | None) -> bytes:
+def _tail(data: bytes, *, lines: int | None, limit: int | None) -> bytes:
     if lines is not None:
         data = b"".join(data.splitlines(keepends=True)[-lines:]) if lines > 0 else b""
     return data[:limit] if limit is not None else data
@@ -64,7 +64,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         _, namespace, pod, container = parts
         query = urllib.parse.parse_qs(url.query)
-        path = log_file(self.pods_dir, namespace, pod, container)
+        path = log_file(self.pods_dir, namespace=namespace, pod=pod, container=container)
         if path is None:
             self._reply(404, f"no log for {namespace}/{pod}/{container}".encode())
             return
@@ -74,7 +74,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/plain")
         self.end_headers()
         with path.open("rb") as handle:
-            self.wfile.write(_tail(handle.read(), lines, limit))
+            self.wfile.write(_tail(handle.read(), lines=lines, limit=limit))
             self.wfile.flush()
             if query.get("follow", ["false"])[0] == "true":
                 self._follow(handle, (namespace, pod, container))
@@ -86,7 +86,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if chunk:
                 self.wfile.write(chunk)
                 self.wfile.flush()
-            elif not self.is_running(*target):
+            elif not self.is_running(target):
                 return
             else:
                 time.sleep(0.2)

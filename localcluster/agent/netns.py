@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import ipaddress
 import json
 import os
@@ -121,18 +122,26 @@ class Network:
 
     def __init__(self, *, nodes: int) -> None:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        cleanup_stale()
-        self.instance = secrets.token_hex(2)
-        self.stem = f"{PREFIX}-{self.instance}"
-        (RUN_DIR / f"{self.instance}.json").write_text(json.dumps({"pid": os.getpid()}))
-        self.subnet = _free_subnet()
-        self.bridge = f"lc{self.instance}br"
-        base = self.subnet.network_address
-        self.gateway = str(base + 1)
-        self._node_ips = [str(base + 256 * (i + 1) + 1) for i in range(nodes)]
+        # Two agents starting at once must not both pick the same free subnet or instance.
+        with (RUN_DIR / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cleanup_stale()
+            self.instance = secrets.token_hex(2)
+            while (RUN_DIR / f"{self.instance}.json").exists():
+                self.instance = secrets.token_hex(2)
+            self.stem = f"{PREFIX}-{self.instance}"
+            self.bridge = f"lc{self.instance}br"
+            (RUN_DIR / f"{self.instance}.json").write_text(json.dumps({"pid": os.getpid()}))
+            self.subnet = _free_subnet()
+            self._make_bridge(nodes)
         self._lock = threading.Lock()
         self._counter = 0
         self._used: set[str] = set()
+
+    def _make_bridge(self, nodes: int) -> None:
+        base = self.subnet.network_address
+        self.gateway = str(base + 1)
+        self._node_ips = [str(base + 256 * (i + 1) + 1) for i in range(nodes)]
         ip("link", "add", self.bridge, "type", "bridge")
         ip("addr", "add", f"{self.gateway}/{self.subnet.prefixlen}", "dev", self.bridge)
         for node_ip in self._node_ips:

@@ -21,6 +21,11 @@ LEASE_DURATION_S = 40
 STATUS_EVERY = 5
 """Post a node status heartbeat every this many lease renewals."""
 MAX_PODS = "110"
+PRESSURE = (
+    ("MemoryPressure", "KubeletHasSufficientMemory"),
+    ("DiskPressure", "KubeletHasNoDiskPressure"),
+    ("PIDPressure", "KubeletHasSufficientPID"),
+)
 
 
 class Nodes:
@@ -77,28 +82,20 @@ class Nodes:
     def _status(self, name: str) -> JSON:
         now = context.now()
         ready = self._ready_since[name]
-
-        def cond(kind: str, ok: bool, reason: str, message: str, since: str) -> JSON:
-            return {"type": kind, "status": "True" if ok else "False", "reason": reason,
-                    "message": message, "lastHeartbeatTime": now,
-                    "lastTransitionTime": since}  # fmt: skip
-
         started = self._ready_since[self.names[0]]
+        conditions = [
+            {"type": kind, "status": "False", "reason": reason, "message": "no pressure",
+             "lastHeartbeatTime": now, "lastTransitionTime": started}
+            for kind, reason in PRESSURE
+        ] + [
+            {"type": "Ready", "status": "True", "reason": "KubeletReady",
+             "message": "process node agent is posting ready status",
+             "lastHeartbeatTime": now, "lastTransitionTime": ready},
+        ]  # fmt: skip
         return {
             "capacity": self._capacity(),
             "allocatable": self._capacity(),
-            "conditions": [
-                cond("MemoryPressure", False, "KubeletHasSufficientMemory", "ok", started),
-                cond("DiskPressure", False, "KubeletHasNoDiskPressure", "ok", started),
-                cond("PIDPressure", False, "KubeletHasSufficientPID", "ok", started),
-                cond(
-                    "Ready",
-                    True,
-                    "KubeletReady",
-                    "process node agent is posting ready status",
-                    ready,
-                ),
-            ],  # fmt: skip
+            "conditions": conditions,
             # No Hostname address: the API server would prefer it for `kubectl logs`, and node
             # names resolve nowhere on the host.
             "addresses": [

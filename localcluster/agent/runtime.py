@@ -53,11 +53,14 @@ class Agent:
             is_running=self._container_running,
         )
         self._thread(self.nodes.run, self.stop)
-        self._thread(self._watch, "/api/v1/pods", self.on_pod, self._relisted_pods)
-        self._thread(self._watch, "/apis/discovery.k8s.io/v1/endpointslices", self._on_slice, None)
+        self._thread(self._watch, "/api/v1/pods", handle=self.on_pod, relisted=self._relisted_pods)
+        slices = "/apis/discovery.k8s.io/v1/endpointslices"
+        self._thread(self._watch, slices, handle=self._on_slice, relisted=None)
 
-    def _thread(self, target: Callable[..., None], *args: Any) -> None:
-        threading.Thread(target=target, args=args, daemon=True, name=target.__name__).start()
+    def _thread(self, target: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        threading.Thread(
+            target=target, args=args, kwargs=kwargs, daemon=True, name=target.__name__
+        ).start()
 
     def _on_slice(self, kind: str, item: JSON) -> None:
         self.records.update(kind, item)
@@ -65,6 +68,7 @@ class Agent:
     def _watch(
         self,
         path: str,
+        *,
         handle: Callable[[str, JSON], None],
         relisted: Callable[[list[JSON]], None] | None,
     ) -> None:
@@ -150,7 +154,8 @@ class Agent:
                     return runner
         raise LookupError(f"pod {namespace}/{name} is not running on this agent's nodes")
 
-    def _container_running(self, namespace: str, name: str, container: str) -> bool:
+    def _container_running(self, target: tuple[str, str, str]) -> bool:
+        namespace, name, container = target
         try:
             return container in self.runner(namespace, name).running
         except LookupError:

@@ -111,7 +111,7 @@ def container_status(c: Container) -> JSON:
     return out
 
 
-def _condition(old: list[JSON], kind: str, ok: bool, *, reason: str | None, now: str) -> JSON:
+def _condition(old: list[JSON], kind: str, *, ok: bool, reason: str | None, now: str) -> JSON:
     status = "True" if ok else "False"
     previous = next((c for c in old if c.get("type") == kind), None)
     since = previous["lastTransitionTime"] if previous and previous["status"] == status else now
@@ -146,11 +146,13 @@ def pod_status(
         "startTime": start_time,
         "conditions": [
             _condition(
-                conds, "PodReadyToStartContainers", pod_ip is not None, reason=None, now=now
+                conds, "PodReadyToStartContainers", ok=pod_ip is not None, reason=None, now=now
+            ),  # fmt: skip
+            _condition(
+                conds, "Initialized", ok=init_done, reason="ContainersNotInitialized", now=now
             ),
-            _condition(conds, "Initialized", init_done, reason="ContainersNotInitialized", now=now),
-            _condition(conds, "ContainersReady", ready, reason=not_ready, now=now),
-            _condition(conds, "Ready", ready, reason=not_ready, now=now),
+            _condition(conds, "ContainersReady", ok=ready, reason=not_ready, now=now),
+            _condition(conds, "Ready", ok=ready, reason=not_ready, now=now),
         ],
         "containerStatuses": [container_status(c) for c in containers],
     }

@@ -34,7 +34,7 @@ def _write_files(root: Path, files: dict[str, str]) -> None:
 
 
 def _config_map_files(
-    pod: JSON, source: JSON, configmaps: expand.ConfigMapLookup
+    pod: JSON, source: JSON, *, configmaps: expand.ConfigMapLookup
 ) -> dict[str, str]:
     data = configmaps(pod["metadata"]["namespace"], source["name"])
     if data is None:
@@ -60,7 +60,7 @@ def _projected_files(
     files: dict[str, str] = {}
     for source in volume.get("sources", []):
         if "configMap" in source:
-            files |= _config_map_files(pod, source["configMap"], configmaps)
+            files |= _config_map_files(pod, source["configMap"], configmaps=configmaps)
         elif "downwardAPI" in source:
             files |= _downward_files(pod, source["downwardAPI"])
         elif "serviceAccountToken" in source:
@@ -93,7 +93,7 @@ def prepare(
             local = pvc_root / pod["metadata"]["namespace"] / claim["claimName"]
             local.mkdir(parents=True, exist_ok=True)
         elif "configMap" in volume:
-            _write_files(local, _config_map_files(pod, volume["configMap"], configmaps))
+            _write_files(local, _config_map_files(pod, volume["configMap"], configmaps=configmaps))
         elif "downwardAPI" in volume:
             _write_files(local, _downward_files(pod, volume["downwardAPI"]))
         elif "projected" in volume:
