@@ -124,11 +124,18 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
 ) -> None:
     apply(cluster, kube_namespace, python_pod("victim", SLEEPER))
     node = running(cluster, kube_namespace, "victim")["spec"]["nodeName"]
+    apply(cluster, kube_namespace, python_pod("doomed", SLEEPER, node=node))
+    running(cluster, kube_namespace, "doomed")
     pids = faults.pids(kube_namespace, "victim")
+    doomed = faults.pids(kube_namespace, "doomed")
     faults.lose_node(node)
     try:
-        assert all(process_state(p) == "T" for p in pids), "pods on a lost node are frozen"
+        assert all(process_state(p) == "T" for p in pids + doomed), "a lost node's pods freeze"
         eventually(lambda: node_ready(cluster, node) != "True", timeout=60, what="NotReady")
+        # What the operator does to pods on a lost node: force-delete them.
+        cluster.kubectl("delete", "pod", "doomed", "-n", kube_namespace, "--force",
+                        "--grace-period=0")  # fmt: skip
+        assert all(process_state(p) == "T" for p in doomed), "partitioned: the node cannot know"
         pinned = python_pod("pinned", "print(1)", node=node)
         apply(cluster, kube_namespace, pinned, python_pod("free", "print(1)"))
         free = wait_phase(cluster, kube_namespace, "free", ("Succeeded",))
@@ -141,6 +148,8 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
         faults.restore_node(node)
     eventually(lambda: node_ready(cluster, node) == "True", timeout=60, what="Ready again")
     assert all(process_state(p) != "T" for p in pids), "a restored node's pods resume"
+    eventually(lambda: not any(alive(p) for p in doomed), timeout=10,
+               what="pods deleted meanwhile are killed on restore")  # fmt: skip
     wait_phase(cluster, kube_namespace, "pinned", ("Succeeded",), timeout=90)
 
 
