@@ -26,7 +26,7 @@ def _parse(argv: list[str]) -> context.Settings:
     parser.add_argument("--memory", default="64Gi")
     parser.add_argument("--name-prefix", default="node-")
     parser.add_argument("--zones", type=int, default=2)
-    parser.add_argument("--heartbeat-seconds", type=float, default=2.0)
+    parser.add_argument("--heartbeat-seconds", type=float, default=1.0)
     args = parser.parse_args(argv)
     return context.Settings(
         kubeconfig=args.kubeconfig.resolve(),

@@ -48,7 +48,7 @@ class Settings:
     """Node names are ``<prefix><index>``."""
     zones: int = 2
     """Nodes are spread round-robin over ``zone-0`` .. ``zone-<zones-1>``."""
-    heartbeat_s: float = 2.0
+    heartbeat_s: float = 1.0
     """Lease renewal period; the control plane's node-monitor grace must be a few times this."""
 
     def node_names(self) -> list[str]:
