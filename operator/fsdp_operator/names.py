@@ -186,3 +186,11 @@ def parse_node_rank(labels: Mapping[str, str] | None) -> int | None:
 def is_operator_key(key: str) -> bool:
     """Whether a label/annotation key is reserved for the operator (users cannot set it)."""
     return key.startswith(PREFIX) or key in {label.value for label in Label}
+
+
+def checkpoint_dir(root: str, job_name: str) -> str:
+    """Where one job's checkpoints live under the shared root: `<root>/<job>`.
+
+    Jobs that share a claim (or a root) then never read or overwrite each other's steps.
+    """
+    return f"{root.rstrip('/')}/{job_name}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Any
 
@@ -55,18 +56,20 @@ def _spec_error(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpe
     return spec, ""
 
 
-def storage_for(spec: api.FSDPJobSpec, namespace: str, settings: cfg.Settings) -> str | None:
-    """Local directory where the operator sees this job's checkpoint root, if it can."""
+def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, settings: cfg.Settings) -> str | None:
+    """Local directory where the operator sees this job's checkpoints, if it can."""
     claim = spec.checkpoint.claim_name
     if not settings.storage_template or not claim:
         return None
-    return settings.storage_template.format(namespace=namespace, claim=claim)
+    volume = settings.storage_template.format(namespace=job.namespace, claim=claim)
+    return names.checkpoint_dir(volume, job.name)
 
 
 def _checkpoints(
-    spec: api.FSDPJobSpec, status: st.FSDPJobStatus, base: str | None, *, deep: bool
-) -> tuple[st.CheckpointRef | None, list[str]]:
-    if base is None:
+    job: names.JobRef, spec: api.FSDPJobSpec, status: st.FSDPJobStatus, base: str | None,
+    *, deep: bool,
+) -> tuple[st.CheckpointRef | None, list[str]]:  # fmt: skip
+    if base is None or not os.path.isdir(base):
         return None, []
     storage = catalog.LocalStorage(base)
     lineage = catalog.Lineage(attempt=status.attempt, resumed_from_step=status.resumed_from_step)
@@ -79,7 +82,9 @@ def _checkpoints(
     if chosen is None or chosen.marker is None:
         return None, corrupt
     m = chosen.marker
-    in_pod = f"{spec.checkpoint.root.rstrip('/')}/{catalog.step_dir_name(m.step)}"
+    in_pod = (
+        f"{names.checkpoint_dir(spec.checkpoint.root, job.name)}/{catalog.step_dir_name(m.step)}"
+    )
     ref = st.CheckpointRef(
         step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
     )
@@ -110,8 +115,8 @@ def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
     ours = {p["metadata"]["uid"] for p in raw_pods}
     others = [p for p in ctx.kube.list_active_pods() if p["metadata"]["uid"] not in ours]
     nodes = observe.node_views(ctx.kube.list_nodes(), spec=spec, other_pods=others)
-    base = storage_for(spec, job.namespace, ctx.settings)
-    ckpt, corrupt = _checkpoints(spec, status, base, deep=ctx.settings.deep_verify)
+    base = storage_for(job, spec, ctx.settings)
+    ckpt, corrupt = _checkpoints(job, spec, status, base, deep=ctx.settings.deep_verify)
     return ob.Observed(
         spec=spec,
         status=status,
@@ -131,7 +136,7 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
     job = names.JobRef.of(body)
     kube = ctx.kube
     kube.patch_status(job.namespace, job.name, d.status.model_dump(mode="json", by_alias=True))
-    base = storage_for(obs.spec, job.namespace, ctx.settings)
+    base = storage_for(job, obs.spec, ctx.settings)
     for path in d.quarantine:
         if base is not None:
             step = int(path.rsplit("-", 1)[-1])

@@ -314,7 +314,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         (contract.ENV_ATTEMPT, str(slot.attempt)),
         (contract.ENV_CONFIG, worker_config(spec).to_json()),
         (contract.ENV_RESUME, slot.resume_path),
-        (contract.ENV_CHECKPOINT_ROOT, spec.checkpoint.root),
+        (contract.ENV_CHECKPOINT_ROOT, names.checkpoint_dir(spec.checkpoint.root, slot.job.name)),
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
     ]

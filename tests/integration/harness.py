@@ -212,8 +212,9 @@ class Jobs:
         self.cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
         self.apply(pvc)
 
-    def ckpt_dir(self) -> Path:
-        return self.cluster.state_dir / "agent" / "pvc" / self.ns / "ckpt"
+    def ckpt_dir(self, job: str | None = None) -> Path:
+        volume = self.cluster.state_dir / "agent" / "pvc" / self.ns / "ckpt"
+        return volume / job if job else volume
 
 
 def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0,

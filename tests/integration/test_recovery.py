@@ -47,7 +47,7 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     reasons = jobs.events(name)
     assert {"AttemptStarted", "FailureDetected", "Restarting", "Succeeded"} <= set(reasons)
     # the marker of the final checkpoint names the attempt that resumed from step 10
-    marker = (jobs.ckpt_dir() / "step-40" / "COMPLETE.json").read_text()
+    marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
     assert '"resumed_from_step": 10' in marker and '"attempt": 2' in marker
 
 
@@ -71,7 +71,7 @@ def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
 def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> dict:
     return harness.wait_for(
         f"phase {phase}", lambda: (s := jobs.status(name)).get("phase") == phase and s,
-        timeout=timeout,
+        timeout=timeout, context=lambda: f"{name} status: {jobs.status(name)}",
     )  # fmt: skip
 
 

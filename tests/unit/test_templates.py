@@ -228,7 +228,10 @@ def test_worker_config_env_is_the_spec_training_and_checkpoint() -> None:
     assert config.training == spec.training
     assert config.checkpoint == spec.checkpoint.worker_config()
     assert seen[contract.ENV_RESUME] == "/ckpt/llama/step-1200"
-    assert seen[contract.ENV_CHECKPOINT_ROOT] == "/ckpt/llama"
+    assert (
+        seen[contract.ENV_CHECKPOINT_ROOT]
+        == "/ckpt/llama/" + pod()["metadata"]["labels"]["fsdpoperator.io/job"]
+    )
     assert seen[contract.ENV_ATTEMPT] == "3"
     assert seen[contract.ENV_METRICS_PORT] == "9400"
     assert seen[contract.ENV_TERMINATION_LOG] == container(pod())["terminationMessagePath"]
