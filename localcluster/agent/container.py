@@ -70,7 +70,7 @@ def launch(
         "cgroupFd": cgroup_fd,
         "mounts": mounts,
         "errorFile": str(termination),
-        "createdLog": str(ctx.settings.state_dir / "created-mountpoints"),
+        "createdLog": str(netns.MOUNTPOINTS),
     }
     spec_file = pod_dir / f"{name}.launch.json"
     spec_file.write_text(json.dumps(spec))

@@ -28,6 +28,8 @@ RUN_DIR = Path("/run/fsdplc")
 NETNS_ETC = Path("/etc/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 CLUSTER_DOMAIN = "cluster.local"
+MOUNTPOINTS = RUN_DIR / "mountpoints"
+"""Mount points the launchers had to create on the host (shared by all agents)."""
 
 
 class NetError(RuntimeError):
@@ -93,6 +95,25 @@ def cleanup_stale() -> None:
         parts = name.split("-")
         if name.startswith(PREFIX + "-") and len(parts) > 2 and parts[1] not in live:
             cleanup_instance(parts[1])
+    if not live:
+        _remove_mountpoints()
+
+
+def _remove_mountpoints() -> None:
+    """Remove the (empty) mount points launchers created on the host; only with no agent left.
+
+    A container that expects /ckpt needs /ckpt to exist on the host to bind-mount onto it.
+    """
+    if not MOUNTPOINTS.exists():
+        return
+    for line in sorted(set(MOUNTPOINTS.read_text().splitlines()), key=len, reverse=True):
+        path = Path(line)
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            elif path.is_file() and path.stat().st_size == 0:
+                path.unlink()
+    MOUNTPOINTS.unlink(missing_ok=True)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -214,4 +235,7 @@ class Network:
         ip("link", "set", pod.veth, "up" if up else "down")
 
     def destroy(self) -> None:
-        cleanup_instance(self.instance)
+        with (RUN_DIR / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            cleanup_instance(self.instance)
+            cleanup_stale()

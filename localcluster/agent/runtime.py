@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from localcluster.agent import cgroups, context, dns, kube, kubeletapi, netns, nodes, pod
@@ -209,7 +208,6 @@ class Agent:
         if hasattr(self, "kubelet_api"):
             self.kubelet_api.stop()
         self.ctx.network.destroy()
-        _remove_mountpoints(self.ctx.settings.state_dir / "created-mountpoints")
 
 
 def _grace(item: JSON) -> float:
@@ -217,19 +215,3 @@ def _grace(item: JSON) -> float:
     if seconds is None:
         seconds = item["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_S)
     return float(seconds)
-
-
-def _remove_mountpoints(created: Path) -> None:
-    """Empty mount points the launcher had to create on the host, unless another agent lives."""
-    if not created.exists():
-        return
-    others = [p for p in netns.RUN_DIR.glob("*.json")] if netns.RUN_DIR.is_dir() else []
-    if not others:
-        for line in sorted(set(created.read_text().splitlines()), key=len, reverse=True):
-            path = Path(line)
-            with contextlib.suppress(OSError):
-                if path.is_dir():
-                    path.rmdir()
-                elif path.is_file() and path.stat().st_size == 0:
-                    path.unlink()
-    created.unlink(missing_ok=True)
