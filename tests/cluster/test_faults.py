@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -144,3 +147,18 @@ def test_kill_rank_signals_only_that_worker(
     pod = wait_phase(cluster, kube_namespace, "gang", ("Failed",))
     assert terminated(pod)["exitCode"] == 1
     assert terminated(pod)["message"] == "rank 1 exited -9"
+
+
+def test_command_line_reaches_the_agent(cluster: Cluster, kube_namespace: str) -> None:
+    _started(cluster, kube_namespace, "cli")
+    base = [sys.executable, "-m", "localcluster.agent", "fault",
+            "--state-dir", str(cluster.state_dir / "agent")]  # fmt: skip
+    status = subprocess.run([*base, "status"], capture_output=True, text=True, check=True)
+    assert json.loads(status.stdout)["nodes"]
+    subprocess.run([*base, "crash", f"{kube_namespace}/cli", "--exit-code", "9"], check=True)
+    pod = wait_phase(cluster, kube_namespace, "cli", ("Failed",))
+    assert terminated(pod)["exitCode"] == 9
+    missing = subprocess.run([*base, "oom", f"{kube_namespace}/nobody"], capture_output=True,
+                             text=True)  # fmt: skip
+    assert missing.returncode == 1
+    assert "not running on this agent" in missing.stderr
