@@ -4,11 +4,13 @@ preemption, and async saves that overlap training or fail in the background."""
 from __future__ import annotations
 
 import shutil
+import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_harness import launch, marker, training, worker_config
+from worker_harness import free_port, launch, marker, training, worker_config
 
 from fsdp_worker import catalog, contract
 
@@ -69,8 +71,18 @@ def test_a_changed_global_batch_is_refused_with_a_config_error(
 def test_sigterm_saves_the_current_step_then_exits_preempted(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     cfg = worker_config(root, train=training(steps=1000), intervalSteps=500)
-    run = launch(tmp_path, nproc=2, config=cfg, faults="step_sleep=0.2")
+    port = free_port()
+    run = launch(tmp_path, nproc=2, config=cfg, faults="step_sleep=0.2", metrics_port=port)
     run.wait_for(lambda log: '"step": 4,' in log)
+    scraped = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in scraped.decode().splitlines()
+        if line.startswith("fsdp_") and " " in line
+    }
+    assert values[contract.METRIC_STEP] >= 4
+    assert abs(values[contract.METRIC_LAST_STEP_TIME] - time.time()) < 30
+    assert values[contract.METRIC_LOSS] > 0
     run.proc.send_signal(15)  # what the kubelet does to the container's torchrun
     run.wait()
     last = max(run.losses())

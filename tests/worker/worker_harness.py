@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,12 @@ class Run:
         return dict(json.loads(self.term_path.read_text()))
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -124,6 +131,7 @@ def launch(
     resume: str = "",
     faults: str = "",
     name: str = "run",
+    metrics_port: int = 0,
 ) -> Run:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg_path, log_path, term_path = tmp / f"{name}.json", tmp / f"{name}.log", tmp / f"{name}.term"
@@ -131,11 +139,11 @@ def launch(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_", "RANK"))}
     env.update(
         OMP_NUM_THREADS="1",
-        PYTHONPATH=str(REPO / "worker"),
+        PYTHONPATH=os.pathsep.join([str(REPO / "worker"), str(Path(__file__).parent)]),
         FSDP_WORKER_CONFIG_FILE=str(cfg_path),
         FSDP_ATTEMPT=str(attempt),
         FSDP_RESUME_FROM=resume,
-        FSDP_METRICS_PORT="0",
+        FSDP_METRICS_PORT=str(metrics_port),
         FSDP_TERMINATION_LOG=str(term_path),
         FSDP_TEST_FAULTS=faults,
     )

@@ -131,6 +131,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     meters = metrics.Metrics()
     if di.rank == 0:
         meters.serve(settings.metrics_port)
+    os.makedirs(settings.root, exist_ok=True)
     net = model.build(tcfg)
     parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=tcfg.activation_checkpointing)
     model.materialize(net, device=di.device, seed=tcfg.seed)
@@ -165,8 +166,17 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         dist_info=di,
         meters=meters,
     )
-    os.makedirs(settings.root, exist_ok=True)
-    loop = trainer.Loop(tcfg, ckcfg.interval_steps, st, source, plan, run.manager, meters, di, stop)
+    loop = trainer.Loop(
+        cfg=tcfg,
+        interval=ckcfg.interval_steps,
+        st=st,
+        source=source,
+        plan=plan,
+        ckpt=run.manager,
+        meters=meters,
+        dist=di,
+        stop_requested=stop,
+    )
     trainer.run(loop)
 
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 LEDGER_AFTER_STEPS = 2
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Loop:
     cfg: config.TrainingConfig
     interval: int

@@ -1,0 +1,27 @@
+"""A user model factory for the worker tests: `factory_model:build` (not a test module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Tiny(nn.Module):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.GELU()) for _ in range(2))
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = x + block(x)
+        out: torch.Tensor = self.head(x)
+        return out
+
+
+def build(cfg: Any) -> nn.Module:
+    return Tiny(cfg.model.vocab_size, 24)
