@@ -32,6 +32,10 @@ pytestmark = pytest.mark.cluster
 SLEEPER = "import time\nwhile True: time.sleep(0.2)"
 
 
+def taints(cluster: Cluster, node: str) -> set[str]:
+    return {t["key"] for t in cluster.get_json("node", node)["spec"].get("taints", [])}
+
+
 @pytest.fixture
 def faults(cluster: Cluster) -> Faults:
     return Faults.for_cluster(cluster.state_dir)
@@ -132,6 +136,8 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
     try:
         assert all(process_state(p) == "T" for p in pids + doomed), "a lost node's pods freeze"
         eventually(lambda: node_ready(cluster, node) != "True", timeout=60, what="NotReady")
+        eventually(lambda: "node.kubernetes.io/unreachable" in taints(cluster, node),
+                   what="the node lifecycle controller taints the node")  # fmt: skip
         # What the operator does to pods on a lost node: force-delete them.
         cluster.kubectl("delete", "pod", "doomed", "-n", kube_namespace, "--force",
                         "--grace-period=0")  # fmt: skip
