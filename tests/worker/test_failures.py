@@ -27,8 +27,12 @@ def test_rank_killed_before_the_marker_leaves_a_step_that_is_never_chosen(
     assert (root / "step-6" / ".metadata").exists()  # every shard written ...
     assert not (root / "step-6" / catalog.MARKER_NAME).exists()  # ... but no marker
 
+    (root / "step-9.partial-a1").mkdir()  # abandoned by attempt 1
+    (root / "step-12.partial-a3").mkdir()  # a later attempt's save: not ours to delete
     second = launch(tmp_path, nproc=2, config=cfg, attempt=2, resume="auto", name="second")
     assert second.wait().rc == 0, second.log[-3000:]
+    assert not (root / "step-9.partial-a1").exists()
+    assert (root / "step-12.partial-a3").exists()
     assert "step-6: NoMarker" in second.log
     assert "resumed from step-3" in second.log
     assert second.losses() == {s: reference["losses"][s] for s in range(4, 13)}

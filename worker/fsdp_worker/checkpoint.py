@@ -120,6 +120,18 @@ class CheckpointManager:
             else ThreadStager()
         )
 
+    def remove_abandoned(self) -> None:
+        """Rank 0: delete partial saves of earlier attempts. They can never be published by
+        this attempt, and if a zombie of theirs publishes one, lineage rejects it anyway."""
+        if self.dist.rank != 0:
+            return
+        for name in self.storage.list_dirs(self.root):
+            _, sep, attempt = name.partition(catalog.PARTIAL_INFIX)
+            if sep and attempt.isdigit() and int(attempt) < self.identity.attempt:
+                log.info("removing %s, abandoned by attempt %s", name, attempt)
+                path = self.storage.resolve(posixpath.join(self.root, name))
+                shutil.rmtree(path, ignore_errors=True)
+
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
         self.wait()

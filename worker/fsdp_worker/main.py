@@ -166,6 +166,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         dist_info=di,
         meters=meters,
     )
+    run.manager.remove_abandoned()
     loop = trainer.Loop(
         cfg=tcfg,
         interval=ckcfg.interval_steps,
