@@ -175,6 +175,8 @@ def _on_failure(
 ) -> Decision:
     s = d.status
     d.failure, s.last_failure = failure, failure
+    if failure.step is not None and (s.step is None or failure.step > s.step):
+        s.step = failure.step  # the rank's own report beats the last scrape
     detect_s = max(0.0, obs.now - failure.time)
     where = f" rank {failure.rank} pod {failure.pod} node {failure.node}" if failure.pod else ""
     d.emit("FailureDetected", f"{failure.cause.value}:{where} {failure.message}", warning=True)

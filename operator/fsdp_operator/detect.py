@@ -42,6 +42,7 @@ def _failure(
         pod=pod.name if pod else None,
         node=pod.node if pod else None,
         exit_code=pod.exit_code if pod else None,
+        step=doc.get("step") if isinstance(doc.get("step"), int) else None,
         message=text[:1024],
         time=at,
     )

@@ -90,6 +90,7 @@ class Failure(_Model):
     pod: str | None = None
     node: str | None = None
     exit_code: int | None = None
+    step: int | None = Field(None, description="The step the failing rank was at (its report).")
     message: str = Field("", max_length=4096)
     time: float
 

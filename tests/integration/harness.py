@@ -70,15 +70,20 @@ class Operator:
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.metrics_port = 0
+
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def env(self) -> dict[str, str]:
         pvc = self.cluster.state_dir / "agent" / "pvc"
         env = dict(os.environ)
+        self.metrics_port = free_port()
         env.update(
             KUBECONFIG=str(self.kubeconfig),
             FSDPOP_STORAGE_TEMPLATE=str(pvc) + "/{namespace}/{claim}",
             FSDPOP_WORKER_MODULE="fsdp_worker.standin",
-            FSDPOP_METRICS_PORT=str(free_port()),
+            FSDPOP_METRICS_PORT=str(self.metrics_port),
             FSDPOP_LIVENESS=f"http://127.0.0.1:{free_port()}/healthz",
             FSDPOP_NODE_EXCLUSION_SECONDS="20",
             FSDPOP_DRAIN_TIMEOUT_SECONDS="30",

@@ -7,6 +7,11 @@ user would watch: status, Events, pods.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import urllib.request
+
 import pytest
 
 from localcluster import faults as lf
@@ -49,6 +54,18 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     # the marker of the final checkpoint names the attempt that resumed from step 10
     marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
     assert '"resumed_from_step": 10' in marker and '"attempt": 2' in marker
+    # the CLI tells the same story, with what the failure cost
+    env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "describe", name],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert done["history"][0]["stepsLost"] == 2  # rank 0 reported step 12; resumed from 10
+    assert "Crash" in out and "total steps redone after restarts: 2" in out
+    # and so do the operator's own metrics
+    metrics = urllib.request.urlopen(operator.metrics_url(), timeout=5).read().decode()
+    assert 'fsdpjob_failures_total{cause="Crash"}' in metrics
+    assert "fsdpjob_recovery_seconds_count" in metrics
 
 
 def _faults(operator: harness.Operator) -> lf.Faults:

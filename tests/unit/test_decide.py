@@ -241,7 +241,12 @@ def test_pending_within_timeout_waits() -> None:
 
 
 def test_crash_restarts_at_once_from_newest_checkpoint() -> None:
-    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 2}
+    failed = {
+        "phase": ob.PodPhase.FAILED,
+        "exit_code": 1,
+        "finished": NOW - 2,
+        "message": CRASH_MSG,
+    }
     d = dc.decide(observe(pods=pods(r1=failed), checkpoint=ckpt(40)))
     assert d.launch == dc.Launch(attempt=2, replicas=4, resume_path="/ckpt/step-40")
     assert {x.name for x in d.delete} == {f"job-a1-{r}" for r in range(4)}
@@ -249,7 +254,8 @@ def test_crash_restarts_at_once_from_newest_checkpoint() -> None:
     assert d.status.resumed_from_step == 40 and d.status.step == 40
     assert d.status.restarts == st.Restarts(total=1, application=1, infrastructure=0)
     old = d.status.history[0]
-    assert old.cause is st.Cause.CRASH and old.steps_lost == 10 and old.detect_seconds == 2
+    assert old.cause is st.Cause.CRASH and old.steps_lost == 11 and old.detect_seconds == 2
+    assert d.status.last_failure is not None and d.status.last_failure.step == 51
     reasons = [e.reason for e in d.events]
     assert reasons[-3:] == ["FailureDetected", "Restarting", "AttemptStarted"]
 

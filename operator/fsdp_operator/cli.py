@@ -1,0 +1,142 @@
+"""`fsdpctl`: what happened to my training job, and what it cost.
+
+Read-only views over FSDPJob status and Events (`list`, `describe`), plus `suspend`/`resume`.
+Renders with rich. Talks to the API only through kube.py's client loader; makes no decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from typing import Any
+
+import kubernetes
+from rich.console import Console
+from rich.table import Table
+
+from fsdp_operator import kube as k8s
+from fsdp_operator import spec as api
+
+
+def _age(ts: float | None, now: float) -> str:
+    if ts is None:
+        return "-"
+    secs = int(now - ts)
+    return (
+        f"{secs // 3600}h{secs % 3600 // 60:02d}m"
+        if secs >= 3600
+        else f"{secs // 60}m{secs % 60:02d}s"
+    )
+
+
+def _fmt(value: Any, suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1f}{suffix}"
+    return f"{value}{suffix}"
+
+
+def _jobs(custom: Any, namespace: str | None) -> list[dict[str, Any]]:
+    if namespace:
+        resp = custom.list_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, _preload_content=False
+        )
+    else:
+        resp = custom.list_cluster_custom_object(
+            api.GROUP, api.VERSION, api.PLURAL, _preload_content=False
+        )
+    return list(json.loads(resp.data)["items"])
+
+
+def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
+    now = datetime.datetime.now(datetime.UTC).timestamp()
+    table = Table(title="FSDPJobs")
+    for col in ("namespace", "name", "phase", "world", "step", "ckpt", "ckpt age", "restarts",
+                "app/infra", "reason"):  # fmt: skip
+        table.add_column(col)
+    for job in _jobs(custom, namespace):
+        s = job.get("status") or {}
+        ck = s.get("lastCheckpoint") or {}
+        r = s.get("restarts") or {}
+        table.add_row(
+            job["metadata"]["namespace"], job["metadata"]["name"], s.get("phase", "-"),
+            _fmt(s.get("worldSize")), _fmt(s.get("step")), _fmt(ck.get("step")),
+            _age(ck.get("time"), now), _fmt(r.get("total", 0)),
+            f"{r.get('application', 0)}/{r.get('infrastructure', 0)}", s.get("reason", ""),
+        )  # fmt: skip
+    console.print(table)
+
+
+def describe(custom: Any, core: Any, namespace: str, name: str, console: Console) -> None:
+    resp = custom.get_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
+    )
+    job = json.loads(resp.data)
+    s = job.get("status") or {}
+    console.print(
+        f"[bold]{namespace}/{name}[/bold]  phase={s.get('phase')}  attempt={s.get('attempt')}  "
+        f"world={s.get('worldSize')}  step={s.get('step')}"
+    )
+    if lf := s.get("lastFailure"):
+        console.print(
+            f"last failure: {lf.get('cause')} rank={lf.get('rank')} pod={lf.get('pod')} "
+            f"node={lf.get('node')} exit={lf.get('exitCode')}: {lf.get('message')}"
+        )
+    hist = Table(title="attempts: what each failure cost")
+    for col in ("attempt", "world", "resumed from", "ended by", "detect", "recover", "steps lost"):
+        hist.add_column(col)
+    lost = 0
+    for h in s.get("history") or []:
+        lost += h.get("stepsLost") or 0
+        hist.add_row(
+            str(h.get("attempt")), _fmt(h.get("worldSize")), _fmt(h.get("resumedFromStep")),
+            h.get("cause") or ("running" if h.get("ended") is None else "-"),
+            _fmt(h.get("detectSeconds"), "s"), _fmt(h.get("recoverSeconds"), "s"),
+            _fmt(h.get("stepsLost")),
+        )  # fmt: skip
+    console.print(hist)
+    console.print(f"total steps redone after restarts: {lost}")
+    events = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+    )
+    items = sorted(json.loads(events.data)["items"], key=lambda e: e.get("firstTimestamp") or "")
+    ev = Table(title="events")
+    for col in ("time", "type", "reason", "message"):
+        ev.add_column(col)
+    for e in items[-20:]:
+        ev.add_row(e.get("firstTimestamp") or "", e.get("type", ""), e.get("reason", ""),
+                   e.get("message", ""))  # fmt: skip
+    console.print(ev)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fsdpctl", description=__doc__.splitlines()[0])
+    parser.add_argument("-n", "--namespace", default=None)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
+    for verb in ("describe", "suspend", "resume"):
+        sub.add_parser(verb).add_argument("name")
+    args = parser.parse_args(argv)
+    client = k8s.load_client()
+    custom = kubernetes.client.CustomObjectsApi(client)
+    console = Console()
+    if args.command == "list":
+        list_jobs(custom, args.namespace, console)
+        return 0
+    namespace = args.namespace or "default"
+    if args.command == "describe":
+        describe(custom, kubernetes.client.CoreV1Api(client), namespace, args.name, console)
+        return 0
+    custom.patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, namespace, api.PLURAL, args.name,
+        {"spec": {"suspend": args.command == "suspend"}},
+    )  # fmt: skip
+    console.print(f"{namespace}/{args.name}: {args.command}ed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
