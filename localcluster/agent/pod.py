@@ -148,8 +148,9 @@ class PodRunner:
         self.report()
 
     def _teardown(self) -> None:
-        """Once nothing runs: drop the network namespace (the pod object stays)."""
-        if self.net is not None:
+        """Once nothing runs: drop the network namespace (the pod object stays). Idempotent:
+        the address goes back to the pool exactly once."""
+        if self.net is not None and not self.finished.is_set():
             self.ctx.network.remove_pod(self.net)
         self.finished.set()
 
