@@ -35,7 +35,7 @@ test-unit: venv
 	$(VPY) -m pytest -q tests/unit
 
 demo: venv cluster-bin
-	$(VPY) -m fsdp_operator.demo
+	$(VPY) -m localcluster.demo
 
 bench: venv
 	$(VPY) bench/run_all.py

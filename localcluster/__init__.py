@@ -1,1 +1,1 @@
-"""A real Kubernetes control plane on this machine, with process-backed nodes and fault injection."""
+"""A real Kubernetes control plane on this machine, process-backed nodes, fault injection."""

@@ -15,9 +15,7 @@ from tests.integration import harness
 def operator(
     cluster: controlplane.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[harness.Operator]:
-    crd = harness.ROOT / "crds" / "fsdpjobs.yaml"
-    cluster.kubectl("apply", "--server-side", "-f", str(crd))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
+    harness.install_crd(cluster)
     kubeconfig = harness.install_rbac(cluster)
     op = harness.Operator(cluster, kubeconfig, Path(tmp_path_factory.mktemp("operator")))
     op.start()

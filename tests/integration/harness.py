@@ -1,121 +1,14 @@
-"""Test harness: the operator as a real process with the chart's RBAC, and job helpers.
-
-The operator runs as `python -m fsdp_operator` with a ServiceAccount token bound to the
-chart's ClusterRole (charts/fsdp-operator/files/rbac-rules.yaml), so a missing or excessive
-permission shows up here. Workers are the torch-free stand-in under real torchrun.
-"""
+"""Integration-test helpers: the shared local stack plus the stand-in job template."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import uuid
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
+from localcluster.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac, wait_for
 
-from localcluster import controlplane
-
-ROOT = Path(__file__).resolve().parents[2]
-RULES = ROOT / "charts" / "fsdp-operator" / "files" / "rbac-rules.yaml"
-OP_NS = "fsdp-system"
-OP_SA = "fsdp-operator"
-T = TypeVar("T")
-
-
-def _die_with_parent() -> None:
-    """Child side of fork: SIGKILL this process when the test runner dies (no orphan operator)."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def install_rbac(cluster: controlplane.Cluster) -> Path:
-    rules = yaml.safe_load(RULES.read_text())
-    docs = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OP_NS}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": OP_SA, "namespace": OP_NS}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": OP_SA}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": OP_SA},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OP_SA},
-         "subjects": [{"kind": "ServiceAccount", "name": OP_SA, "namespace": OP_NS}]},
-    ]  # fmt: skip
-    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                          "items": docs}))  # fmt: skip
-    return cluster.kubeconfig_for_serviceaccount(OP_NS, OP_SA)
-
-
-class Operator:
-    """`python -m fsdp_operator run` as a child process; kill and start it at will."""
-
-    def __init__(self, cluster: controlplane.Cluster, kubeconfig: Path, log_dir: Path) -> None:
-        self.cluster = cluster
-        self.kubeconfig = kubeconfig
-        self.log_dir = log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-        self.metrics_port = 0
-
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
-
-    def env(self) -> dict[str, str]:
-        pvc = self.cluster.state_dir / "agent" / "pvc"
-        env = dict(os.environ)
-        self.metrics_port = free_port()
-        env.update(
-            KUBECONFIG=str(self.kubeconfig),
-            FSDPOP_STORAGE_TEMPLATE=str(pvc) + "/{namespace}/{claim}",
-            FSDPOP_WORKER_MODULE="fsdp_worker.standin",
-            FSDPOP_METRICS_PORT=str(self.metrics_port),
-            FSDPOP_LIVENESS=f"http://127.0.0.1:{free_port()}/healthz",
-            FSDPOP_NODE_EXCLUSION_SECONDS="20",
-            FSDPOP_DRAIN_TIMEOUT_SECONDS="30",
-        )
-        return env
-
-    def start(self) -> None:
-        self.starts += 1
-        log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fsdp_operator", "run"],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )  # fmt: skip
-
-    def kill(self) -> None:
-        """SIGKILL: the operator gets no chance to finish anything."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def log_tail(self, lines: int = 60) -> str:
-        path = self.log_dir / f"operator-{self.starts}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+__all__ = ["ROOT", "Jobs", "Operator", "free_port", "install_crd", "install_rbac", "job_doc",
+           "unique", "wait_for"]  # fmt: skip
 
 
 def job_doc(name: str, **spec: Any) -> dict[str, Any]:
@@ -150,92 +43,6 @@ def job_doc(name: str, **spec: Any) -> dict[str, Any]:
         else:
             doc["spec"][key] = value
     return doc
-
-
-class Jobs:
-    """kubectl-level helpers for one test namespace."""
-
-    def __init__(self, cluster: controlplane.Cluster, namespace: str) -> None:
-        self.cluster = cluster
-        self.ns = namespace
-
-    def apply(self, doc: dict[str, Any]) -> None:
-        self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=json.dumps(doc))
-
-    def patch(self, name: str, spec: dict[str, Any]) -> None:
-        self.cluster.kubectl("patch", "fsdpjob", name, "-n", self.ns, "--type=merge",
-                             "-p", json.dumps({"spec": spec}))  # fmt: skip
-
-    def get(self, name: str) -> dict[str, Any] | None:
-        done = self.cluster.kubectl(
-            "get", "fsdpjob", name, "-n", self.ns, "-o", "json", check=False
-        )
-        return json.loads(done.stdout) if done.returncode == 0 else None
-
-    def status(self, name: str) -> dict[str, Any]:
-        job = self.get(name)
-        return dict((job or {}).get("status") or {})
-
-    def pods(self, name: str | None = None) -> list[dict[str, Any]]:
-        sel = f"fsdpoperator.io/job={name}" if name else "fsdpoperator.io/job"
-        items = self.cluster.get_json("pods", "-n", self.ns, "-l", sel)["items"]
-        return list(items)
-
-    def running_pods(self, name: str, attempt: int) -> list[dict[str, Any]]:
-        return [
-            p for p in self.pods(name)
-            if p["metadata"]["labels"].get("fsdpoperator.io/attempt") == str(attempt)
-            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-        ]  # fmt: skip
-
-    def events(self, name: str) -> list[str]:
-        items = self.cluster.get_json(
-            "events", "-n", self.ns, "--field-selector", f"involvedObject.name={name}"
-        )["items"]
-        return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
-
-    def ensure_pvc(self) -> None:
-        """An RWX claim `ckpt` bound to a PV of its own (the process nodes map it to a dir)."""
-        pv_name = f"ckpt-{self.ns}"
-        pv = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv_name},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "capacity": {"storage": "1Gi"},
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Delete",
-                "hostPath": {"path": str(self.ckpt_dir())},
-                "claimRef": {"namespace": self.ns, "name": "ckpt"},
-            },
-        }
-        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
-               "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                        "volumeName": pv_name,
-                        "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
-        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
-        self.apply(pvc)
-
-    def ckpt_dir(self, job: str | None = None) -> Path:
-        volume = self.cluster.state_dir / "agent" / "pvc" / self.ns / "ckpt"
-        return volume / job if job else volume
-
-
-def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0,
-             every: float = 0.25, context: Callable[[], str] | None = None) -> T:  # fmt: skip
-    """Poll until probe() returns something truthy; fail with `what` and context."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    extra = context() if context else ""
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}\n{extra}"
-    )
 
 
 def unique(prefix: str) -> str:
