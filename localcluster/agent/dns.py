@@ -157,7 +157,7 @@ class Server:
                 continue
             try:
                 self.sock.sendto(answer(packet, self.records), peer)
-            except OSError as exc:
+            except Exception as exc:  # one odd packet must not stop cluster DNS
                 log.debug("dns reply to %s failed: %s", peer, exc)
 
     def stop(self) -> None:

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import urllib3
 from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
 
 JSON = dict[str, Any]
 STRATEGIC = "application/strategic-merge-patch+json"
@@ -54,8 +56,13 @@ class Kube:
             header_params=headers,
             auth_settings=["BearerToken"],
         )
-        resp = self._api.call_api(method, url, header_params=headers, body=body,
-                                  _request_timeout=timeout)  # fmt: skip
+        try:
+            resp = self._api.call_api(method, url, header_params=headers, body=body,
+                                      _request_timeout=timeout)  # fmt: skip
+        except (urllib3.exceptions.HTTPError, OSError, ApiException) as exc:
+            # Transport trouble (API server restarting, timeouts) is one more API error to the
+            # callers, who all retry on their own schedule.
+            raise KubeError(0, f"{method} {path}: {exc}") from exc
         if not 200 <= resp.status < 300:
             data = resp.read()
             try:

@@ -151,7 +151,7 @@ class Nodes:
                     self.renew(name)
                     if tick % STATUS_EVERY == 0:
                         self.post_status(name)
-                except (kube.KubeError, OSError) as exc:
+                except Exception as exc:  # the heartbeat must outlive any one failure
                     log.warning("node %s: heartbeat failed: %s", name, exc)
 
     def lose(self, name: str) -> None:
