@@ -27,6 +27,8 @@ PREFIX = "fsdplc"
 RUN_DIR = Path("/run/fsdplc")
 NETNS_ETC = Path("/etc/netns")
 CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
+SHM_ROOT = Path("/dev/shm")
+"""Memory-backed emptyDir volumes live under ``/dev/shm/fsdplc-<instance>/``."""
 CLUSTER_DOMAIN = "cluster.local"
 MOUNTPOINTS = RUN_DIR / "mountpoints"
 """Mount points the launchers had to create on the host (shared by all agents)."""
@@ -67,6 +69,7 @@ def cleanup_instance(instance: str) -> None:
         for entry in NETNS_ETC.glob(f"{stem}-*"):
             shutil.rmtree(entry, ignore_errors=True)
     remove_cgroup_tree(CGROUP_ROOT / stem)
+    shutil.rmtree(SHM_ROOT / stem, ignore_errors=True)
     (RUN_DIR / f"{instance}.json").unlink(missing_ok=True)
 
 

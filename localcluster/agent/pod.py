@@ -38,6 +38,7 @@ class PodRunner:
         self.dir = (
             ctx.settings.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{self.uid}"
         )
+        self.memory_dir = netns.SHM_ROOT / ctx.network.stem / self.uid
         self.lock = threading.RLock()
         self.net: netns.PodNet | None = None
         self.volumes: dict[str, Any] = {}
@@ -65,7 +66,7 @@ class PodRunner:
             )
             self.volumes = volumes.prepare(
                 self.pod, pod_dir=self.dir, pvc_root=self.ctx.settings.state_dir / "pvc",
-                configmaps=self.ctx.configmap, token=self.ctx.token,
+                memory_root=self.memory_dir, configmaps=self.ctx.configmap, token=self.ctx.token,
             )  # fmt: skip
             if self.pod["spec"].get("initContainers"):
                 raise expand.EnvError("initContainers are not supported on process nodes")
@@ -176,6 +177,7 @@ class PodRunner:
             if exc.status not in (404, 409):
                 log.warning("pod %s: final delete failed: %s", self.path, exc)
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.memory_dir, ignore_errors=True)
 
     def kill_now(self) -> None:
         """The pod object is gone (force-deleted): stop everything, report nothing."""
@@ -187,6 +189,7 @@ class PodRunner:
                 launched.procs.kill()
             if not self.running:
                 self._teardown()
+        shutil.rmtree(self.memory_dir, ignore_errors=True)
 
     # --- faults --------------------------------------------------------------------------
     def _target(self, name: str | None) -> str:

@@ -1,11 +1,13 @@
 """Pod volumes as local directories, and each container's bind mounts onto them.
 
-emptyDir lives in the pod's directory under the agent's state dir; a persistentVolumeClaim maps
-to ``<state>/pvc/<namespace>/<claim>`` shared by every pod that names it (read-write-many, as a
-shared checkpoint volume needs); hostPath is the host path itself. configMap, downwardAPI and
-projected volumes (the service-account volume the API server injects) are written out as files
-once, when the pod starts. Secret volumes are not supported. The launcher does the mounting;
-this module only decides what goes where and fills the directories.
+emptyDir lives in the pod's directory under the agent's state dir (``medium: Memory`` under
+``memory_root``, on the host's /dev/shm tmpfs, so a /dev/shm volume behaves like one); a
+persistentVolumeClaim maps to ``<state>/pvc/<namespace>/<claim>`` shared by every pod that
+names it (read-write-many, as a shared checkpoint volume needs); hostPath is the host path
+itself. configMap, downwardAPI and projected volumes (the service-account volume the API server
+injects) are written out as files once, when the pod starts. Secret volumes are not supported.
+The launcher does the mounting; this module only decides what goes where and fills the
+directories.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def prepare(
     *,
     pod_dir: Path,
     pvc_root: Path,
+    memory_root: Path,
     configmaps: expand.ConfigMapLookup,
     token: TokenRequest,
 ) -> dict[str, Path]:
@@ -84,6 +87,8 @@ def prepare(
         name = volume["name"]
         local = pod_dir / "volumes" / name
         if "emptyDir" in volume:
+            if (volume["emptyDir"] or {}).get("medium") == "Memory":
+                local = memory_root / name
             local.mkdir(parents=True, exist_ok=True)
         elif "hostPath" in volume:
             local = Path(volume["hostPath"]["path"])

@@ -8,6 +8,7 @@ honouring the grace period; a lost node turning NotReady through the node lifecy
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -77,6 +78,9 @@ def test_environment_volumes_and_hostname(cluster: Cluster, kube_namespace: str)
         "out['host'] = socket.gethostname()\n"
         "out['cwd'] = os.getcwd()\n"
         "out['files'] = sorted(os.listdir('/shared'))\n"
+        "open('/dev/shm/marker', 'w').write('x')\n"
+        "mounts = [line.split() for line in open('/proc/self/mounts')]\n"
+        "out['shm'] = [m[2] for m in mounts if m[1] == '/dev/shm'][-1]\n"
         "open('/dev/termination-log', 'w').write(json.dumps(out))\n"
     )
     pod = python_pod("env", code, labels={"team": "infra"}, hostname="worker-7")
@@ -90,8 +94,14 @@ def test_environment_volumes_and_hostname(cluster: Cluster, kube_namespace: str)
         {"name": "TEAM", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['team']"}}},
         {"name": "LINE", "value": "$(POD)/$$(POD)/$(MISSING)"},
     ]
-    main["volumeMounts"] = [{"name": "scratch", "mountPath": "/shared"}]
-    pod["spec"]["volumes"] = [{"name": "scratch", "emptyDir": {}}]
+    main["volumeMounts"] = [
+        {"name": "scratch", "mountPath": "/shared"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    pod["spec"]["volumes"] = [
+        {"name": "scratch", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
     apply(cluster, kube_namespace, pod)
     done = wait_phase(cluster, kube_namespace, "env", ("Succeeded", "Failed"))
     seen = json.loads(terminated(done)["message"])
@@ -104,6 +114,8 @@ def test_environment_volumes_and_hostname(cluster: Cluster, kube_namespace: str)
     assert seen["host"] == "worker-7"
     assert seen["cwd"] == "/work-here"
     assert seen["files"] == ["out"]
+    assert seen["shm"] == "tmpfs", "a Memory emptyDir is memory-backed"
+    assert not os.path.exists("/dev/shm/marker"), "and private to the pod"
 
 
 def test_delete_stops_the_process_within_the_grace_period(
