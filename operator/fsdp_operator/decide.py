@@ -290,6 +290,9 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
                 d, obs, st.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
             )
     d.again(POLL_SECONDS)
+    wake = detect.next_deadline(now_seen)
+    if wake is not None:
+        d.again(wake - obs.now + 0.05)  # a node's grace or a deadline ends before the next poll
     return d
 
 

@@ -139,3 +139,21 @@ def succeeded(obs: ob.Observed) -> bool:
     pods = obs.attempt_pods(obs.status.attempt)
     expected = obs.status.replicas or 0
     return len(pods) == expected > 0 and all(p.phase is ob.PodPhase.SUCCEEDED for p in pods)
+
+
+def next_deadline(obs: ob.Observed) -> float | None:
+    """The earliest future moment a check above could fire, so the loop wakes right then."""
+    fp, s = obs.spec.failure_policy, obs.status
+    pods = obs.attempt_pods(s.attempt)
+    times: list[float] = []
+    for pod in pods:
+        node = obs.node(pod.node) if pod.node else None
+        if node is not None and not node.ready and node.not_ready_since is not None:
+            times.append(node.not_ready_since + fp.node_loss_grace_seconds)
+    if s.attempt_started is not None and any(p.phase is ob.PodPhase.PENDING for p in pods):
+        times.append(s.attempt_started + fp.pending_timeout_seconds)
+    baseline = s.last_progress_time or s.attempt_started
+    if baseline is not None and pods and all(p.phase is ob.PodPhase.RUNNING for p in pods):
+        times.append(baseline + fp.progress_deadline_seconds)
+    future = [t for t in times if t > obs.now]
+    return min(future) if future else None

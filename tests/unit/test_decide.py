@@ -473,3 +473,8 @@ def test_decision_is_deterministic() -> None:
     obs = observe(nodes=nodes(down={2: NOW - 31}))
     a, b = dc.decide(obs), dc.decide(obs)
     assert dataclasses.asdict(a) == dataclasses.asdict(b)
+
+
+def test_wakes_when_a_node_grace_period_ends_not_at_the_next_poll() -> None:
+    d = dc.decide(observe(nodes=nodes(down={2: NOW - 28})))
+    assert d.failure is None and d.requeue_after == pytest.approx(2.05)
