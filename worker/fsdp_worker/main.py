@@ -122,6 +122,19 @@ class _Run:
     st: state.TrainState | None = None
 
 
+def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state.TrainState:
+    """Model (sharded, initialised), optimizer and schedule; rank 0 logs the state ledger."""
+    net = model.build(tcfg)
+    parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=tcfg.activation_checkpointing)
+    model.materialize(net, device=di.device, seed=tcfg.seed)
+    opt = optim.build_optimizer(net, tcfg.optimizer)
+    if di.rank == 0:
+        dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32
+        planned = ledger.planned(net, param_dtype=dtype, world_size=di.world_size)
+        log.info("ledger %s", json.dumps(planned))
+    return state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
+
+
 def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     tcfg, di = settings.cfg.training, run.dist_info
     assert di is not None
@@ -132,15 +145,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     if di.rank == 0:
         meters.serve(settings.metrics_port)
     os.makedirs(settings.root, exist_ok=True)
-    net = model.build(tcfg)
-    parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=tcfg.activation_checkpointing)
-    model.materialize(net, device=di.device, seed=tcfg.seed)
-    opt = optim.build_optimizer(net, tcfg.optimizer)
-    run.st = st = state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
-    if di.rank == 0:
-        dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32
-        planned = ledger.planned(net, param_dtype=dtype, world_size=di.world_size)
-        log.info("ledger %s", json.dumps(planned))
+    run.st = st = _build_state(tcfg, di)
     point = resume.choose(
         resume=settings.resume,
         root=settings.root,
