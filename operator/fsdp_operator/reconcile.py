@@ -94,7 +94,10 @@ def _checkpoints(
 def _progress(
     pods: list[ob.PodView], status: st.FSDPJobStatus, timeout: float
 ) -> ob.Progress | None:
-    rank0 = next((p for p in pods if p.attempt == status.attempt and p.rank == 0), None)
+    current = [p for p in pods if p.attempt == status.attempt]
+    if any(p.phase is ob.PodPhase.FAILED or p.deleting for p in current):
+        return None  # a failure is being handled: never hold the pass on a dying endpoint
+    rank0 = next((p for p in current if p.rank == 0), None)
     if rank0 is None or rank0.phase is not ob.PodPhase.RUNNING or not rank0.ip:
         return None
     got = k8s.scrape_progress(rank0.ip, timeout=timeout)

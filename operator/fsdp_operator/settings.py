@@ -21,7 +21,7 @@ class Settings:
     """Port of the operator's own Prometheus endpoint (0 disables it)."""
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     """kopf's liveness probe endpoint."""
-    scrape_timeout_seconds: float = 2.0
+    scrape_timeout_seconds: float = 1.0
     """Timeout of one scrape of rank 0's metrics (hang detection, status.step)."""
     watch_server_timeout: int = 60
     """Server-side watch timeout: a silently dead watch stream is re-opened this often."""
@@ -47,7 +47,7 @@ class Settings:
             storage_template=e.get("FSDPOP_STORAGE_TEMPLATE", ""),
             metrics_port=int(e.get("FSDPOP_METRICS_PORT", "8000")),
             liveness_endpoint=e.get("FSDPOP_LIVENESS", "http://0.0.0.0:8080/healthz"),
-            scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "2")),
+            scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "1")),
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
             worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),
             tunables=tun,
