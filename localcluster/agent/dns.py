@@ -4,9 +4,10 @@ Serves ``<service>.<ns>.svc.cluster.local`` (the ready endpoint addresses: for h
 Services as CoreDNS does; for ClusterIP Services too, since there is no kube-proxy here to make
 a virtual IP work) and ``<hostname>.<service>.<ns>.svc.cluster.local`` for endpoints that carry
 a hostname (pods with spec.hostname and spec.subdomain). Listens on the bridge address only, so
-the host's resolver is never involved. The wire format is the small subset a stub resolver
-needs (RFC 1035 queries, one question, A/PTR answers); anything else gets an empty answer or
-NXDOMAIN. This module knows nothing about pods or processes.
+the host's resolver is never involved. Packets are parsed and built with dnslib; only the
+first question is answered, with A or PTR records (ANY gets them too): another type for a known
+name gets an empty answer, an unknown name NXDOMAIN, an unparsable query FORMERR, and an answer
+over 512 bytes is cut to fit with TC set. This module knows nothing about pods or processes.
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-import struct
 import threading
 from typing import Any
 
+from dnslib import CLASS, PTR, QTYPE, RCODE, RR, A, DNSBuffer, DNSError, DNSHeader, DNSRecord
+
 JSON = dict[str, Any]
 log = logging.getLogger(__name__)
-TYPE_A, TYPE_PTR, CLASS_IN = 1, 12, 1
-RCODE_NXDOMAIN, RCODE_FORMERR = 3, 1
+TYPE_A: int = QTYPE.A
+TYPE_PTR: int = QTYPE.PTR
+CLASS_IN: int = CLASS.IN
+RCODE_NXDOMAIN: int = RCODE.NXDOMAIN
+RCODE_FORMERR: int = RCODE.FORMERR
 TTL_S = 5
 UDP_LIMIT = 512
 ZONE = "cluster.local"
@@ -75,60 +80,48 @@ class Records:
             return self._ptr.get(name)
 
 
-def _encode_name(name: str) -> bytes:
-    out = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".") if p)
-    return out + b"\0"
-
-
-def _parse_question(packet: bytes) -> tuple[str, int, int, int]:
-    """(name, qtype, qclass, end offset) of the first question."""
-    labels, offset = [], 12
-    while True:
-        length = packet[offset]
-        if length == 0:
-            offset += 1
-            break
-        if length & 0xC0:
-            raise ValueError("compressed question")
-        labels.append(packet[offset + 1 : offset + 1 + length].decode("ascii").lower())
-        offset += 1 + length
-    qtype, qclass = struct.unpack_from("!HH", packet, offset)
-    return ".".join(labels), qtype, qclass, offset + 4
+def _formerr(packet: bytes) -> bytes:
+    """A header-only FORMERR reply, for a packet whose header parses but whose question does not."""
+    query = DNSHeader.parse(DNSBuffer(packet))
+    header = DNSHeader(
+        id=query.id, opcode=query.opcode, rd=query.rd, qr=1, aa=1, ra=1, rcode=RCODE_FORMERR
+    )
+    return bytes(DNSRecord(header).pack())
 
 
 def answer(packet: bytes, records: Records) -> bytes:
-    """The response to one query packet."""
-    ident, flags = struct.unpack_from("!HH", packet)
-    reply_flags = 0x8000 | (flags & 0x7900) | 0x0400 | 0x0080  # QR, opcode, RD, AA, RA
+    """The response to one query packet (names compared lowercased, without the final dot)."""
     try:
-        name, qtype, qclass, end = _parse_question(packet)
-    except (ValueError, IndexError, struct.error, UnicodeDecodeError):
-        return struct.pack("!HHHHHH", ident, reply_flags | RCODE_FORMERR, 0, 0, 0, 0)
-    question = packet[12:end]
-    rdatas: list[tuple[int, bytes]] = []
-    rcode = 0
+        query = DNSRecord.parse(packet)
+        if not query.questions:
+            raise DNSError("no question")
+        question = query.q
+        name = ".".join(label.decode("ascii") for label in question.qname.label).lower()
+    except (DNSError, UnicodeDecodeError):
+        return _formerr(packet)
+    qtype, qclass = question.qtype, question.qclass
+    reply = query.reply()  # id, first question; QR, AA and RA set
+    # Keep only the query's opcode and RD; reply() would also copy TC, Z, AD, CD and rcode.
+    reply.header.tc = reply.header.z = reply.header.ad = reply.header.cd = reply.header.rcode = 0
     addresses = records.lookup_a(name)
     target = records.lookup_ptr(name) if name.endswith(".arpa") else None
     if addresses is not None:
-        if qtype in (TYPE_A, 255) and qclass == CLASS_IN:
-            rdatas = [(TYPE_A, socket.inet_aton(ip)) for ip in addresses]
+        if qtype in (TYPE_A, QTYPE.ANY) and qclass == CLASS_IN:
+            for ip in addresses:
+                reply.add_answer(RR(question.qname, TYPE_A, CLASS_IN, TTL_S, A(ip)))
     elif target is not None:
-        if qtype in (TYPE_PTR, 255):
-            rdatas = [(TYPE_PTR, _encode_name(target))]
+        if qtype in (TYPE_PTR, QTYPE.ANY):
+            reply.add_answer(RR(question.qname, TYPE_PTR, CLASS_IN, TTL_S, PTR(target)))
     else:
-        rcode = RCODE_NXDOMAIN
-    body = b"".join(
-        struct.pack("!HHHIH", 0xC00C, kind, CLASS_IN, TTL_S, len(rdata)) + rdata
-        for kind, rdata in rdatas
-    )
-    if 12 + len(question) + len(body) > UDP_LIMIT:
-        keep = (UDP_LIMIT - 12 - len(question)) // 16
-        rdatas, reply_flags = rdatas[:keep], reply_flags | 0x0200  # TC
-        body = b"".join(
-            struct.pack("!HHHIH", 0xC00C, k, CLASS_IN, TTL_S, len(r)) + r for k, r in rdatas
-        )
-    header = struct.pack("!HHHHHH", ident, reply_flags | rcode, 1, len(rdatas), 0, 0)
-    return header + question + body
+        reply.header.rcode = RCODE_NXDOMAIN
+    out = bytes(reply.pack())
+    if len(out) > UDP_LIMIT:  # keep the answers that fit (all the same size) and set TC
+        answers, reply.rr = reply.rr, []
+        base = len(reply.pack())
+        keep = (UDP_LIMIT - base) * len(answers) // (len(out) - base)
+        reply.rr, reply.header.tc = answers[:keep], 1
+        out = bytes(reply.pack())
+    return out
 
 
 class Server:
