@@ -85,12 +85,14 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.metrics_port = 0
+        self.liveness_url = ""
 
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def env(self) -> dict[str, str]:
         pvc = self.cluster.state_dir / "agent" / "pvc"
+        self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
         env = dict(os.environ)
         self.metrics_port = free_port()
         env.update(
@@ -98,7 +100,7 @@ class Operator:
             FSDPOP_STORAGE_TEMPLATE=str(pvc) + "/{namespace}/{claim}",
             FSDPOP_WORKER_MODULE=self.worker_module,
             FSDPOP_METRICS_PORT=str(self.metrics_port),
-            FSDPOP_LIVENESS=f"http://127.0.0.1:{free_port()}/healthz",
+            FSDPOP_LIVENESS=self.liveness_url,
             FSDPOP_NODE_EXCLUSION_SECONDS="20",
             FSDPOP_DRAIN_TIMEOUT_SECONDS="30",
         )

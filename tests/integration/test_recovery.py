@@ -66,6 +66,21 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     metrics = urllib.request.urlopen(operator.metrics_url(), timeout=5).read().decode()
     assert 'fsdpjob_failures_total{cause="Crash"}' in metrics
     assert "fsdpjob_recovery_seconds_count" in metrics
+    # kopf's liveness endpoint answers while the operator works
+    assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
+
+
+def test_oom_killed_rank_is_an_application_failure(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("oom")
+    jobs.apply(harness.job_doc(name, training={"steps": 50}))
+    pods = _pods_of(jobs, name, 1)
+    _step_at_least(jobs, name, 6)
+    _faults(operator).oom(jobs.ns, pods[1]["metadata"]["name"])
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["history"][0]["cause"] == "OOMKilled" and done["lastFailure"]["exitCode"] == 137
+    assert done["restarts"]["application"] == 1 and done["lastFailure"]["rank"] == 1
 
 
 def _faults(operator: harness.Operator) -> lf.Faults:
