@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
+from fsdp_operator import spec as api
+from fsdp_worker import catalog
 from localcluster import faults as lf
 from tests.integration import harness
 
@@ -318,3 +322,46 @@ def test_invalid_spec_only_the_operator_can_catch_fails_without_pods(
     s = _phase(jobs, name, "Failed", timeout=30)
     assert s["reason"] == "InvalidSpec" and "FSDP_ATTEMPT" in s["message"]
     assert jobs.pods(name) == []
+
+
+def _plant(directory: Path, *, step: int, attempt: int, config_hash: str, corrupt: bool) -> None:
+    """A checkpoint that looks complete: files, then a marker listing them (as a worker would)."""
+    storage = catalog.LocalStorage(str(directory))
+    name = catalog.step_dir_name(step)
+    (directory / name).mkdir(parents=True)
+    (directory / name / "rank-0.bin").write_bytes(b"x" * 64)
+    marker = catalog.Marker(
+        step=step, attempt=attempt, world_size=2, global_batch_size=4,
+        samples_consumed=step * 4, resumed_from_step=None, time=time.time(),
+        torch_version="planted", config_hash=config_hash,
+        files=catalog.build_manifest(storage, name, checksums=False),
+    )  # fmt: skip
+    storage.write_atomic(f"{name}/{catalog.MARKER_NAME}", marker.to_json())
+    if corrupt:  # truncated after the marker was written: the manifest no longer matches
+        (directory / name / "rank-0.bin").write_bytes(b"x" * 10)
+
+
+def test_lineage_and_verification_choose_the_resume_checkpoint(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("lineage")
+    doc = harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 8}, training={"steps": 400})
+    jobs.apply(doc)
+    _attempt(jobs, name, 2)  # attempt 1 failed at step 8; attempt 2 resumed from step 5
+    _step_at_least(jobs, name, 12)  # and wrote step 10 itself
+    config_hash = api.FSDPJobSpec.model_validate(doc["spec"]).training.resume_hash()
+    ckpts = jobs.ckpt_dir(name)
+    # a superseded attempt (1) writing late, past the step attempt 2 resumed from
+    _plant(ckpts, step=300, attempt=1, config_hash=config_hash, corrupt=False)
+    # attempt 2's own newer checkpoint, damaged after its marker was written
+    _plant(ckpts, step=200, attempt=2, config_hash=config_hash, corrupt=True)
+    pods = _pods_of(jobs, name, 2)
+    _faults(operator).crash(jobs.ns, pods[0]["metadata"]["name"], exit_code=1)
+    s = _attempt(jobs, name, 3)
+    assert s["history"][2]["resumedFromStep"] not in (200, 300)
+    assert s["history"][2]["resumedFromStep"] >= 10
+    assert s["quarantined"] == ["./step-200"]
+    assert (ckpts / "step-300").is_dir()  # lineage rejects, but it is not corruption
+    assert not (ckpts / "step-200").exists() and list(ckpts.glob("step-200.quarantined-*"))
+    assert "CheckpointQuarantined" in jobs.events(name)
+    jobs.patch(name, {"suspend": True})
