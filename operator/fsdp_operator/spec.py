@@ -150,6 +150,10 @@ class PodOverrides(_Model):
     volumes: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
     volume_mounts: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    termination_grace_period_seconds: int = Field(
+        120, ge=1, le=86_400,
+        description="Time a worker gets on SIGTERM to finish its step and save a checkpoint.",
+    )  # fmt: skip
     priority_class_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
     scheduler_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
 
@@ -206,9 +210,10 @@ _SPEC_RULES = _rules(
     _cel(
         "self.training.model == oldSelf.training.model"
         " && self.training.globalBatchSize == oldSelf.training.globalBatchSize"
-        " && self.training.data == oldSelf.training.data",
-        "training.model, training.data and training.globalBatchSize are immutable"
-        " (checkpoints depend on them)",
+        " && self.training.data == oldSelf.training.data"
+        " && self.training.seed == oldSelf.training.seed",
+        "training.model, training.data, training.globalBatchSize and training.seed are"
+        " immutable (checkpoints depend on them)",
         fieldPath=".training",
     ),
     _cel(

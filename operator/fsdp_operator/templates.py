@@ -183,6 +183,8 @@ def worker_pod(
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
+        # torchrun forwards SIGTERM and waits; the worker saves before it exits
+        "terminationGracePeriodSeconds": overrides.termination_grace_period_seconds,
         "hostname": slot.pod_name,
         "subdomain": names.service_name(job.name),
         "enableServiceLinks": False,

@@ -234,11 +234,16 @@ class TrainingConfig(_Model):
         return [w for w in range(1, upper + 1) if passes % w == 0]
 
     def resume_hash(self) -> str:
-        """Hash of the fields a checkpoint's meaning depends on.
+        """Hash of the fields a checkpoint's meaning depends on: model, data, global batch, seed.
 
-        `steps` is excluded on purpose: extending a run must be able to resume it.
+        Everything else may change between attempts and still resume: `steps` (extend a run),
+        optimizer and schedule settings (a learning-rate fix mid-run), microBatchSize (the
+        accumulation adapts), precision and activation checkpointing. The CRD makes the hashed
+        fields immutable, so an edit can never strand a running job on exit 78.
         """
-        doc = self.model_dump(mode="json", by_alias=True, exclude={"steps"})
+        doc = self.model_dump(
+            mode="json", by_alias=True, include={"model", "data", "global_batch_size", "seed"}
+        )
         blob = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
