@@ -74,19 +74,6 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
 
 
-def test_oom_killed_rank_is_an_application_failure(
-    jobs: harness.Jobs, operator: harness.Operator
-) -> None:
-    name = harness.unique("oom")
-    jobs.apply(harness.job_doc(name, training={"steps": 50}))
-    pods = _pods_of(jobs, name, 1)
-    _step_at_least(jobs, name, 6)
-    _faults(operator).oom(jobs.ns, pods[1]["metadata"]["name"])
-    done = _phase(jobs, name, "Succeeded", timeout=120)
-    assert done["history"][0]["cause"] == "OOMKilled" and done["lastFailure"]["exitCode"] == 137
-    assert done["restarts"]["application"] == 1 and done["lastFailure"]["rank"] == 1
-
-
 def _faults(operator: harness.Operator) -> lf.Faults:
     return lf.Faults.for_cluster(operator.cluster.state_dir)
 
@@ -142,18 +129,25 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     jobs.patch(name, {"suspend": True})  # free the nodes for the next test
 
 
-def test_eviction_spends_the_infrastructure_budget(
-    jobs: harness.Jobs, operator: harness.Operator
+@pytest.mark.parametrize(
+    ("fault", "cause", "budget"),
+    [("evict", "Evicted", "infrastructure"), ("oom", "OOMKilled", "application")],
+)
+def test_pod_fault_is_charged_to_the_right_budget(
+    jobs: harness.Jobs, operator: harness.Operator, fault: str, cause: str, budget: str
 ) -> None:
-    name = harness.unique("evict")
+    name = harness.unique(fault)
     jobs.apply(harness.job_doc(name, training={"steps": 60}))
     pods = _pods_of(jobs, name, 1)
     _step_at_least(jobs, name, 6)
-    _faults(operator).evict(jobs.ns, pods[1]["metadata"]["name"])
+    getattr(_faults(operator), fault)(jobs.ns, pods[1]["metadata"]["name"])
     done = _phase(jobs, name, "Succeeded", timeout=120)
-    assert done["history"][0]["cause"] == "Evicted"
-    assert done["restarts"]["infrastructure"] == 1 and done["restarts"]["application"] == 0
+    assert done["history"][0]["cause"] == cause and done["lastFailure"]["rank"] == 1
+    other = {"application", "infrastructure"} - {budget}
+    assert done["restarts"][budget] == 1 and done["restarts"][other.pop()] == 0
     assert done["history"][1]["resumedFromStep"] >= 5
+    if fault == "oom":
+        assert done["lastFailure"]["exitCode"] == 137
 
 
 def test_hang_is_caught_by_the_progress_deadline(
