@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 
 from fsdp_worker import catalog, checkpoint, contract, errors, state
 from fsdp_worker.distributed import DistInfo
@@ -126,14 +127,16 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
     """Load (resharding if the world size changed) into st; collective."""
     if not os.path.isdir(point.path):
         raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
-    sd = state.template(st, saved_world_size=point.world_size)
     try:
-        state_dict_loader.load(sd, checkpoint_id=point.path, process_group=dist_info.ckpt_group)
+        storage = FileSystemReader(point.path)
+        saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
+        sd = state.template(st, saved_world_size=point.world_size, saved_keys=saved_keys)
+        state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
     except (Exception, CheckpointException) as exc:
         raise errors.CheckpointError(
             f"loading {point.path} failed: {checkpoint.brief(exc)}"
         ) from exc
-    state.apply_loaded(st, sd, rank=dist_info.rank, seed=seed)
+    state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
     log.info(
         "resumed from %s: step %d, samples %d, saved at world size %d, now %d",
         posixpath.basename(point.path),

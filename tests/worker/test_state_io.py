@@ -1,0 +1,89 @@
+"""In-process unit tests (no torchrun) for the checkpoint state plumbing: RNG entries (CPU
+always, CUDA only where CUDA really is available)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+from fsdp_worker import state
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def test_rng_states_have_a_cuda_entry_only_when_cuda_is_available() -> None:
+    states = state.local_rng_states()
+    assert set(states) == ({state.RNG_CPU, state.RNG_CUDA} if HAS_CUDA else {state.RNG_CPU})
+    assert torch.equal(states[state.RNG_CPU], torch.get_rng_state())
+    if not HAS_CUDA:
+        assert not torch.cuda.is_initialized()  # asking did not initialise CUDA
+
+
+def test_gather_rng_makes_one_row_per_rank() -> None:
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rows = state.gather_rng(dist.group.WORLD)  # type: ignore[arg-type]
+    finally:
+        dist.destroy_process_group()
+    assert set(rows) == set(state.local_rng_states())
+    assert rows[state.RNG_CPU].shape == (1, torch.get_rng_state().numel())
+
+
+def test_rng_template_requests_cuda_rows_only_if_usable_and_saved() -> None:
+    n = torch.get_rng_state().numel()
+    cpu_ckpt = state.rng_template(saved_world_size=3, saved_keys={"model", state.RNG_CPU})
+    assert set(cpu_ckpt) == {state.RNG_CPU}
+    assert cpu_ckpt[state.RNG_CPU].shape == (3, n)
+    cuda_ckpt = state.rng_template(saved_world_size=3, saved_keys={state.RNG_CPU, state.RNG_CUDA})
+    assert (state.RNG_CUDA in cuda_ckpt) == HAS_CUDA
+
+
+@pytest.mark.parametrize(
+    ("saved", "rank", "world", "cpu_row", "cuda_row"),
+    [
+        (2, 0, 2, 0, 0),  # same world size: every generator continues
+        (2, 1, 2, 1, 1),
+        (4, 1, 2, 1, None),  # shrink: CPU keeps its row, CUDA reseeds
+        (2, 2, 3, None, None),  # grow: a new rank has no row
+        (2, 1, 3, 1, None),
+    ],
+)
+def test_rng_rows_carry_over_deliberately(
+    saved: int, rank: int, world: int, cpu_row: int | None, cuda_row: int | None
+) -> None:
+    assert state.rng_row(saved, rank=rank, world_size=world, same_world_only=False) == cpu_row
+    assert state.rng_row(saved, rank=rank, world_size=world, same_world_only=True) == cuda_row
+
+
+def test_apply_rng_restores_or_reseeds_reproducibly() -> None:
+    torch.manual_seed(5)
+    rows = torch.stack([torch.get_rng_state(), torch.get_rng_state()])
+    expected = torch.rand(3)
+    sd = {state.RNG_CPU: rows, state.RNG_CUDA: torch.zeros((2, 16), dtype=torch.uint8)}
+    torch.manual_seed(99)
+    state.apply_rng(sd, rank=1, world_size=2, seed=0, step=4)
+    assert torch.equal(torch.rand(3), expected)
+    state.apply_rng(sd, rank=2, world_size=3, seed=7, step=4)
+    first = torch.rand(3)
+    state.apply_rng(sd, rank=2, world_size=3, seed=7, step=4)
+    assert torch.equal(torch.rand(3), first)
+    assert not torch.equal(first, expected)
+
+
+def test_a_checkpoint_with_cuda_rng_rows_loads_on_cpu(tmp_path: Path) -> None:
+    rows = torch.stack([torch.get_rng_state()] * 2)
+    saved = {state.RNG_CPU: rows, state.RNG_CUDA: torch.ones((2, 16), dtype=torch.uint8)}
+    dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
+    rd = FileSystemReader(str(tmp_path))
+    keys = set(rd.read_metadata().state_dict_metadata)
+    assert keys == {state.RNG_CPU, state.RNG_CUDA}
+    sd = state.rng_template(saved_world_size=2, saved_keys=keys)
+    dcp.load(sd, storage_reader=rd, no_dist=True)
+    assert torch.equal(sd[state.RNG_CPU], rows)
+    if HAS_CUDA:
+        assert torch.equal(sd[state.RNG_CUDA], saved[state.RNG_CUDA])
