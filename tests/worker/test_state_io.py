@@ -1,17 +1,18 @@
 """In-process unit tests (no torchrun) for the checkpoint state plumbing: RNG entries (CPU
-always, CUDA only where CUDA really is available)."""
+always, CUDA only where CUDA really is available) and the ranged DCP reader."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.filesystem import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from fsdp_worker import state
+from fsdp_worker import reader, state
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -79,7 +80,7 @@ def test_a_checkpoint_with_cuda_rng_rows_loads_on_cpu(tmp_path: Path) -> None:
     rows = torch.stack([torch.get_rng_state()] * 2)
     saved = {state.RNG_CPU: rows, state.RNG_CUDA: torch.ones((2, 16), dtype=torch.uint8)}
     dcp.save(saved, checkpoint_id=str(tmp_path), no_dist=True)
-    rd = FileSystemReader(str(tmp_path))
+    rd = reader.RangeReader(str(tmp_path))
     keys = set(rd.read_metadata().state_dict_metadata)
     assert keys == {state.RNG_CPU, state.RNG_CUDA}
     sd = state.rng_template(saved_world_size=2, saved_keys=keys)
@@ -87,3 +88,52 @@ def test_a_checkpoint_with_cuda_rng_rows_loads_on_cpu(tmp_path: Path) -> None:
     assert torch.equal(sd[state.RNG_CPU], rows)
     if HAS_CUDA:
         assert torch.equal(sd[state.RNG_CUDA], saved[state.RNG_CUDA])
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(37, 8, generator=g),
+        "bf": torch.randn(6, 3, 5, generator=g).to(torch.bfloat16),
+        "t": torch.randn(8, 5, generator=g).t(),  # non-contiguous: DCP's own path
+        "step": torch.tensor(7.0),  # scalar: DCP's own path
+        "i": torch.arange(11, dtype=torch.int64),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+def test_range_reader_loads_what_dcp_saved(tmp_path: Path) -> None:
+    src = _tensors()
+    dcp.save(src, checkpoint_id=str(tmp_path), no_dist=True)
+    dst = {k: torch.full_like(v, -1) for k, v in src.items()}
+    rd = reader.RangeReader(str(tmp_path))
+    dcp.load(dst, storage_reader=rd, no_dist=True)
+    for key, value in src.items():
+        assert torch.equal(dst[key], value), key
+    assert rd.fallback_items == 2  # "t" and "step"
+    assert rd.ranged_bytes == sum(
+        v.numel() * v.element_size() for k, v in src.items() if k not in ("t", "step")
+    )
+
+
+@pytest.mark.parametrize("name", ["w", "bf", "i"])
+def test_a_dim0_slice_reads_exactly_the_rows_torch_load_would_give(name: str) -> None:
+    value = _tensors()[name]
+    buf = io.BytesIO(b"x" * 13)  # the archive starts at an unaligned offset, as in a .distcp
+    buf.seek(13)
+    torch.save(value, buf)
+    sinfo = _StorageInfo("f", 13, buf.tell() - 13)
+    layout = reader.stored_layout(buf, sinfo)
+    assert layout is not None and layout.size == tuple(value.shape)
+    rows = value.shape[0]
+    for first, count in [(0, rows), (0, 1), (rows // 2, rows - rows // 2), (1, rows - 2)]:
+        offsets = (first,) + (0,) * (value.dim() - 1)
+        lengths = (count, *value.shape[1:])
+        span = reader.row_range(layout, offsets, lengths)
+        assert span is not None
+        out = torch.empty(lengths, dtype=value.dtype)
+        reader.read_exactly(buf, 13 + layout.data_offset + span[0], out)
+        assert torch.equal(out, value.narrow(0, first, count))
+    if value.dim() > 1:  # narrowed along dim 1: not one run of bytes, DCP's own path
+        narrowed = (rows, 1, *value.shape[2:])
+        assert reader.row_range(layout, (0,) * value.dim(), narrowed) is None

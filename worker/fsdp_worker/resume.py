@@ -17,9 +17,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from fsdp_worker import catalog, checkpoint, contract, errors, state
+from fsdp_worker import catalog, checkpoint, contract, errors, reader, state
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -128,7 +127,7 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
     if not os.path.isdir(point.path):
         raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
     try:
-        storage = FileSystemReader(point.path)
+        storage = reader.RangeReader(point.path)
         saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
         sd = state.template(st, saved_world_size=point.world_size, saved_keys=saved_keys)
         state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
@@ -138,10 +137,13 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
         ) from exc
     state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
     log.info(
-        "resumed from %s: step %d, samples %d, saved at world size %d, now %d",
+        "resumed from %s: step %d, samples %d, saved at world size %d, now %d "
+        "(%d bytes read as ranges, %d items through DCP's reader)",
         posixpath.basename(point.path),
         st.step,
         st.samples,
         point.world_size,
         dist_info.world_size,
+        storage.ranged_bytes,
+        storage.fallback_items,
     )
