@@ -104,17 +104,6 @@ class CheckpointSpec(wconfig.CheckpointConfig):
         description="PersistentVolumeClaim (RWX) mounted at root in every worker pod.",
     )
 
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=_rules(
-            _cel(
-                "!self.root.contains('/../') && !self.root.endsWith('/..')",
-                "root must not contain '..' segments",
-                fieldPath=".root",
-            ),
-            _cel("self.root != '/'", "root must not be '/'", fieldPath=".root"),
-        )
-    )
-
     def worker_config(self) -> wconfig.CheckpointConfig:
         return wconfig.CheckpointConfig.model_validate(
             self.model_dump(by_alias=True, exclude={"claim_name"})

@@ -99,6 +99,7 @@ INVALID = [
     ("training.optimizer.lr", 0, "spec.training.optimizer.lr"),
     ("checkpoint.root", "/ckpt/../../etc", "spec.checkpoint.root"),
     ("checkpoint.root", "relative/path", "spec.checkpoint.root"),
+    ("checkpoint.root", "/", "spec.checkpoint.root"),
     ("checkpoint.root", "/ckpt/$(HOME)", "spec.checkpoint.root"),
     ("checkpoint.keep", 0, "spec.checkpoint.keep"),
     ("checkpoint.claimName", "Bad_Name", "spec.checkpoint.claimName"),

@@ -24,20 +24,6 @@ SAFE_PATH_PATTERN = r"^/([A-Za-z0-9._-]+/?)*$"
 MAX_PATH_LENGTH = 255
 
 
-def k8s_rules(*rules: tuple[str, ...]) -> dict[str, Any]:
-    """CEL rules (rule, message[, fieldPath]) for the generated CRD.
-
-    The Python validators below enforce the same rules for the operator and the worker.
-    """
-    out = []
-    for rule in rules:
-        doc = {"rule": rule[0], "message": rule[1]}
-        if len(rule) > 2:
-            doc["fieldPath"] = rule[2]
-        out.append(doc)
-    return {"x-kubernetes-validations": out}
-
-
 class _Model(pydantic.BaseModel):
     """Base for config models: camelCase on the wire, unknown fields are errors."""
 
@@ -74,15 +60,40 @@ class SchedulerKind(enum.StrEnum):
     COSINE = "cosine"
 
 
+def k8s_rules(*rules: tuple[str, ...]) -> dict[str, Any]:
+    """CEL rules (rule, message[, fieldPath]) for the generated CRD.
+
+    The Python validators below enforce the same rules for the operator and the worker.
+    """
+    out = []
+    for rule in rules:
+        doc = {"rule": rule[0], "message": rule[1]}
+        if len(rule) > 2:
+            doc["fieldPath"] = rule[2]
+        out.append(doc)
+    return {"x-kubernetes-validations": out}
+
+
 def _no_dotdot(value: str | None) -> str | None:
     if value is not None and any(part == ".." for part in value.split("/")):
         raise ValueError(f"path {value!r} must not contain '..'")
+    if value == "/":
+        raise ValueError("path must not be '/'")
     return value
 
 
 SafePath = Annotated[
     str,
-    Field(pattern=SAFE_PATH_PATTERN, max_length=MAX_PATH_LENGTH),
+    Field(
+        pattern=SAFE_PATH_PATTERN,
+        max_length=MAX_PATH_LENGTH,
+        json_schema_extra=k8s_rules(
+            (
+                "!self.contains('/../') && !self.endsWith('/..') && self != '/'",
+                "must be an absolute path without '..' segments, and not '/'",
+            )
+        ),
+    ),
     pydantic.AfterValidator(_no_dotdot),
 ]
 
@@ -139,11 +150,6 @@ class DataConfig(_Model):
             (
                 "self.kind != 'tokenFile' || has(self.path)",
                 "path is required for tokenFile",
-                ".path",
-            ),
-            (
-                "!has(self.path) || (!self.path.contains('/../') && !self.path.endsWith('/..'))",
-                "path must not contain '..' segments",
                 ".path",
             ),
         )
