@@ -137,3 +137,24 @@ def test_a_dim0_slice_reads_exactly_the_rows_torch_load_would_give(name: str) ->
     if value.dim() > 1:  # narrowed along dim 1: not one run of bytes, DCP's own path
         narrowed = (rows, 1, *value.shape[2:])
         assert reader.row_range(layout, (0,) * value.dim(), narrowed) is None
+
+
+def test_checkpoints_written_without_zip_crc32_load_through_both_readers(tmp_path: Path) -> None:
+    """checkpoint.ZIP_CRC32 is False: torch.save then writes no CRC32. This pins that no reader
+    on the load path relies on it (a torch upgrade that starts checking would fail here)."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+
+    from fsdp_worker import checkpoint
+
+    assert checkpoint.ZIP_CRC32 is False
+    src = _tensors()
+    torch.serialization.set_crc32_options(False)
+    try:
+        dcp.save(src, checkpoint_id=str(tmp_path), no_dist=True)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    for rd in (reader.RangeReader(str(tmp_path)), FileSystemReader(str(tmp_path))):
+        dst = {k: torch.full_like(v, -1) for k, v in src.items()}
+        dcp.load(dst, storage_reader=rd, no_dist=True)
+        for key, value in src.items():
+            assert torch.equal(dst[key], value), (type(rd).__name__, key)
