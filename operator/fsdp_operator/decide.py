@@ -35,6 +35,11 @@ class Event:
 class PodDelete:
     name: str
     force: bool = False  # grace 0: the node is gone, nobody will confirm the kill
+    grace: int | None = None  # seconds; None: the pod's own terminationGracePeriodSeconds
+
+    @property
+    def grace_seconds(self) -> int | None:
+        return 0 if self.force else self.grace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,14 +124,16 @@ def _track(d: Decision, obs: ob.Observed) -> None:
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
 
 
-def _delete_all(d: Decision, obs: ob.Observed, *, keep_finished: bool = False) -> None:
+def _delete_all(
+    d: Decision, obs: ob.Observed, *, keep_finished: bool = False, grace: int | None = None
+) -> None:
     """Delete the gang; force pods whose node is gone. Exited pods of a failed job stay (logs)."""
     for pod in obs.pods:
         if pod.deleting and not _node_gone(obs, pod):
             continue
         if keep_finished and pod.phase in (ob.PodPhase.SUCCEEDED, ob.PodPhase.FAILED):
             continue
-        d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
+        d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod), grace=grace))
 
 
 def _node_gone(obs: ob.Observed, pod: ob.PodView) -> bool:
@@ -197,7 +204,9 @@ def _on_failure(
     s.next_attempt_at, s.failure_observed, s.drain = obs.now + delay, obs.now, False
     _phase(d, obs, st.Phase.RESTARTING, failure.cause.value, failure.message)
     d.emit("Restarting", f"tearing down attempt {s.attempt}; next attempt in {delay:.0f}s")
-    _delete_all(d, obs)
+    # A gang with a failed rank cannot finish a collective save: a short grace frees its
+    # accelerators for the next attempt instead of holding them for the full save window.
+    _delete_all(d, obs, grace=tun.failure_grace_seconds)
     return _launch(d, obs, tun, cause=failure.cause)
 
 

@@ -106,11 +106,10 @@ class Kube:
             if not _ok_statuses(exc, 409):
                 raise
 
-    def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
+    def delete_pod(self, namespace: str, name: str, *, grace: int | None) -> None:
+        """Delete with `grace` seconds (0 forces; None keeps the pod's own period)."""
         try:
-            self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=0 if force else None
-            )
+            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace)
         except ApiException as exc:
             if not _ok_statuses(exc, 404):
                 raise

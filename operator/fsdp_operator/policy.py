@@ -25,6 +25,8 @@ class Tunables:
     """Cap on excluded nodes, so exclusion alone never starves a job of nodes."""
     drain_timeout_seconds: float = 120.0
     """A planned restart waits this long for old pods to save and exit, then moves on."""
+    failure_grace_seconds: int = 5
+    """Grace period when tearing down a failed gang (planned stops use the pod's own)."""
 
 
 def charge(restarts: st.Restarts, cause: st.Cause) -> st.Restarts:

@@ -148,7 +148,7 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
             except catalog.CatalogError as exc:
                 log.warning("quarantine of %s failed: %s", path, exc)
     for rm in d.delete:
-        kube.delete_pod(job.namespace, rm.name, force=rm.force)
+        kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds)
     if d.launch is not None:
         kube.create(templates.service(job=job, spec=obs.spec))
         for pod in templates.worker_pods(

@@ -42,6 +42,7 @@ class Settings:
             node_exclusion_seconds=float(e.get("FSDPOP_NODE_EXCLUSION_SECONDS", "300")),
             max_excluded_nodes=int(e.get("FSDPOP_MAX_EXCLUDED_NODES", "8")),
             drain_timeout_seconds=float(e.get("FSDPOP_DRAIN_TIMEOUT_SECONDS", "120")),
+            failure_grace_seconds=int(e.get("FSDPOP_FAILURE_GRACE_SECONDS", "5")),
         )
         return cls(
             storage_template=e.get("FSDPOP_STORAGE_TEMPLATE", ""),

@@ -250,6 +250,7 @@ def test_crash_restarts_at_once_from_newest_checkpoint() -> None:
     d = dc.decide(observe(pods=pods(r1=failed), checkpoint=ckpt(40)))
     assert d.launch == dc.Launch(attempt=2, replicas=4, resume_path="/ckpt/step-40")
     assert {x.name for x in d.delete} == {f"job-a1-{r}" for r in range(4)}
+    assert {x.grace_seconds for x in d.delete} == {5}  # a broken gang cannot finish a save
     assert d.status.phase is st.Phase.RESTARTING and d.status.attempt == 2
     assert d.status.resumed_from_step == 40 and d.status.step == 40
     assert d.status.restarts == st.Restarts(total=1, application=1, infrastructure=0)
@@ -374,7 +375,7 @@ def test_grow_back_when_capacity_returns_is_a_planned_drain() -> None:
     status = running_status(replicas=2, world_size=2)
     d = dc.decide(observe(status=status, pods=pods(n=2)))
     assert d.status.phase is st.Phase.RESTARTING and d.status.reason == st.Cause.RESIZE
-    assert d.status.drain and d.launch is None and {x.force for x in d.delete} == {False}
+    assert d.status.drain and d.launch is None and {x.grace_seconds for x in d.delete} == {None}
     assert d.status.restarts.total == 0  # planned restarts cost no budget
 
 
