@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 
 cluster-bin:
 	bash localcluster/build-binaries.sh >/dev/null
+	bash localcluster/build-helm.sh >/dev/null
 
 lint: venv
 	$(VENV)/bin/ruff format --check .
