@@ -158,3 +158,21 @@ def test_checkpoints_written_without_zip_crc32_load_through_both_readers(tmp_pat
         dcp.load(dst, storage_reader=rd, no_dist=True)
         for key, value in src.items():
             assert torch.equal(dst[key], value), (type(rd).__name__, key)
+
+
+def test_eager_writeback_files_hold_exactly_what_dcp_wrote(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+    from fsdp_worker import writeback
+
+    src = _tensors()
+    dcp.save(src, checkpoint_id=str(tmp_path / "plain"), no_dist=True)
+    w = FileSystemWriter(str(tmp_path / "eager"), sync_files=True, thread_count=2)
+    w.fs = writeback.EagerWritebackFileSystem(chunk=4096)  # advise many times per file
+    dcp.save(src, storage_writer=w, no_dist=True)
+    for name in ("__0_0.distcp", "__0_1.distcp"):
+        assert (tmp_path / "eager" / name).stat().st_size > 0
+    dst = {k: torch.full_like(v, -1) for k, v in src.items()}
+    dcp.load(dst, storage_reader=reader.RangeReader(str(tmp_path / "eager")), no_dist=True)
+    for key, value in src.items():
+        assert torch.equal(dst[key], value), key
