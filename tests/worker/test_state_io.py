@@ -4,6 +4,7 @@ always, CUDA only where CUDA really is available) and the ranged DCP reader."""
 from __future__ import annotations
 
 import io
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,71 @@ def test_a_dim0_slice_reads_exactly_the_rows_torch_load_would_give(name: str) ->
     if value.dim() > 1:  # narrowed along dim 1: not one run of bytes, DCP's own path
         narrowed = (rows, 1, *value.shape[2:])
         assert reader.row_range(layout, (0,) * value.dim(), narrowed) is None
+
+
+def _saved(value: torch.Tensor) -> bytes:
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", sorted(_tensors()))
+def test_the_layout_from_an_items_head_equals_the_one_from_its_zip_directory(name: str) -> None:
+    """head_layout reads only the first HEAD_BYTES; it must agree with the full parse."""
+    value = _tensors()[name]
+    raw = _saved(value)
+    full = reader.stored_layout(io.BytesIO(raw), _StorageInfo("f", 0, len(raw)))
+    head = reader.head_layout(raw[: reader.HEAD_BYTES])
+    if value.dim() == 0:  # both turn a scalar down for ranged reads
+        assert full is None and head is not None and reader.row_range(head, (), ()) is None
+    elif value.numel() == 0:  # no data record before the end: the full parse decides
+        assert head is None
+    else:
+        assert head == full and head is not None
+    sliced = torch.arange(40, dtype=torch.float32).reshape(10, 4)[3:]  # storage offset 12
+    assert reader.head_layout(_saved(sliced)) == reader.stored_layout(
+        io.BytesIO(_saved(sliced)), _StorageInfo("f", 0, len(_saved(sliced)))
+    )
+
+
+def test_a_range_reader_load_parses_no_zip_directory(tmp_path: Path) -> None:
+    """Every tensor item of a DCP checkpoint is located from its head (forward reads only)."""
+    src = {k: v for k, v in _tensors().items() if v.numel()}
+    dcp.save(src, checkpoint_id=str(tmp_path), no_dist=True)
+    dst = {k: torch.full_like(v, -1) for k, v in src.items()}
+    rd = reader.RangeReader(str(tmp_path))
+    dcp.load(dst, storage_reader=rd, no_dist=True)
+    assert all(torch.equal(dst[k], v) for k, v in src.items())
+    assert rd.full_parses == 0
+
+
+def test_a_hostile_or_damaged_head_is_refused_without_running_anything(tmp_path: Path) -> None:
+    import os
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    buf = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(buf)
+    for name, data in (
+        ("data.pkl", pickle.dumps(Evil(), protocol=2)),
+        ("byteorder", sys.byteorder.encode()),
+        ("data/0", b"\0" * 64),
+    ):
+        writer.write_record(name, data, len(data))
+    writer.write_end_of_file()
+    raw = buf.getvalue()
+    assert reader.head_layout(raw[: reader.HEAD_BYTES]) is None
+    with pytest.raises(pickle.UnpicklingError):
+        reader.stored_layout(io.BytesIO(raw), _StorageInfo("f", 0, len(raw)))
+    assert not marker.exists()
+    good = _saved(torch.randn(50, 3))
+    for damaged in (good[:20], good[:200], b"PK\x03\x04" + b"\xff" * 60, b"\0" * 4096):
+        assert reader.head_layout(damaged) is None
 
 
 def test_checkpoints_written_without_zip_crc32_load_through_both_readers(tmp_path: Path) -> None:

@@ -8,6 +8,12 @@ with one `readinto` into the destination (or a staging buffer when the destinati
 contiguous CPU tensor of the same dtype). Same-size and resharded loads take this same path.
 Anything else (scalars, other layouts, storage transforms, foreign byte order, byte items)
 goes through DCP's reader unchanged. This module must not choose checkpoints or write files.
+
+Each file is read front to back (items in offset order) and every access moves forward, so the
+kernel's readahead can stream it: an item's layout comes from its first `HEAD_BYTES` only
+(`head_layout`), not from the zip directory at its end, which cost a jump to the end of the item
+and back for every item (docs/worker.md has the numbers). `stored_layout`, which reads the
+directory, is the fallback.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 import sys
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import torch
+from torch import _weights_only_unpickler
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
@@ -58,6 +66,94 @@ def stored_layout(stream: IO[bytes], sinfo: _StorageInfo) -> StoredLayout | None
     return StoredLayout(meta.dtype, tuple(meta.shape), meta.is_contiguous(), offset)
 
 
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # zip local file header, 30 bytes
+_LOCAL_SIG, _DESCRIPTOR_SIG = b"PK\x03\x04", b"PK\x07\x08"
+# Bytes read at the start of an item for `head_layout`; a tensor's pickle and the headers before
+# its data record take a few hundred bytes.
+HEAD_BYTES = 4096
+
+
+class _MetaStorages:
+    """persistent_load for the weights-only unpickler: storages on the meta device, so the
+    unpickled tensor has the stored dtype, shape, strides and offset and no data."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def __call__(self, saved_id: Any) -> Any:
+        if not isinstance(saved_id, tuple) or len(saved_id) != 5 or saved_id[0] != "storage":
+            raise ValueError(f"unexpected persistent id {saved_id!r}")
+        storage_type, key, _location, numel = saved_id[1:]
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+        self.keys.append(str(key))
+        untyped_cls: Any = torch.UntypedStorage  # untyped in the stubs
+        typed_cls: Any = torch.storage.TypedStorage
+        untyped = untyped_cls(int(numel) * dtype.itemsize, device="meta")
+        return typed_cls(wrap_storage=untyped, dtype=dtype, _internal=True)
+
+
+def _descriptor_end(head: bytes, payload: int) -> int | None:
+    """End of the data descriptor that closes a record whose payload starts at `payload`: the
+    first descriptor signature whose recorded size equals the distance to it."""
+    at = head.find(_DESCRIPTOR_SIG, payload)
+    while at >= 0 and at + 16 <= len(head):
+        if struct.unpack_from("<I", head, at + 8)[0] == at - payload:
+            return at + 16
+        at = head.find(_DESCRIPTOR_SIG, at + 1)
+    return None
+
+
+def _meta_tensor(pickled: bytes) -> torch.Tensor | None:
+    """The tensor `data.pkl` describes, on meta storages (weights-only unpickler), or None."""
+    unpickler: Any = _weights_only_unpickler.Unpickler(io.BytesIO(pickled))
+    storages = _MetaStorages()
+    unpickler.persistent_load = storages
+    try:
+        tensor = unpickler.load()
+    except Exception:  # truncated, unexpected or disallowed: the slow path decides
+        return None
+    if not isinstance(tensor, torch.Tensor) or storages.keys != ["0"]:
+        return None
+    return tensor
+
+
+def head_layout(head: bytes) -> StoredLayout | None:
+    """The layout of a `torch.save`d tensor from the first bytes of its archive only: walk the
+    zip's local headers (torch's writer puts every record's size in a data descriptor after
+    it), unpickle `data.pkl` weights-only onto meta storages, and stop at the data record's
+    header. A 0-d tensor gets a layout too (`row_range` turns it down without a second parse).
+    None whenever anything differs from that shape; `stored_layout` then parses the whole
+    archive."""
+    pos, tensor, prefix, byteorder = 0, None, "", None
+    while pos + _LOCAL_HEADER.size <= len(head):
+        sig, _v, flags, method, _t, _d, _crc, _cs, _us, nlen, elen = _LOCAL_HEADER.unpack_from(
+            head, pos
+        )
+        name = head[pos + 30 : pos + 30 + nlen].decode("utf-8", "replace")
+        payload = pos + 30 + nlen + elen
+        if sig != _LOCAL_SIG or method != 0 or not flags & 0x8 or payload > len(head):
+            return None
+        if tensor is None:  # the first record is <prefix>/data.pkl
+            prefix = name.removesuffix("data.pkl")
+            tensor = _meta_tensor(head[payload:]) if name.endswith("/data.pkl") else None
+            if tensor is None:
+                return None
+        elif name == f"{prefix}data/0":
+            if byteorder != sys.byteorder:
+                return None
+            offset = payload + tensor.storage_offset() * tensor.element_size()
+            return StoredLayout(tensor.dtype, tuple(tensor.shape), tensor.is_contiguous(), offset)
+        elif not name.startswith(prefix) or "/data/" in name:
+            return None
+        end = _descriptor_end(head, payload)
+        if end is None:
+            return None
+        if name == f"{prefix}byteorder":
+            byteorder = head[payload : end - 16].decode("ascii", "replace")
+        pos = end
+    return None
+
+
 def row_range(
     layout: StoredLayout, offsets: tuple[int, ...], lengths: tuple[int, ...]
 ) -> tuple[int, int] | None:
@@ -93,7 +189,8 @@ class RangeReader(FileSystemReader):
         super().__init__(path)
         self._metadata: Metadata | None = None
         self.ranged_bytes = 0  # bytes read by the fast path (for tests and benchmarks)
-        self.fallback_items = 0
+        self.fallback_items = 0  # items left to DCP's reader
+        self.full_parses = 0  # items whose layout needed the whole archive (`stored_layout`)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
@@ -113,9 +210,7 @@ class RangeReader(FileSystemReader):
             reqs.sort(key=lambda r: int(self.storage_data[r.storage_index].offset))
             path = self.fs.concat_path(self.path, relative_path)
             with self.fs.create_stream(path, "rb") as stream:
-                rest += [
-                    r for r in reqs if not self._read_ranged(cast(IO[bytes], stream), r, planner)
-                ]
+                rest += self._read_file(cast(IO[bytes], stream), reqs, planner)
         self.fallback_items += len(rest)
         if rest:
             return super().read_data(LoadPlan(rest), planner)
@@ -123,19 +218,50 @@ class RangeReader(FileSystemReader):
         done.set_result(None)
         return done
 
-    def _read_ranged(self, stream: IO[bytes], req: ReadItem, planner: LoadPlanner) -> bool:
+    def _read_file(
+        self, stream: IO[bytes], reqs: list[ReadItem], planner: LoadPlanner
+    ) -> list[ReadItem]:
+        """Read what can be read as ranges from one file, front to back (reqs in offset
+        order); return the rest, for DCP's reader."""
+        rest = []
+        for req in reqs:
+            located = self._locate(stream, req)
+            if located is None:
+                rest.append(req)
+            else:
+                self._read_located(stream, req, *located, planner)
+        return rest
+
+    def _locate(self, stream: IO[bytes], req: ReadItem) -> tuple[StoredLayout, int, int] | None:
+        """(layout, absolute position, byte count) of what `req` reads, or None when it is
+        not one run of bytes of a stored tensor."""
         sinfo: _StorageInfo = self.storage_data[req.storage_index]
         if req.type != LoadItemType.TENSOR or sinfo.transform_descriptors:
-            return False
-        layout = stored_layout(stream, sinfo)
+            return None
+        stream.seek(int(sinfo.offset))
+        layout = head_layout(stream.read(min(HEAD_BYTES, int(sinfo.length))))
+        if layout is None:
+            self.full_parses += 1
+            layout = stored_layout(stream, sinfo)
         span = (
             None
             if layout is None
             else row_range(layout, tuple(req.storage_offsets), tuple(req.lengths))
         )
         if layout is None or span is None:
-            return False
+            return None
         start, nbytes = span
+        return layout, int(sinfo.offset) + layout.data_offset + start, nbytes
+
+    def _read_located(
+        self,
+        stream: IO[bytes],
+        req: ReadItem,
+        layout: StoredLayout,
+        position: int,
+        nbytes: int,
+        planner: LoadPlanner,
+    ) -> None:
         target = planner.resolve_tensor(req).detach()
         if tuple(target.shape) != tuple(req.lengths):
             raise RuntimeError(
@@ -144,9 +270,8 @@ class RangeReader(FileSystemReader):
         direct = target.is_cpu and target.dtype == layout.dtype and target.is_contiguous()
         out = target if direct else torch.empty(tuple(req.lengths), dtype=layout.dtype)
         assert out.numel() * out.element_size() == nbytes
-        read_exactly(stream, int(sinfo.offset) + layout.data_offset + start, out)
+        read_exactly(stream, position, out)
         if not direct:
             target.copy_(out)
         planner.commit_tensor(req, target)
         self.ranged_bytes += nbytes
-        return True
