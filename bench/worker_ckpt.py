@@ -5,9 +5,10 @@ fsync'd sequential-write bandwidth, resharded vs same-size load. Numbers, not pa
 
 Runs two torchrun gangs on CPU (gloo): world size 1 writes the checkpoint to reshard from;
 world size 2 saves (sync x reps, each with fsync'd dd runs of 1, world and 2 x world
-streams in a rotating order; async x3) and loads both checkpoints reps times each
-(alternating order, cold page cache). Medians and min-max are reported. Results go to
-bench/results/worker_ckpt.{json,md}; every large temporary file is removed at the end.
+streams in a rotating order; async x3); then a fresh world-size-2 gang, as after a restart,
+loads both checkpoints reps times each (rotating order, cold page cache, idle disk).
+Medians and min-max are reported. Results go to bench/results/worker_ckpt.{json,md}; every
+large temporary file is removed at the end.
 """
 
 from __future__ import annotations
@@ -116,6 +117,29 @@ def _drop_cache(directory: str) -> None:
             os.close(fd)
 
 
+def _settle(directory: str, *, quiet: float = 1.0, limit: float = 30.0) -> float:
+    """Wait until the disk under `directory` is idle: nothing in flight and no sectors written
+    or discarded for `quiet` seconds (ext4 here is mounted with `discard`, and the deleted dd
+    files and old checkpoints keep the disk busy for a while). Returns the seconds waited;
+    gives up after `limit`, and does not wait where the block device's stat is not readable."""
+    st = os.stat(directory)
+    stat = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat")
+    if not stat.exists():
+        return 0.0
+    t0 = time.monotonic()
+    last, since = None, t0
+    while time.monotonic() - t0 < limit:
+        fields = stat.read_text().split()
+        busy = (fields[6], fields[14] if len(fields) > 14 else "")  # sectors written, discarded
+        now = time.monotonic()
+        if fields[8] != "0" or busy != last:
+            last, since = busy, now
+        elif now - since >= quiet:
+            break
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
 def _timed(fn: Any) -> float:
     t0 = time.monotonic()
     fn()
@@ -134,6 +158,13 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     root = sync.root
     train_step()
     sync.save(st)  # warm-up; also gives the size
+    # The same-size load reads this warm-up checkpoint: it is written right after the world-1
+    # checkpoint the resharded load reads, so both have the same age. (The disk is virtual:
+    # a checkpoint written seconds before the loads, like the last sync save, can still sit in
+    # the host's cache and made same-size loads look up to 0.4 s faster than resharded ones.)
+    out["same_step"] = st.step
+    if di.rank == 0:
+        Path(root, "same_step").write_text(str(st.step))
     out["bytes"] = size = sum(
         catalog.LocalStorage(root).list_files(f"{root}/step-{st.step}").values()
     )
@@ -156,7 +187,6 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
             elif di.rank == 0:
                 n = int(task)
                 out[f"dd{n}"] = [*out.get(f"dd{n}", []), size / _write_parallel(dd, size, n)]
-    out["same_step"] = st.step
     asy = manager(checkpoint.SaveMode.ASYNC)
     for _ in range(3):
         train_step()
@@ -193,31 +223,41 @@ def _load_with_dcp_reader(point: Any, st: Any, di: Any) -> None:
     state_mod.apply_loaded(st, sd, rank=di.rank, world_size=di.world_size, seed=0)
 
 
-def _inner_main(cfg_doc: dict[str, Any], reshard_from: str, out_path: str, reps: int) -> None:
+def _inner_main(cfg_doc: dict[str, Any], out_path: str, reps: int) -> None:
+    """Saves: sync (with the dd baselines) and async."""
+    from fsdp_worker import distributed
+
+    ctx = _build(cfg_doc, async_=False, attempt=2)
+    out: dict[str, Any] = {k: [] for k in ("sync", "async", "step_alone", "step_overlapped")}
+    _inner_saves(ctx, out, reps)
+    if ctx[0].rank == 0:
+        Path(out_path).write_text(json.dumps(out))
+    distributed.destroy()
+
+
+def _inner_loads(cfg_doc: dict[str, Any], reshard_from: str, out_path: str, reps: int) -> None:
+    """Loads, in a fresh gang as after a restart: same-size and resharded, with the ranged
+    reader and with DCP's, in a rotating order, each from a cold page cache on an idle disk."""
     import torch.distributed as dist
 
     from fsdp_worker import catalog, distributed, resume
 
-    ctx = _build(cfg_doc, async_=False, attempt=2)
-    di, st = ctx[0], ctx[1]
-    keys = ("sync", "async", "step_alone", "step_overlapped", *LOADS)
-    out: dict[str, Any] = {k: [] for k in keys}
-    _inner_saves(ctx, out, reps)
+    di, st = _build(cfg_doc, async_=False, attempt=3)[:2]
+    out: dict[str, Any] = json.loads(Path(out_path).read_text()) if di.rank == 0 else {}
+    out.update({k: [] for k in (*LOADS, "settle_seconds")})
     root = cfg_doc["checkpoint"]["root"]
+    same_step = int(Path(root, "same_step").read_text())
     points = {}
-    for key, path in (
-        ("load_same", f"{root}/step-{out['same_step']}"),
-        ("load_reshard", reshard_from),
-    ):
+    for key, path in (("load_same", f"{root}/step-{same_step}"), ("load_reshard", reshard_from)):
         m = catalog.Marker.from_json(Path(path, catalog.MARKER_NAME).read_bytes())
         points[key] = resume.ResumePoint(path, m.step, m.world_size, m.samples_consumed, 2)
     for rep in range(reps):
-        # Rotate the order; every load starts from a cold page cache.
         order = LOADS[rep % len(LOADS) :] + LOADS[: rep % len(LOADS)]
         for key in order:
             point = points[key.removesuffix("_dcp_reader")]
             if di.rank == 0:
                 os.sync()
+                out["settle_seconds"].append(_settle(point.path))
                 _drop_cache(point.path)
             dist.barrier()
             t0 = time.monotonic()
@@ -328,6 +368,7 @@ def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "load_reshard_1_to_2": _stats(raw["load_reshard"]),
             "load_same_2_to_2_dcp_reader": _stats(raw["load_same_dcp_reader"]),
             "load_reshard_1_to_2_dcp_reader": _stats(raw["load_reshard_dcp_reader"]),
+            "disk_settle_before_each_load": _stats(raw["settle_seconds"]),
         },
         "gb_per_s": {
             "sync_save": _stats([t / 1e9 for t in throughput]),
@@ -351,7 +392,8 @@ def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "reshard_over_same": "median reshard load / median same-size load",
             "async_blocking_over_sync": "median blocking (repetitions 2..) / median sync save",
         },
-        "machine": f"{os.cpu_count()} CPUs (shared), gloo; loads start from a cold page cache",
+        "machine": f"{os.cpu_count()} CPUs (shared), gloo; loads start from a cold page cache "
+        "on an idle disk",
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -403,7 +445,7 @@ def _markdown(s: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--inner", choices=["reference", "main"])
+    parser.add_argument("--inner", choices=["reference", "main", "loads"])
     parser.add_argument("--config")
     parser.add_argument("--reshard-from")
     parser.add_argument("--out")
@@ -416,8 +458,10 @@ def main() -> None:
         doc = json.loads(Path(args.config).read_text())
         if args.inner == "reference":
             _inner_reference(doc)
+        elif args.inner == "main":
+            _inner_main(doc, args.out, args.reps)
         else:
-            _inner_main(doc, args.reshard_from, args.out, args.reps)
+            _inner_loads(doc, args.reshard_from, args.out, args.reps)
         return
     work = Path(tempfile.mkdtemp(prefix="worker-ckpt-bench-", dir=args.workdir))
     try:
@@ -426,19 +470,9 @@ def main() -> None:
         cfg2.write_text(json.dumps(_config(args, work / "w2")))
         _torchrun(1, "--inner", "reference", "--config", str(cfg1))
         out = work / "raw.json"
-        _torchrun(
-            2,
-            "--inner",
-            "main",
-            "--config",
-            str(cfg2),
-            "--reshard-from",
-            str(work / "w1" / "step-1"),
-            "--out",
-            str(out),
-            "--reps",
-            str(args.reps),
-        )
+        common = ["--config", str(cfg2), "--out", str(out), "--reps", str(args.reps)]
+        _torchrun(2, "--inner", "main", *common)
+        _torchrun(2, "--inner", "loads", "--reshard-from", str(work / "w1" / "step-1"), *common)
         raw = json.loads(out.read_text())
         summary = _summarise(raw, args)
     finally:
