@@ -159,9 +159,9 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     train_step()
     sync.save(st)  # warm-up; also gives the size
     # The same-size load reads this warm-up checkpoint: it is written right after the world-1
-    # checkpoint the resharded load reads, so both have the same age. (The disk is virtual:
-    # a checkpoint written seconds before the loads, like the last sync save, can still sit in
-    # the host's cache and made same-size loads look up to 0.4 s faster than resharded ones.)
+    # checkpoint the resharded load reads, so both have the same age. (The disk is virtual: a
+    # checkpoint written seconds before the loads, like the last sync save, may still sit in
+    # the host's cache, which a guest-side DONTNEED does not reach.)
     out["same_step"] = st.step
     if di.rank == 0:
         Path(root, "same_step").write_text(str(st.step))
