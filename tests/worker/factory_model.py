@@ -25,3 +25,23 @@ class Tiny(nn.Module):
 
 def build(cfg: Any) -> nn.Module:
     return Tiny(cfg.model.vocab_size, 24)
+
+
+def build_on_meta(cfg: Any) -> nn.Module:
+    """The same model built on the meta device: the worker initialises it module by module."""
+    with torch.device("meta"):
+        return Tiny(cfg.model.vocab_size, 24)
+
+
+class Scaled(Tiny):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__(vocab, dim)
+        self.scale = nn.Parameter(torch.ones(1))  # and no reset_parameters() to set it
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().forward(tokens) * self.scale
+
+
+def build_on_meta_uninitialisable(cfg: Any) -> nn.Module:
+    with torch.device("meta"):
+        return Scaled(cfg.model.vocab_size, 24)

@@ -125,8 +125,9 @@ class _Run:
 def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state.TrainState:
     """Model (sharded, initialised), optimizer and schedule; rank 0 logs the state ledger."""
     net = model.build(tcfg)
+    template = model.meta_template(net, factory=tcfg.model.factory)
     parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=tcfg.activation_checkpointing)
-    model.materialize(net, device=di.device, seed=tcfg.seed)
+    model.materialize(net, device=di.device, seed=tcfg.seed, template=template)
     opt = optim.build_optimizer(net, tcfg.optimizer)
     if di.rank == 0:
         dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32

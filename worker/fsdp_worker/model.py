@@ -2,11 +2,17 @@
 
 Built-in models are created on the meta device and initialised after sharding by
 `init_weights`, from a seeded generator over full tensors, so the initial weights do not depend
-on the world size. This module must not shard, checkpoint or read data.
+on the world size. A user factory may build on the meta device too (`meta_template`,
+`materialize`): each module is then initialised by its own `reset_parameters()` on a CPU twin
+holding only that module's parameters, seeded by (seed, module name), and each rank keeps its
+shard, so no rank ever holds the whole model unsharded. This module must not shard,
+checkpoint or read data.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import importlib
 import math
 from collections.abc import Callable
@@ -145,7 +151,8 @@ def build(cfg: config.TrainingConfig) -> nn.Module:
 
     A factory receives the TrainingConfig and returns an nn.Module mapping int64 tokens
     [batch, seq] to logits [batch, seq, vocab]; optional `blocks` (iterable of modules) and
-    `head` attributes become separate FSDP units.
+    `head` attributes become separate FSDP units. It may build under `torch.device("meta")`
+    (see `meta_template`).
     """
     if cfg.model.factory:
         torch.manual_seed(cfg.seed)
@@ -155,8 +162,62 @@ def build(cfg: config.TrainingConfig) -> nn.Module:
         return Transformer(dims=dims, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
 
 
-def materialize(model: nn.Module, *, device: torch.device, seed: int) -> None:
-    """Allocate meta parameters on `device` and initialise them (after sharding)."""
+def meta_template(net: nn.Module, *, factory: str | None) -> nn.Module | None:
+    """For a user model built on the meta device: an unsharded meta copy to initialise from
+    (free: meta tensors hold no data), after checking that every module with parameters can
+    initialise itself. None for the built-in model and for a user model built on a device."""
+    if isinstance(net, Transformer):
+        return None
+    on_meta = [p.is_meta for p in net.parameters()]
+    if not any(on_meta):
+        return None
+    field = f"training.model.factory={factory!r}"
+    if not all(on_meta):
+        raise errors.ConfigError(f"{field}: the model has parameters both on and off meta")
+    for name, module in net.named_modules():
+        label = f"module {name or '(root)'!r} ({type(module).__name__})"
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            raise errors.ConfigError(
+                f"{field}: {label} has buffers on the meta device, which nothing here can "
+                "fill in; build the model on CPU, or create the buffers after the parameters"
+            )
+        has_params = any(True for _ in module.parameters(recurse=False))
+        if has_params and not callable(getattr(module, "reset_parameters", None)):
+            raise errors.ConfigError(
+                f"{field}: {label} has parameters on the meta device but no "
+                "reset_parameters() to initialise them; add one or build the model on CPU"
+            )
+    return copy.deepcopy(net)
+
+
+def module_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def materialize(
+    model: nn.Module, *, device: torch.device, seed: int, template: nn.Module | None = None
+) -> None:
+    """Allocate meta parameters on `device` and initialise them (after sharding). `template`
+    is `meta_template`'s copy for a user model built on meta; its modules are initialised one
+    at a time (collective: every rank walks the same modules in the same order)."""
     if isinstance(model, Transformer):
         model.to_empty(device=device)
         model.init_weights(seed=seed)
+        return
+    if template is None:
+        return
+    model.to_empty(device=device)
+    live = dict(model.named_modules())
+    with torch.no_grad():
+        for name, twin in template.named_modules():
+            names = [n for n, _ in twin.named_parameters(recurse=False)]
+            if not names:
+                continue
+            twin.to_empty(device="cpu", recurse=False)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(module_seed(seed, name))
+                twin.reset_parameters()
+            for pname in names:
+                _assign(getattr(live[name], pname), getattr(twin, pname).detach())
+            twin.to_empty(device="meta", recurse=False)
