@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,8 @@ def test_sigkill_every_rank_then_resume_is_bitwise_identical(
 
 def _check_cross_world(
     reference: dict[str, Any], tmp_path: Path, *, root: Path, new_world: int, old_world: int
-) -> None:
+) -> str:
+    """Resume at `new_world` from `root`; returns the resumed run's log."""
     cfg = worker_config(root)
     run = launch(tmp_path, nproc=new_world, config=cfg, attempt=2, resume="auto", name="resume")
     assert run.wait().rc == 0, run.log[-3000:]
@@ -86,6 +88,7 @@ def _check_cross_world(
         gather(reference["root"] / "step-12", tmp_path),
         atol=STATE_ATOL,
     )
+    return run.log
 
 
 def test_resume_at_smaller_world_size_4_to_2(reference: dict[str, Any], tmp_path: Path) -> None:
@@ -106,4 +109,8 @@ def test_resume_at_larger_world_size_2_to_3(reference: dict[str, Any], tmp_path:
     root = tmp_path / "ckpt"
     root.mkdir()
     shutil.copytree(reference["root"] / "step-6", root / "step-6")
-    _check_cross_world(reference, tmp_path, root=root, new_world=3, old_world=2)
+    log = _check_cross_world(reference, tmp_path, root=root, new_world=3, old_world=2)
+    # The 2 writers cut every tensor into 4 row bands, one file each (layout.py): a reader at
+    # world size 3 needs 8/3 bands' worth of rows, so it opens at most 4 of the 8 files.
+    touched = [int(n) for n in re.findall(r"as ranges from (\d+) of 8 files", log)]
+    assert len(touched) == 3 and all(1 <= n <= 4 for n in touched), touched

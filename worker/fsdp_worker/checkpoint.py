@@ -25,7 +25,7 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
-from fsdp_worker import catalog, errors, faults, metrics, state, writeback
+from fsdp_worker import catalog, errors, faults, layout, metrics, state, writeback
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -118,8 +118,11 @@ class CheckpointManager:
         identity: Identity,
         dist_info: DistInfo,
         meters: metrics.Metrics,
+        bands: int,
+        min_band_bytes: int,
     ) -> None:
         self.root, self.keep, self.mode, self.identity = root, keep, mode, identity
+        self.bands, self.min_band_bytes = bands, min_band_bytes
         self.dist, self.meters = dist_info, meters
         self.storage = catalog.LocalStorage(root)
         self.lineage = catalog.Lineage(identity.attempt, identity.resumed_from_step)
@@ -174,7 +177,12 @@ class CheckpointManager:
 
     def _save_sync(self, sd: dict[str, Any], *, writer: Any, step: int, started: float) -> None:
         try:
-            state_dict_saver.save(sd, storage_writer=writer, process_group=self.dist.ckpt_group)
+            state_dict_saver.save(
+                sd,
+                storage_writer=writer,
+                planner=self._planner(),
+                process_group=self.dist.ckpt_group,
+            )
             dist.barrier(group=self.dist.ckpt_group)
         except (Exception, CheckpointException) as exc:
             raise errors.CheckpointError(f"saving step {step} failed: {brief(exc)}") from exc
@@ -183,7 +191,11 @@ class CheckpointManager:
 
     def _save_async(self, sd: dict[str, Any], *, writer: Any, step: int, started: float) -> None:
         response = state_dict_saver.async_save(
-            sd, storage_writer=writer, process_group=self.dist.ckpt_group, async_stager=self._stager
+            sd,
+            storage_writer=writer,
+            planner=self._planner(),
+            process_group=self.dist.ckpt_group,
+            async_stager=self._stager,
         )
         staging: cf.Future[Any] | None = None
         if isinstance(response, cf.Future):
@@ -197,6 +209,9 @@ class CheckpointManager:
         log.info(
             "checkpoint step %d submitted (%.3fs), writing in background", step, inflight.blocking
         )
+
+    def _planner(self) -> layout.BandedSavePlanner:
+        return layout.BandedSavePlanner(bands=self.bands, min_band_bytes=self.min_band_bytes)
 
     def _finish_async(self, upload: cf.Future[Any], inflight: _InFlight) -> None:
         upload.result()  # re-raises a failed background write

@@ -263,6 +263,20 @@ class CheckpointConfig(_Model):
     async_: bool = Field(
         False, alias="async", description="Save with dcp.async_save (one in flight)."
     )
+    bands_per_rank: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Files per rank: each rank writes its shard of every large tensor as this "
+        "many runs of rows, one file each, so a load at another world size reads mostly its own "
+        "files. 1 is DCP's one file per rank.",
+    )
+    min_band_bytes: int = Field(
+        65536,
+        ge=0,
+        le=2**40,
+        description="Smallest run of rows worth a band; smaller tensor shards stay whole.",
+    )
 
 
 class WorkerConfig(_Model):

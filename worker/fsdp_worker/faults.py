@@ -11,7 +11,7 @@ import signal
 import time
 from typing import Any
 
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from fsdp_worker.layout import BandedWriter
 
 ENV_FAULTS = "FSDP_TEST_FAULTS"
 
@@ -48,7 +48,7 @@ def kill_self_if(name: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class FaultyWriter(FileSystemWriter):
+class FaultyWriter(BandedWriter):
     """A FileSystemWriter whose writes are slowed down or fail, for async-save tests."""
 
     def __init__(self, path: str, *, step: int, **kwargs: Any) -> None:
@@ -64,7 +64,7 @@ class FaultyWriter(FileSystemWriter):
         return super().write_data(plan, planner)
 
 
-def writer(path: str, *, step: int, **kwargs: Any) -> FileSystemWriter:
+def writer(path: str, *, step: int, **kwargs: Any) -> BandedWriter:
     if "slow_write" in FAULTS or "fail_write" in FAULTS:
         return FaultyWriter(path, step=step, **kwargs)
-    return FileSystemWriter(path, **kwargs)
+    return BandedWriter(path, **kwargs)

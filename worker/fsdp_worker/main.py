@@ -171,6 +171,8 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         identity=identity,
         dist_info=di,
         meters=meters,
+        bands=ckcfg.bands_per_rank,
+        min_band_bytes=ckcfg.min_band_bytes,
     )
     run.manager.remove_abandoned()
     loop = trainer.Loop(

@@ -18,6 +18,7 @@ directory, is the fallback.
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import os
@@ -103,8 +104,21 @@ def _descriptor_end(head: bytes, payload: int) -> int | None:
     return None
 
 
-def _meta_tensor(pickled: bytes) -> torch.Tensor | None:
-    """The tensor `data.pkl` describes, on meta storages (weights-only unpickler), or None."""
+@dataclass(frozen=True)
+class _Pickled:
+    """What a tensor's `data.pkl` says, without data: enough to place its bytes."""
+
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    contiguous: bool
+    storage_offset_bytes: int
+
+
+@functools.lru_cache(maxsize=4096)
+def _unpickle_meta(pickled: bytes) -> _Pickled | None:
+    """The tensor `data.pkl` describes, unpickled weights-only onto meta storages, or None.
+    Cached by the pickle's bytes: the items of one checkpoint repeat a few dozen shapes (every
+    band, shard and optimizer moment of a weight), and the unpickler costs ~0.5 ms a call."""
     unpickler: Any = _weights_only_unpickler.Unpickler(io.BytesIO(pickled))
     storages = _MetaStorages()
     unpickler.persistent_load = storages
@@ -114,7 +128,12 @@ def _meta_tensor(pickled: bytes) -> torch.Tensor | None:
         return None
     if not isinstance(tensor, torch.Tensor) or storages.keys != ["0"]:
         return None
-    return tensor
+    return _Pickled(
+        tensor.dtype,
+        tuple(tensor.shape),
+        tensor.is_contiguous(),
+        int(tensor.storage_offset()) * tensor.element_size(),
+    )
 
 
 def head_layout(head: bytes) -> StoredLayout | None:
@@ -124,7 +143,8 @@ def head_layout(head: bytes) -> StoredLayout | None:
     header. A 0-d tensor gets a layout too (`row_range` turns it down without a second parse).
     None whenever anything differs from that shape; `stored_layout` then parses the whole
     archive."""
-    pos, tensor, prefix, byteorder = 0, None, "", None
+    pos, prefix, byteorder = 0, "", None
+    tensor: _Pickled | None = None
     while pos + _LOCAL_HEADER.size <= len(head):
         sig, _v, flags, method, _t, _d, _crc, _cs, _us, nlen, elen = _LOCAL_HEADER.unpack_from(
             head, pos
@@ -133,20 +153,22 @@ def head_layout(head: bytes) -> StoredLayout | None:
         payload = pos + 30 + nlen + elen
         if sig != _LOCAL_SIG or method != 0 or not flags & 0x8 or payload > len(head):
             return None
-        if tensor is None:  # the first record is <prefix>/data.pkl
-            prefix = name.removesuffix("data.pkl")
-            tensor = _meta_tensor(head[payload:]) if name.endswith("/data.pkl") else None
-            if tensor is None:
-                return None
-        elif name == f"{prefix}data/0":
+        if tensor is not None and name == f"{prefix}data/0":
             if byteorder != sys.byteorder:
                 return None
-            offset = payload + tensor.storage_offset() * tensor.element_size()
-            return StoredLayout(tensor.dtype, tuple(tensor.shape), tensor.is_contiguous(), offset)
-        elif not name.startswith(prefix) or "/data/" in name:
-            return None
+            offset = payload + tensor.storage_offset_bytes
+            return StoredLayout(tensor.dtype, tensor.size, tensor.contiguous, offset)
         end = _descriptor_end(head, payload)
         if end is None:
+            return None
+        if tensor is None:  # the first record is <prefix>/data.pkl
+            prefix = name.removesuffix("data.pkl")
+            if not name.endswith("/data.pkl"):
+                return None
+            tensor = _unpickle_meta(head[payload : end - 16])
+            if tensor is None:
+                return None
+        elif not name.startswith(prefix) or "/data/" in name:
             return None
         if name == f"{prefix}byteorder":
             byteorder = head[payload : end - 16].decode("ascii", "replace")
@@ -189,6 +211,7 @@ class RangeReader(FileSystemReader):
         super().__init__(path)
         self._metadata: Metadata | None = None
         self.ranged_bytes = 0  # bytes read by the fast path (for tests and benchmarks)
+        self.files_read: dict[str, int] = {}  # ranged bytes per file name
         self.fallback_items = 0  # items left to DCP's reader
         self.full_parses = 0  # items whose layout needed the whole archive (`stored_layout`)
 
@@ -275,3 +298,5 @@ class RangeReader(FileSystemReader):
             target.copy_(out)
         planner.commit_tensor(req, target)
         self.ranged_bytes += nbytes
+        name = self.storage_data[req.storage_index].relative_path
+        self.files_read[name] = self.files_read.get(name, 0) + nbytes

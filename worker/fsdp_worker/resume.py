@@ -138,12 +138,14 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
     state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
     log.info(
         "resumed from %s: step %d, samples %d, saved at world size %d, now %d "
-        "(%d bytes read as ranges, %d items through DCP's reader)",
+        "(%d bytes read as ranges from %d of %d files, %d items through DCP's reader)",
         posixpath.basename(point.path),
         st.step,
         st.samples,
         point.world_size,
         dist_info.world_size,
         storage.ranged_bytes,
+        len(storage.files_read),
+        len({info.relative_path for info in storage.storage_data.values()}),
         storage.fallback_items,
     )
