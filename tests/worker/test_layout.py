@@ -3,6 +3,7 @@ other world sizes through real torchrun gangs are in test_resume.py."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,3 +96,28 @@ def test_one_band_is_dcps_one_file_per_rank(mesh: object, tmp_path: Path) -> Non
 def test_a_planner_refuses_zero_bands() -> None:
     with pytest.raises(ValueError, match="bands must be >= 1, got 0"):
         layout.BandedSavePlanner(bands=0, min_band_bytes=0)
+
+
+def test_every_file_is_fsynced_before_write_data_returns(
+    mesh: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Durability before the marker: the fsyncs move to the end of the rank's writes, they do
+    not go away."""
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    writer = layout.BandedWriter(str(tmp_path), single_file_per_rank=True, sync_files=True)
+    dcp.save(
+        _state(mesh),
+        storage_writer=writer,
+        planner=layout.BandedSavePlanner(bands=4, min_band_bytes=1024),
+    )
+    assert sorted(Path(p).name for p in synced if p.endswith(".distcp")) == [
+        f"__0_{b}.distcp" for b in range(4)
+    ]
+    assert writer.sync_files  # restored for the next save

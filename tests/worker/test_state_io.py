@@ -242,3 +242,39 @@ def test_eager_writeback_files_hold_exactly_what_dcp_wrote(tmp_path: Path) -> No
     dcp.load(dst, storage_reader=reader.RangeReader(str(tmp_path / "eager")), no_dist=True)
     for key, value in src.items():
         assert torch.equal(dst[key], value), key
+
+
+def test_prefetcher_asks_for_a_window_ahead_of_the_reader(tmp_path: Path) -> None:
+    mib = 1024 * 1024
+    path = tmp_path / "f"
+    with open(path, "wb") as f:
+        f.truncate(100 * mib)
+    with open(path, "rb") as f:
+        ahead = reader.Prefetcher(
+            f.fileno(), [(0, 30 * mib), (40 * mib, 100 * mib)], window=16 * mib
+        )
+        ahead.advance(0)
+        assert ahead.advised == 16 * mib  # pieces starting before 0 + 16 MiB
+        ahead.advance(10 * mib)
+        assert ahead.advised == 30 * mib  # the first span is done; 40 MiB is beyond the window
+        ahead.advance(90 * mib)
+        assert ahead.advised == 90 * mib  # everything, and nothing twice
+
+
+def test_range_reader_prefetches_only_items_it_reads_whole(tmp_path: Path) -> None:
+    src = {"w": torch.randn(64, 8), "v": torch.randn(32)}
+    dcp.save(src, checkpoint_id=str(tmp_path), no_dist=True)
+    whole = reader.RangeReader(str(tmp_path))
+    dcp.load({k: torch.empty_like(v) for k, v in src.items()}, storage_reader=whole, no_dist=True)
+    assert whole.prefetched_bytes >= whole.ranged_bytes > 0
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.planner import LoadItemType, ReadItem
+
+    def item(first: int, rows: int) -> ReadItem:
+        index = MetadataIndex("w", torch.Size([0, 0]))
+        return ReadItem(
+            LoadItemType.TENSOR, index, torch.Size([0, 0]), index, torch.Size([first, 0]),
+            torch.Size([rows, 8]),
+        )  # fmt: skip
+
+    assert whole._spans([item(0, 64)]) and not whole._spans([item(32, 32)])  # half: no prefetch

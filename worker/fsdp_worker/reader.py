@@ -18,6 +18,7 @@ directory, is the fallback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
@@ -30,7 +31,7 @@ from typing import IO, Any, cast
 import torch
 from torch import _weights_only_unpickler
 from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
-from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
@@ -72,6 +73,9 @@ _LOCAL_SIG, _DESCRIPTOR_SIG = b"PK\x03\x04", b"PK\x07\x08"
 # Bytes read at the start of an item for `head_layout`; a tensor's pickle and the headers before
 # its data record take a few hundred bytes.
 HEAD_BYTES = 4096
+PREFETCH_WINDOW = 64 * 1024 * 1024  # read-ahead asked for, beyond the current position
+PREFETCH_PIECE = 8 * 1024 * 1024  # one posix_fadvise call
+PREFETCH_GAP = 1024 * 1024  # items read whole this close together are prefetched as one span
 
 
 class _MetaStorages:
@@ -204,6 +208,42 @@ def read_exactly(stream: IO[bytes], position: int, out: torch.Tensor) -> None:
         got += n
 
 
+class Prefetcher:
+    """Asks the kernel to read ahead (`POSIX_FADV_WILLNEED`) the parts of a file a rank will
+    read whole, up to `window` bytes beyond the current position. Without it every item costs
+    two synchronous trips to the disk (its head, then its data), which on a virtual or network
+    disk is what a rank that reads hundreds of items waits for."""
+
+    def __init__(self, fd: int | None, spans: list[tuple[int, int]], *, window: int) -> None:
+        self._fd, self._window = fd, window
+        self._pieces = [
+            (at, min(at + PREFETCH_PIECE, end))
+            for start, end in spans
+            for at in range(start, end, PREFETCH_PIECE)
+        ]
+        self._next = 0
+        self.advised = 0  # bytes (for tests)
+
+    def advance(self, position: int) -> None:
+        """Called before reading at `position` (increasing)."""
+        while self._next < len(self._pieces) and self._pieces[self._next][0] < (
+            position + self._window
+        ):
+            start, end = self._pieces[self._next]
+            self._next += 1
+            if self._fd is not None:
+                with contextlib.suppress(OSError):  # advice only
+                    os.posix_fadvise(self._fd, start, end - start, os.POSIX_FADV_WILLNEED)
+                    self.advised += end - start
+
+
+def _fileno(stream: IO[bytes]) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a local file
+        return None
+
+
 class RangeReader(FileSystemReader):
     """FileSystemReader with ranged tensor reads; metadata is read once per checkpoint."""
 
@@ -214,6 +254,8 @@ class RangeReader(FileSystemReader):
         self.files_read: dict[str, int] = {}  # ranged bytes per file name
         self.fallback_items = 0  # items left to DCP's reader
         self.full_parses = 0  # items whose layout needed the whole archive (`stored_layout`)
+        self.prefetched_bytes = 0  # bytes the kernel was asked to read ahead
+        self._chunk_sizes: dict[tuple[str, tuple[int, ...]], tuple[int, ...]] | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
@@ -241,18 +283,49 @@ class RangeReader(FileSystemReader):
         done.set_result(None)
         return done
 
+    def _whole(self, req: ReadItem) -> bool:
+        """Does `req` read its stored item whole (rows and all)?"""
+        if self._chunk_sizes is None:
+            self._chunk_sizes = {
+                (fqn, tuple(chunk.offsets)): tuple(chunk.sizes)
+                for fqn, md in self.read_metadata().state_dict_metadata.items()
+                if isinstance(md, TensorStorageMetadata)
+                for chunk in md.chunks
+            }
+        index = req.storage_index
+        stored = self._chunk_sizes.get((index.fqn, tuple(index.offset or ())))
+        return stored == tuple(req.lengths) and not any(req.storage_offsets)
+
+    def _spans(self, reqs: list[ReadItem]) -> list[tuple[int, int]]:
+        """Byte spans of the items read whole, in order; neighbours closer than
+        PREFETCH_GAP joined."""
+        spans: list[tuple[int, int]] = []
+        for req in reqs:
+            if req.type != LoadItemType.TENSOR or not self._whole(req):
+                continue
+            sinfo = self.storage_data[req.storage_index]
+            start, end = int(sinfo.offset), int(sinfo.offset) + int(sinfo.length)
+            if spans and start - spans[-1][1] <= PREFETCH_GAP:
+                spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+            else:
+                spans.append((start, end))
+        return spans
+
     def _read_file(
         self, stream: IO[bytes], reqs: list[ReadItem], planner: LoadPlanner
     ) -> list[ReadItem]:
         """Read what can be read as ranges from one file, front to back (reqs in offset
         order); return the rest, for DCP's reader."""
         rest = []
+        ahead = Prefetcher(_fileno(stream), self._spans(reqs), window=PREFETCH_WINDOW)
         for req in reqs:
+            ahead.advance(int(self.storage_data[req.storage_index].offset))
             located = self._locate(stream, req)
             if located is None:
                 rest.append(req)
             else:
                 self._read_located(stream, req, *located, planner)
+        self.prefetched_bytes += ahead.advised
         return rest
 
     def _locate(self, stream: IO[bytes], req: ReadItem) -> tuple[StoredLayout, int, int] | None:

@@ -4,9 +4,10 @@ DCP writes a rank's whole file into the page cache and fsyncs it at the end, so 
 during the copy and the CPU idles during the flush. `EagerWritebackFileSystem` asks the kernel
 to start writing back every `chunk` bytes as soon as they are written
 (`posix_fadvise(POSIX_FADV_DONTNEED)`, which on Linux starts asynchronous writeback of dirty
-pages and then drops clean ones), so the final fsync finds most of the file already on disk.
-Durability is unchanged: DCP still fsyncs every file (`sync_files=True`) before it returns, and
-the marker is written only after that. This module must not decide what is saved or where.
+pages and then drops clean ones), so the final fsync finds most of the file already on disk;
+closing a file starts writeback of its tail. Durability is unchanged: every file is fsync'd
+(`sync_files=True`; `layout.BandedWriter` does it after its last file) before the save returns,
+and the marker is written only after that. This module must not decide what is saved or where.
 """
 
 from __future__ import annotations
@@ -52,18 +53,24 @@ class _EagerWriteback(io.RawIOBase):
 
     def write(self, b: Any) -> int:
         n = int(self._f.write(b))
-        end = self._f.tell()
-        if end - self._advised >= self._chunk:
-            self._f.flush()
-            with contextlib.suppress(OSError):  # advice only
-                os.posix_fadvise(
-                    self._f.fileno(), self._advised, end - self._advised, os.POSIX_FADV_DONTNEED
-                )
-            self._advised = end
+        if self._f.tell() - self._advised >= self._chunk:
+            self._advise()
         return n
+
+    def _advise(self) -> None:
+        """Start writeback of everything written since the last call."""
+        self._f.flush()
+        end = self._f.tell()
+        with contextlib.suppress(OSError):  # advice only
+            os.posix_fadvise(
+                self._f.fileno(), self._advised, end - self._advised, os.POSIX_FADV_DONTNEED
+            )
+        self._advised = end
 
     def close(self) -> None:
         if not self.closed:
+            if not self._f.closed:
+                self._advise()  # the tail too, so it is on its way before the next file
             super().close()  # flushes through to the file first
             self._f.close()
 
