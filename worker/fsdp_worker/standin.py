@@ -33,6 +33,7 @@ from fsdp_worker import config as wconfig
 
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
+STOP_FILE = ".standin-stop-a{attempt}"  # on the checkpoint volume: the step to save on SIGTERM
 
 
 _stop_requested = False
@@ -103,6 +104,26 @@ class StandIn:
         )  # fmt: skip
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
         log.info("checkpoint step %d complete", step)
+        stop = self.storage.resolve(STOP_FILE.format(attempt=self.attempt))
+        if os.path.exists(stop):  # every rank has read it: each wrote its shard after
+            os.unlink(stop)
+
+    def _agreed_stop_step(self) -> int:
+        """The step every rank saves on SIGTERM: rank 0's. The real worker's ranks agree on it
+        through the collective save; stand-in ranks step on their own clocks and get SIGTERM
+        at different moments, so without this they may save different steps and rank 0 then
+        waits in vain for a shard (a flaky "steps lost" after a planned stop). Rank 0 posts
+        its step on the shared volume; the others wait for it, as they would in a collective."""
+        name = STOP_FILE.format(attempt=self.attempt)
+        if self.rank == 0:
+            self.storage.write_atomic(name, str(self.step).encode())
+            return self.step
+        deadline = time.monotonic() + BARRIER_TIMEOUT
+        while not self.storage.exists(name):
+            if time.monotonic() > deadline:
+                raise RuntimeError("SIGTERM: rank 0 never said which step to save")
+            time.sleep(0.02)
+        return int(self.storage.read_bytes(name))
 
     def _maybe_fail(self) -> None:
         at = _env_int("STANDIN_FAIL_AT_STEP", -1)
@@ -129,8 +150,9 @@ class StandIn:
         while self.step < self.cfg.training.steps:
             time.sleep(self.step_time)
             if _stop_requested:  # SIGTERM between steps: a complete checkpoint, then exit
-                log.warning("SIGTERM at step %d: saving before exit", self.step)
-                self.save(self.step)
+                step = self._agreed_stop_step()
+                log.warning("SIGTERM at step %d: saving step %d before exit", self.step, step)
+                self.save(step)
                 return int(contract.ExitCode.PREEMPTED)
             self.step += 1
             gauge_step.set(self.step)

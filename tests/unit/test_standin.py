@@ -1,0 +1,60 @@
+"""The torch-free stand-in worker (what the operator tiers run): a planned stop loses no steps
+even when its ranks are a step apart and get SIGTERM at different moments."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fsdp_worker import catalog, contract
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _start(rank: int, root: Path) -> subprocess.Popen[bytes]:
+    config = {
+        "training": {"steps": 10_000, "globalBatchSize": 2, "microBatchSize": 1},
+        "checkpoint": {"root": str(root), "intervalSteps": 1000},
+    }
+    env = dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        STANDIN_STEP_SECONDS="0.05",
+        PYTHONPATH=str(REPO / "worker"),
+        **{
+            contract.ENV_CONFIG: json.dumps(config),
+            contract.ENV_METRICS_PORT: "0",
+            contract.ENV_TERMINATION_LOG: str(root / f"term-{rank}"),
+            contract.ENV_ATTEMPT: "1",
+        },
+    )
+    return subprocess.Popen([sys.executable, "-m", "fsdp_worker.standin"], env=env)
+
+
+def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None:
+    rank0 = _start(0, tmp_path)
+    time.sleep(0.12)  # rank 1 runs about two steps behind
+    rank1 = _start(1, tmp_path)
+    try:
+        time.sleep(1.0)
+        rank1.send_signal(signal.SIGTERM)  # the later rank first: it must wait for rank 0
+        time.sleep(0.13)
+        rank0.send_signal(signal.SIGTERM)
+        codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+    finally:
+        for proc in (rank0, rank1):
+            proc.kill()
+            proc.wait()
+    assert codes == (contract.ExitCode.PREEMPTED, contract.ExitCode.PREEMPTED)
+    storage = catalog.LocalStorage(str(tmp_path))
+    steps = [name for name in storage.list_dirs(".") if name.startswith("step-")]
+    assert len(steps) == 1 and catalog.PARTIAL_INFIX not in steps[0], steps
+    marker = catalog.Marker.from_json(storage.read_bytes(f"{steps[0]}/{catalog.MARKER_NAME}"))
+    assert marker.step >= 15 and set(marker.files) == {"rank-0.bin", "rank-1.bin"}
+    assert not any(p.name.startswith(".standin-stop") for p in tmp_path.iterdir())
