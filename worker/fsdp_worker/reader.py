@@ -9,11 +9,11 @@ contiguous CPU tensor of the same dtype). Same-size and resharded loads take thi
 Anything else (scalars, other layouts, storage transforms, foreign byte order, byte items)
 goes through DCP's reader unchanged. This module must not choose checkpoints or write files.
 
-Each file is read front to back (items in offset order) and every access moves forward, so the
-kernel's readahead can stream it: an item's layout comes from its first `HEAD_BYTES` only
-(`head_layout`), not from the zip directory at its end, which cost a jump to the end of the item
-and back for every item (docs/worker.md has the numbers). `stored_layout`, which reads the
-directory, is the fallback.
+Each file is read front to back (items in offset order) and every access moves forward; for
+the items a rank reads whole the kernel is asked to read 64 MiB ahead (`Prefetcher`). An
+item's layout comes from its first `HEAD_BYTES` only (`head_layout`), not from the zip
+directory at its end, which cost a jump to the end of the item and back for every item
+(docs/worker.md has the numbers). `stored_layout`, which reads the directory, is the fallback.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import math
 import os
 import struct
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
 import torch
@@ -108,21 +108,12 @@ def _descriptor_end(head: bytes, payload: int) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class _Pickled:
-    """What a tensor's `data.pkl` says, without data: enough to place its bytes."""
-
-    dtype: torch.dtype
-    size: tuple[int, ...]
-    contiguous: bool
-    storage_offset_bytes: int
-
-
 @functools.lru_cache(maxsize=4096)
-def _unpickle_meta(pickled: bytes) -> _Pickled | None:
-    """The tensor `data.pkl` describes, unpickled weights-only onto meta storages, or None.
-    Cached by the pickle's bytes: the items of one checkpoint repeat a few dozen shapes (every
-    band, shard and optimizer moment of a weight), and the unpickler costs ~0.5 ms a call."""
+def _unpickle_meta(pickled: bytes) -> StoredLayout | None:
+    """The layout `data.pkl` describes, unpickled weights-only onto meta storages, or None;
+    `data_offset` counts from the start of the data record. Cached by the pickle's bytes: the
+    items of one checkpoint repeat a few dozen shapes (every band, shard and optimizer moment
+    of a weight), and the unpickler costs ~0.5 ms a call."""
     unpickler: Any = _weights_only_unpickler.Unpickler(io.BytesIO(pickled))
     storages = _MetaStorages()
     unpickler.persistent_load = storages
@@ -132,7 +123,7 @@ def _unpickle_meta(pickled: bytes) -> _Pickled | None:
         return None
     if not isinstance(tensor, torch.Tensor) or storages.keys != ["0"]:
         return None
-    return _Pickled(
+    return StoredLayout(
         tensor.dtype,
         tuple(tensor.shape),
         tensor.is_contiguous(),
@@ -148,7 +139,7 @@ def head_layout(head: bytes) -> StoredLayout | None:
     None whenever anything differs from that shape; `stored_layout` then parses the whole
     archive."""
     pos, prefix, byteorder = 0, "", None
-    tensor: _Pickled | None = None
+    tensor: StoredLayout | None = None
     while pos + _LOCAL_HEADER.size <= len(head):
         sig, _v, flags, method, _t, _d, _crc, _cs, _us, nlen, elen = _LOCAL_HEADER.unpack_from(
             head, pos
@@ -160,8 +151,7 @@ def head_layout(head: bytes) -> StoredLayout | None:
         if tensor is not None and name == f"{prefix}data/0":
             if byteorder != sys.byteorder:
                 return None
-            offset = payload + tensor.storage_offset_bytes
-            return StoredLayout(tensor.dtype, tensor.size, tensor.contiguous, offset)
+            return replace(tensor, data_offset=payload + tensor.data_offset)
         end = _descriptor_end(head, payload)
         if end is None:
             return None
