@@ -34,13 +34,16 @@ def test_a_user_factory_model_is_sharded_and_trained(tmp_path: Path) -> None:
     assert sorted(run.losses()) == [1, 2, 3]
 
 
-def test_a_factory_model_built_on_meta_starts_the_same_at_every_world_size(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    "factory", ["build_on_meta", "build_on_meta_with_buffer"], ids=["params", "buffer"]
+)
+def test_a_meta_built_factory_model_starts_the_same_at_every_world_size(
+    tmp_path: Path, factory: str
 ) -> None:
     """Built on meta, a user model is initialised module by module after sharding, from
     per-module seeds, so its first loss (same data, same global batch) does not depend on
     how many ranks share it."""
-    train = training(steps=2, model={"factory": "factory_model:build_on_meta", "vocabSize": 64})
+    train = training(steps=2, model={"factory": f"factory_model:{factory}", "vocabSize": 64})
     first = {}
     for nproc in (1, 2):
         cfg = worker_config(tmp_path / f"ckpt{nproc}", train=train)
@@ -61,6 +64,35 @@ def test_a_meta_factory_module_that_cannot_initialise_itself_is_a_config_error(
     assert (term["class"], term["exitCode"]) == ("ConfigError", 78)
     assert "module '(root)' (Scaled)" in term["message"]
     assert "reset_parameters()" in term["message"]
+
+
+def test_a_meta_buffer_is_filled_by_its_modules_reset_parameters() -> None:
+    """In-process, unsharded: what the worker copies into the live model is what the module's
+    own reset_parameters() computed, not the uninitialised memory `to_empty` left."""
+    import factory_model
+    import torch
+
+    from fsdp_worker import config, model
+
+    cfg = config.TrainingConfig.model_validate(
+        training(model={"factory": "factory_model:build_on_meta_with_buffer", "vocabSize": 64})
+    )
+    net = model.build(cfg)
+    template = model.meta_template(net, factory=cfg.model.factory)
+    model.materialize(net, device=torch.device("cpu"), seed=0, template=template)
+    assert isinstance(net, factory_model.WithBuffer)
+    assert torch.equal(net.scaler.gain, torch.linspace(0.5, 1.5, 24))
+
+
+def test_a_meta_buffer_that_reset_parameters_leaves_unset_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    model = {"factory": "factory_model:build_on_meta_with_unfilled_buffer", "vocabSize": 64}
+    cfg = worker_config(tmp_path / "ckpt", train=training(model=model))
+    term = launch(tmp_path, nproc=2, config=cfg).wait().termination()
+    assert (term["class"], term["exitCode"]) == ("ConfigError", 78)
+    assert "module 'scaler' (Scaler)" in term["message"]
+    assert "left buffer 'gain' unset" in term["message"]
 
 
 def test_an_unimportable_factory_is_a_config_error(tmp_path: Path) -> None:

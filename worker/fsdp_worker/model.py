@@ -164,8 +164,9 @@ def build(cfg: config.TrainingConfig) -> nn.Module:
 
 def meta_template(net: nn.Module, *, factory: str | None) -> nn.Module | None:
     """For a user model built on the meta device: an unsharded meta copy to initialise from
-    (free: meta tensors hold no data), after checking that every module with parameters can
-    initialise itself. None for the built-in model and for a user model built on a device."""
+    (free: meta tensors hold no data), after checking that every module with parameters or
+    buffers can initialise itself. None for the built-in model and for a user model built on
+    a device."""
     if isinstance(net, Transformer):
         return None
     on_meta = [p.is_meta for p in net.parameters()]
@@ -175,19 +176,23 @@ def meta_template(net: nn.Module, *, factory: str | None) -> nn.Module | None:
     if not all(on_meta):
         raise errors.ConfigError(f"{field}: the model has parameters both on and off meta")
     for name, module in net.named_modules():
-        label = f"module {name or '(root)'!r} ({type(module).__name__})"
-        if any(b.is_meta for b in module.buffers(recurse=False)):
+        if _needs_init(module) and not callable(getattr(module, "reset_parameters", None)):
             raise errors.ConfigError(
-                f"{field}: {label} has buffers on the meta device, which nothing here can "
-                "fill in; build the model on CPU, or create the buffers after the parameters"
-            )
-        has_params = any(True for _ in module.parameters(recurse=False))
-        if has_params and not callable(getattr(module, "reset_parameters", None)):
-            raise errors.ConfigError(
-                f"{field}: {label} has parameters on the meta device but no "
-                "reset_parameters() to initialise them; add one or build the model on CPU"
+                f"{field}: {_label(name, module)} has parameters or buffers on the meta device "
+                "but no reset_parameters() to initialise them; add one or build the model on CPU"
             )
     return copy.deepcopy(net)
+
+
+def _needs_init(module: nn.Module) -> bool:
+    """Has the module parameters or buffers of its own (not its children's) to initialise?"""
+    return any(True for _ in module.parameters(recurse=False)) or any(
+        True for _ in module.buffers(recurse=False)
+    )
+
+
+def _label(name: str, module: nn.Module) -> str:
+    return f"module {name or '(root)'!r} ({type(module).__name__})"
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -200,7 +205,9 @@ def materialize(
 ) -> None:
     """Allocate meta parameters on `device` and initialise them (after sharding). `template`
     is `meta_template`'s copy for a user model built on meta; its modules are initialised one
-    at a time (collective: every rank walks the same modules in the same order)."""
+    at a time (collective: every rank walks the same modules in the same order). A module's
+    `reset_parameters()` must fill its buffers too (as BatchNorm's does); a floating-point
+    buffer it leaves unset (still NaN) is a ConfigError naming it."""
     if isinstance(model, Transformer):
         model.to_empty(device=device)
         model.init_weights(seed=seed)
@@ -211,13 +218,22 @@ def materialize(
     live = dict(model.named_modules())
     with torch.no_grad():
         for name, twin in template.named_modules():
-            names = [n for n, _ in twin.named_parameters(recurse=False)]
-            if not names:
+            if not _needs_init(twin):
                 continue
             twin.to_empty(device="cpu", recurse=False)
+            for buf in twin.buffers(recurse=False):
+                if buf.is_floating_point():
+                    buf.fill_(math.nan)
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(module_seed(seed, name))
                 twin.reset_parameters()
-            for pname in names:
-                _assign(getattr(live[name], pname), getattr(twin, pname).detach())
+            buffers = dict(twin.named_buffers(recurse=False))  # reset may have replaced them
+            for bname, buf in buffers.items():
+                if buf.is_floating_point() and bool(buf.isnan().any()):
+                    raise errors.ConfigError(
+                        f"training.model.factory: {_label(name, twin)}: reset_parameters() "
+                        f"left buffer {bname!r} unset; it must fill the module's buffers too"
+                    )
+            for pname, value in [*twin.named_parameters(recurse=False), *buffers.items()]:
+                _assign(getattr(live[name], pname), value.detach())
             twin.to_empty(device="meta", recurse=False)
