@@ -55,15 +55,26 @@ def test_a_meta_built_factory_model_starts_the_same_at_every_world_size(
     assert abs(first[1] - first[2]) < 1e-5, first
 
 
-def test_a_meta_factory_module_that_cannot_initialise_itself_is_a_config_error(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("factory", "says"),
+    [
+        ("build_on_meta_uninitialisable", ("module '(root)' (Scaled)", "reset_parameters()")),
+        (
+            "build_on_meta_with_unfilled_buffer",
+            ("module 'scaler' (Scaler)", "left buffer 'gain' unset"),
+        ),
+    ],
+    ids=["no_reset", "buffer"],
+)
+def test_a_meta_factory_model_that_cannot_initialise_is_a_config_error(
+    tmp_path: Path, factory: str, says: tuple[str, str]
 ) -> None:
-    model = {"factory": "factory_model:build_on_meta_uninitialisable", "vocabSize": 64}
+    model = {"factory": f"factory_model:{factory}", "vocabSize": 64}
     cfg = worker_config(tmp_path / "ckpt", train=training(model=model))
     term = launch(tmp_path, nproc=2, config=cfg).wait().termination()
     assert (term["class"], term["exitCode"]) == ("ConfigError", 78)
-    assert "module '(root)' (Scaled)" in term["message"]
-    assert "reset_parameters()" in term["message"]
+    for words in says:
+        assert words in term["message"]
 
 
 def test_a_meta_buffer_is_filled_by_its_modules_reset_parameters() -> None:
@@ -82,17 +93,6 @@ def test_a_meta_buffer_is_filled_by_its_modules_reset_parameters() -> None:
     model.materialize(net, device=torch.device("cpu"), seed=0, template=template)
     assert isinstance(net, factory_model.WithBuffer)
     assert torch.equal(net.scaler.gain, torch.linspace(0.5, 1.5, 24))
-
-
-def test_a_meta_buffer_that_reset_parameters_leaves_unset_is_a_config_error(
-    tmp_path: Path,
-) -> None:
-    model = {"factory": "factory_model:build_on_meta_with_unfilled_buffer", "vocabSize": 64}
-    cfg = worker_config(tmp_path / "ckpt", train=training(model=model))
-    term = launch(tmp_path, nproc=2, config=cfg).wait().termination()
-    assert (term["class"], term["exitCode"]) == ("ConfigError", 78)
-    assert "module 'scaler' (Scaler)" in term["message"]
-    assert "left buffer 'gain' unset" in term["message"]
 
 
 def test_an_unimportable_factory_is_a_config_error(tmp_path: Path) -> None:
