@@ -140,10 +140,11 @@ class LocalStorage:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
-        fsync_dir(directory)
+        fsync_path(directory)
 
 
-def fsync_dir(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """Make a file's data, or a directory's entries, durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -282,7 +282,7 @@ class CheckpointManager:
                 moved,
             )
         self.storage.rename(partial, final)
-        catalog.fsync_dir(self.storage.resolve(self.root))
+        catalog.fsync_path(self.storage.resolve(self.root))
         faults.kill_self_if("kill_before_marker", step)
         manifest = self._manifest(final)
         marker = catalog.Marker(

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import queue
 from typing import Any
 
@@ -29,6 +28,8 @@ from torch.distributed.checkpoint.filesystem import DEFAULT_SUFFIX, FileSystemWr
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
+
+from fsdp_worker import catalog
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,16 +138,7 @@ class BandedWriter(FileSystemWriter):
             result: Future[list[Any]] = self._write_data(planner, work)  # returns when written
         finally:
             self.sync_files = durable
-        if durable:
-            fsync_files(paths)
+        if durable:  # the first fsync waits for most of the data, the rest are quick
+            for path in paths:
+                catalog.fsync_path(path)
         return result
-
-
-def fsync_files(paths: list[str]) -> None:
-    """Make the files' data durable (the first fsync waits for most of it, the rest are quick)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
