@@ -4,8 +4,8 @@ Built-in models are created on the meta device and initialised after sharding by
 `init_weights`, from a seeded generator over full tensors, so the initial weights do not depend
 on the world size. A user factory may build on the meta device too (`meta_template`,
 `materialize`): each module is then initialised by its own `reset_parameters()` on a CPU twin
-holding only that module's parameters, seeded by (seed, module name), and each rank keeps its
-shard, so no rank ever holds the whole model unsharded. This module must not shard,
+holding only that module's parameters and buffers, seeded by (seed, module name), and each rank
+keeps its shard, so no rank ever holds the whole model unsharded. This module must not shard,
 checkpoint or read data.
 """
 
