@@ -132,7 +132,14 @@ class CheckpointManager:
         torch.serialization.set_crc32_options(ZIP_CRC32)
         # One stager for the whole run: its cached staging buffers are reused by every save.
         self._stager: AsyncStager = (
-            DefaultStager(StagingOptions(True, False, True, True))
+            DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=True,
+                    use_shared_memory=False,
+                    use_async_staging=True,
+                    use_non_blocking_copy=True,
+                )
+            )
             if dist_info.device.type == "cuda"
             else ThreadStager()
         )

@@ -8,6 +8,7 @@ It must not know about models, data or checkpoints.
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from dataclasses import dataclass
 
@@ -17,6 +18,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 # Long enough for a slow checkpoint on a shared volume; a dead peer still surfaces as an error.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,14 @@ def init() -> DistInfo:
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    log.info(
+        "rank %d of %d on device %s, backend %s, torch %s",
+        dist.get_rank(),
+        world,
+        device,
+        dist.get_backend(),
+        torch.__version__,
+    )
     return DistInfo(
         rank=dist.get_rank(),
         world_size=world,
