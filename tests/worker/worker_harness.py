@@ -134,6 +134,7 @@ def launch(
     faults: str = "",
     name: str = "run",
     metrics_port: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> Run:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg_path, log_path, term_path = tmp / f"{name}.json", tmp / f"{name}.log", tmp / f"{name}.term"
@@ -141,7 +142,9 @@ def launch(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_", "RANK"))}
     env.update(
         OMP_NUM_THREADS="1",
-        PYTHONPATH=os.pathsep.join([str(REPO / "worker"), str(Path(__file__).parent)]),
+        PYTHONPATH=os.pathsep.join(
+            [str(REPO / "worker"), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ).rstrip(os.pathsep),
         FSDP_WORKER_CONFIG_FILE=str(cfg_path),
         FSDP_ATTEMPT=str(attempt),
         FSDP_RESUME_FROM=resume,
@@ -149,6 +152,7 @@ def launch(
         FSDP_TERMINATION_LOG=str(term_path),
         FSDP_TEST_FAULTS=faults,
     )
+    env.update(extra_env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=0"]
     cmd += [f"--nproc-per-node={nproc}", "-m", "fsdp_worker"]
     with open(log_path, "wb") as log:
