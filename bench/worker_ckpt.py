@@ -516,6 +516,8 @@ def main() -> None:
         else:
             _inner_loads(doc, args.reshard_from, args.out, args.reps)
         return
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="worker-ckpt-bench-", dir=args.workdir))
     try:
         cfg1, cfg2 = work / "w1.json", work / "w2.json"
