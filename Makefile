@@ -6,7 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
-.PHONY: venv cluster-bin lint typecheck test test-unit test-worker test-cluster demo clean bench
+.PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check \
+	worker-compat
 
 venv: $(STAMP)
 
@@ -35,11 +36,29 @@ test: venv cluster-bin lint typecheck
 test-unit: venv
 	$(VPY) -m pytest -q tests/unit
 
-demo: venv cluster-bin
-	$(VPY) -m localcluster.demo
+test-worker: venv
+	$(VPY) -m pytest -q tests/worker
 
-bench: venv
-	$(VPY) bench/run_all.py
+# The CUDA tests alone (tests/worker/test_cuda.py; each is skipped without a GPU). On a GPU
+# machine without this venv: tests/worker/gpu_check.sh (docs/worker.md, "GPU check").
+gpu-check: venv
+	GPU_PY=$(VPY) bash tests/worker/gpu_check.sh
+
+# The worker tests against another torch release, in its own venv (pyproject pins what the
+# worker image ships; this is how a bump is tried): make worker-compat TORCH=2.15.0
+TORCH ?= 2.15.0
+worker-compat:
+	test -x .venv-torch-$(TORCH)/bin/python || $(PY) -m venv .venv-torch-$(TORCH)
+	.venv-torch-$(TORCH)/bin/python -m pip install -q torch==$(TORCH) 'pydantic>=2.7,<3' pyyaml \
+		'prometheus-client>=0.20' numpy pytest pytest-timeout
+	PYTHONPATH=worker:tests/worker .venv-torch-$(TORCH)/bin/python -m pytest -q -p no:cacheprovider \
+		-o addopts= tests/worker
+
+# Both benchmarks, about 10 minutes; numbers land in bench/results/ (docs/operator.md and
+# docs/worker.md, "Benchmarks").
+bench: venv cluster-bin
+	PYTHONPATH=. $(VPY) bench/operator_recovery.py
+	$(VPY) bench/worker_ckpt.py --reps 7
 
 clean:
-	rm -rf $(VENV) .cluster
+	rm -rf $(VENV) .venv-torch-* .cluster
