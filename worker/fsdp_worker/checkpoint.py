@@ -25,7 +25,7 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
-from fsdp_worker import catalog, errors, faults, layout, metrics, state, writeback
+from fsdp_worker import catalog, direct, errors, faults, layout, metrics, state, writeback
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,6 @@ WRITER_THREADS = 1
 # marker manifest's job (sizes; sha256 up to CHECKSUM_MAX_BYTES). Durability (fsync) is
 # unaffected. The setting is process-wide; the worker's only torch.save calls are DCP's.
 ZIP_CRC32 = False
-# Start writeback of each file while it is still being written (writeback.py); fsync unchanged.
-EAGER_WRITEBACK = True
 
 
 class SaveMode(enum.StrEnum):
@@ -120,9 +118,15 @@ class CheckpointManager:
         meters: metrics.Metrics,
         bands: int,
         min_band_bytes: int,
+        direct_writes: bool,
     ) -> None:
         self.root, self.keep, self.mode, self.identity = root, keep, mode, identity
         self.bands, self.min_band_bytes = bands, min_band_bytes
+        # Files are written around the page cache (direct.py) or buffered with writeback
+        # started behind the writer (writeback.py); either way fsync'd before the marker.
+        self.fs: writeback.EagerWritebackFileSystem = (
+            direct.DirectFileSystem() if direct_writes else writeback.EagerWritebackFileSystem()
+        )
         self.dist, self.meters = dist_info, meters
         self.storage = catalog.LocalStorage(root)
         self.lineage = catalog.Lineage(identity.attempt, identity.resumed_from_step)
@@ -175,8 +179,7 @@ class CheckpointManager:
             single_file_per_rank=True,
             thread_count=WRITER_THREADS,
         )
-        if EAGER_WRITEBACK:
-            writer.fs = writeback.EagerWritebackFileSystem()
+        writer.fs = self.fs
         if self.mode is SaveMode.SYNC:
             self._save_sync(sd, writer=writer, step=step, started=started)
         else:
@@ -268,6 +271,8 @@ class CheckpointManager:
         (wait=False) an in-flight publish is not waited for: its peers may be gone."""
         self._pool.shutdown(wait=wait)
         self._stager.close()
+        if wait:  # else the process is about to exit, and a stuck write must not hold it
+            self.fs.close()
 
     # --- rank 0 only -------------------------------------------------------------------------
 

@@ -277,6 +277,11 @@ class CheckpointConfig(_Model):
         le=2**40,
         description="Smallest run of rows worth a band; smaller tensor shards stay whole.",
     )
+    direct_writes: bool = Field(
+        True,
+        description="Write checkpoint files with O_DIRECT, around the page cache, where the "
+        "file system allows it (else buffered). Durability is the same either way.",
+    )
 
 
 class WorkerConfig(_Model):

@@ -173,6 +173,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         meters=meters,
         bands=ckcfg.bands_per_rank,
         min_band_bytes=ckcfg.min_band_bytes,
+        direct_writes=ckcfg.direct_writes,
     )
     run.manager.remove_abandoned()
     loop = trainer.Loop(

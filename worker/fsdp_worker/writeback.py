@@ -87,3 +87,6 @@ class EagerWritebackFileSystem(FileSystem):
             return
         with open(path, "wb") as f, _EagerWriteback(f, self.chunk) as stream:
             yield stream
+
+    def close(self) -> None:
+        """Nothing to release (a subclass may hold buffers and threads)."""
