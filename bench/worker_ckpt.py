@@ -1,12 +1,14 @@
 """Checkpoint benchmark for the worker: async blocking vs sync save, sync save vs the disk's
 fsync'd sequential-write bandwidth, resharded vs same-size load. Numbers, not pass/fail.
 
-    .venv/bin/python bench/worker_ckpt.py [--dim 1024 --layers 8] [--reps 5] [--workdir ...]
+    .venv/bin/python bench/worker_ckpt.py [--dim 1024 --layers 8] [--reps 5] [--load-reps 11]
+                                          [--workdir ...]
 
 Runs two torchrun gangs on CPU (gloo): world size 1 writes the checkpoint to reshard from;
-world size 2 saves (sync x reps, each with fsync'd dd runs of 1, world and 2 x world
-streams in a rotating order; async x3); then a fresh world-size-2 gang, as after a restart,
-loads both checkpoints reps times each (rotating order, cold page cache, idle disk).
+world size 2 saves (sync x reps: O_DIRECT banded, one file per rank, buffered banded, and
+fsync'd dd runs of 1, world and 2 x world streams, in a rotating order; async x3); then a fresh
+world-size-2 gang, as after a restart, loads both checkpoints load-reps times each (rotating
+order, cold page cache, idle disk).
 Medians and min-max are reported. Results go to bench/results/worker_ckpt.{json,md}; every
 large temporary file is removed at the end.
 """
@@ -68,11 +70,13 @@ def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
     meters = metrics.Metrics()
     ident = checkpoint.Identity(attempt, None, tcfg.resume_hash(), tcfg.global_batch_size)
 
-    def manager(mode: checkpoint.SaveMode, *, bands: int | None = None) -> Any:
+    def manager(mode: checkpoint.SaveMode, *, bands: int | None = None, direct: bool = True) -> Any:
         """bands=None: the configured (production) layout; 1: DCP's one file per rank, in
-        a sibling root `<root>-one-file-per-rank`."""
+        a sibling root `<root>-one-file-per-rank`. direct=False: buffered writes (eager
+        writeback) instead of O_DIRECT, in a sibling root `<root>-buffered`."""
+        root = cfg.checkpoint.root if bands is None else one_file_root(cfg.checkpoint.root)
         return checkpoint.CheckpointManager(
-            root=cfg.checkpoint.root if bands is None else one_file_root(cfg.checkpoint.root),
+            root=root if direct else f"{root}-buffered",
             keep=100,
             mode=mode,
             identity=ident,
@@ -80,6 +84,7 @@ def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
             meters=meters,
             bands=cfg.checkpoint.bands_per_rank if bands is None else bands,
             min_band_bytes=cfg.checkpoint.min_band_bytes,
+            direct_writes=direct,
         )
 
     def fwd_bwd() -> None:
@@ -169,6 +174,8 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     train_step()
     sync.save(st)  # warm-up; also gives the size
     manager(checkpoint.SaveMode.SYNC, bands=1).save(st)  # the same, in DCP's layout
+    buffered = manager(checkpoint.SaveMode.SYNC, direct=False)  # banded, page-cache writes
+    buffered.save(st)
     # The same-size loads read these warm-up checkpoints: they are written right after the
     # world-1 checkpoints the resharded loads read, so all have about the same age. (The disk
     # is virtual: a checkpoint written seconds before the loads, like the last sync save, may
@@ -185,7 +192,7 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     out["writer_threads"] = checkpoint.WRITER_THREADS
     out["bands"] = sync.bands
     one_file = manager(checkpoint.SaveMode.SYNC, bands=1)
-    tasks: list[str | int] = ["save", "save_one_file", *streams]
+    tasks: list[str | int] = ["save", "save_one_file", "save_buffered", *streams]
     for rep in range(reps):
         train_step()
         order = tasks[rep % len(tasks) :] + tasks[: rep % len(tasks)]
@@ -199,6 +206,8 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
                 out["sync"].append(_timed(lambda: sync.save(st)))
             elif task == "save_one_file":
                 out["sync_one_file"].append(_timed(lambda: one_file.save(st)))
+            elif task == "save_buffered":
+                out["sync_buffered"].append(_timed(lambda: buffered.save(st)))
             elif di.rank == 0:
                 n = int(task)
                 out[f"dd{n}"] = [*out.get(f"dd{n}", []), size / _write_parallel(dd, size, n)]
@@ -252,7 +261,7 @@ def _inner_main(cfg_doc: dict[str, Any], out_path: str, reps: int) -> None:
     from fsdp_worker import distributed
 
     ctx = _build(cfg_doc, async_=False, attempt=2)
-    keys = ("sync", "sync_one_file", "async", "step_alone", "step_overlapped")
+    keys = ("sync", "sync_one_file", "sync_buffered", "async", "step_alone", "step_overlapped")
     out: dict[str, Any] = {k: [] for k in keys}
     _inner_saves(ctx, out, reps)
     if ctx[0].rank == 0:
@@ -398,10 +407,12 @@ def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "world_size": 2,
         "writer_threads_per_rank": raw["writer_threads"],
         "repetitions": args.reps,
+        "load_repetitions": args.load_reps,
         "checkpoint_bytes": size,
         "seconds": {
             "sync_save": _stats(sync),
             "sync_save_one_file_per_rank": _stats(raw["sync_one_file"]),
+            "sync_save_buffered_writes": _stats(raw["sync_buffered"]),
             "async_blocking": _stats(blocking),
             "async_total": _stats([a["total"] for a in steady]),
             "fwd_bwd_alone": _stats(raw["step_alone"]),
@@ -456,7 +467,7 @@ def _markdown(s: dict[str, Any]) -> str:
         f"Checkpoint of {gib:.2f} GiB (model + AdamW), world size 2, "
         f"{s['bands_per_rank']} row bands (files) per rank, "
         f"{s['writer_threads_per_rank']} writer thread(s) per rank, {s['repetitions']} "
-        f"repetitions, {s['machine']}, {s['when']}.",
+        f"save and {s['load_repetitions']} load repetitions, {s['machine']}, {s['when']}.",
         "",
         "| ratio | median | min..max | goal | met |",
         "| --- | --- | --- | --- | --- |",
@@ -506,6 +517,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument(
+        "--load-reps", type=int, default=11, help="loads of each kind (the disk is noisy)"
+    )
     args = parser.parse_args()
     if args.inner:
         doc = json.loads(Path(args.config).read_text())
@@ -527,7 +541,8 @@ def main() -> None:
         out = work / "raw.json"
         common = ["--config", str(cfg2), "--out", str(out), "--reps", str(args.reps)]
         _torchrun(2, "--inner", "main", *common)
-        _torchrun(2, "--inner", "loads", "--reshard-from", str(work / "w1" / "step-1"), *common)
+        loads = [*common[:-1], str(args.load_reps)]
+        _torchrun(2, "--inner", "loads", "--reshard-from", str(work / "w1" / "step-1"), *loads)
         raw = json.loads(out.read_text())
         summary = _summarise(raw, args)
     finally:
