@@ -174,12 +174,17 @@ class _DirectStream(io.RawIOBase):
     def close(self) -> None:
         if self.closed:
             return
+        super().close()  # only marks it closed: flush() does nothing
+        if not self._fs.defer(self._complete):
+            self._complete()
+
+    def _complete(self) -> None:
+        """Write what is left, then release the descriptor and the buffers."""
         try:
             self._finish()
         finally:
             self._views = []
             os.close(self._fd)
-            super().close()
 
 
 class DirectFileSystem(writeback.EagerWritebackFileSystem):
@@ -194,6 +199,7 @@ class DirectFileSystem(writeback.EagerWritebackFileSystem):
         self.buffers = _Buffers(buffer_bytes)
         self.pool = cf.ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="ckpt-io")
         self._lock = threading.Lock()
+        self._deferred: list[cf.Future[None]] | None = None  # None: closing is synchronous
         self.direct_bytes = 0  # bytes written with O_DIRECT (for tests and logs)
         self.buffered_files = 0  # files written buffered because O_DIRECT was refused
 
@@ -208,6 +214,34 @@ class DirectFileSystem(writeback.EagerWritebackFileSystem):
             first = self.buffered_files == 1
         if first:
             log.warning("the file system refused O_DIRECT for %s: writing buffered", path)
+
+    @contextmanager
+    def deferred_closes(self) -> Generator[None, None, None]:
+        """Inside, closing a stream returns at once and its last writes finish in the
+        background, so the writer goes on to its next file with the disk still busy. Leaving
+        waits for all of them and raises the first error. Only for callers that fsync after
+        leaving, as `layout.BandedWriter` does (DCP's own writer fsyncs before closing)."""
+        with self._lock:
+            self._deferred = []
+        failed = True
+        try:
+            yield
+            failed = False
+        finally:
+            with self._lock:
+                deferred, self._deferred = self._deferred or [], None
+            done = cf.wait(deferred).done
+            errors = [e for f in done if (e := f.exception()) is not None]
+            if errors and not failed:
+                raise errors[0]
+
+    def defer(self, fn: Any) -> bool:
+        """Run fn in the background if inside `deferred_closes`; False if not."""
+        with self._lock:
+            if self._deferred is None:
+                return False
+            self._deferred.append(self.pool.submit(fn))
+            return True
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
