@@ -199,8 +199,10 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
         for task in order:
             if di.rank == 0:
                 # Untimed: settle earlier writes and the discards of deleted dd files (ext4 is
-                # mounted with `discard`), else the next fsync, whoever's, pays for them.
+                # mounted with `discard`), else the next fsync, whoever's, pays for them. sync
+                # alone did not: the task after a dd run was the slow one.
                 os.sync()
+                out["save_settle"].append(_settle(root))
             dist.barrier()
             if task == "save":
                 out["sync"].append(_timed(lambda: sync.save(st)))
@@ -261,7 +263,15 @@ def _inner_main(cfg_doc: dict[str, Any], out_path: str, reps: int) -> None:
     from fsdp_worker import distributed
 
     ctx = _build(cfg_doc, async_=False, attempt=2)
-    keys = ("sync", "sync_one_file", "sync_buffered", "async", "step_alone", "step_overlapped")
+    keys = (
+        "sync",
+        "sync_one_file",
+        "sync_buffered",
+        "async",
+        "step_alone",
+        "step_overlapped",
+        "save_settle",
+    )
     out: dict[str, Any] = {k: [] for k in keys}
     _inner_saves(ctx, out, reps)
     if ctx[0].rank == 0:
@@ -423,6 +433,7 @@ def _summarise(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "load_reshard_1_to_2_one_file_per_rank": _stats(raw["load_reshard_one_file"]),
             "load_same_2_to_2_dcp_reader": _stats(raw["load_same_dcp_reader"]),
             "load_reshard_1_to_2_dcp_reader": _stats(raw["load_reshard_dcp_reader"]),
+            "disk_settle_before_each_save": _stats(raw["save_settle"]),
             "disk_settle_before_each_load": _stats(raw["settle_seconds"]),
         },
         "gb_per_s": {
