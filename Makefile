@@ -54,7 +54,7 @@ worker-compat:
 	PYTHONPATH=worker:tests/worker .venv-torch-$(TORCH)/bin/python -m pytest -q -p no:cacheprovider \
 		-o addopts= tests/worker
 
-# Both benchmarks, about 10 minutes; numbers land in bench/results/ (docs/operator.md and
+# Both benchmarks; numbers land in bench/results/ (docs/operator.md and
 # docs/worker.md, "Benchmarks").
 bench: venv cluster-bin
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py
