@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 import torch
-from worker_harness import launch, marker, training, worker_config
+from worker_harness import (
+    check_async_save_overlaps_training,
+    launch,
+    marker,
+    training,
+    worker_config,
+)
 
 from fsdp_worker import catalog, reader, state
 
@@ -126,17 +132,7 @@ def test_a_cpu_checkpoint_resumes_on_the_gpu(gpu_reference: dict[str, Any], tmp_
 
 
 def test_async_save_on_the_gpu_stages_and_completes_every_checkpoint(tmp_path: Path) -> None:
-    root = tmp_path / "ckpt"
-    cfg = worker_config(root, train=_bf16(steps=9), **{"async": True})
-    run = launch(tmp_path, nproc=1, config=cfg, faults="slow_write=1.0,step_sleep=0.1")
-    assert run.wait().rc == 0, run.log[-3000:]
-    lines = run.log.splitlines()
-    complete3 = next(i for i, x in enumerate(lines) if "checkpoint step 3 complete" in x)
-    step4 = next(i for i, x in enumerate(lines) if '"step": 4,' in x)
-    assert step4 < complete3  # training went on while step 3 was being written
-    storage = catalog.LocalStorage(str(root))
-    found = catalog.list_checkpoints(storage, str(root), deep=True)
-    assert [(c.step, c.ok) for c in found] == [(9, True), (6, True), (3, True)]
+    check_async_save_overlaps_training(tmp_path, nproc=1, train=_bf16(steps=9))
 
 
 def _copy_upto(src: Path, dst: Path, *, step: int) -> None:

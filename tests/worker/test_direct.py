@@ -123,13 +123,7 @@ def test_o_direct_refused_at_open_writes_buffered(
         return real_open(path, flags, *args)
 
     monkeypatch.setattr(direct.os, "open", refusing_open)
-    src = _tensors()
-    _save(src, tmp_path / "plain", None)
-    fs = direct.DirectFileSystem(buffer_bytes=SMALL_BUFFER)
-    _save(src, tmp_path / "fallback", fs)
-    fs.close()
-    assert (fs.direct_bytes, fs.buffered_files) == (0, 2)
-    assert _files(tmp_path / "fallback") == _files(tmp_path / "plain")
+    _assert_all_buffered_and_exact(tmp_path)
 
 
 def test_o_direct_refused_at_the_first_write_finishes_the_file_buffered(
@@ -145,6 +139,11 @@ def test_o_direct_refused_at_the_first_write_finishes_the_file_buffered(
         return real_pwrite(fd, data, offset)
 
     monkeypatch.setattr(direct.os, "pwrite", refusing_pwrite)
+    _assert_all_buffered_and_exact(tmp_path)
+
+
+def _assert_all_buffered_and_exact(tmp_path: Path) -> None:
+    """A save where O_DIRECT is refused: both files (data, .metadata) buffered, bytes exact."""
     src = _tensors()
     _save(src, tmp_path / "plain", None)
     fs = direct.DirectFileSystem(buffer_bytes=SMALL_BUFFER)

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_harness import free_port, launch, marker, training, worker_config
+from worker_harness import (
+    check_async_save_overlaps_training,
+    free_port,
+    launch,
+    marker,
+    training,
+    worker_config,
+)
 
 from fsdp_worker import catalog, contract
 
@@ -98,17 +105,7 @@ def test_sigterm_saves_the_current_step_then_exits_preempted(tmp_path: Path) -> 
 
 
 def test_async_save_overlaps_training_and_marks_only_durable_checkpoints(tmp_path: Path) -> None:
-    root = tmp_path / "ckpt"
-    cfg = worker_config(root, train=training(steps=9), **{"async": True})
-    run = launch(tmp_path, nproc=2, config=cfg, faults="slow_write=1.0,step_sleep=0.1")
-    assert run.wait().rc == 0, run.log[-3000:]
-    lines = run.log.splitlines()
-    complete3 = next(i for i, x in enumerate(lines) if "checkpoint step 3 complete" in x)
-    step4 = next(i for i, x in enumerate(lines) if '"step": 4,' in x)
-    assert step4 < complete3  # training went on while step 3 was being written
-    storage = catalog.LocalStorage(str(root))
-    found = catalog.list_checkpoints(storage, str(root), deep=True)
-    assert [(c.step, c.ok) for c in found] == [(9, True), (6, True), (3, True)]
+    check_async_save_overlaps_training(tmp_path, nproc=2, train=training(steps=9))
 
 
 def test_a_failed_background_write_fails_the_run_loudly(tmp_path: Path) -> None:

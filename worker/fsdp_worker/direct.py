@@ -245,22 +245,24 @@ class DirectFileSystem(writeback.EagerWritebackFileSystem):
 
     @contextmanager
     def create_stream(self, path: str | os.PathLike[str], mode: str) -> Generator[Any, None, None]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags | os.O_DIRECT, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            self.count_buffered(path)
+        fd = self._open_direct(path) if mode == "wb" else None
+        if fd is None:  # not a write, or O_DIRECT refused: the parent's stream
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
         with _DirectStream(fd, self, path) as stream:
             yield stream
+
+    def _open_direct(self, path: str | os.PathLike[str]) -> int | None:
+        """A new O_DIRECT descriptor for writing `path`; None where the file system refuses."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_DIRECT
+        try:
+            return os.open(path, flags, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            self.count_buffered(path)
+            return None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
