@@ -6,8 +6,8 @@ VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
-.PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check \
-	worker-compat
+.PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
+.PHONY: worker-compat
 
 venv: $(STAMP)
 
@@ -53,6 +53,9 @@ worker-compat:
 		'prometheus-client>=0.20' numpy pytest pytest-timeout
 	PYTHONPATH=worker:tests/worker .venv-torch-$(TORCH)/bin/python -m pytest -q -p no:cacheprovider \
 		-o addopts= tests/worker
+
+demo: venv cluster-bin
+	$(VPY) -m localcluster.demo
 
 # Both benchmarks; numbers land in bench/results/ (docs/operator.md and
 # docs/worker.md, "Benchmarks").
