@@ -176,18 +176,14 @@ def marker(step_dir: Path) -> dict[str, Any]:
     return dict(json.loads((step_dir / "COMPLETE.json").read_text()))
 
 
-def check_async_save_overlaps_training(
-    tmp: Path, *, nproc: int, train: dict[str, Any], extra_env: dict[str, str] | None = None
-) -> None:
+def check_async_save_overlaps_training(tmp: Path, *, nproc: int, train: dict[str, Any]) -> None:
     """A 9-step run with async saves every 3 steps and slowed writes: training goes on while
     step 3 is written, the run succeeds, and all three checkpoints are complete."""
     from fsdp_worker import catalog
 
     root = tmp / "ckpt"
     cfg = worker_config(root, train=train, **{"async": True})
-    run = launch(
-        tmp, nproc=nproc, config=cfg, faults="slow_write=1.0,step_sleep=0.1", extra_env=extra_env
-    )
+    run = launch(tmp, nproc=nproc, config=cfg, faults="slow_write=1.0,step_sleep=0.1")
     assert run.wait().rc == 0, run.log[-3000:]
     lines = run.log.splitlines()
     complete3 = next(i for i, x in enumerate(lines) if "checkpoint step 3 complete" in x)
