@@ -17,6 +17,7 @@ from fsdp_operator import spec as api
 from fsdp_operator import status as st
 
 _DROP = {"title"}
+_INT_OR_STRING = "x-kubernetes-int-or-string"  # the one union Kubernetes allows: anyOf int|str
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
@@ -50,7 +51,7 @@ def _structural(node: Any) -> Any:
     if not isinstance(node, dict):
         return node
     node = dict(node)
-    if "anyOf" in node:  # Optional[X] -> X; absent means null in Kubernetes
+    if "anyOf" in node and not node.get(_INT_OR_STRING):  # Optional[X] -> X (absent is null)
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:
             raise ValueError(f"unsupported union in schema: {options}")
@@ -80,10 +81,10 @@ def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
     for name, prop in node.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
             _default_objects(prop)
-            if name not in required and "default" not in prop:
-                prop["default"] = {
-                    k: v["default"] for k, v in prop["properties"].items() if "default" in v
-                }
+            defaults = {k: v["default"] for k, v in prop["properties"].items() if "default" in v}
+            # Kubernetes types carry no defaults: an absent affinity stays absent.
+            if name not in required and "default" not in prop and defaults:
+                prop["default"] = defaults
     return node
 
 

@@ -8,11 +8,10 @@ and the node Ready condition with its transition time.
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator import names
+from fsdp_operator import kubetypes, names
 from fsdp_operator import observed as ob
 from fsdp_operator import spec as api
 from fsdp_operator import status as st
@@ -20,11 +19,6 @@ from fsdp_operator import status as st
 IMAGE_ERRORS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 )
-_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-    "Ki": 1024.0, "Mi": 1024.0**2, "Gi": 1024.0**3, "Ti": 1024.0**4,
-}  # fmt: skip
 
 
 def ts(value: str | None) -> float | None:
@@ -34,11 +28,7 @@ def ts(value: str | None) -> float | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def quantity(value: str | int | float) -> float:
-    m = _QUANTITY.match(str(value))
-    if not m or m.group(2) not in _SUFFIX:
-        raise ValueError(f"not a quantity: {value!r}")
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
+quantity = api.quantity
 
 
 def _terminated(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,16 +91,12 @@ def _requests(pod: Mapping[str, Any]) -> dict[str, float]:
     return total
 
 
-def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Mapping[str, Any]]) -> bool:
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[kubetypes.Toleration]) -> bool:
     for tol in tolerations:
-        if tol.get("operator") == "Exists" and not tol.get("key"):
+        if tol.operator == "Exists" and not tol.key:
             return True
-        same = tol.get("key") == taint.get("key") and tol.get("effect") in (
-            "",
-            None,
-            taint["effect"],
-        )
-        if same and (tol.get("operator") == "Exists" or tol.get("value") == taint.get("value")):
+        same = tol.key == taint.get("key") and tol.effect in ("", None, taint["effect"])
+        if same and (tol.operator == "Exists" or tol.value == taint.get("value")):
             return True
     return False
 
@@ -125,7 +111,7 @@ def _fits(node: Mapping[str, Any], *, spec: api.FSDPJobSpec, used: Mapping[str, 
         if hard and not _tolerated(taint, spec.template.spec.tolerations):
             return False
     alloc = node.get("status", {}).get("allocatable") or {}
-    wanted = {**spec.resources.limits, **spec.resources.requests}
+    wanted = {**(spec.resources.limits or {}), **(spec.resources.requests or {})}
     for key, value in wanted.items():
         if quantity(alloc.get(key, 0)) - used.get(key, 0.0) < quantity(value):
             return False
@@ -164,6 +150,33 @@ def node_views(
             )
         )
     return views
+
+
+def controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ownerReference marked controller, if any."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return dict(ref)
+    return None
+
+
+def owned_by(obj: Mapping[str, Any], job: names.JobRef) -> bool:
+    """Controlled by this very FSDPJob object (its uid), not merely named or labelled for it."""
+    ref = controller(obj)
+    return ref is not None and ref.get("uid") == job.uid
+
+
+def conflict(obj: Mapping[str, Any], job: names.JobRef) -> ob.Conflict:
+    """Why `obj`, which carries this job's name or labels, is not the job's."""
+    kind = str(obj.get("kind") or "object").lower()
+    what = f"{kind} {obj.get('metadata', {}).get('name')}"
+    ref = controller(obj)
+    if ref is None:
+        return ob.Conflict(ob.ConflictKind.FOREIGN, what, "no controller")
+    owner = f"{ref.get('kind')} {ref.get('name')} uid {ref.get('uid')}"
+    earlier = ref.get("kind") == job.kind and ref.get("name") == job.name
+    kind_of = ob.ConflictKind.PREVIOUS_JOB if earlier else ob.ConflictKind.FOREIGN
+    return ob.Conflict(kind_of, what, owner + (" (deleted: a same-named earlier job)" * earlier))
 
 
 def status_of(raw: Mapping[str, Any] | None) -> st.FSDPJobStatus:

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import copy
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from fsdp_operator import names
+from fsdp_operator import kubetypes, names
 from fsdp_operator import spec as api
 from fsdp_worker import contract
 
 CHECKPOINT_VOLUME = "fsdp-checkpoint"
 SHM_VOLUME = "fsdp-shm"  # NCCL and data-loader workers need more than the 64 MiB default
 SHM_PATH = "/dev/shm"
-RESERVED_VOLUME_PREFIX = "fsdp-"
+RESERVED_VOLUME_PREFIX = api.RESERVED_VOLUME_PREFIX
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
@@ -44,7 +44,7 @@ def volumes(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
                 "persistentVolumeClaim": {"claimName": spec.checkpoint.claim_name},
             }
         )
-    return result + copy.deepcopy(spec.template.spec.volumes)
+    return result + [volume.to_api() for volume in spec.template.spec.volumes]
 
 
 def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
@@ -52,36 +52,25 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
     if spec.checkpoint.claim_name:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.root})
-    return mounts + copy.deepcopy(spec.template.spec.volume_mounts)
+    return mounts + [mount.to_api() for mount in spec.template.spec.volume_mounts]
 
 
 def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
     overrides = spec.template.spec
-    declared: set[str] = set()
-    for index, volume in enumerate(overrides.volumes):
-        name = volume.get("name")
-        field = f"template.spec.volumes[{index}].name"
-        if not isinstance(name, str) or not name:
-            raise TemplateError(f"{field}={name!r}: every volume needs a name")
-        if name.startswith(RESERVED_VOLUME_PREFIX):
-            raise TemplateError(
-                f"{field}={name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are reserved"
-                " for the operator's volumes; choose another name"
-            )
-        declared.add(name)
+    declared = {volume.name for volume in overrides.volumes}
     reserved = [SHM_PATH, contract.DEFAULT_TERMINATION_LOG]
     if spec.checkpoint.claim_name:
         reserved.append(spec.checkpoint.root)
     for index, mount in enumerate(overrides.volume_mounts):
         field = f"template.spec.volumeMounts[{index}]"
-        if mount.get("name") not in declared:
+        if mount.name not in declared:
             raise TemplateError(
-                f"{field}.name={mount.get('name')!r} is not one of template.spec.volumes"
+                f"{field}.name={mount.name!r} is not one of template.spec.volumes"
                 f" {sorted(declared)}"
             )
-        path = mount.get("mountPath")
-        if not isinstance(path, str) or not path.startswith("/"):
-            raise TemplateError(f"{field}.mountPath={path!r} must be an absolute path")
+        path = mount.mountPath
+        if not path.startswith("/") or ".." in path.split("/"):
+            raise TemplateError(f"{field}.mountPath={path!r} must be an absolute path without '..'")
         clash = [r for r in reserved if _within(posixpath.normpath(path), r)]
         if clash:
             raise TemplateError(
@@ -96,14 +85,14 @@ def _within(path: str, root: str) -> bool:
 
 
 def affinity(
-    user: Mapping[str, Any] | None,
+    user: kubetypes.Affinity | None,
     *,
     job_name: str,
     attempt: int,
     excluded_nodes: Sequence[str],
 ) -> dict[str, Any]:
     """The user's affinity plus one-worker-per-node and the excluded nodes."""
-    merged = copy.deepcopy(dict(user or {}))
+    merged = user.to_api() if user is not None else {}
     anti = _section(merged, "podAntiAffinity", dict)
     required = _section(anti, "requiredDuringSchedulingIgnoredDuringExecution", list)
     required.append(

@@ -8,11 +8,14 @@ rejects bad specs at admission). No I/O, no clock, no kopf.
 
 from __future__ import annotations
 
-from typing import Any
+import decimal
+import re
+from typing import Annotated, Any
 
 import pydantic
 from pydantic import Field
 
+from fsdp_operator import kubetypes
 from fsdp_worker import config as wconfig
 
 GROUP = "fsdpoperator.io"
@@ -25,7 +28,6 @@ CATEGORIES = ["training"]
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|Mi|Gi|Ti|M|G|T)?$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NO_VAR_EXPANSION = "!self.contains('$(')"
 
@@ -110,34 +112,129 @@ class CheckpointSpec(wconfig.CheckpointConfig):
         )
 
 
-class EnvVar(_Model):
-    """A plain environment variable for the worker container. No valueFrom, no $(VAR)."""
+RESERVED_ENV_PREFIX = "FSDP_"  # the worker reads this prefix (FSDP_WORKER_CONFIG_FILE, ...)
+RESERVED_VOLUME_PREFIX = "fsdp-"  # the operator's own volumes
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+QUALIFIED_NAME_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+# Annotations that loosen a container's confinement: Pod Security "baseline" forbids them.
+CONFINEMENT_ANNOTATIONS = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+_VOLUME_SOURCES = (
+    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+    "projected", "secret",
+)  # fmt: skip
 
-    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128)
-    value: str = Field(
-        "",
+
+class EnvVar(kubetypes.EnvVar):
+    """A worker env var: Kubernetes' EnvVar without `$(VAR)` expansion or the operator's names."""
+
+    name: str = Field(
+        pattern=ENV_NAME_PATTERN,
+        max_length=128,
+        json_schema_extra=_rules(
+            _cel(
+                f"!self.startsWith('{RESERVED_ENV_PREFIX}')",
+                f"names starting with {RESERVED_ENV_PREFIX} are reserved for the operator",
+            )
+        ),
+    )
+    value: str | None = Field(
+        None,
         max_length=4096,
         json_schema_extra=_rules(
             _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
         ),
     )
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(RESERVED_ENV_PREFIX):
+            raise ValueError(
+                f"env name {name!r}: names starting with {RESERVED_ENV_PREFIX!r} are reserved"
+                " for the operator; choose another name"
+            )
+        return name
+
     @pydantic.field_validator("value")
     @classmethod
-    def _no_expansion(cls, value: str) -> str:
-        if "$(" in value:
+    def _no_expansion(cls, value: str | None) -> str | None:
+        if value is not None and "$(" in value:
             raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
         return value
 
 
-class PodOverrides(_Model):
-    """`spec.template.spec`: the pod fields a user may set. Anything else is the operator's."""
+_ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _VOLUME_SOURCES) + " <= 1"
 
-    node_selector: dict[str, str] = Field(default_factory=dict, max_length=64)
-    tolerations: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
-    affinity: dict[str, Any] | None = None
-    volumes: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
-    volume_mounts: list[dict[str, Any]] = Field(default_factory=list, max_length=64)
+
+class Volume(kubetypes.Volume):
+    """A pod volume of one of the sources Pod Security "restricted" allows (no hostPath, ...)."""
+
+    name: str = Field(
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        json_schema_extra=_rules(
+            _cel(
+                f"!self.startsWith('{RESERVED_VOLUME_PREFIX}')",
+                f"names starting with {RESERVED_VOLUME_PREFIX} are reserved for the operator",
+            )
+        ),
+    )
+
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=_rules(_cel(_ONE_SOURCE, "a volume may have at most one source"))
+    )
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name.startswith(RESERVED_VOLUME_PREFIX):
+            raise ValueError(
+                f"volume name {name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are"
+                " reserved for the operator's volumes; choose another name"
+            )
+        return name
+
+    @pydantic.model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        given = [k for k in _VOLUME_SOURCES if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"volume {self.name!r} has sources {given}; at most one is allowed")
+        return self
+
+
+LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+
+
+def _check_keys(values: dict[str, str], *, what: str) -> dict[str, str]:
+    for key in values:
+        name = key.rsplit("/", 1)[-1]
+        if len(key) > 316 or len(name) > 63 or not re.fullmatch(QUALIFIED_NAME_PATTERN, key):
+            raise ValueError(
+                f"{what} key {key!r} is not a qualified name ([prefix/]name, name <= 63"
+                " characters of [A-Za-z0-9-_.], prefix a DNS subdomain)"
+            )
+    return values
+
+
+class PodOverrides(_Model):
+    """`spec.template.spec`: the pod fields a user may set, as Kubernetes types them.
+
+    Anything else in the pod is the operator's (security context, command, ports, hostname).
+    """
+
+    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=64)
+    tolerations: list[kubetypes.Toleration] = Field(default_factory=list, max_length=64)
+    affinity: kubetypes.Affinity | None = None
+    volumes: list[Volume] = Field(default_factory=list, max_length=64)
+    volume_mounts: list[kubetypes.VolumeMount] = Field(default_factory=list, max_length=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     termination_grace_period_seconds: int = Field(
         120, ge=1, le=86_400,
@@ -146,10 +243,33 @@ class PodOverrides(_Model):
     priority_class_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
     scheduler_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
 
+    @pydantic.field_validator("node_selector")
+    @classmethod
+    def _selector_keys(cls, values: dict[str, str]) -> dict[str, str]:
+        return _check_keys(values, what="nodeSelector")
+
 
 class TemplateMetadata(_Model):
-    labels: dict[str, str] = Field(default_factory=dict, max_length=64)
-    annotations: dict[str, str] = Field(default_factory=dict, max_length=64)
+    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=64)
+    annotations: dict[str, Annotated[str, Field(max_length=65_536)]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+    @pydantic.field_validator("labels")
+    @classmethod
+    def _label_keys(cls, values: dict[str, str]) -> dict[str, str]:
+        return _check_keys(values, what="label")
+
+    @pydantic.field_validator("annotations")
+    @classmethod
+    def _annotation_keys(cls, values: dict[str, str]) -> dict[str, str]:
+        for key in values:
+            if key.startswith(CONFINEMENT_ANNOTATIONS):
+                raise ValueError(
+                    f"annotation {key!r} sets a container's AppArmor or seccomp profile, which"
+                    " Pod Security forbids users to loosen; the operator sets RuntimeDefault"
+                )
+        return _check_keys(values, what="annotation")
 
 
 class PodTemplate(_Model):
@@ -157,25 +277,6 @@ class PodTemplate(_Model):
 
     metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
     spec: PodOverrides = Field(default_factory=PodOverrides)
-
-
-class Resources(_Model):
-    """Per-pod resources, e.g. limits: {nvidia.com/gpu: 8}."""
-
-    requests: dict[str, str] = Field(default_factory=dict, max_length=16)
-    limits: dict[str, str] = Field(default_factory=dict, max_length=16)
-
-    @pydantic.field_validator("requests", "limits")
-    @classmethod
-    def _quantities(cls, value: dict[str, str]) -> dict[str, str]:
-        import re
-
-        for key, qty in value.items():
-            if not re.fullmatch(QUANTITY_PATTERN, qty):
-                raise ValueError(
-                    f"resource {key}={qty!r} is not a quantity like '8', '500m', '4Gi'"
-                )
-        return value
 
 
 _SPEC_RULES = _rules(
@@ -225,7 +326,10 @@ class FSDPJobSpec(_Model):
     )
     nproc_per_node: int = Field(1, ge=1, le=64, description="torchrun --nproc-per-node.")
     image: str = Field(pattern=IMAGE_PATTERN, max_length=512, description="Worker image.")
-    resources: Resources = Field(default_factory=Resources)
+    resources: kubetypes.ResourceRequirements = Field(
+        default_factory=kubetypes.ResourceRequirements,
+        description="Per-pod resources, e.g. limits: {nvidia.com/gpu: 8}.",
+    )
     training: wconfig.TrainingConfig = Field(default_factory=wconfig.TrainingConfig)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
@@ -253,3 +357,27 @@ class FSDPJobSpec(_Model):
         passes = self.training.global_batch_size // self.training.micro_batch_size
         sizes = range(self.floor, self.replicas + 1)
         return sorted((r for r in sizes if passes % (r * self.nproc_per_node) == 0), reverse=True)
+
+
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$")
+_SUFFIX: dict[str, decimal.Decimal] = {
+    key: decimal.Decimal(value)
+    for key, value in {
+        "": "1", "n": "1e-9", "u": "1e-6", "m": "1e-3", "k": "1e3", "M": "1e6", "G": "1e9",
+        "T": "1e12", "P": "1e15", "E": "1e18", "Ki": str(2**10), "Mi": str(2**20),
+        "Gi": str(2**30), "Ti": str(2**40), "Pi": str(2**50), "Ei": str(2**60),
+    }.items()
+}  # fmt: skip
+
+
+def quantity(value: str | int | float) -> float:
+    """A Kubernetes resource quantity (`8`, `500m`, `4Gi`, `1e3`) as a number."""
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = match.group(1), match.group(2)
+    if suffix in _SUFFIX:
+        return float(decimal.Decimal(number) * _SUFFIX[suffix])
+    if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):  # a decimal exponent
+        return float(decimal.Decimal(number + suffix))
+    raise ValueError(f"not a quantity: {value!r} (unknown suffix {suffix!r})")

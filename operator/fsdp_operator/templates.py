@@ -15,13 +15,12 @@ Security choices, enforced here rather than left to the user's template:
   privilege escalation, all capabilities dropped); no service-account token (workers hold no
   credentials); no service-link env vars.
 - User labels/annotations under `fsdpoperator.io/` or on the operator's own keys are dropped
-  (the operator's win); user env vars named `FSDP_*` are rejected, since the worker reads that
-  prefix (FSDP_WORKER_CONFIG_FILE alone would replace the whole config).
+  (the operator's win). User env vars named `FSDP_*` never get here: the spec model (and the
+  CRD) refuse them, since the worker reads that prefix.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
@@ -35,7 +34,6 @@ from fsdp_worker import contract
 JobRef = names.JobRef
 DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
 
-RESERVED_ENV_PREFIX = "FSDP_"
 RUN_AS_ID = 1000
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
@@ -204,7 +202,7 @@ def worker_pod(
     }
     optional = {
         "nodeSelector": dict(overrides.node_selector),
-        "tolerations": copy.deepcopy(overrides.tolerations),
+        "tolerations": [toleration.to_api() for toleration in overrides.tolerations],
         "priorityClassName": overrides.priority_class_name,
         "schedulerName": overrides.scheduler_name,
     }
@@ -273,11 +271,7 @@ def _command(slot: _Slot) -> list[str]:
 
 def _container(slot: _Slot) -> dict[str, Any]:
     spec = slot.spec
-    resources = {
-        key: dict(value)
-        for key, value in (("requests", spec.resources.requests), ("limits", spec.resources.limits))
-        if value
-    }
+    resources = spec.resources.to_api()
     return {
         "name": names.CONTAINER_NAME,
         "image": spec.image,
@@ -304,15 +298,10 @@ def worker_config(spec: api.FSDPJobSpec) -> wconfig.WorkerConfig:
 def _env(slot: _Slot) -> list[dict[str, str]]:
     job, spec = slot.job, slot.spec
     user = spec.template.spec.env
-    for index, var in enumerate(user):
-        if var.name.startswith(RESERVED_ENV_PREFIX):
-            raise TemplateError(
-                f"template.spec.env[{index}].name={var.name!r}: names starting with"
-                f" {RESERVED_ENV_PREFIX!r} are reserved for the operator; choose another name"
-            )
     pairs = [
         (contract.ENV_JOB_NAME, job.name),
         (contract.ENV_JOB_NAMESPACE, job.namespace),
+        (contract.ENV_JOB_UID, job.uid),
         (contract.ENV_ATTEMPT, str(slot.attempt)),
         (contract.ENV_CONFIG, worker_config(spec).to_json()),
         (contract.ENV_RESUME, slot.resume_path),
@@ -322,8 +311,13 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
     ]
     if all(var.name != OMP_NUM_THREADS for var in user):
         pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
-    pairs.extend((var.name, var.value) for var in user)
-    return [{"name": name, "value": escape(value)} for name, value in pairs]
+    env = [{"name": name, "value": escape(value)} for name, value in pairs]
+    for var in user:
+        entry = var.to_api()
+        if var.value is not None:
+            entry["value"] = escape(var.value)
+        env.append(entry)
+    return env
 
 
 def omp_threads(spec: api.FSDPJobSpec) -> str:
@@ -332,9 +326,7 @@ def omp_threads(spec: api.FSDPJobSpec) -> str:
     Without it each rank would start one OpenMP thread per host core and oversubscribe shared
     nodes (torchrun only sets 1, and only for nprocPerNode > 1). A user env var wins.
     """
-    raw = spec.resources.limits.get("cpu") or spec.resources.requests.get("cpu")
-    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)(m?)", raw or "")
-    if match is None:
+    raw = (spec.resources.limits or {}).get("cpu") or (spec.resources.requests or {}).get("cpu")
+    if raw is None:
         return "1"
-    cpus = float(match.group(1)) / (1000 if match.group(2) else 1)
-    return str(max(1, int(cpus // spec.nproc_per_node)))
+    return str(max(1, int(api.quantity(raw) // spec.nproc_per_node)))

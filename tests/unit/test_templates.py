@@ -12,6 +12,7 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import pydantic
 import pytest
 import yaml
 
@@ -255,9 +256,8 @@ def test_restricted_security_context_and_no_credentials() -> None:
 
 
 def test_user_env_cannot_take_over_the_worker_contract() -> None:
-    spec = make_spec(template__spec__env=[{"name": "FSDP_WORKER_CONFIG_FILE", "value": "/x"}])
-    with pytest.raises(templates.TemplateError, match=r"env\[0\].name='FSDP_WORKER_CONFIG_FILE'"):
-        pod(spec)
+    with pytest.raises(pydantic.ValidationError, match=r"env.0.name\n.*'FSDP_WORKER_CONFIG_FILE'"):
+        make_spec(template__spec__env=[{"name": "FSDP_WORKER_CONFIG_FILE", "value": "/x"}])
 
 
 # --- metadata --------------------------------------------------------------------------------
@@ -356,10 +356,11 @@ def test_one_worker_per_node_within_an_attempt() -> None:
 
 def test_user_affinity_is_not_mutated() -> None:
     spec = make_spec()
-    before = json.dumps(spec.template.spec.affinity, sort_keys=True)
+    assert spec.template.spec.affinity is not None
+    before = json.dumps(spec.template.spec.affinity.to_api(), sort_keys=True)
     pod(spec)
     pod(spec)
-    assert json.dumps(spec.template.spec.affinity, sort_keys=True) == before
+    assert json.dumps(spec.template.spec.affinity.to_api(), sort_keys=True) == before
     assert pod(spec) == pod(spec)
 
 
@@ -383,10 +384,14 @@ def test_checkpoint_claim_mounted_at_root() -> None:
     assert {"name": "data", "mountPath": "/data", "readOnly": True} in container(p)["volumeMounts"]
 
 
+def test_reserved_volume_name_is_refused_by_the_model() -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"volumes.0.name\n.*'fsdp-checkpoint'"):
+        make_spec(template__spec__volumes=[{"name": "fsdp-checkpoint", "emptyDir": {}}])
+
+
 @pytest.mark.parametrize(
     ("volumes", "mounts", "message"),
     [
-        ([{"name": "fsdp-checkpoint", "emptyDir": {}}], [], r"volumes\[0\].name='fsdp-checkpoint'"),
         ([{"name": "x", "emptyDir": {}}], [{"name": "x", "mountPath": "/ckpt/llama"}], "overlaps"),
         (
             [{"name": "x", "emptyDir": {}}],
@@ -461,8 +466,7 @@ def test_omp_threads(resources: dict[str, Any], user_env: list[Any], expected: s
 
 
 def test_malformed_user_affinity_is_named() -> None:
-    spec = make_spec(template__spec__affinity={"podAntiAffinity": ["not", "an", "object"]})
-    with pytest.raises(templates.TemplateError, match="podAntiAffinity=.* must be an object"):
-        pod(spec)
+    with pytest.raises(pydantic.ValidationError, match=r"affinity.podAntiAffinity\n"):
+        make_spec(template__spec__affinity={"podAntiAffinity": ["not", "an", "object"]})
     spec = make_spec(template__spec__affinity={"podAntiAffinity": None})
     assert pod(spec)["spec"]["affinity"]["podAntiAffinity"]
