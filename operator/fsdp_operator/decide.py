@@ -17,6 +17,9 @@ from fsdp_operator import observed as ob
 from fsdp_operator import status as st
 
 POLL_SECONDS = 5.0  # look again at least this often while pods run (progress, node loss)
+CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
+CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
+RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
 
 
 class EventType(enum.StrEnum):
@@ -75,7 +78,7 @@ class Decision:
         )
 
 
-def _stamp(now: float) -> str:
+def stamp(now: float) -> str:
     return datetime.datetime.fromtimestamp(now, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -85,7 +88,7 @@ def _set_condition(
     value = "True" if true else "False"
     conds = [c for c in d.status.conditions if c.type != kind]
     old = next((c for c in d.status.conditions if c.type == kind), None)
-    when = old.last_transition_time if old and old.status == value else _stamp(now)
+    when = old.last_transition_time if old and old.status == value else stamp(now)
     conds.append(
         st.Condition(type=kind, status=value, reason=reason, message=msg, last_transition_time=when)
     )
@@ -223,11 +226,43 @@ def _planned_stop(d: Decision, obs: ob.Observed, cause: st.Cause, msg: str) -> D
     return d
 
 
+def _conflicts(d: Decision, obs: ob.Observed) -> None:
+    """Say in a condition (and once in an Event) what the job will not adopt, or that it is over.
+
+    The objects are never touched: they are not the job's to delete.
+    """
+    old = next((c for c in d.status.conditions if c.type == CONFLICT), None)
+    if not obs.conflicts:
+        if old is not None and old.status == "True":
+            _set_condition(d, obs.now, kind=CONFLICT, true=False, reason="Resolved", msg="")
+        return
+    first = obs.conflicts[0]
+    more = f" (and {len(obs.conflicts) - 1} more)" if len(obs.conflicts) > 1 else ""
+    msg = f"{first.describe()}{more}; the job does not adopt it and waits until it is gone"
+    if first.kind is ob.ConflictKind.CHECKPOINTS:
+        msg = (
+            f"{first.describe()}; set spec.checkpoint.resumeFromPreviousJobs: true to resume from"
+            " it, or remove those checkpoints or use another checkpoint.root"
+        )
+    if old is None or old.status != "True" or old.message != msg:
+        d.emit(first.kind.value, msg, warning=True)
+    _set_condition(d, obs.now, kind=CONFLICT, true=True, reason=first.kind.value, msg=msg)
+
+
+def _blocked(d: Decision, obs: ob.Observed) -> bool:
+    """No pods are created while anything conflicts; look again soon."""
+    if obs.conflicts:
+        d.again(CONFLICT_POLL_SECONDS)
+    return bool(obs.conflicts)
+
+
 def _launch(
     d: Decision, obs: ob.Observed, tun: policy.Tunables, *, cause: st.Cause | None
 ) -> Decision:
     """Start the next attempt when backoff and draining allow; otherwise say when to look."""
     s = d.status
+    if _blocked(d, obs):
+        return d
     if s.next_attempt_at is not None and obs.now < s.next_attempt_at:
         d.again(s.next_attempt_at - obs.now)
         return d
@@ -266,15 +301,22 @@ def _launch(
     return d
 
 
+def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) -> None:
+    """Every pod of the attempt seen once; or create the missing ones (the operator may have
+    stopped between the status write and the creates), unless someone else holds a name."""
+    s = d.status
+    if len(pods) >= (s.replicas or 0):
+        s.pods_created = True
+    elif not _blocked(d, obs):
+        live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
+        d.launch = Launch(s.attempt, s.replicas or 0, s.resume_path or "", live)
+
+
 def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
     s = d.status
     pods = obs.attempt_pods(s.attempt)
     if not s.pods_created:
-        if len(pods) >= (s.replicas or 0):
-            s.pods_created = True
-        else:  # the operator stopped between the status write and pod creation: finish it
-            live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
-            d.launch = Launch(s.attempt, s.replicas or 0, s.resume_path or "", live)
+        _complete_creation(d, obs, pods)
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     failure = detect.detect(now_seen)
     if failure is not None:
@@ -311,9 +353,13 @@ def decide(obs: ob.Observed, tun: policy.Tunables | None = None) -> Decision:
     d = Decision(status=obs.status.model_copy(deep=True))
     s = d.status
     s.observed_generation = obs.generation
+    s.conditions = [c for c in s.conditions if c.type != RECONCILE_ERROR]  # this pass works
     _track(d, obs)
     if s.phase in st.TERMINAL_PHASES:
         return _finished(d, obs)
+    if obs.validated_generation is not None:
+        s.validated_generation = obs.validated_generation
+    _conflicts(d, obs)
     if obs.spec_error:
         return _finish(d, obs, st.Cause.INVALID_SPEC, obs.spec_error)
     if s.started is None or (s.phase is st.Phase.SUSPENDED and not obs.spec.suspend):

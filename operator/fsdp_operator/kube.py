@@ -95,8 +95,13 @@ class Kube:
         )
         return list(_data(resp)["items"])
 
-    def create(self, body: dict[str, Any]) -> None:
-        ns = body["metadata"]["namespace"]
+    def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a Pod or Service. None when created; on a 409, the object that holds the name.
+
+        The caller decides whether that object is its own (by controller uid): a name is never
+        proof of ownership.
+        """
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             if body["kind"] == "Pod":
                 self.core.create_namespaced_pod(ns, body)
@@ -105,6 +110,36 @@ class Kube:
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
+            return self.get(body["kind"], ns, name) or {}
+        return None
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Pod or Service as a dict (with its kind), or None when it does not exist."""
+        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
+        try:
+            found = dict(_data(read(name, namespace, _preload_content=False)))
+        except ApiException as exc:
+            if _ok_statuses(exc, 404):
+                return None
+            raise
+        return {**found, "kind": kind}
+
+    def dry_run_pod(self, body: dict[str, Any]) -> tuple[int, str] | None:
+        """Server-side dry run of a pod create (all admission, nothing stored).
+
+        None when the API server would admit it; else (HTTP status, the server's message).
+        """
+        try:
+            self.core.create_namespaced_pod(body["metadata"]["namespace"], body, dry_run="All")
+        except ApiException as exc:
+            if exc.status == 409:  # only the name is taken: everything before it passed
+                return None
+            try:
+                message = str(json.loads(exc.body or "{}").get("message") or exc.reason)
+            except ValueError:
+                message = str(exc.reason)
+            return int(exc.status or 0), message
+        return None
 
     def delete_pod(self, namespace: str, name: str, *, grace: int | None) -> None:
         """Delete with `grace` seconds (0 forces; None keeps the pod's own period)."""

@@ -52,6 +52,26 @@ class PodView:
         return doc if isinstance(doc, dict) else {}
 
 
+class ConflictKind(enum.StrEnum):
+    """Why something the job would create, or would resume from, is not the job's own."""
+
+    PREVIOUS_JOB = "PreviousJobTerminating"  # an earlier FSDPJob of this name still holds it
+    FOREIGN = "NameConflict"  # someone else's object carries this job's name or labels
+    CHECKPOINTS = "CheckpointsOfAnotherJob"  # the checkpoint directory holds another job's
+
+
+@dataclasses.dataclass(frozen=True)
+class Conflict:
+    """An object with this job's name, labels or checkpoint directory that it does not own."""
+
+    kind: ConflictKind
+    what: str  # e.g. "pod train-a1-0", "checkpoint ./step-500"
+    owner: str  # e.g. "FSDPJob train uid 1234...", "no controller"
+
+    def describe(self) -> str:
+        return f"{self.what} is owned by {self.owner}"
+
+
 @dataclasses.dataclass(frozen=True)
 class NodeView:
     name: str
@@ -84,6 +104,8 @@ class Observed:
     progress: Progress | None = None
     spec_error: str = ""  # what only the operator can check (templating), "" when fine
     created: float | None = None  # the FSDPJob's creationTimestamp
+    conflicts: Sequence[Conflict] = ()  # never adopted: the job waits while any exists
+    validated_generation: int | None = None  # a server-side dry run passed for it this pass
 
     def attempt_pods(self, attempt: int) -> list[PodView]:
         return sorted((p for p in self.pods if p.attempt == attempt), key=lambda p: p.rank)

@@ -65,22 +65,45 @@ def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, settings: cfg.Settings
     return names.checkpoint_dir(volume, job.name)
 
 
+def _writer(cand: catalog.Candidate) -> str:
+    uid = cand.marker.job_uid if cand.marker else None
+    return f"FSDPJob uid {uid}" if uid else "an FSDPJob that recorded no uid (an older version)"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Catalog:
+    newest: st.CheckpointRef | None = None
+    corrupt: tuple[str, ...] = ()
+    conflicts: tuple[ob.Conflict, ...] = ()
+
+
 def _checkpoints(
     job: names.JobRef, spec: api.FSDPJobSpec, status: st.FSDPJobStatus, base: str | None,
     *, deep: bool,
-) -> tuple[st.CheckpointRef | None, list[str]]:  # fmt: skip
+) -> _Catalog:  # fmt: skip
     if base is None or not os.path.isdir(base):
-        return None, []
+        return _Catalog()
     storage = catalog.LocalStorage(base)
-    lineage = catalog.Lineage(attempt=status.attempt, resumed_from_step=status.resumed_from_step)
+    lineage = catalog.Lineage(
+        attempt=status.attempt, resumed_from_step=status.resumed_from_step, job_uid=job.uid,
+        other_jobs=spec.checkpoint.resume_from_previous_jobs,
+    )  # fmt: skip
     chosen, rejected = catalog.select(
         storage, ".", config_hash=spec.training.resume_hash(), lineage=lineage, deep=deep
     )
     for cand in rejected:
         log.info("checkpoint %s rejected: %s %s", cand.path, cand.reason, cand.detail)
-    corrupt = [c.path for c in rejected if c.reason in _QUARANTINE]
+    corrupt = tuple(c.path for c in rejected if c.reason in _QUARANTINE)
+    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+    # Before the first attempt, another job's checkpoints mean the user re-used a name (or a
+    # directory): starting fresh there would mix two runs' steps, resuming would be a guess.
+    conflicts = tuple(
+        ob.Conflict(ob.ConflictKind.CHECKPOINTS, f"checkpoint {c.path}", _writer(c))
+        for c in others[:1]
+        if status.attempt == 0
+    )
     if chosen is None or chosen.marker is None:
-        return None, corrupt
+        return _Catalog(None, corrupt, conflicts)
     m = chosen.marker
     in_pod = (
         f"{names.checkpoint_dir(spec.checkpoint.root, job.name)}/{catalog.step_dir_name(m.step)}"
@@ -88,7 +111,7 @@ def _checkpoints(
     ref = st.CheckpointRef(
         step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
     )
-    return ref, corrupt
+    return _Catalog(ref, corrupt, conflicts)
 
 
 def _progress(
@@ -104,34 +127,86 @@ def _progress(
     return ob.Progress(step=got[0], last_step_time=got[1]) if got else None
 
 
+def _dry_run(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> str:
+    """What the API server says of rank 0's pod ("" when it would admit it).
+
+    Admission knows what the CRD cannot: Pod Security, admission policies, LimitRanges, the
+    pod's own validation. A refusal there is the spec's fault; a full quota is not.
+    """
+    pod = templates.worker_pod(
+        job=job, spec=spec, attempt=max(1, attempt), node_rank=0, replicas=spec.replicas,
+        resume_path="", excluded_nodes=(), worker_module=ctx.settings.worker_module,
+    )  # fmt: skip
+    meta = pod["metadata"]
+    meta["generateName"] = f"{meta.pop('name')}-dryrun-"
+    refused = ctx.kube.dry_run_pod(pod)
+    if refused is None:
+        return ""
+    code, message = refused
+    if code in (400, 403, 422) and "exceeded quota" not in message:
+        return f"the API server refuses the worker pod ({code}): {message}"
+    raise RuntimeError(f"dry run of the worker pod failed ({code}): {message}")
+
+
+def _owned_pods(
+    ctx: Context, job: names.JobRef, status: st.FSDPJobStatus
+) -> tuple[list[ob.PodView], list[ob.Conflict], list[str]]:
+    """This job's pods (by controller uid), and what carries its labels or names but is not.
+
+    While an attempt's pods are being created, a pod or Service name it needs that is held by
+    someone else is a conflict too (a hand-made `<job>-a1-0`, or the pods of a deleted job of
+    the same name that the garbage collector has not removed yet).
+    """
+    raw = ctx.kube.list_job_pods(job.namespace, job.name)
+    ours = [p for p in raw if observe.owned_by(p, job)]
+    conflicts = [observe.conflict({**p, "kind": "Pod"}, job) for p in raw if p not in ours]
+    if status.attempt > 0 and not status.pods_created:
+        taken = {p["metadata"]["name"] for p in raw}
+        wanted = [("Service", names.service_name(job.name))] + [
+            ("Pod", names.pod_name(job.name, attempt=status.attempt, node_rank=rank))
+            for rank in range(status.replicas or 0)
+        ]
+        for kind, name in wanted:
+            found = None if name in taken else ctx.kube.get(kind, job.namespace, name)
+            if found is not None and not observe.owned_by(found, job):
+                conflicts.append(observe.conflict(found, job))
+    pods = [v for p in ours if (v := observe.pod_view(p)) is not None]
+    return pods, conflicts, [p["metadata"]["uid"] for p in ours]
+
+
 def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
     meta = body["metadata"]
     job = names.JobRef.of(body)
     status = observe.status_of(body.get("status"))
+    generation = meta.get("generation", 0)
     spec, error = _spec_error(body, job)
     if spec is None:  # no spec to reason about: fail with the reason, touch nothing
         spec = api.FSDPJobSpec(replicas=1, image="invalid")
-        return ob.Observed(spec=spec, status=status, generation=meta.get("generation", 0),
+        return ob.Observed(spec=spec, status=status, generation=generation,
                            now=now, spec_error=error)  # fmt: skip
-    raw_pods = ctx.kube.list_job_pods(job.namespace, job.name)
-    pods = [v for p in raw_pods if (v := observe.pod_view(p)) is not None]
-    ours = {p["metadata"]["uid"] for p in raw_pods}
+    validated = status.validated_generation
+    if not error and validated != generation and status.phase not in st.TERMINAL_PHASES:
+        error = _dry_run(ctx, job, spec, status.attempt)
+        validated = None if error else generation
+    pods, conflicts, ours = _owned_pods(ctx, job, status)
     others = [p for p in ctx.kube.list_active_pods() if p["metadata"]["uid"] not in ours]
     nodes = observe.node_views(ctx.kube.list_nodes(), spec=spec, other_pods=others)
     base = storage_for(job, spec, ctx.settings)
-    ckpt, corrupt = _checkpoints(job, spec, status, base, deep=ctx.settings.deep_verify)
+    found = _checkpoints(job, spec, status, base, deep=ctx.settings.deep_verify)
     return ob.Observed(
         spec=spec,
         status=status,
-        generation=meta.get("generation", 0),
+        generation=generation,
         now=now,
         pods=pods,
         nodes=nodes,
-        checkpoint=ckpt,
-        corrupt_checkpoints=corrupt,
+        checkpoint=found.newest,
+        corrupt_checkpoints=found.corrupt,
         progress=_progress(pods, status, ctx.settings.scrape_timeout_seconds),
         spec_error=error,
         created=observe.ts(meta.get("creationTimestamp")),
+        conflicts=[*conflicts, *found.conflicts],
+        validated_generation=validated,
     )
 
 
@@ -150,13 +225,7 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
     for rm in d.delete:
         kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds)
     if d.launch is not None:
-        kube.create(templates.service(job=job, spec=obs.spec))
-        for pod in templates.worker_pods(
-            job=job, spec=obs.spec, attempt=d.launch.attempt, replicas=d.launch.replicas,
-            resume_path=d.launch.resume_path, excluded_nodes=d.launch.excluded_nodes,
-            worker_module=ctx.settings.worker_module,
-        ):  # fmt: skip
-            kube.create(pod)
+        _create_gang(ctx, job, obs.spec, d.launch)
     for ev in d.events:
         kube.event(job, type_=ev.type.value, reason=ev.reason, message=ev.message)
     metrics.record(job=job, obs=obs, decision=d)
@@ -164,14 +233,59 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
         kube.delete_job(job.namespace, job.name)
 
 
+def _create_gang(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, launch: dc.Launch) -> None:
+    """The Service, then the attempt's pods; stop at the first name someone else holds.
+
+    A 409 is success only when the object there is controlled by this job's uid. Otherwise it
+    is never adopted: the next pass sees the conflict and the job says so in a condition.
+    """
+    pods = templates.worker_pods(
+        job=job, spec=spec, attempt=launch.attempt, replicas=launch.replicas,
+        resume_path=launch.resume_path, excluded_nodes=launch.excluded_nodes,
+        worker_module=ctx.settings.worker_module,
+    )  # fmt: skip
+    for obj in [templates.service(job=job, spec=spec), *pods]:
+        existing = ctx.kube.create(obj)
+        if existing is not None and not observe.owned_by(existing, job):
+            log.warning("%s: not creating the gang: %s", job.name,
+                        observe.conflict(existing, job).describe())  # fmt: skip
+            return
+
+
+_ERROR_EVENT_SECONDS = 60.0
+_last_error_event: dict[str, float] = {}
+
+
+def _report_error(ctx: Context, body: dict[str, Any], exc: Exception) -> None:
+    """A pass that raised: a Warning Event (at most one a minute) and a condition saying why."""
+    job = names.JobRef.of(body)
+    now = time.time()
+    message = f"{type(exc).__name__}: {exc}"[:1024]
+    if now - _last_error_event.get(job.uid, 0.0) >= _ERROR_EVENT_SECONDS:
+        _last_error_event[job.uid] = now
+        ctx.kube.event(job, type_="Warning", reason=dc.RECONCILE_ERROR, message=message)
+    status = observe.status_of(body.get("status"))
+    if any(c.type == dc.RECONCILE_ERROR and c.message == message for c in status.conditions):
+        return
+    cond = st.Condition(type=dc.RECONCILE_ERROR, status="True", reason=type(exc).__name__,
+                        message=message, last_transition_time=dc.stamp(now))  # fmt: skip
+    conditions = [c for c in status.conditions if c.type != dc.RECONCILE_ERROR] + [cond]
+    patch = {"conditions": [c.model_dump(mode="json", by_alias=True) for c in conditions]}
+    ctx.kube.patch_status(job.namespace, job.name, patch)
+
+
 def run_pass(ctx: Context, namespace: str, name: str) -> float | None:
     """One pass; returns seconds until the next one (None: the job is gone)."""
     body = ctx.kube.get_job(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
-    obs = gather(ctx, body, time.time())
-    decision = dc.decide(obs, ctx.settings.tunables)
-    apply(ctx, body, obs, decision)
+    try:
+        obs = gather(ctx, body, time.time())
+        decision = dc.decide(obs, ctx.settings.tunables)
+        apply(ctx, body, obs, decision)
+    except Exception as exc:
+        _report_error(ctx, body, exc)
+        raise
     if decision.delete_job:
         return None
     return decision.requeue_after

@@ -127,6 +127,9 @@ class FSDPJobStatus(_Model):
     reason: str = ""
     message: str = ""
     observed_generation: int | None = None
+    validated_generation: int | None = Field(
+        None, description="Generation whose worker pod the API server accepted in a dry run."
+    )
     attempt: int = 0
     replicas: int | None = Field(None, description="Pods in the current attempt.")
     world_size: int | None = Field(None, description="Ranks in the current attempt.")

@@ -49,6 +49,7 @@ class RejectReason(enum.StrEnum):
     CHECKSUM_MISMATCH = "ChecksumMismatch"  # sizes match but content does not (deep only)
     CONFIG_HASH_MISMATCH = "ConfigHashMismatch"  # written by a different training config
     LINEAGE = "Lineage"  # written by a superseded attempt after the restart point
+    OTHER_JOB = "OtherJob"  # written by another FSDPJob object (e.g. deleted, same name)
 
 
 def step_dir_name(step: int) -> str:
@@ -175,6 +176,7 @@ class Marker:
     torch_version: str
     config_hash: str
     files: dict[str, FileEntry]
+    job_uid: str | None = None  # the FSDPJob object that wrote it; None: written before uids
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = dataclasses.asdict(self)
@@ -205,6 +207,7 @@ class Marker:
             torch_version=_str(doc, "torch_version"),
             config_hash=_str(doc, "config_hash"),
             files=_files(doc),
+            job_uid=_opt_str(doc, "job_uid"),
         )
 
 
@@ -233,6 +236,10 @@ def _str(doc: dict[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise CatalogError(f"marker field {key!r}={value!r} must be a string")
     return value
+
+
+def _opt_str(doc: dict[str, Any], key: str) -> str | None:
+    return None if doc.get(key) is None else _str(doc, key)
 
 
 def _files(doc: dict[str, Any]) -> dict[str, FileEntry]:
@@ -268,6 +275,19 @@ class Lineage:
 
     attempt: int
     resumed_from_step: int | None
+    job_uid: str | None = None
+    """The FSDPJob object running now; None skips the job check (tests, legacy callers)."""
+    other_jobs: bool = False
+    """Whether another job's checkpoints may be resumed (spec.checkpoint.resumeFromPreviousJobs):
+    then they count like an earlier attempt's, before this job's first attempt or at or before
+    the step it resumed from."""
+
+    def same_job(self, marker: Marker) -> bool:
+        """Written by this job. A marker without a uid predates uids: this job's own once the
+        job has run (it may have written it), another's for a job that never started."""
+        if self.job_uid is None or marker.job_uid == self.job_uid:
+            return True
+        return marker.job_uid is None and self.attempt > 0
 
 
 @dataclass(frozen=True)
@@ -281,6 +301,9 @@ class Candidate:
 
 
 def lineage_allows(marker: Marker, lineage: Lineage) -> bool:
+    if not lineage.same_job(marker):
+        before = lineage.resumed_from_step
+        return lineage.attempt == 0 or (before is not None and marker.step <= before)
     if marker.attempt == lineage.attempt:
         return True
     if marker.attempt > lineage.attempt or lineage.resumed_from_step is None:
@@ -322,6 +345,9 @@ def verify(
             f"{config_hash} (globalBatchSize={marker.global_batch_size} then)"
         )
         return reject(RejectReason.CONFIG_HASH_MISMATCH, detail, marker)
+    if lineage is not None and not lineage.same_job(marker) and not lineage.other_jobs:
+        detail = f"written by another FSDPJob (uid {marker.job_uid or 'unrecorded'})"
+        return reject(RejectReason.OTHER_JOB, detail, marker)
     if lineage is not None and not lineage_allows(marker, lineage):
         detail = (
             f"written by attempt {marker.attempt}; attempt {lineage.attempt} resumed from step "

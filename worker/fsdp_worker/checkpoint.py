@@ -57,6 +57,7 @@ class Identity:
     resumed_from_step: int | None
     config_hash: str
     global_batch_size: int
+    job_uid: str | None = None
 
 
 @dataclass
@@ -129,7 +130,9 @@ class CheckpointManager:
         )
         self.dist, self.meters = dist_info, meters
         self.storage = catalog.LocalStorage(root)
-        self.lineage = catalog.Lineage(identity.attempt, identity.resumed_from_step)
+        self.lineage = catalog.Lineage(
+            identity.attempt, identity.resumed_from_step, job_uid=identity.job_uid
+        )
         self._inflight: _InFlight | None = None
         self._samples: dict[int, int] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
@@ -308,6 +311,7 @@ class CheckpointManager:
             torch_version=torch.__version__,
             config_hash=self.identity.config_hash,
             files=manifest,
+            job_uid=self.identity.job_uid,
         )
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
         total = time.monotonic() - started

@@ -282,6 +282,13 @@ class CheckpointConfig(_Model):
         description="Write checkpoint files with O_DIRECT, around the page cache, where the "
         "file system allows it (else buffered). Durability is the same either way.",
     )
+    resume_from_previous_jobs: bool = Field(
+        False,
+        description="Also resume from complete checkpoints that an earlier FSDPJob of the same "
+        "name (deleted, then created again) left in this job's checkpoint directory. Off: such "
+        "checkpoints keep the job from starting (condition Conflict) rather than being resumed "
+        "or overwritten by accident.",
+    )
 
 
 class WorkerConfig(_Model):

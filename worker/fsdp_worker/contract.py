@@ -11,6 +11,7 @@ import enum
 # --- environment the operator sets on every worker pod ----------------------------------------
 ENV_JOB_NAME = "FSDP_JOB_NAME"
 ENV_JOB_NAMESPACE = "FSDP_JOB_NAMESPACE"
+ENV_JOB_UID = "FSDP_JOB_UID"  # the FSDPJob object's uid: recorded in every checkpoint marker
 ENV_ATTEMPT = "FSDP_ATTEMPT"
 ENV_CONFIG = "FSDP_WORKER_CONFIG"  # the WorkerConfig JSON document itself
 ENV_CONFIG_FILE = "FSDP_WORKER_CONFIG_FILE"  # or a path to it (takes precedence)

@@ -48,6 +48,7 @@ class Settings:
     attempt: int
     resume: str
     metrics_port: int
+    job_uid: str | None = None
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
@@ -86,6 +87,7 @@ def load_settings() -> Settings:
         attempt=_int_env(contract.ENV_ATTEMPT, 1),
         resume=os.environ.get(contract.ENV_RESUME, ""),
         metrics_port=_int_env(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT),
+        job_uid=os.environ.get(contract.ENV_JOB_UID) or None,
     )
 
 
@@ -154,6 +156,8 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         config_hash=tcfg.resume_hash(),
         global_batch=tcfg.global_batch_size,
         dist_info=di,
+        job_uid=settings.job_uid,
+        other_jobs=settings.cfg.checkpoint.resume_from_previous_jobs,
     )
     if point is not None:
         resume.load(point, st, dist_info=di, seed=tcfg.seed)
@@ -162,6 +166,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         resumed_from_step=point.step if point else None,
         config_hash=tcfg.resume_hash(),
         global_batch_size=tcfg.global_batch_size,
+        job_uid=settings.job_uid,
     )
     ckcfg = settings.cfg.checkpoint
     run.manager = checkpoint.CheckpointManager(

@@ -57,13 +57,22 @@ def _point(c: catalog.Candidate) -> ResumePoint:
 
 
 def _choose(
-    *, resume: str, root: str, attempt: int, config_hash: str, global_batch: int
+    *,
+    resume: str,
+    root: str,
+    attempt: int,
+    config_hash: str,
+    global_batch: int,
+    job_uid: str | None = None,
+    other_jobs: bool = False,
 ) -> ResumePoint | None:
     storage = catalog.LocalStorage(root)
     if resume == contract.RESUME_AUTO:
         # The worker does not know the operator's restart chain; it refuses only checkpoints of
         # later attempts. The operator, which knows the chain, names the path explicitly.
-        lineage = catalog.Lineage(attempt=attempt, resumed_from_step=sys.maxsize)
+        lineage = catalog.Lineage(
+            attempt=attempt, resumed_from_step=sys.maxsize, job_uid=job_uid, other_jobs=other_jobs
+        )
         chosen, rejected = catalog.select(storage, root, config_hash=config_hash, lineage=lineage)
         for c in rejected:
             log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
@@ -74,6 +83,13 @@ def _choose(
             if mismatched:
                 raise _config_refusal(
                     mismatched[0], config_hash=config_hash, global_batch=global_batch
+                )
+            others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+            if others:
+                raise errors.ConfigError(
+                    f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
+                    f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
+                    " from them, or use another checkpoint.root"
                 )
             log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
             return None
@@ -96,6 +112,8 @@ def choose(
     config_hash: str,
     global_batch: int,
     dist_info: DistInfo,
+    job_uid: str | None = None,
+    other_jobs: bool = False,
 ) -> ResumePoint | None:
     """Collective: rank 0 decides, every rank gets the same answer (or the same error)."""
     if not resume:
@@ -109,6 +127,8 @@ def choose(
                 attempt=attempt,
                 config_hash=config_hash,
                 global_batch=global_batch,
+                job_uid=job_uid,
+                other_jobs=other_jobs,
             )
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc

@@ -62,6 +62,7 @@ class StandIn:
         self.root = os.environ.get(contract.ENV_CHECKPOINT_ROOT) or cfg.checkpoint.root
         self.storage = catalog.LocalStorage(self.root)
         self.hash = cfg.training.resume_hash()
+        self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
         self.step, self.resumed_from = self._resume()
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
 
@@ -99,7 +100,7 @@ class StandIn:
             global_batch_size=self.cfg.training.global_batch_size,
             samples_consumed=step * self.cfg.training.global_batch_size,
             resumed_from_step=self.resumed_from, time=time.time(), torch_version="standin",
-            config_hash=self.hash,
+            config_hash=self.hash, job_uid=self.job_uid,
             files=catalog.build_manifest(self.storage, final, checksums=True),
         )  # fmt: skip
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
