@@ -24,7 +24,6 @@ import yaml
 from localcluster import controlplane
 
 ROOT = Path(__file__).resolve().parents[1]
-RULES = ROOT / "charts" / "fsdp-operator" / "files" / "rbac-rules.yaml"
 OP_NS = "fsdp-system"
 OP_SA = "fsdp-operator"
 T = TypeVar("T")
@@ -48,20 +47,30 @@ def install_crd(cluster: controlplane.Cluster) -> None:
     cluster.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
 
 
+def helm() -> Path:
+    """The helm binary (built from its Go module into the cache on first use)."""
+    out = subprocess.run(["bash", str(ROOT / "localcluster" / "build-helm.sh")],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def render_chart(*, namespace: str = OP_NS, release: str = OP_SA) -> list[dict[str, Any]]:
+    """`helm template` of the chart: the objects a `helm install` would create."""
+    rendered = subprocess.run(
+        [str(helm()), "template", release, str(ROOT / "charts" / "fsdp-operator"),
+         "--namespace", namespace],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
 def install_rbac(cluster: controlplane.Cluster) -> Path:
-    """The chart's ServiceAccount and ClusterRole; returns a kubeconfig acting as that account."""
-    rules = yaml.safe_load(RULES.read_text())
+    """Everything the chart installs but the Deployment: ServiceAccount, ClusterRole and its
+    binding, and the admission policies. Returns a kubeconfig acting as that account."""
     docs = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OP_NS}},
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": OP_SA, "namespace": OP_NS}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": {"name": OP_SA}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": OP_SA},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": OP_SA},
-         "subjects": [{"kind": "ServiceAccount", "name": OP_SA, "namespace": OP_NS}]},
-    ]  # fmt: skip
+        *(d for d in render_chart() if d["kind"] != "Deployment"),
+    ]
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                           "items": docs}))  # fmt: skip
     return cluster.kubeconfig_for_serviceaccount(OP_NS, OP_SA)

@@ -38,14 +38,14 @@ class Context:
     settings: cfg.Settings
 
 
-def _spec_error(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec | None, str]:
+def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec | None, str]:
     """Parse the spec and dry-run templating: what the CRD cannot catch becomes a reason."""
     try:
         spec = api.FSDPJobSpec.model_validate(body.get("spec") or {})
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return None, f"spec.{where}: {first['msg']}"
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
+        return None, f"spec{where}: {first['msg']}"
     try:
         templates.worker_pod(
             job=job, spec=spec, attempt=1, node_rank=0, replicas=spec.replicas,
@@ -127,6 +127,17 @@ def _progress(
     return ob.Progress(step=got[0], last_step_time=got[1]) if got else None
 
 
+# The pod's fields that come straight from the FSDPJob, so a refusal names the job's field.
+_POD_TO_JOB_FIELDS = (
+    ("spec.containers[0].resources", "spec.resources"),
+    ("spec.affinity", "spec.template.spec.affinity"),
+    ("spec.tolerations", "spec.template.spec.tolerations"),
+    ("spec.nodeSelector", "spec.template.spec.nodeSelector"),
+    ("spec.priorityClassName", "spec.template.spec.priorityClassName"),
+    ("spec.schedulerName", "spec.template.spec.schedulerName"),
+)
+
+
 def _dry_run(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> str:
     """What the API server says of rank 0's pod ("" when it would admit it).
 
@@ -144,6 +155,8 @@ def _dry_run(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, attempt: in
         return ""
     code, message = refused
     if code in (400, 403, 422) and "exceeded quota" not in message:
+        for pod_field, job_field in _POD_TO_JOB_FIELDS:
+            message = message.replace(pod_field, job_field)
         return f"the API server refuses the worker pod ({code}): {message}"
     raise RuntimeError(f"dry run of the worker pod failed ({code}): {message}")
 
@@ -179,7 +192,7 @@ def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
     job = names.JobRef.of(body)
     status = observe.status_of(body.get("status"))
     generation = meta.get("generation", 0)
-    spec, error = _spec_error(body, job)
+    spec, error = check_spec(body, job)
     if spec is None:  # no spec to reason about: fail with the reason, touch nothing
         spec = api.FSDPJobSpec(replicas=1, image="invalid")
         return ob.Observed(spec=spec, status=status, generation=generation,

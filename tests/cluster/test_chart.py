@@ -7,8 +7,6 @@ the PodSecurity admission plugin) but not persisted.
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -50,22 +48,15 @@ def test_worker_pods_meet_pod_security_restricted(cluster: controlplane.Cluster)
     assert "violate" not in warnings
 
 
-def _helm() -> Path:
-    out = subprocess.run(["bash", str(stack.ROOT / "localcluster" / "build-helm.sh")],
-                         capture_output=True, text=True, check=True)  # fmt: skip
-    return Path(out.stdout.strip())
-
-
 def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster) -> None:
     ns = "restricted-operator"
     _restricted_namespace(cluster, ns)
-    rendered = subprocess.run(
-        [str(_helm()), "template", "fsdp-operator", str(CHART), "--namespace", ns],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    docs = stack.render_chart(namespace=ns, release="fsdp-operator")
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount",
+                     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
+                     "ValidatingAdmissionPolicyBinding",
+                     "ValidatingAdmissionPolicyBinding"]  # fmt: skip
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert role["rules"] == yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
     flat = json.dumps(role["rules"])

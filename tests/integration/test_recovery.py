@@ -306,18 +306,6 @@ def test_delete_garbage_collects_everything(jobs: harness.Jobs, operator: harnes
     assert f"{name}-workers" not in svc
 
 
-def test_invalid_spec_only_the_operator_can_catch_fails_without_pods(
-    jobs: harness.Jobs, operator: harness.Operator
-) -> None:
-    name = harness.unique("badtpl")
-    doc = harness.job_doc(name)
-    doc["spec"]["template"]["spec"]["env"].append({"name": "FSDP_ATTEMPT", "value": "7"})
-    jobs.apply(doc)
-    s = _phase(jobs, name, "Failed", timeout=30)
-    assert s["reason"] == "InvalidSpec" and "FSDP_ATTEMPT" in s["message"]
-    assert jobs.pods(name) == []
-
-
 def _plant(directory: Path, *, step: int, attempt: int, config_hash: str, corrupt: bool) -> None:
     """A checkpoint that looks complete: files, then a marker listing them (as a worker would)."""
     storage = catalog.LocalStorage(str(directory))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from fsdp_worker import catalog, contract
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start(rank: int, root: Path) -> subprocess.Popen[bytes]:
+def _start(rank: int, root: Path) -> subprocess.Popen[str]:
     config = {
         "training": {"steps": 10_000, "globalBatchSize": 2, "microBatchSize": 1},
         "checkpoint": {"root": str(root), "intervalSteps": 1000},
@@ -34,7 +35,17 @@ def _start(rank: int, root: Path) -> subprocess.Popen[bytes]:
             contract.ENV_ATTEMPT: "1",
         },
     )
-    return subprocess.Popen([sys.executable, "-m", "fsdp_worker.standin"], env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fsdp_worker.standin"], env=env, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _sigterm_step(proc: subprocess.Popen[str]) -> int:
+    """The step a rank says it was at when SIGTERM came (it logs it on stderr)."""
+    err = proc.stderr.read() if proc.stderr else ""
+    match = re.search(r"SIGTERM at step (\d+)", err)
+    assert match, err
+    return int(match.group(1))
 
 
 def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None:
@@ -47,6 +58,7 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
         time.sleep(0.13)
         rank0.send_signal(signal.SIGTERM)
         codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+        at0, at1 = _sigterm_step(rank0), _sigterm_step(rank1)
     finally:
         for proc in (rank0, rank1):
             proc.kill()
@@ -56,5 +68,6 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
     steps = [name for name in storage.list_dirs(".") if name.startswith("step-")]
     assert len(steps) == 1 and catalog.PARTIAL_INFIX not in steps[0], steps
     marker = catalog.Marker.from_json(storage.read_bytes(f"{steps[0]}/{catalog.MARKER_NAME}"))
-    assert marker.step >= 15 and set(marker.files) == {"rank-0.bin", "rank-1.bin"}
+    # rank 1 was behind when its SIGTERM came; both saved rank 0's (later) step
+    assert at1 < at0 == marker.step and set(marker.files) == {"rank-0.bin", "rank-1.bin"}
     assert not any(p.name.startswith(".standin-stop") for p in tmp_path.iterdir())

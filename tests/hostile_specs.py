@@ -1,0 +1,185 @@
+"""Hostile FSDPJob specs: one table for the pydantic model (unit) and the real cluster.
+
+Each case says where it must be stopped and which field the refusal must name:
+- ADMISSION: the API server refuses `kubectl apply` (CRD schema, CEL); the model refuses too.
+- OPERATOR: admitted, then the operator turns the job Failed/InvalidSpec before any pod exists
+  (its own model check, its templating, or the API server's dry run of the worker pod).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from collections.abc import Callable
+from typing import Any
+
+
+class Where(enum.StrEnum):
+    ADMISSION = "admission"
+    OPERATOR = "operator"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    where: Where
+    field: str  # must appear in the refusal, in Kubernetes' notation: a.b[0].c
+    mutate: Callable[[dict[str, Any]], None]
+    dry_run_only: bool = False  # only the API server knows (the model alone accepts it)
+
+
+BASE: dict[str, Any] = {
+    "replicas": 2,
+    "minReplicas": 1,
+    "nprocPerNode": 1,
+    "image": "fsdp-worker:test",
+    "training": {"steps": 40, "globalBatchSize": 4, "microBatchSize": 1},
+    "checkpoint": {"root": "/ckpt", "claimName": "ckpt", "intervalSteps": 5},
+    "template": {"spec": {"env": [{"name": "STANDIN_STEP_SECONDS", "value": "0.2"}]}},
+}
+
+
+def spec_of(case: Case) -> dict[str, Any]:
+    doc = copy.deepcopy(BASE)
+    case.mutate(doc)
+    return doc
+
+
+def _tpl(doc: dict[str, Any]) -> dict[str, Any]:
+    return dict(doc["template"]["spec"])
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """Set `a.b.c` (dicts created on the way) to value."""
+
+    def mutate(doc: dict[str, Any]) -> None:
+        node = doc
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    return mutate
+
+
+def _volume(volume: dict[str, Any], mount: str | None = None) -> Callable[[dict[str, Any]], None]:
+    def mutate(doc: dict[str, Any]) -> None:
+        doc["template"]["spec"]["volumes"] = [volume]
+        if mount is not None:
+            doc["template"]["spec"]["volumeMounts"] = [{"name": volume["name"], "mountPath": mount}]
+
+    return mutate
+
+
+def _env(*entries: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    return _set("template.spec.env", list(entries))
+
+
+def _term(expr: dict[str, Any]) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}  # fmt: skip
+
+
+A, OP = Where.ADMISSION, Where.OPERATOR
+TPL = "template.spec"
+CASES: list[Case] = [
+    # --- host access and privilege ---------------------------------------------------------
+    Case("hostpath-root", A, f"{TPL}.volumes[0].hostPath",
+         _volume({"name": "host", "hostPath": {"path": "/"}}, "/host")),
+    Case("nfs-volume", A, f"{TPL}.volumes[0].nfs",
+         _volume({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}})),
+    Case("gitrepo-volume", A, f"{TPL}.volumes[0].gitRepo",
+         _volume({"name": "g", "gitRepo": {"repository": "https://x/y"}})),
+    Case("rbd-volume", A, f"{TPL}.volumes[0].rbd",
+         _volume({"name": "r", "rbd": {"monitors": ["1.2.3.4"], "image": "i"}})),
+    Case("privileged-context", A, f"{TPL}.securityContext",
+         _set(f"{TPL}.securityContext", {"privileged": True})),
+    Case("host-network", A, f"{TPL}.hostNetwork", _set(f"{TPL}.hostNetwork", True)),
+    Case("host-pid", A, f"{TPL}.hostPID", _set(f"{TPL}.hostPID", True)),
+    Case("sidecar-container", A, f"{TPL}.containers",
+         _set(f"{TPL}.containers", [{"name": "x", "image": "evil", "securityContext":
+                                     {"privileged": True}}])),
+    Case("service-account", A, f"{TPL}.serviceAccountName",
+         _set(f"{TPL}.serviceAccountName", "admin")),
+    Case("pin-node-name", A, f"{TPL}.nodeName", _set(f"{TPL}.nodeName", "control-plane")),
+    Case("apparmor-unconfined", OP, "template.metadata.annotations", _set(
+        "template.metadata.annotations",
+        {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"})),
+    # --- escaping paths and variable expansion ---------------------------------------------
+    Case("root-dotdot", A, "checkpoint.root", _set("checkpoint.root", "/ckpt/../../etc")),
+    Case("root-expansion", A, "checkpoint.root", _set("checkpoint.root", "/ckpt/$(HOME)")),
+    Case("data-dotdot", A, "training.data.path",
+         _set("training.data", {"kind": "tokenFile", "path": "/data/../../etc/shadow"})),
+    Case("env-expansion", A, f"{TPL}.env[0].value",
+         _env({"name": "X", "value": "$(FSDP_WORKER_CONFIG)"})),
+    Case("subpath-expr", A, f"{TPL}.volumeMounts[0].subPathExpr", lambda d: (
+        _volume({"name": "s", "emptyDir": {}})(d),
+        _set(f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s",
+                                      "subPathExpr": "$(HOME)"}])(d))),
+    Case("subpath-dotdot", OP, "subPath", lambda d: (
+        _volume({"name": "s", "emptyDir": {}})(d),
+        _set(f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s",
+                                      "subPath": "../../etc"}])(d)), dry_run_only=True),
+    Case("mount-over-checkpoints", OP, f"{TPL}.volumeMounts[0].mountPath",
+         _volume({"name": "e", "emptyDir": {}}, "/ckpt/../ckpt")),
+    Case("mount-undeclared", OP, f"{TPL}.volumeMounts[0].name",
+         _set(f"{TPL}.volumeMounts", [{"name": "nope", "mountPath": "/x"}])),
+    Case("image-shell", A, "image", _set("image", "busybox; rm -rf /")),
+    Case("factory-shell", A, "training.model.factory",
+         _set("training.model.factory", "os:system; echo")),
+    # --- reserved names ----------------------------------------------------------------------
+    Case("env-reserved", A, f"{TPL}.env[0].name",
+         _env({"name": "FSDP_WORKER_CONFIG_FILE", "value": "/tmp/evil.json"})),
+    Case("volume-reserved", A, f"{TPL}.volumes[0].name",
+         _volume({"name": "fsdp-checkpoint", "emptyDir": {}})),
+    Case("cross-namespace-affinity", A, f"{TPL}.affinity.podAffinity", _set(
+        f"{TPL}.affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", "namespaces": ["kube-system"]}]}})),
+    Case("system-priority", OP, "priorityClass",
+         _set(f"{TPL}.priorityClassName", "system-node-critical"), dry_run_only=True),
+    # --- type confusion and unknown fields ----------------------------------------------------
+    Case("affinity-unknown-field", A, f"{TPL}.affinity.nodeAffinity.bogus",
+         _set(f"{TPL}.affinity", {"nodeAffinity": {"bogus": True}})),
+    Case("affinity-list-for-object", A, f"{TPL}.affinity.podAntiAffinity",
+         _set(f"{TPL}.affinity", {"podAntiAffinity": ["not", "an", "object"]})),
+    Case("toleration-seconds-string", A, f"{TPL}.tolerations[0].tolerationSeconds",
+         _set(f"{TPL}.tolerations", [{"key": "k", "tolerationSeconds": "forever"}])),
+    Case("resources-string", A, "resources.requests",
+         _set("resources", {"requests": "4Gi"})),
+    Case("quantity-garbage", A, "resources.limits",
+         _set("resources", {"limits": {"cpu": "lots"}})),
+    Case("env-valuefrom-unknown", A, f"{TPL}.env[0].valueFrom.shell",
+         _env({"name": "X", "valueFrom": {"shell": "id"}})),
+    Case("two-volume-sources", A, f"{TPL}.volumes[0]",
+         _volume({"name": "two", "emptyDir": {}, "secret": {"secretName": "s"}})),
+    Case("replicas-string", A, "replicas", _set("replicas", "four")),
+    # --- oversized fields ---------------------------------------------------------------------
+    Case("env-too-many", A, f"{TPL}.env",
+         _env(*({"name": f"V{i}", "value": "x"} for i in range(129)))),
+    Case("env-value-too-long", A, f"{TPL}.env[0].value",
+         _env({"name": "BIG", "value": "x" * 5000})),
+    Case("label-value-too-long", A, "template.metadata.labels",
+         _set("template.metadata.labels", {"team": "x" * 64})),
+    Case("node-selector-too-long", A, f"{TPL}.nodeSelector",
+         _set(f"{TPL}.nodeSelector", {"pool": "y" * 70})),
+    Case("replicas-huge", A, "replicas", _set("replicas", 100_000)),
+    # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
+    Case("label-key-invalid", OP, "template.metadata.labels",
+         _set("template.metadata.labels", {"-bad/key-": "v"})),
+    Case("volume-name-invalid", A, f"{TPL}.volumes[0].name",
+         _volume({"name": "Bad_Name", "emptyDir": {}})),
+    Case("affinity-operator", OP, "affinity.nodeAffinity", _set(
+        f"{TPL}.affinity", _term({"key": "gpu", "operator": "Sometimes", "values": ["a"]})),
+         dry_run_only=True),
+    Case("toleration-operator", OP, "tolerations[0].operator",
+         _set(f"{TPL}.tolerations", [{"key": "gpu", "operator": "Maybe"}]), dry_run_only=True),
+    Case("requests-over-limits", OP, "resources.requests",
+         _set("resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}),
+         dry_run_only=True),
+    Case("unknown-resource-name", OP, "resources.limits",
+         _set("resources", {"limits": {"bogus": "1"}}), dry_run_only=True),
+    Case("ephemeral-without-access-modes", OP, "accessModes", _volume(
+        {"name": "eph", "ephemeral": {"volumeClaimTemplate": {"spec": {
+            "resources": {"requests": {"storage": "1Gi"}}}}}}), dry_run_only=True),
+]  # fmt: skip

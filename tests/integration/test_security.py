@@ -1,0 +1,208 @@
+"""Security on the real cluster: hostile specs, the chart's admission policies, ownership by uid.
+
+The operator runs with the chart's ClusterRole and admission policies (harness.install_rbac);
+every refusal is what a user sees: a failed `kubectl apply`, or a job Failed with a reason.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+
+from localcluster import controlplane
+from tests import hostile_specs as hs
+from tests.integration import harness
+
+pytestmark = pytest.mark.cluster
+
+
+def _job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "fsdpoperator.io/v1alpha1", "kind": "FSDPJob",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+
+
+def _apply(jobs: harness.Jobs, doc: dict[str, Any], **kw: Any) -> Any:
+    return jobs.cluster.kubectl("apply", "-n", jobs.ns, "-f", "-", input=json.dumps(doc),
+                                check=False, **kw)  # fmt: skip
+
+
+ADMISSION = [c for c in hs.CASES if c.where is hs.Where.ADMISSION]
+OPERATOR = [c for c in hs.CASES if c.where is hs.Where.OPERATOR]
+
+
+def test_hostile_specs_are_refused_at_admission_naming_the_field(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    refused = []
+    for case in ADMISSION:
+        done = _apply(jobs, _job(f"h-{case.id}", hs.spec_of(case)))
+        assert done.returncode != 0, f"{case.id}: admitted"
+        assert case.field in done.stderr, f"{case.id}: {done.stderr}"
+        refused.append(case.id)
+    assert jobs.pods() == [] and len(refused) == len(ADMISSION)
+    names = jobs.cluster.kubectl("get", "fsdpjobs", "-n", jobs.ns, "-o", "name").stdout
+    assert names.strip() == ""
+
+
+def test_hostile_specs_the_api_server_admits_fail_with_invalid_spec_and_no_pods(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    for case in OPERATOR:
+        assert _apply(jobs, _job(f"h-{case.id}", hs.spec_of(case))).returncode == 0, case.id
+    for case in OPERATOR:
+        name = f"h-{case.id}"
+        s = harness.wait_for(
+            f"{name} Failed", lambda n=name: (s := jobs.status(n)).get("phase") == "Failed" and s,
+            timeout=30, context=operator.log_tail,
+        )  # fmt: skip
+        assert s["reason"] == "InvalidSpec", (case.id, s)
+        assert case.field in s["message"], (case.id, s["message"])
+        failed = next(c for c in s["conditions"] if c["type"] == "Failed")
+        assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
+    assert jobs.pods() == []  # no case created a pod, not even for a moment of a pass
+    # the operator is still healthy: alive, and a good job next to the hostile ones runs
+    assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
+    good = harness.unique("good")
+    jobs.apply(harness.job_doc(good, training={"steps": 400}))
+    harness.wait_for("good job Running", lambda: jobs.status(good).get("phase") == "Running",
+                     timeout=60, context=operator.log_tail)  # fmt: skip
+
+
+def _pod(name: str, **container_security: Any) -> dict[str, Any]:
+    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                **container_security}  # fmt: skip
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{"name": "c", "image": "fsdp-worker:test",
+                            "securityContext": security}],
+        },
+    }  # fmt: skip
+
+
+def _create(cluster: controlplane.Cluster, ns: str, pod: dict[str, Any], **kw: Any) -> Any:
+    return cluster.kubectl("create", "--dry-run=server", "-n", ns, "-f", "-",
+                           input=json.dumps(pod), check=False, **kw)  # fmt: skip
+
+
+def test_admission_policy_refuses_unrestricted_pods_from_the_operators_credentials(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """The namespace enforces no Pod Security level: only the chart's policy stands in the way."""
+    cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
+    assert _create(cluster, ns, _pod("fine"), kubeconfig=creds).returncode == 0
+    privileged = _pod("priv", privileged=True, allowPrivilegeEscalation=True)
+    done = _create(cluster, ns, privileged, kubeconfig=creds)
+    assert done.returncode != 0 and "may not run privileged containers" in done.stderr
+    host = _pod("host")
+    host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
+    done = _create(cluster, ns, host, kubeconfig=creds)
+    assert done.returncode != 0 and "may only use configMap" in done.stderr
+    root = _pod("root")
+    root["spec"]["securityContext"] = {"runAsUser": 0}
+    done = _create(cluster, ns, root, kubeconfig=creds)
+    assert done.returncode != 0 and "non-root" in done.stderr
+    # the policy binds the operator's account only: an admin's privileged pod is admitted here
+    assert _create(cluster, ns, privileged).returncode == 0
+
+
+def test_fsdpjob_creators_must_be_allowed_to_create_pods(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    cluster, ns = jobs.cluster, jobs.ns
+    cluster.kubectl("create", "serviceaccount", "alice", "-n", ns)
+    cluster.kubectl("create", "role", "jobs-only", "-n", ns, "--verb=get,list,create,patch",
+                    "--resource=fsdpjobs.fsdpoperator.io")  # fmt: skip
+    cluster.kubectl("create", "rolebinding", "alice-jobs", "-n", ns, "--role=jobs-only",
+                    f"--serviceaccount={ns}:alice")  # fmt: skip
+    alice = cluster.kubeconfig_for_serviceaccount(ns, "alice")
+    doc = harness.job_doc(harness.unique("alice"))
+    done = _apply(jobs, doc, kubeconfig=alice)
+    assert done.returncode != 0
+    assert f"system:serviceaccount:{ns}:alice may not create pods in namespace {ns}" in done.stderr
+    cluster.kubectl("create", "role", "pods", "-n", ns, "--verb=create", "--resource=pods")
+    cluster.kubectl("create", "rolebinding", "alice-pods", "-n", ns, "--role=pods",
+                    f"--serviceaccount={ns}:alice")  # fmt: skip
+    harness.wait_for("alice admitted once she may create pods",
+                     lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
+
+
+def _conflict(jobs: harness.Jobs, name: str) -> dict[str, Any] | None:
+    conds = jobs.status(name).get("conditions") or []
+    return next((c for c in conds if c["type"] == "Conflict" and c["status"] == "True"), None)
+
+
+def _owned(jobs: harness.Jobs, name: str) -> list[dict[str, Any]]:
+    uid = (jobs.get(name) or {})["metadata"]["uid"]
+    return [
+        p
+        for p in jobs.pods(name)
+        if any(r.get("uid") == uid for r in p["metadata"].get("ownerReferences") or [])
+    ]
+
+
+def test_a_hand_made_pod_with_the_jobs_name_is_never_adopted(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("squat")
+    squatter = {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-a1-0", "labels": {
+            "fsdpoperator.io/job": name, "fsdpoperator.io/attempt": "1",
+            "fsdpoperator.io/node-rank": "0"}},
+        "spec": {"nodeSelector": {"no-such-node": "true"},  # stays Pending: no process needed
+                 "containers": [{"name": "worker", "image": "evil:1"}]},
+    }  # fmt: skip
+    jobs.cluster.kubectl("create", "-n", jobs.ns, "-f", "-", input=json.dumps(squatter))
+    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    cond = harness.wait_for("Conflict condition", lambda: _conflict(jobs, name),
+                            timeout=30, context=operator.log_tail)  # fmt: skip
+    assert cond["reason"] == "NameConflict"
+    assert f"pod {name}-a1-0 is owned by no controller" in cond["message"]
+    assert "NameConflict" in jobs.events(name)
+    s = jobs.status(name)
+    assert s["phase"] == "Pending" and _owned(jobs, name) == []  # nothing adopted or created
+    jobs.cluster.kubectl("delete", "pod", f"{name}-a1-0", "-n", jobs.ns, "--grace-period=0",
+                         "--force")  # fmt: skip
+    harness.wait_for("Running once the squatter is gone",
+                     lambda: jobs.status(name).get("phase") == "Running", timeout=60,
+                     context=operator.log_tail)  # fmt: skip
+    s = jobs.status(name)
+    assert s["attempt"] == 1 and s["restarts"]["total"] == 0 and _conflict(jobs, name) is None
+    assert len(_owned(jobs, name)) == 2
+
+
+def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    name = harness.unique("again")
+    doc = harness.job_doc(name, training={"steps": 400})
+    jobs.apply(doc)
+    harness.wait_for("first job at step 7", lambda: (jobs.status(name).get("step") or 0) >= 7,
+                     timeout=60, context=operator.log_tail)  # fmt: skip
+    old_uid = (jobs.get(name) or {})["metadata"]["uid"]
+    jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
+    jobs.apply(doc)
+    new_uid = (jobs.get(name) or {})["metadata"]["uid"]
+    assert new_uid != old_uid
+    # the old job's pods and checkpoints are not the new job's: it waits and says why
+    cond = harness.wait_for(
+        "checkpoint conflict", lambda: (c := _conflict(jobs, name))
+        and c["reason"] == "CheckpointsOfAnotherJob" and c, timeout=90, context=operator.log_tail,
+    )  # fmt: skip
+    assert f"FSDPJob uid {old_uid}" in cond["message"]
+    assert "resumeFromPreviousJobs" in cond["message"]
+    assert jobs.pods(name) == [] and jobs.status(name)["attempt"] == 0
+    jobs.patch(name, {"checkpoint": {"resumeFromPreviousJobs": True}})
+    s = harness.wait_for("new job Running", lambda: (s := jobs.status(name)).get("phase")
+                         == "Running" and s, timeout=60, context=operator.log_tail)  # fmt: skip
+    assert s["attempt"] == 1 and s["restarts"]["total"] == 0
+    assert (s["history"][0]["resumedFromStep"] or 0) >= 5
+    assert len(_owned(jobs, name)) == 2 and len(jobs.pods(name)) == 2
+    reasons = jobs.events(name)
+    assert "CheckpointsOfAnotherJob" in reasons

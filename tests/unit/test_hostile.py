@@ -1,0 +1,42 @@
+"""The hostile-spec table against the operator's own check (the same model the CRD comes from).
+
+Every case stopped at admission or by the operator's templating is refused here, naming the
+field; the cases only the API server can judge (its dry run) pass this check, by design. The
+same table runs against the real API server and operator in tests/integration/test_security.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_operator import names, reconcile
+from tests import hostile_specs as hs
+
+JOB = names.JobRef(name="hostile", namespace="team-a", uid="00000000-0000-0000-0000-000000000001")
+
+
+def _check(case: hs.Case) -> str:
+    body = {"metadata": {"name": JOB.name, "namespace": JOB.namespace, "uid": JOB.uid},
+            "spec": hs.spec_of(case)}  # fmt: skip
+    return reconcile.check_spec(body, JOB)[1]
+
+
+def test_the_base_spec_is_fine() -> None:
+    assert _check(hs.Case("base", hs.Where.ADMISSION, "", lambda doc: None)) == ""
+
+
+def test_there_are_at_least_thirty_cases_with_unique_ids() -> None:
+    ids = [case.id for case in hs.CASES]
+    assert len(ids) >= 30 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("case", [c for c in hs.CASES if not c.dry_run_only], ids=lambda c: c.id)
+def test_operator_check_refuses_naming_the_field(case: hs.Case) -> None:
+    error = _check(case)
+    assert error, f"{case.id} was accepted"
+    assert case.field in error, error
+
+
+@pytest.mark.parametrize("case", [c for c in hs.CASES if c.dry_run_only], ids=lambda c: c.id)
+def test_only_the_api_server_knows(case: hs.Case) -> None:
+    assert _check(case) == ""
