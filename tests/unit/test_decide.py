@@ -479,3 +479,62 @@ def test_decision_is_deterministic() -> None:
 def test_wakes_when_a_node_grace_period_ends_not_at_the_next_poll() -> None:
     d = dc.decide(observe(nodes=nodes(down={2: NOW - 28})))
     assert d.failure is None and d.requeue_after == pytest.approx(2.05)
+
+
+# --- ownership: what the job does not own ------------------------------------------------------
+
+SQUATTER = ob.Conflict(ob.ConflictKind.FOREIGN, "pod job-a1-0", "no controller")
+OLD_POD = ob.Conflict(ob.ConflictKind.PREVIOUS_JOB, "pod job-a1-0", "FSDPJob job uid old")
+OLD_CKPT = ob.Conflict(ob.ConflictKind.CHECKPOINTS, "checkpoint ./step-5", "FSDPJob uid old")
+
+
+def _conflict(d: dc.Decision) -> st.Condition | None:
+    return next((c for c in d.status.conditions if c.type == dc.CONFLICT), None)
+
+
+@pytest.mark.parametrize(
+    ("conflict", "says"),
+    [
+        pytest.param(SQUATTER, "waits until it is gone", id="hand-made-pod"),
+        pytest.param(OLD_POD, "waits until it is gone", id="deleted-job-still-terminating"),
+        pytest.param(OLD_CKPT, "resumeFromPreviousJobs: true", id="another-jobs-checkpoints"),
+    ],
+)
+def test_a_new_job_creates_nothing_while_something_it_does_not_own_is_in_the_way(
+    conflict: ob.Conflict, says: str
+) -> None:
+    fresh = observe(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None,
+                    conflicts=[conflict])  # fmt: skip
+    d = dc.decide(fresh)
+    cond = _conflict(d)
+    assert d.launch is None and d.status.attempt == 0 and d.status.phase is st.Phase.PENDING
+    assert cond is not None and cond.status == "True" and cond.reason == conflict.kind.value
+    assert conflict.what in cond.message and says in cond.message
+    assert [e.reason for e in d.events] == [conflict.kind.value]
+    assert d.requeue_after == dc.CONFLICT_POLL_SECONDS
+    again = dc.decide(dataclasses.replace(fresh, status=d.status))
+    assert again.events == []  # the Event is posted once, not every pass
+
+
+def test_missing_pods_are_not_created_over_a_squatter_then_are_once_it_is_gone() -> None:
+    status = running_status(phase=st.Phase.PENDING, pods_created=False)
+    d = dc.decide(observe(status=status, pods=pods(n=3), conflicts=[SQUATTER]))
+    assert d.launch is None and _conflict(d) is not None
+    cleared = dc.decide(observe(status=d.status, pods=pods(n=3)))
+    assert cleared.launch == dc.Launch(attempt=1, replicas=4, resume_path="")
+    cond = _conflict(cleared)
+    assert cond is not None and cond.status == "False" and cond.reason == "Resolved"
+
+
+def test_dry_run_result_is_remembered_per_generation() -> None:
+    d = dc.decide(observe(generation=3, validated_generation=3))
+    assert d.status.validated_generation == 3
+    later = dc.decide(observe(status=d.status, generation=4))
+    assert later.status.validated_generation == 3  # generation 4 is dry-run on the next pass
+
+
+def test_a_working_pass_clears_the_reconcile_error_condition() -> None:
+    failing = st.Condition(type=dc.RECONCILE_ERROR, status="True", reason="ApiException",
+                           message="boom", last_transition_time="2026-12-01T00:00:00Z")  # fmt: skip
+    d = dc.decide(observe(status=running_status(conditions=[failing])))
+    assert all(c.type != dc.RECONCILE_ERROR for c in d.status.conditions)

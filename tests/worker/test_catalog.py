@@ -24,6 +24,7 @@ def write_step(
     resumed_from: int | None = None,
     config_hash: str = HASH,
     marker: bool = True,
+    job_uid: str | None = None,
 ) -> Path:
     d = root / catalog.step_dir_name(step)
     d.mkdir(parents=True)
@@ -46,6 +47,7 @@ def write_step(
                 n: catalog.FileEntry(len(b), hashlib.sha256(b).hexdigest())
                 for n, b in files.items()
             },
+            job_uid=job_uid,
         )
         storage = catalog.LocalStorage(str(root))
         storage.write_atomic(str(d / catalog.MARKER_NAME), m.to_json())
@@ -170,3 +172,36 @@ def test_retention_keeps_the_newest_and_never_touches_incomplete_ones(tmp_path: 
     candidates = catalog.list_checkpoints(storage, str(tmp_path))
     assert [c.step for c in catalog.retention_victims(candidates, keep=2)] == [2, 1]
     assert [c.step for c in catalog.retention_victims(candidates, keep=0)] == [3, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("lineage", "chosen"),
+    [
+        pytest.param(Lineage(0, None, job_uid="new"), None, id="new-job-refuses-old-jobs-steps"),
+        pytest.param(Lineage(0, None, job_uid="new", other_jobs=True), 30, id="asked-to-resume"),
+        pytest.param(Lineage(1, 20, job_uid="new", other_jobs=True), 20, id="fenced-after-resume"),
+        pytest.param(Lineage(2, None, job_uid="old"), 30, id="the-old-job-itself"),
+        pytest.param(Lineage(2, None), 30, id="no-identity-check"),
+    ],
+)
+def test_checkpoints_of_another_job_are_resumed_only_when_asked(
+    tmp_path: Path, lineage: Lineage, chosen: int | None
+) -> None:
+    for step in (10, 20, 30):
+        write_step(tmp_path, step, attempt=2, job_uid="old")
+    storage = catalog.LocalStorage(str(tmp_path))
+    got, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=lineage)
+    assert (got.step if got else None) == chosen
+    if chosen is None:
+        assert {c.reason for c in rejected} == {RejectReason.OTHER_JOB}
+        assert "uid old" in rejected[0].detail
+
+
+def test_markers_without_a_uid_are_this_jobs_once_it_has_run(tmp_path: Path) -> None:
+    write_step(tmp_path, 10, attempt=1)  # written before markers carried a uid
+    storage = catalog.LocalStorage(str(tmp_path))
+    running = catalog.select(storage, ".", config_hash=HASH, lineage=Lineage(1, None, job_uid="j"))
+    never_started = catalog.select(storage, ".", config_hash=HASH,
+                                   lineage=Lineage(0, None, job_uid="j"))  # fmt: skip
+    assert running[0] is not None and running[0].step == 10
+    assert never_started[0] is None and never_started[1][0].reason == RejectReason.OTHER_JOB
