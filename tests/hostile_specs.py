@@ -136,8 +136,8 @@ CASES: list[Case] = [
     Case("cross-namespace-affinity", A, f"{TPL}.affinity.podAffinity", _set(
         f"{TPL}.affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
             {"topologyKey": "kubernetes.io/hostname", "namespaces": ["kube-system"]}]}})),
-    Case("system-priority", OP, "priorityClass",
-         _set(f"{TPL}.priorityClassName", "system-node-critical"), dry_run_only=True),
+    Case("system-priority", A, f"{TPL}.priorityClassName",
+         _set(f"{TPL}.priorityClassName", "system-node-critical")),
     # --- type confusion and unknown fields ----------------------------------------------------
     Case("affinity-unknown-field", A, f"{TPL}.affinity.nodeAffinity.bogus",
          _set(f"{TPL}.affinity", {"nodeAffinity": {"bogus": True}})),

@@ -240,8 +240,27 @@ class PodOverrides(_Model):
         120, ge=1, le=86_400,
         description="Time a worker gets on SIGTERM to finish its step and save a checkpoint.",
     )  # fmt: skip
-    priority_class_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
+    priority_class_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description="PriorityClass of the worker pods; the system-* classes are refused (they "
+        "would let training preempt the pods that keep nodes and the cluster running).",
+        json_schema_extra=_rules(
+            _cel("!self.startsWith('system-')", "the system-* priority classes are reserved")
+        ),
+    )
     scheduler_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
+
+    @pydantic.field_validator("priority_class_name")
+    @classmethod
+    def _not_system(cls, name: str | None) -> str | None:
+        if name is not None and name.startswith("system-"):
+            raise ValueError(
+                f"priorityClassName {name!r}: the system-* priority classes are reserved for"
+                " the pods that keep nodes and the cluster running"
+            )
+        return name
 
     @pydantic.field_validator("node_selector")
     @classmethod
