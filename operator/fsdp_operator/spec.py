@@ -126,25 +126,31 @@ CONFINEMENT_ANNOTATIONS = (
     "seccomp.security.alpha.kubernetes.io/",
     "container.seccomp.security.alpha.kubernetes.io/",
 )
-_VOLUME_SOURCES = (
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-    "projected", "secret",
-)  # fmt: skip
+# The generated Volume holds exactly the sources Pod Security "restricted" allows.
+_VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
+
+
+def _reserved_name(*, pattern: str, max_length: int, prefix: str) -> Any:  # a FieldInfo
+    """A name field that may not start with the operator's `prefix`: CEL at admission."""
+    message = f"names starting with {prefix} are reserved for the operator"
+    rule = _cel(f"!self.startsWith('{prefix}')", message)
+    return Field(pattern=pattern, max_length=max_length, json_schema_extra=_rules(rule))
+
+
+def _refuse_reserved(name: str, *, kind: str, prefix: str) -> str:
+    """The same rule in the operator's check (the model also reads specs the CRD never saw)."""
+    if name.startswith(prefix):
+        raise ValueError(
+            f"{kind} name {name!r}: names starting with {prefix!r} are reserved for the"
+            " operator; choose another name"
+        )
+    return name
 
 
 class EnvVar(kubetypes.EnvVar):
     """A worker env var: Kubernetes' EnvVar without `$(VAR)` expansion or the operator's names."""
 
-    name: str = Field(
-        pattern=ENV_NAME_PATTERN,
-        max_length=128,
-        json_schema_extra=_rules(
-            _cel(
-                f"!self.startsWith('{RESERVED_ENV_PREFIX}')",
-                f"names starting with {RESERVED_ENV_PREFIX} are reserved for the operator",
-            )
-        ),
-    )
+    name: str = _reserved_name(pattern=ENV_NAME_PATTERN, max_length=128, prefix=RESERVED_ENV_PREFIX)
     value: str | None = Field(
         None,
         max_length=4096,
@@ -156,12 +162,7 @@ class EnvVar(kubetypes.EnvVar):
     @pydantic.field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
-        if name.startswith(RESERVED_ENV_PREFIX):
-            raise ValueError(
-                f"env name {name!r}: names starting with {RESERVED_ENV_PREFIX!r} are reserved"
-                " for the operator; choose another name"
-            )
-        return name
+        return _refuse_reserved(name, kind="env", prefix=RESERVED_ENV_PREFIX)
 
     @pydantic.field_validator("value")
     @classmethod
@@ -177,15 +178,8 @@ _ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _VOLUME_SOURCES) + 
 class Volume(kubetypes.Volume):
     """A pod volume of one of the sources Pod Security "restricted" allows (no hostPath, ...)."""
 
-    name: str = Field(
-        pattern=DNS_LABEL_PATTERN,
-        max_length=63,
-        json_schema_extra=_rules(
-            _cel(
-                f"!self.startsWith('{RESERVED_VOLUME_PREFIX}')",
-                f"names starting with {RESERVED_VOLUME_PREFIX} are reserved for the operator",
-            )
-        ),
+    name: str = _reserved_name(
+        pattern=DNS_LABEL_PATTERN, max_length=63, prefix=RESERVED_VOLUME_PREFIX
     )
 
     model_config = pydantic.ConfigDict(
@@ -195,12 +189,7 @@ class Volume(kubetypes.Volume):
     @pydantic.field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
-        if name.startswith(RESERVED_VOLUME_PREFIX):
-            raise ValueError(
-                f"volume name {name!r}: names starting with {RESERVED_VOLUME_PREFIX!r} are"
-                " reserved for the operator's volumes; choose another name"
-            )
-        return name
+        return _refuse_reserved(name, kind="volume", prefix=RESERVED_VOLUME_PREFIX)
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> Volume:
