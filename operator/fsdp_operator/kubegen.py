@@ -99,14 +99,16 @@ class KubeModel(pydantic.BaseModel):
 
 
 def find_openapi(version: str = KUBE_VERSION) -> Path:
-    """The pinned module's core/v1 OpenAPI document in the Go module cache."""
-    cache = (
-        os.environ.get("GOMODCACHE")
-        or subprocess.run(
-            ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
-    return Path(cache) / f"k8s.io/kubernetes@{version}/api/openapi-spec/v3/api__v1_openapi.json"
+    """The pinned module's core/v1 OpenAPI document, from the Go module cache.
+
+    The control-plane build puts the module there; when it is not (a cleaned cache), `go mod
+    download` fetches it from the Go module proxy.
+    """
+    found = subprocess.run(
+        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
+        capture_output=True, text=True, check=True, env={**os.environ, "GOFLAGS": "-mod=mod"},
+    ).stdout  # fmt: skip
+    return Path(json.loads(found)["Dir"]) / "api/openapi-spec/v3/api__v1_openapi.json"
 
 
 def _short(ref: str) -> str:
