@@ -64,14 +64,19 @@ async def _loop(namespace: str, name: str) -> None:
         wake.clear()
         try:
             delay = await asyncio.to_thread(reconcile.run_pass, _ctx, namespace, name)
+            pause = MIN_PAUSE
         except Exception:  # a pass failed half-way: the next pass finishes it
             log.exception("reconcile of %s/%s failed", namespace, name)
-            delay = ERROR_PAUSE
-        if delay is None:
-            break
-        await asyncio.sleep(MIN_PAUSE)
+            # Back off for real: watch events must not turn a failing pass (say, a namespace
+            # being deleted refuses every create) into a hot loop that starves other jobs.
+            delay = pause = ERROR_PAUSE
+        if delay is None and not wake.is_set():
+            break  # the job is gone, and no event for its name came during the pass
+        if delay is None:  # a new job of the same name appeared while the pass ran
+            continue
+        await asyncio.sleep(pause)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout=max(0.0, delay - MIN_PAUSE))
+            await asyncio.wait_for(wake.wait(), timeout=max(0.0, delay - pause))
     _loops.pop(key, None)
     _wakes.pop(key, None)
     metrics.forget(namespace, name)
@@ -87,15 +92,12 @@ def _poke(namespace: str, name: str) -> None:
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-async def job_event(type: str, namespace: str | None, name: str, **_: Any) -> None:
+async def job_event(namespace: str | None, name: str, **_: Any) -> None:
     if namespace is None:
         return
-    if type == "DELETED":
-        task = _loops.pop((namespace, name), None)
-        if task is not None:
-            task.cancel()
-        metrics.forget(namespace, name)
-        return
+    # Also on DELETED: the loop's next pass finds no job and ends by itself. Cancelling it here
+    # would race with a new job of the same name, whose ADDED event kopf may handle first
+    # (it serialises events per uid, not per name), and leave that job with no loop at all.
     _poke(namespace, name)
 
 

@@ -92,7 +92,8 @@ def _checkpoints(
         storage, ".", config_hash=spec.training.resume_hash(), lineage=lineage, deep=deep
     )
     for cand in rejected:
-        log.info("checkpoint %s rejected: %s %s", cand.path, cand.reason, cand.detail)
+        log.debug("%s/%s: checkpoint %s rejected: %s %s",
+                  job.namespace, job.name, cand.path, cand.reason, cand.detail)  # fmt: skip
     corrupt = tuple(c.path for c in rejected if c.reason in _QUARANTINE)
     others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
     # Before the first attempt, another job's checkpoints mean the user re-used a name (or a

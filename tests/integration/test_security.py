@@ -193,7 +193,8 @@ def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked
     # the old job's pods and checkpoints are not the new job's: it waits and says why
     cond = harness.wait_for(
         "checkpoint conflict", lambda: (c := _conflict(jobs, name))
-        and c["reason"] == "CheckpointsOfAnotherJob" and c, timeout=90, context=operator.log_tail,
+        and c["reason"] == "CheckpointsOfAnotherJob" and c, timeout=90,
+        context=lambda: f"{jobs.get(name)}\n{jobs.events(name)}\n{jobs.pods(name)}",
     )  # fmt: skip
     assert f"FSDPJob uid {old_uid}" in cond["message"]
     assert "resumeFromPreviousJobs" in cond["message"]

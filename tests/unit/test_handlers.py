@@ -1,0 +1,70 @@
+"""The per-job loop in handlers.py: a job deleted and created again under the same name keeps a
+loop, and a failing pass backs off however many watch events arrive."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from fsdp_operator import handlers, reconcile
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    monkeypatch.setattr(handlers, "_ctx", object())
+    monkeypatch.setattr(handlers, "MIN_PAUSE", 0.01)
+    monkeypatch.setattr(handlers, "ERROR_PAUSE", 0.3)
+    monkeypatch.setattr(handlers.metrics, "forget", lambda *_: None)
+    return seen
+
+
+def test_a_new_job_of_the_same_name_during_the_last_pass_keeps_the_loop(
+    passes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The old job's pass finds it gone (None) while the new job's ADDED event arrives."""
+    loop = asyncio.new_event_loop()
+    results = iter([None, None])
+
+    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+        passes.append(name)
+        if len(passes) == 1:  # the new job's event lands while the old job's pass runs
+            loop.call_soon_threadsafe(handlers._poke, namespace, name)
+        return next(results)
+
+    monkeypatch.setattr(reconcile, "run_pass", run_pass)
+
+    async def scenario() -> None:
+        handlers._poke("ns", "train")
+        while handlers._loops:
+            await asyncio.sleep(0.01)
+
+    loop.run_until_complete(asyncio.wait_for(scenario(), 5))
+    loop.close()
+    assert passes == ["train", "train"]  # a second pass, for the new job, not an orphan
+
+
+def test_a_failing_pass_backs_off_even_when_events_keep_coming(
+    passes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+        passes.append(name)
+        if len(passes) < 3:
+            raise RuntimeError("namespace is being terminated")
+        return None
+
+    monkeypatch.setattr(reconcile, "run_pass", run_pass)
+
+    async def scenario() -> float:
+        started = asyncio.get_running_loop().time()
+        handlers._poke("ns", "busy")
+        while handlers._loops:
+            handlers._poke("ns", "busy")  # a stream of pod events
+            await asyncio.sleep(0.005)
+        return asyncio.get_running_loop().time() - started
+
+    elapsed = asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert len(passes) == 3
+    assert elapsed >= 2 * handlers.ERROR_PAUSE  # events did not cut the back-off short
