@@ -176,6 +176,17 @@ class Kube:
             log.warning("event %s for %s not posted: %s", reason, job.name, exc.reason)
 
 
+def describe_error(exc: Exception) -> str:
+    """One line for a user: an API error's status and message, not its HTTP headers."""
+    if isinstance(exc, ApiException) and exc.body:
+        try:
+            said = json.loads(exc.body).get("message")
+        except ValueError:
+            said = None
+        return f"API error {exc.status}: {said or exc.reason}"[:1024]
+    return f"{type(exc).__name__}: {exc}"[:1024]
+
+
 def scrape_progress(ip: str, *, timeout: float) -> tuple[int | None, float | None] | None:
     """(step, last step unix time) from rank 0's Prometheus endpoint; None when unreachable."""
     url = f"http://{ip}:{names.METRICS_PORT}/metrics"

@@ -274,7 +274,7 @@ def _report_error(ctx: Context, body: dict[str, Any], exc: Exception) -> None:
     """A pass that raised: a Warning Event (at most one a minute) and a condition saying why."""
     job = names.JobRef.of(body)
     now = time.time()
-    message = f"{type(exc).__name__}: {exc}"[:1024]
+    message = k8s.describe_error(exc)
     if now - _last_error_event.get(job.uid, 0.0) >= _ERROR_EVENT_SECONDS:
         _last_error_event[job.uid] = now
         ctx.kube.event(job, type_="Warning", reason=dc.RECONCILE_ERROR, message=message)
@@ -298,8 +298,12 @@ def run_pass(ctx: Context, namespace: str, name: str) -> float | None:
         decision = dc.decide(obs, ctx.settings.tunables)
         apply(ctx, body, obs, decision)
     except Exception as exc:
-        _report_error(ctx, body, exc)
+        try:
+            _report_error(ctx, body, exc)
+        except Exception:  # the report is advice; the pass's own error is what gets raised
+            log.exception("could not report the failed pass of %s", body["metadata"]["name"])
         raise
+    _last_error_event.pop(body["metadata"]["uid"], None)
     if decision.delete_job:
         return None
     return decision.requeue_after

@@ -68,3 +68,16 @@ def test_a_failing_pass_backs_off_even_when_events_keep_coming(
     elapsed = asyncio.run(asyncio.wait_for(scenario(), 5))
     assert len(passes) == 3
     assert elapsed >= 2 * handlers.ERROR_PAUSE  # events did not cut the back-off short
+
+
+def test_a_failed_pass_is_reported_as_the_servers_message_not_its_headers() -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    from fsdp_operator import kube
+
+    exc = ApiException(status=403, reason="Forbidden")
+    exc.body = '{"message": "pods \\"x\\" is forbidden: namespace t is being terminated"}'
+    exc.headers = {"Audit-Id": "changes-every-time"}
+    said = kube.describe_error(exc)
+    assert said == 'API error 403: pods "x" is forbidden: namespace t is being terminated'
+    assert kube.describe_error(RuntimeError("boom")) == "RuntimeError: boom"

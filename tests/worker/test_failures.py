@@ -118,3 +118,22 @@ def test_a_failed_background_write_fails_the_run_loudly(tmp_path: Path) -> None:
     assert "injected write failure at step 3" in term["message"]
     assert not (root / "step-3").exists()
     assert max(run.losses()) < 9
+
+
+def test_auto_resume_takes_another_jobs_checkpoints_only_when_asked(tmp_path: Path) -> None:
+    """A job deleted and created again (a new uid) over the same checkpoint directory."""
+    root = tmp_path / "ckpt"
+    old = {"FSDP_JOB_UID": "uid-old"}
+    first = launch(tmp_path, nproc=2, config=worker_config(root), name="old", extra_env=old)
+    assert first.wait().rc == 0, first.log[-3000:]
+    assert marker(root / "step-12")["job_uid"] == "uid-old"
+    new = {"FSDP_JOB_UID": "uid-new"}
+    refused = launch(tmp_path, nproc=2, config=worker_config(root), resume="auto", name="new",
+                     extra_env=new)  # fmt: skip
+    assert refused.wait().rc == contract.ExitCode.CONFIG_ERROR, refused.log[-3000:]
+    cause = refused.termination()
+    assert "another FSDPJob" in cause["message"] and "resumeFromPreviousJobs" in cause["message"]
+    asked = worker_config(root, resumeFromPreviousJobs=True)
+    taken = launch(tmp_path, nproc=2, config=asked, resume="auto", name="asked", extra_env=new)
+    assert taken.wait().rc == 0, taken.log[-3000:]
+    assert "resumed from step-12" in taken.log
