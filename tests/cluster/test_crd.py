@@ -136,3 +136,15 @@ def test_immutable_fields(crd: controlplane.Cluster, kube_namespace: str) -> Non
     edit["spec"]["minReplicas"] = 1
     edit["spec"]["training"]["steps"] = 500
     assert _apply(crd, kube_namespace, edit).returncode == 0
+
+
+def test_the_api_server_serves_the_pod_types_the_crd_was_generated_from(
+    cluster: controlplane.Cluster,
+) -> None:
+    """kubetypes.py, made from the module's OpenAPI file, is what this API server itself serves:
+    so what the CRD admits in a pod part is what the server's pod schema admits."""
+    from fsdp_operator import kubegen
+
+    served = json.loads(cluster.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
+    committed = (ROOT / "operator" / "fsdp_operator" / "kubetypes.py").read_text()
+    assert kubegen.render(served) == committed
