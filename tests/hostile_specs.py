@@ -103,7 +103,7 @@ CASES: list[Case] = [
     Case("service-account", A, f"{TPL}.serviceAccountName",
          _set(f"{TPL}.serviceAccountName", "admin")),
     Case("pin-node-name", A, f"{TPL}.nodeName", _set(f"{TPL}.nodeName", "control-plane")),
-    Case("apparmor-unconfined", OP, "template.metadata.annotations", _set(
+    Case("apparmor-unconfined", A, "template.metadata.annotations", _set(
         "template.metadata.annotations",
         {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"})),
     # --- escaping paths and variable expansion ---------------------------------------------
@@ -165,7 +165,7 @@ CASES: list[Case] = [
          _set(f"{TPL}.nodeSelector", {"pool": "y" * 70})),
     Case("replicas-huge", A, "replicas", _set("replicas", 100_000)),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
-    Case("label-key-invalid", OP, "template.metadata.labels",
+    Case("label-key-invalid", A, "template.metadata.labels",
          _set("template.metadata.labels", {"-bad/key-": "v"})),
     Case("volume-name-invalid", A, f"{TPL}.volumes[0].name",
          _volume({"name": "Bad_Name", "emptyDir": {}})),

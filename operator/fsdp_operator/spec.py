@@ -200,6 +200,17 @@ class Volume(kubetypes.Volume):
 
 
 LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+_KEYS_RULE = _cel(
+    f"self.all(k, k.size() <= 316 && k.matches(r'{QUALIFIED_NAME_PATTERN}'))",
+    "keys must be qualified names: [prefix/]name, name of [A-Za-z0-9-_.] (<= 63),"
+    " prefix a DNS subdomain",
+)
+_CONFINEMENT_RULE = _cel(
+    "!self.exists(k, "
+    + " || ".join(f"k.startsWith('{prefix}')" for prefix in CONFINEMENT_ANNOTATIONS)
+    + ")",
+    "AppArmor and seccomp annotations are the operator's (it sets RuntimeDefault)",
+)
 
 
 def _check_keys(values: dict[str, str], *, what: str) -> dict[str, str]:
@@ -219,7 +230,9 @@ class PodOverrides(_Model):
     Anything else in the pod is the operator's (security context, command, ports, hostname).
     """
 
-    node_selector: dict[str, LabelValue] = Field(default_factory=dict, max_length=64)
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=_rules(_KEYS_RULE)
+    )
     tolerations: list[kubetypes.Toleration] = Field(default_factory=list, max_length=64)
     affinity: kubetypes.Affinity | None = None
     volumes: list[Volume] = Field(default_factory=list, max_length=64)
@@ -258,9 +271,13 @@ class PodOverrides(_Model):
 
 
 class TemplateMetadata(_Model):
-    labels: dict[str, LabelValue] = Field(default_factory=dict, max_length=64)
+    labels: dict[str, LabelValue] = Field(
+        default_factory=dict, max_length=64, json_schema_extra=_rules(_KEYS_RULE)
+    )
     annotations: dict[str, Annotated[str, Field(max_length=65_536)]] = Field(
-        default_factory=dict, max_length=64
+        default_factory=dict,
+        max_length=64,
+        json_schema_extra=_rules(_KEYS_RULE, _CONFINEMENT_RULE),
     )
 
     @pydantic.field_validator("labels")
