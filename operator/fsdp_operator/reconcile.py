@@ -227,7 +227,9 @@ def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
 def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) -> None:
     job = names.JobRef.of(body)
     kube = ctx.kube
-    kube.patch_status(job.namespace, job.name, d.status.model_dump(mode="json", by_alias=True))
+    status = d.status.model_dump(mode="json", by_alias=True)
+    if status != obs.status.model_dump(mode="json", by_alias=True):  # write only what changed
+        kube.patch_status(job.namespace, job.name, status)
     base = storage_for(job, obs.spec, ctx.settings)
     for path in d.quarantine:
         if base is not None:
