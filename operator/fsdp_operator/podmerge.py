@@ -25,7 +25,6 @@ from fsdp_worker import contract
 CHECKPOINT_VOLUME = "fsdp-checkpoint"
 SHM_VOLUME = "fsdp-shm"  # NCCL and data-loader workers need more than the 64 MiB default
 SHM_PATH = "/dev/shm"
-RESERVED_VOLUME_PREFIX = api.RESERVED_VOLUME_PREFIX
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
