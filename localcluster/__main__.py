@@ -1,6 +1,6 @@
 """``python -m localcluster up|down|status``: the local cluster for people.
 
-``up`` starts the control plane (and process nodes once the agent exists), prints the
+``up`` starts the control plane and kubelet nodes (building and loading the images), prints the
 ``export KUBECONFIG=...`` line and returns while the processes keep running; ``down`` stops
 what ``up`` recorded in the state directory; ``status`` shows components and nodes.
 """
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from localcluster import controlplane
+from localcluster import controlplane, images
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,11 +24,15 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the cluster and return")
     defaults = controlplane.NodeOptions()
-    default_nodes = 3 if controlplane.agent_available() else 0
-    up.add_argument("--nodes", type=int, default=default_nodes, help="process nodes (0: none)")
+    up.add_argument("--nodes", type=int, default=3, help="kubelet nodes (0: none)")
     up.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node)
-    up.add_argument("--cpu", default=defaults.cpu, help="per node, a Kubernetes quantity")
-    up.add_argument("--memory", default=defaults.memory, help="per node, a Kubernetes quantity")
+    up.add_argument(
+        "--image",
+        action="append",
+        default=None,
+        dest="images",
+        help="image each node must hold (repeatable; default: the project's)",
+    )
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for ready")
     sub.add_parser("down", help="stop the cluster")
     sub.add_parser("status", help="show components and nodes")
@@ -36,8 +40,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _up(args: argparse.Namespace) -> int:
+    refs = tuple(args.images) if args.images is not None else images.TEST_IMAGES
+    if args.images is None:
+        images.build(images.TEST_TARGETS)
     nodes = controlplane.NodeOptions(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node, cpu=args.cpu, memory=args.memory
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, images=refs
     )
     bin_dir = controlplane.find_bin_dir()
     started = time.monotonic()
@@ -48,6 +55,8 @@ def _up(args: argparse.Namespace) -> int:
         f"cluster ready in {time.monotonic() - started:.1f}s at {cluster.server}", file=sys.stderr
     )
     print(f"logs: {cluster.logs}", file=sys.stderr)
+    for line in cluster.started_lines():
+        print(line, file=sys.stderr)
     print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
     return 0
 

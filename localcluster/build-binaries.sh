@@ -12,7 +12,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 CACHE="${FSDPOP_CACHE:-$HOME/.cache/fsdp-operator}"
 OUT="$CACHE/k8s-$KUBE_VERSION/bin"
 WORK="$CACHE/k8s-$KUBE_VERSION/src"
-KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+# The node side (kubelet, kube-proxy) builds from the same module graph: ~40 s more each.
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 
 mkdir -p "$OUT" "$WORK/kube" "$WORK/etcd"
 export GOFLAGS="-mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local

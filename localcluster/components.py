@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from localcluster import pki
+from localcluster import network, nodes, pki
 
 SERVICE_CIDR = "10.96.0.0/16"
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -22,14 +22,16 @@ OWNED = (
     "etcd",
     "logs",
     "kubeconfigs",
-    "agent",
+    "nodes",
     "kubectl-cache",
     "scheduler.yaml",
+    "kube-proxy.yaml",
+    "volumes",
     "flexvolume",
 )
 SERVER_NAMES = (
-    "127.0.0.1", "localhost", pki.SERVICE_CLUSTER_IP, "kubernetes", "kubernetes.default",
-    "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
+    "127.0.0.1", "localhost", network.GATEWAY, pki.SERVICE_CLUSTER_IP, "kubernetes",
+    "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
 )  # fmt: skip
 
 
@@ -49,7 +51,12 @@ class Layout:
 
 
 def reset(layout: Layout) -> None:
-    """Remove what a previous run left, touching only paths this module owns."""
+    """Remove what a previous run left, touching only paths this module owns.
+
+    A node's mounts (container root filesystems, token volumes) are undone first: rmtree
+    would otherwise descend through them.
+    """
+    nodes.unmount_under(layout.root)
     for name in (*OWNED, "kubeconfig", "cluster.json"):
         path = layout.root / name
         if path.is_dir() and not path.is_symlink():
@@ -73,6 +80,13 @@ def make_pki(layout: Layout) -> dict[str, pki.Pair]:
         pki.Leaf("apiserver-etcd-client", "kube-apiserver-etcd-client"),
         pki.Leaf("apiserver", "kube-apiserver", server_names=SERVER_NAMES),
         pki.Leaf("admin", "kubernetes-admin", organization="system:masters"),
+        # The API server's identity towards kubelets (logs, exec): kubeadm's arrangement.
+        pki.Leaf(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            organization="system:masters",
+        ),
+        pki.Leaf("kube-proxy", "system:kube-proxy"),
         pki.Leaf("controller-manager-client", "system:kube-controller-manager"),
         pki.Leaf("scheduler-client", "system:kube-scheduler"),
         pki.Leaf("controller-manager", "kube-controller-manager", server_names=loopback),
@@ -104,7 +118,9 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
     p = layout.pki
     return [
         "kube-apiserver",
-        "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+        # On the cluster bridge: pods reach it through the `kubernetes` Service (kube-proxy),
+        # host processes directly; nothing else on the machine's network sees it.
+        "--bind-address", network.GATEWAY, "--advertise-address", network.GATEWAY,
         "--secure-port", str(ports["apiserver"]),
         "--etcd-servers", f"https://127.0.0.1:{ports['etcd']}",
         "--etcd-cafile", str(p / "ca.crt"),
@@ -120,8 +136,10 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         "--service-account-key-file", str(p / "sa.pub"),
         "--service-account-signing-key-file", str(p / "sa.key"),
         "--service-cluster-ip-range", SERVICE_CIDR,
-        # Endpoints may not hold a loopback address; nothing in-cluster dials the apiserver.
-        "--endpoint-reconciler-type", "none",
+        "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
+        "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
+        "--kubelet-certificate-authority", str(p / "ca.crt"),
+        "--kubelet-preferred-address-types", "InternalIP",
         "--profiling=false",
     ]  # fmt: skip
 

@@ -3,16 +3,17 @@
 ``Cluster.up`` generates certificates, starts each component as a plain subprocess (no shell) on
 ports picked at run time, waits until it is healthy, and records what it started in
 ``<state_dir>/cluster.json`` so another process (the CLI's ``down``/``status``) can find it.
-Process-backed nodes come from ``localcluster.agent``, started last by ``_start_agent``.
+The cluster's network (``network``: one bridge, fenced) comes first, so the API server can
+listen on the bridge; cluster DNS and then kubelet nodes (``nodes``, ``nodeconf``) come last.
 
 Component command lines live in ``components``. This module does not build binaries
-(``build-binaries.sh`` does) and never runs a node itself.
+(``build-binaries.sh`` does) or images (``images`` does).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import functools
 import json
 import os
 import socket
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcluster import components, pki, procs
+from localcluster import components, images, network, nodeconf, nodes, pki, procs
 
 _DEFAULT_SA = "/api/v1/namespaces/default/serviceaccounts/default"
 
@@ -43,16 +44,16 @@ class KubectlError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class NodeOptions:
-    """The process-backed nodes the agent registers."""
+    """The kubelet nodes to start (CPU and memory are the machine's own, as a kubelet reports)."""
 
     nodes: int = 0
-    """How many Node objects; 0 starts no agent."""
+    """How many nodes, each a kubelet with its own containerd; 0 starts none."""
     gpus_per_node: int = 8
-    """``nvidia.com/gpu`` capacity of each node."""
-    cpu: str = "16"
-    """CPU capacity of each node, as a Kubernetes quantity."""
-    memory: str = "64Gi"
-    """Memory capacity of each node, as a Kubernetes quantity."""
+    """``nvidia.com/gpu`` capacity advertised on each node (an extended resource)."""
+    images: tuple[str, ...] = ()
+    """Images every node's containerd must hold besides the pause image (loaded by digest)."""
+    zones: int = 2
+    """Nodes are labelled ``topology.kubernetes.io/zone=zone-<i mod zones>``."""
 
 
 def find_bin_dir() -> Path:
@@ -69,14 +70,6 @@ def find_bin_dir() -> Path:
         tail = "\n".join(out.stderr.splitlines()[-20:])
         raise ControlPlaneError(f"{script} exited {out.returncode}:\n{tail}")
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def agent_available() -> bool:
-    """Whether ``python -m localcluster.agent`` can run yet (a module, or a package with main)."""
-    spec = importlib.util.find_spec("localcluster.agent")
-    if spec is None or spec.submodule_search_locations is None:
-        return spec is not None
-    return importlib.util.find_spec("localcluster.agent.__main__") is not None
 
 
 def _free_port() -> int:
@@ -113,7 +106,7 @@ class Cluster:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{network.GATEWAY}:{self.ports['apiserver']}"
 
     # --- lifecycle -----------------------------------------------------------------------
     @classmethod
@@ -156,15 +149,44 @@ class Cluster:
         return cls(layout.root, bin_dir=Path(meta["bin_dir"]), ports=meta["ports"])
 
     def down(self, *, grace: float = 10.0) -> None:
-        """Stop every recorded process (SIGTERM, then SIGKILL after ``grace`` seconds)."""
-        self._procs.stop_all(grace=grace, graces={"agent": max(grace, 30.0)})
+        """Stop nodes (their containers too), then every recorded process, then the network."""
+        count = int(self._procs.meta.get("nodes", 0))
+        self._procs.stop_named(
+            lambda name: name.startswith(("kubelet-", "kube-proxy")), grace=grace
+        )
+        for i in range(count):
+            node = nodes.layout(self.state_dir, i)
+            nodes.kill_containers(node.cgroup_root)
+            if node.socket.exists():
+                nodes.forget_containers(nodes.ctr_command(node.socket))
+            nodes.kill_shims(node.socket)
+        self._procs.stop_all(grace=grace)
+        for i in range(count):
+            node = nodes.layout(self.state_dir, i)
+            nodes.remove_state(node)
+            nodes.remove_cgroup_root(node.cgroup_root)
+        if count:  # kube-proxy's own way to remove the iptables rules it made
+            subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True,
+                           check=False)  # fmt: skip
+        network.down()
+
+    def started_lines(self) -> list[str]:
+        """What runs, one line each: control-plane components and each node's processes."""
+        lines = [f"{name:28} pid {self._procs.pid(name) or '-'}" for name in self._procs.status()]
+        for i in range(int(self._procs.meta.get("nodes", 0))):
+            node = nodes.layout(self.state_dir, i)
+            lines.append(f"{node.name}: InternalIP {node.net.ip}, pods {node.net.pod_cidr}, "
+                         f"containerd {node.socket}, image store {node.store}")  # fmt: skip
+        return lines
 
     def component_status(self) -> dict[str, bool]:
         """Each recorded component and whether its process is still running."""
         return self._procs.status()
 
-    def _start(self, nodes: NodeOptions, *, deadline: float) -> None:
-        self._procs.meta = {"bin_dir": str(self.bin_dir), "ports": self.ports}
+    def _start(self, wanted: NodeOptions, *, deadline: float) -> None:
+        self._procs.meta = {"bin_dir": str(self.bin_dir), "ports": self.ports,
+                            "nodes": wanted.nodes}  # fmt: skip
+        network.up(wanted.nodes)
         certs = components.make_pki(self._layout)
         self._write_kubeconfigs(certs)
         self._spawn("etcd", components.etcd_args(self._layout, self.ports))
@@ -178,25 +200,44 @@ class Cluster:
         self._wait("controller-manager", self._health_url("controller-manager"), deadline)
         self._wait("scheduler", self._health_url("scheduler"), deadline)
         self._wait("controller-manager", f"{self.server}{_DEFAULT_SA}", deadline)
-        if nodes.nodes:
-            self._start_agent(nodes)
-            self._poll("agent", lambda: self.ready_nodes() >= nodes.nodes, deadline)
+        self._spawn("cluster-dns", [sys.executable, "-m", "localcluster.clusterdns",
+                                    "--kubeconfig", str(self.kubeconfig),
+                                    "--address", network.GATEWAY])  # fmt: skip
+        if wanted.nodes:
+            self._start_nodes(wanted, deadline=deadline)
 
-    def _start_agent(self, nodes: NodeOptions) -> None:
-        if not agent_available():
-            raise ControlPlaneError("nodes requested but localcluster.agent does not exist yet")
-        self._spawn(
-            "agent",
-            [
-                sys.executable, "-m", "localcluster.agent",
-                "--kubeconfig", str(self.kubeconfig),
-                "--state-dir", str(self.state_dir / "agent"),
-                "--nodes", str(nodes.nodes),
-                "--gpus-per-node", str(nodes.gpus_per_node),
-                "--cpu", nodes.cpu,
-                "--memory", nodes.memory,
-            ],
+    def _start_nodes(self, wanted: NodeOptions, *, deadline: float) -> None:
+        ca = pki.Pair(self._layout.pki / "ca.crt", self._layout.pki / "ca.key")
+        refs = (images.PAUSE, *(r for r in wanted.images if r != images.PAUSE))
+        layouts = [nodes.layout(self.state_dir, i) for i in range(wanted.nodes)]
+        for node in layouts:
+            nodes.prepare(node=node, ca=ca, server=self.server, sandbox_image=images.PAUSE)
+            self._spawn(f"containerd-{node.name}", nodeconf.containerd_args(node))
+            name = f"containerd-{node.name}"
+            nodes.wait_socket(node.socket, functools.partial(self._alive, name))
+            images.ensure_loaded(address=node.socket, refs=refs)
+        for node in layouts:
+            zone = f"zone-{node.index % max(1, wanted.zones)}"
+            self._spawn(f"kubelet-{node.name}", nodeconf.kubelet_args(node, zone=zone))
+        self._start_kube_proxy(certs_dir=self._layout.pki, hostname=layouts[0].name)
+        for node in layouts:
+            ready = functools.partial(self.node_ready, node.name)
+            self._poll(f"kubelet-{node.name}", ready, deadline)
+            nodes.advertise_gpus(self.kubectl, node.name, wanted.gpus_per_node)
+
+    def _start_kube_proxy(self, *, certs_dir: Path, hostname: str) -> None:
+        user = pki.client_user(components.pair(self._layout, "kube-proxy"))
+        kubeconfig = pki.write_kubeconfig(
+            self._layout.kubeconfigs / "kube-proxy.kubeconfig", server=self.server,
+            ca=certs_dir / "ca.crt", user=user,
         )  # fmt: skip
+        config = self.state_dir / "kube-proxy.yaml"
+        config.write_text(json.dumps(nodeconf.kube_proxy_config(kubeconfig=kubeconfig,
+                                                                hostname=hostname)))  # fmt: skip
+        self._spawn("kube-proxy", ["kube-proxy", "--config", str(config)])
+
+    def _alive(self, name: str) -> bool:
+        return self._procs.status().get(name, False)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         if not argv[0].startswith("/"):
@@ -264,6 +305,13 @@ class Cluster:
         return pki.write_kubeconfig(
             path, server=self.server, ca=self._layout.pki / "ca.crt", user={"token": token}
         )
+
+    def node_ready(self, name: str) -> bool:
+        done = self.kubectl("get", "node", name, "-o", "json", check=False)
+        if done.returncode != 0:
+            return False
+        conditions = json.loads(done.stdout).get("status", {}).get("conditions") or []
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def ready_nodes(self) -> int:
         """How many Node objects report Ready=True."""

@@ -1,6 +1,7 @@
 """`make demo`: a real FSDP2 job on the local cluster survives a crash and a lost node.
 
-Starts the control plane and two process nodes, installs the CRD and the operator (with the
+Starts the control plane and two kubelet nodes (containerd, the project's worker image), installs
+the CRD and the operator (with the
 chart's RBAC), applies examples/tiny-cpu.yaml (2 pods x 2 CPU ranks, real torchrun, FSDP2, DCP),
 then injects faults and narrates what the operator does:
 
@@ -25,7 +26,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from localcluster import controlplane, stack
+from localcluster import controlplane, images, stack
 from localcluster import faults as lf
 
 console = Console()
@@ -44,6 +45,7 @@ def _show(cluster: controlplane.Cluster) -> None:
 def _job() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
     doc["spec"]["training"]["steps"] = 400  # long enough to watch three recoveries
+    doc["spec"]["image"] = images.WORKER  # built here: no registry is reachable
     return doc
 
 
@@ -87,7 +89,7 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
             jobs, "progress past the resume point", lambda: _step(jobs) > s["resumedFromStep"] + 5
         )
         node = jobs.running_pods("tiny-cpu", 2)[1]["spec"]["nodeName"]
-        _say(f"fault 2: lose node {node} (heartbeats stop, its pods freeze)")
+        _say(f"fault 2: lose node {node} (its kubelet stops; its containers keep running)")
         faults.lose_node(node)
         s = _await(jobs, "shrunk attempt running", lambda: (s := jobs.status("tiny-cpu")).get(
             "attempt") == 3 and s.get("phase") == "Running" and s)  # fmt: skip
@@ -114,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args(argv)
     state = Path(tempfile.mkdtemp(prefix="fsdp-demo-"))
-    _say(f"starting the local cluster (control plane + 2 process nodes) in {state}")
+    _say(f"starting the local cluster (control plane + 2 kubelet nodes) in {state}")
     started = time.monotonic()
-    cluster = controlplane.Cluster.up(state / "cluster", nodes=controlplane.NodeOptions(2))
+    images.build(images.TEST_TARGETS)
+    wanted = controlplane.NodeOptions(2, images=(images.WORKER,))
+    cluster = controlplane.Cluster.up(state / "cluster", nodes=wanted)
     console.print(f"ready in {time.monotonic() - started:.1f}s; KUBECONFIG={cluster.kubeconfig}")
     try:
         run(cluster, state)

@@ -1,113 +1,242 @@
-"""Fault injection on the local cluster: a Python API and a command line.
+"""Fault injection on the local cluster's kubelet nodes: a Python API and a command line.
 
-Talks to the running process-node agent through the endpoint it advertises in
-``<agent state dir>/agent.json`` (the control plane starts the agent with
-``<cluster state dir>/agent``). Every verb acts the way the real failure would look to
-Kubernetes and to the operator:
+Every verb acts on the real thing, so what Kubernetes and the operator see is what they would
+see on a cluster:
 
-- ``crash``: the container's processes are killed; its status reads exitCode N, reason Error.
-- ``oom``: SIGKILL; reason OOMKilled, exitCode 137.
-- ``kill-rank``: signal (default SIGKILL) the worker with ``RANK=<n>``; torchrun notices.
-- ``freeze`` / ``thaw``: SIGSTOP / SIGCONT every process of the pod (a hang; state T).
-- ``lose-node`` / ``restore-node``: the node's lease and status stop, its pods freeze and go
-  unreported (a partition); restore resumes them, or kills those deleted meanwhile.
-- ``cut-link`` / ``restore-link``: the pod's veth goes down / up.
+- ``crash``: the container's processes get a signal (SIGKILL by default), after ``message`` is
+  written to its termination-message file; the kubelet reports exitCode 128+signal, Error.
+- ``oom``: the container's processes are made the memory cgroup's first victims and a helper
+  process inside that cgroup allocates until the kernel's OOM killer fires against the
+  container's real limit; containerd reports OOMKilled. A container without a limit refuses.
+- ``kill-rank``: signal (default SIGKILL) the worker whose environment has ``RANK=<n>``.
+- ``freeze`` / ``thaw``: the pod's freezer cgroup (a hang; the processes stay in state D/T).
+- ``lose-node`` / ``restore-node``: the node's kubelet is stopped (SIGSTOP) / continued: no
+  heartbeats, while its containers keep running unreported (a real zombie), and on restore the
+  kubelet reconciles with whatever the API server says now.
+- ``cut-link`` / ``restore-link``: ``eth0`` down / up inside the pod's network namespace.
 - ``evict``: the Eviction API (policy/v1), so PodDisruptionBudgets apply.
 
-Standard library only; this module holds no agent logic.
+Pods are found through the API server (uid, node, container ids) and then in the nodes'
+cgroup trees (``/sys/fs/cgroup/<hierarchy>/fsdplc/<node>/...``). No node logic lives here.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import subprocess
 import sys
-import urllib.error
-import urllib.request
+import time
 from pathlib import Path
 from typing import Any
 
-ENDPOINT_FILE = "agent.json"
+from localcluster import kubeclient, nodeconf, procs
+
+CGROUP_FS = Path("/sys/fs/cgroup")
+NETNS_DIR = Path("/var/run/netns")
+OOM_HELPER = """
+import os, sys, time
+sys.stdin.readline()  # moved into the victim's cgroup before it allocates
+chunks, deadline = [], time.monotonic() + 60
+while time.monotonic() < deadline and all(os.path.exists(f"/proc/{p}") for p in sys.argv[1:2]):
+    chunks.append(bytearray(16 << 20))
+"""
 
 
 class FaultError(RuntimeError):
-    """The agent refused or could not carry out a fault."""
+    """A fault could not be carried out (no such pod, not running, no limit, ...)."""
 
 
 class Faults:
-    """Client for one agent, found through its state directory."""
+    """Faults for one cluster, found through its state directory."""
 
     def __init__(self, state_dir: Path | str) -> None:
         self.state_dir = Path(state_dir)
+        self._kube: kubeclient.Kube | None = None
 
     @classmethod
     def for_cluster(cls, cluster_state_dir: Path | str) -> Faults:
-        """The agent of a cluster started by ``localcluster.controlplane``."""
-        return cls(Path(cluster_state_dir) / "agent")
+        return cls(cluster_state_dir)
 
-    def call(self, verb: str, **args: Any) -> Any:
-        endpoint = self.state_dir / ENDPOINT_FILE
-        try:
-            port = json.loads(endpoint.read_text())["port"]
-        except (OSError, ValueError, KeyError) as exc:
-            raise FaultError(f"no running agent advertised at {endpoint}: {exc}") from exc
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/{verb}",
-            data=json.dumps(args).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=60) as answer:  # noqa: S310
-                return json.loads(answer.read())["result"]
-        except urllib.error.HTTPError as exc:
-            detail = json.loads(exc.read() or b"{}").get("error", str(exc))
-            raise FaultError(f"{verb}: {detail}") from exc
+    @property
+    def kube(self) -> kubeclient.Kube:
+        if self._kube is None:
+            self._kube = kubeclient.Kube(self.state_dir / "kubeconfig")
+        return self._kube
 
-    def crash(
-        self, namespace: str, pod: str, *, exit_code: int = 1, container: str | None = None,
-        message: str = "",
-    ) -> None:  # fmt: skip
-        """Kill the container; it is reported terminated with ``exit_code`` and ``message``."""
-        self.call("crash", namespace=namespace, pod=pod, container=container,
-                  exit_code=exit_code, message=message)  # fmt: skip
+    # --- finding things ------------------------------------------------------------------
+    def _pod(self, namespace: str, pod: str) -> dict[str, Any]:
+        found = self.kube.get_or_none(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+        if found is None:
+            raise FaultError(f"pod {namespace}/{pod} does not exist")
+        return found
 
-    def oom(self, namespace: str, pod: str, *, container: str | None = None) -> None:
-        self.call("oom", namespace=namespace, pod=pod, container=container)
+    def _container_dirs(self, namespace: str, pod: str, *, hierarchy: str = "pids",
+                        container: str | None = None) -> list[Path]:  # fmt: skip
+        obj = self._pod(namespace, pod)
+        pod_dir = self._pod_dir(obj, hierarchy)
+        dirs = []
+        for status in obj["status"].get("containerStatuses") or []:
+            if container not in (None, status["name"]) or "running" not in status["state"]:
+                continue
+            cid = status.get("containerID", "").partition("://")[2]
+            if (pod_dir / cid).is_dir():
+                dirs.append(pod_dir / cid)
+        if not dirs:
+            raise FaultError(f"pod {namespace}/{pod} has no running container on its node")
+        return dirs
 
-    def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
-        """Signal one torchrun worker (env RANK=<rank>); torchrun reacts as to a real crash."""
-        return list(self.call("kill-rank", namespace=namespace, pod=pod, rank=rank, signal=signal))
-
-    def freeze(self, namespace: str, pod: str) -> None:
-        self.call("freeze", namespace=namespace, pod=pod)
-
-    def thaw(self, namespace: str, pod: str) -> None:
-        self.call("thaw", namespace=namespace, pod=pod)
-
-    def lose_node(self, node: str) -> None:
-        self.call("lose-node", node=node)
-
-    def restore_node(self, node: str) -> None:
-        self.call("restore-node", node=node)
-
-    def cut_link(self, namespace: str, pod: str) -> None:
-        self.call("cut-link", namespace=namespace, pod=pod)
-
-    def restore_link(self, namespace: str, pod: str) -> None:
-        self.call("restore-link", namespace=namespace, pod=pod)
-
-    def evict(self, namespace: str, pod: str) -> None:
-        self.call("evict", namespace=namespace, pod=pod)
+    def _pod_dir(self, obj: dict[str, Any], hierarchy: str) -> Path:
+        node = obj["spec"].get("nodeName")
+        uid = obj["metadata"]["uid"]
+        if not node:
+            raise FaultError(f"pod {obj['metadata']['name']} is not bound to a node")
+        base = CGROUP_FS / hierarchy / nodeconf.CGROUP_PARENT / node / "kubepods"
+        for candidate in (
+            base / f"pod{uid}",
+            *(base / q / f"pod{uid}" for q in ("burstable", "besteffort")),
+        ):
+            if candidate.is_dir():
+                return Path(candidate)
+        raise FaultError(f"pod {obj['metadata']['name']} is not running on {node}")
 
     def pids(self, namespace: str, pod: str) -> list[int]:
-        """Every live process of the pod (for checks; not a fault)."""
-        return list(self.call("pids", namespace=namespace, pod=pod))
+        """Every live process of the pod's containers (for checks; not a fault)."""
+        found: set[int] = set()
+        for directory in self._container_dirs(namespace, pod):
+            for procs_file in directory.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    found.update(int(p) for p in procs_file.read_text().split())
+        return sorted(found)
 
     def netns(self, namespace: str, pod: str) -> str | None:
-        """The pod's network namespace name, for ``ip netns exec`` (not a fault)."""
-        found = self.call("netns", namespace=namespace, pod=pod)
-        return None if found is None else str(found)
+        """The pod's network namespace name under /var/run/netns (for ``ip netns exec``)."""
+        target = os.stat(f"/proc/{self.pids(namespace, pod)[0]}/ns/net").st_ino
+        for entry in NETNS_DIR.iterdir() if NETNS_DIR.is_dir() else ():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_ino == target:
+                    return entry.name
+        return None
+
+    # --- faults --------------------------------------------------------------------------
+    def crash(self, namespace: str, pod: str, *, signal: int = 9, message: str = "",
+              container: str | None = None) -> None:  # fmt: skip
+        """Signal every process of the container; ``message`` becomes its termination message."""
+        if message:
+            self._write_termination_message(namespace, pod, message, container)
+        self._signal(self._container_pids(namespace, pod, container), signal)
+
+    def _container_pids(self, namespace: str, pod: str, container: str | None) -> list[int]:
+        found: set[int] = set()
+        for directory in self._container_dirs(namespace, pod, container=container):
+            for procs_file in directory.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    found.update(int(p) for p in procs_file.read_text().split())
+        return sorted(found)
+
+    def _write_termination_message(self, namespace: str, pod: str, message: str,
+                                   container: str | None) -> None:  # fmt: skip
+        pid = self._container_pids(namespace, pod, container)[0]
+        obj = self._pod(namespace, pod)
+        spec = next(c for c in obj["spec"]["containers"] if container in (None, c["name"]))
+        path = spec.get("terminationMessagePath", "/dev/termination-log")
+        # The file is the kubelet's, bind-mounted into the container: write it from inside.
+        with open(f"/proc/{pid}/root{path}", "w", encoding="utf-8") as out:
+            out.write(message)
+
+    def oom(self, namespace: str, pod: str, *, container: str | None = None) -> None:
+        """A real OOM kill against the container's memory limit (the container must have one)."""
+        directory = self._container_dirs(namespace, pod, hierarchy="memory", container=container)[0]
+        limit = int((directory / "memory.limit_in_bytes").read_text())
+        if limit >= 1 << 60:
+            raise FaultError(f"pod {namespace}/{pod} has no memory limit: nothing to run out of")
+        victims = self._container_pids(namespace, pod, container)
+        for pid in victims:
+            with contextlib.suppress(OSError):
+                Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+        helper = subprocess.Popen([sys.executable, "-c", OOM_HELPER, str(victims[0])],
+                                  stdin=subprocess.PIPE)  # fmt: skip
+        (directory / "cgroup.procs").write_text(str(helper.pid))
+        assert helper.stdin is not None
+        helper.stdin.write(b"go\n")
+        helper.stdin.close()
+        try:
+            helper.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            helper.kill()
+        if all(Path(f"/proc/{pid}").exists() for pid in victims):
+            raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} bytes")
+
+    def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
+        """Signal the torchrun worker with ``RANK=<rank>``; torchrun sees a real worker death."""
+        wanted = f"RANK={rank}".encode()
+        hits = []
+        for pid in self.pids(namespace, pod):
+            with contextlib.suppress(OSError):
+                if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    hits.append(pid)
+        if not hits:
+            raise FaultError(f"no process with RANK={rank} in pod {namespace}/{pod}")
+        self._signal(hits, signal)
+        return hits
+
+    def freeze(self, namespace: str, pod: str) -> None:
+        self._freezer(namespace, pod, "FROZEN")
+
+    def thaw(self, namespace: str, pod: str) -> None:
+        self._freezer(namespace, pod, "THAWED")
+
+    def _freezer(self, namespace: str, pod: str, state: str) -> None:
+        pod_dir = self._pod_dir(self._pod(namespace, pod), "freezer")
+        (pod_dir / "freezer.state").write_text(state)
+        deadline = time.monotonic() + 10
+        while (pod_dir / "freezer.state").read_text().strip() != state:
+            if time.monotonic() > deadline:
+                raise FaultError(f"pod {namespace}/{pod} did not reach {state}")
+            time.sleep(0.05)
+
+    def lose_node(self, node: str) -> None:
+        self._kubelet_signal(node, 19)  # SIGSTOP: no heartbeats, containers keep running
+
+    def restore_node(self, node: str) -> None:
+        self._kubelet_signal(node, 18)  # SIGCONT
+
+    def _kubelet_signal(self, node: str, signum: int) -> None:
+        registry = procs.Registry(self.state_dir / "cluster.json")
+        pid = registry.pid(f"kubelet-{node}")
+        if pid is None:
+            raise FaultError(f"no running kubelet for node {node!r}")
+        os.kill(pid, signum)
+
+    def cut_link(self, namespace: str, pod: str) -> None:
+        self._link(namespace, pod, "down")
+
+    def restore_link(self, namespace: str, pod: str) -> None:
+        self._link(namespace, pod, "up")
+
+    def _link(self, namespace: str, pod: str, state: str) -> None:
+        pid = self.pids(namespace, pod)[0]
+        done = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set",
+                               "eth0", state], capture_output=True, text=True)  # fmt: skip
+        if done.returncode != 0:
+            raise FaultError(f"eth0 {state} in pod {namespace}/{pod}: {done.stderr.strip()}")
+
+    def evict(self, namespace: str, pod: str) -> None:
+        body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
+                              body=body)  # fmt: skip
+        except kubeclient.KubeError as err:
+            raise FaultError(f"evict {namespace}/{pod}: {err}") from err
+
+    @staticmethod
+    def _signal(pids: list[int], signum: int) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
 
 
 def _pod_ref(text: str) -> tuple[str, str]:
@@ -115,21 +244,20 @@ def _pod_ref(text: str) -> tuple[str, str]:
     return namespace or "default", name
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m localcluster.faults",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--state-dir", type=Path, required=True, help="the agent's state dir")
+    parser.add_argument("--state-dir", type=Path, default=Path(".cluster"),
+                        help="the cluster's state dir (default ./.cluster)")  # fmt: skip
     verbs = parser.add_subparsers(dest="verb", required=True)
     for verb in ("crash", "oom", "freeze", "thaw", "cut-link", "restore-link", "evict", "pids"):
         sub = verbs.add_parser(verb)
         sub.add_argument("pod", help="[namespace/]name")
-        if verb in ("crash", "oom"):
-            sub.add_argument("--container")
         if verb == "crash":
-            sub.add_argument("--exit-code", type=int, default=1)
+            sub.add_argument("--signal", type=int, default=9)
             sub.add_argument("--message", default="")
     rank = verbs.add_parser("kill-rank")
     rank.add_argument("pod", help="[namespace/]name")
@@ -137,15 +265,19 @@ def main(argv: list[str] | None = None) -> int:
     rank.add_argument("--signal", type=int, default=9)
     for verb in ("lose-node", "restore-node"):
         verbs.add_parser(verb).add_argument("node")
-    verbs.add_parser("status")
-    args = vars(parser.parse_args(argv))
-    client = Faults(args.pop("state_dir"))
-    verb = args.pop("verb")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(_parser().parse_args(argv))
+    faults = Faults(args.pop("state_dir"))
+    verb = args.pop("verb").replace("-", "_")
     if "pod" in args:
         args["namespace"], args["pod"] = _pod_ref(args["pod"])
     try:
-        result = client.call(verb, **{k: v for k, v in args.items() if v is not None})
-    except FaultError as exc:
+        positional = [args.pop(k) for k in ("namespace", "pod", "node") if k in args]
+        result = getattr(faults, verb)(*positional, **args)
+    except (FaultError, kubeclient.KubeError) as exc:
         print(exc, file=sys.stderr)
         return 1
     if result is not None:

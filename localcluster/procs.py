@@ -19,6 +19,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,13 @@ class Registry:
         """Each recorded name and whether its process still runs."""
         return {r["name"]: self._running(r) for r in self._records}
 
+    def pid(self, name: str) -> int | None:
+        """The PID of the running process recorded as ``name``, or None."""
+        for record in self._records:
+            if record["name"] == name and self._running(record):
+                return int(record["pid"])
+        return None
+
     def alive(self) -> bool:
         return any(self.status().values())
 
@@ -81,6 +89,14 @@ class Registry:
         for record in reversed(self._records):
             self._stop(record, (graces or {}).get(record["name"], grace))
         self._records = []
+        if self.path.parent.exists():
+            self._save()
+
+    def stop_named(self, wanted: Callable[[str], bool], *, grace: float) -> None:
+        """Stop (newest first) and forget the recorded processes whose name ``wanted`` accepts."""
+        for record in reversed([r for r in self._records if wanted(r["name"])]):
+            self._stop(record, grace)
+        self._records = [r for r in self._records if not wanted(r["name"])]
         if self.path.parent.exists():
             self._save()
 

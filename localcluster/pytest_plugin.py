@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from localcluster import controlplane
+from localcluster import controlplane, images
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -28,7 +28,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--cluster-nodes",
         type=int,
         default=3,
-        help="process nodes for the session cluster (0 while localcluster.agent is missing)",
+        help="kubelet nodes for the session cluster",
     )
     group.addoption("--cluster-gpus-per-node", type=int, default=8)
 
@@ -41,10 +41,12 @@ def cluster(
     if reuse := os.environ.get("FSDPOP_CLUSTER_STATE"):
         yield controlplane.Cluster.attach(Path(reuse))
         return
-    wanted = int(request.config.getoption("--cluster-nodes"))
+    # Idempotent and quick when nothing changed; the first build of the torch image is minutes.
+    images.build(images.TEST_TARGETS)
     nodes = controlplane.NodeOptions(
-        nodes=wanted if controlplane.agent_available() else 0,
+        nodes=int(request.config.getoption("--cluster-nodes")),
         gpus_per_node=int(request.config.getoption("--cluster-gpus-per-node")),
+        images=images.TEST_IMAGES,
     )
     started = controlplane.Cluster.up(tmp_path_factory.mktemp("cluster"), nodes=nodes)
     try:

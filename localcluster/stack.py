@@ -26,6 +26,8 @@ from localcluster import controlplane
 ROOT = Path(__file__).resolve().parents[1]
 OP_NS = "fsdp-system"
 OP_SA = "fsdp-operator"
+WORKER_UID = 1000
+"""The worker image's user (and the operator's pod templates' runAsUser/fsGroup)."""
 T = TypeVar("T")
 
 
@@ -100,7 +102,7 @@ class Operator:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def env(self) -> dict[str, str]:
-        pvc = self.cluster.state_dir / "agent" / "pvc"
+        pvc = volumes_root(self.cluster)
         self.liveness_url = f"http://127.0.0.1:{free_port()}/healthz"
         env = dict(os.environ)
         self.metrics_port = free_port()
@@ -186,8 +188,14 @@ class Jobs:
         return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
 
     def ensure_pvc(self) -> None:
-        """An RWX claim `ckpt` bound to a PV of its own (the process nodes map it to a dir)."""
+        """An RWX claim `ckpt` bound to a hostPath PV of its own: one directory on this machine
+        that every node mounts, like an NFS export. Workers run as uid/gid 1000 and Kubernetes
+        does not apply fsGroup to hostPath volumes, so the directory is made theirs."""
         pv_name = f"ckpt-{self.ns}"
+        directory = self.ckpt_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        os.chown(directory, WORKER_UID, WORKER_UID)
+        directory.chmod(0o2775)
         pv = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
@@ -197,7 +205,7 @@ class Jobs:
                 "capacity": {"storage": "1Gi"},
                 "storageClassName": "",
                 "persistentVolumeReclaimPolicy": "Delete",
-                "hostPath": {"path": str(self.ckpt_dir())},
+                "hostPath": {"path": str(directory), "type": "Directory"},
                 "claimRef": {"namespace": self.ns, "name": "ckpt"},
             },
         }
@@ -209,8 +217,13 @@ class Jobs:
         self.apply(pvc)
 
     def ckpt_dir(self, job: str | None = None) -> Path:
-        volume = self.cluster.state_dir / "agent" / "pvc" / self.ns / "ckpt"
+        volume = volumes_root(self.cluster) / self.ns / "ckpt"
         return volume / job if job else volume
+
+
+def volumes_root(cluster: controlplane.Cluster) -> Path:
+    """Where the claims' PersistentVolumes live on this machine, one directory per claim."""
+    return cluster.state_dir / "volumes"
 
 
 def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0,

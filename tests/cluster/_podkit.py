@@ -1,4 +1,4 @@
-"""Helpers for tests that run pods on the process nodes: manifests, waits, lookups."""
+"""Helpers for tests that run pods on the kubelet nodes: manifests, waits, lookups."""
 
 from __future__ import annotations
 
@@ -9,9 +9,15 @@ from typing import Any
 
 import pytest
 
+from localcluster import images
 from localcluster.controlplane import Cluster, KubectlError
 
 JSON = dict[str, Any]
+RESTRICTED_CONTAINER: JSON = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
 
 
 def eventually(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "") -> Any:
@@ -37,13 +43,21 @@ def python_pod(
     grace: int | None = None,
     extra: JSON | None = None,
 ) -> JSON:
-    """A restartPolicy=Never pod whose one container runs ``python -c code``."""
+    """A restartPolicy=Never pod whose one container runs ``python -c code``.
+
+    The image is the project's operator image (a Python with no torch); the pod meets Pod
+    Security "restricted", as every pod the operator makes does.
+    """
+    container = {
+        "name": "main", "image": images.OPERATOR, "command": ["python", "-u", "-c", code],
+        "securityContext": RESTRICTED_CONTAINER,
+    }  # fmt: skip
     spec: JSON = {
         "restartPolicy": "Never",
-        "containers": [
-            {"name": "main", "image": "ignored", "command": ["python", "-u", "-c", code]}
-        ],
-    }
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+    }  # fmt: skip
     if hostname:
         spec["hostname"] = hostname
     if subdomain:

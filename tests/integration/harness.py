@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from localcluster import images
 from localcluster.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac, wait_for
 
 __all__ = ["ROOT", "Jobs", "Operator", "free_port", "install_crd", "install_rbac", "job_doc",
@@ -22,7 +23,7 @@ def job_doc(name: str, **spec: Any) -> dict[str, Any]:
             "replicas": 2,
             "minReplicas": 1,
             "nprocPerNode": 1,
-            "image": "fsdp-worker:test",
+            "image": images.WORKER,
             "training": {"steps": 40, "globalBatchSize": 4, "microBatchSize": 1},
             "checkpoint": {"root": "/ckpt", "claimName": "ckpt", "intervalSteps": 5},
             "failurePolicy": {

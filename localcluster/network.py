@@ -1,0 +1,109 @@
+"""The host side of the local cluster's network: one bridge, node addresses, fences.
+
+Every node's pods join one Linux bridge (``fsdplc0``), so pod-to-pod traffic across nodes is
+plain L2 on this machine. The bridge holds the gateway (also the API server's and cluster DNS's
+address) and one /32 per node (kubelets refuse a loopback node IP). Nothing the cluster
+addresses may leave the machine: the pod range and the service range get blackhole routes
+under the bridge's own, and a filter chain drops anything from the pod range that would be
+forwarded off the bridge. The ranges are the cluster's own and fixed, so one cluster runs per
+machine at a time.
+
+This module runs ``ip`` and ``iptables`` with argument lists; it knows nothing about pods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import subprocess
+
+BRIDGE = "fsdplc0"
+POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
+"""Owned by the local cluster; blackholed below the bridge's half."""
+BRIDGE_NET = ipaddress.ip_network("10.244.0.0/17")
+SERVICE_RANGE = ipaddress.ip_network("10.96.0.0/16")
+GATEWAY = "10.244.0.1"
+FENCE_CHAIN = "FSDPLC-FENCE"
+MAX_NODES = 200
+
+
+class NetworkError(RuntimeError):
+    """An ``ip`` or ``iptables`` command failed."""
+
+
+def _run(*argv: str, check: bool = True) -> str:
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        raise NetworkError(f"{' '.join(argv)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeNet:
+    """One node's addresses: its InternalIP and the range its pods draw from."""
+
+    index: int
+
+    @property
+    def ip(self) -> str:
+        return str(BRIDGE_NET.network_address + 10 + self.index)
+
+    @property
+    def pod_first(self) -> str:
+        return str(BRIDGE_NET.network_address + 256 * (self.index + 1) + 2)
+
+    @property
+    def pod_last(self) -> str:
+        return str(BRIDGE_NET.network_address + 256 * (self.index + 1) + 254)
+
+    @property
+    def pod_cidr(self) -> str:
+        return f"{BRIDGE_NET.network_address + 256 * (self.index + 1)}/24"
+
+
+def node_net(index: int) -> NodeNet:
+    if not 0 <= index < min(MAX_NODES, BRIDGE_NET.num_addresses // 256 - 1):
+        raise NetworkError(f"node index {index} is outside 0..{MAX_NODES - 1}")
+    return NodeNet(index)
+
+
+def up(nodes: int) -> None:
+    """Create the bridge with the gateway and ``nodes`` node addresses, routes and fences."""
+    if not _run("ip", "-o", "link", "show", BRIDGE, check=False):
+        _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    _ensure_address(f"{GATEWAY}/{BRIDGE_NET.prefixlen}")
+    for i in range(nodes):
+        _ensure_address(f"{node_net(i).ip}/32")
+    _run("ip", "link", "set", BRIDGE, "up")
+    for net in (POD_RANGE, SERVICE_RANGE):
+        _run("ip", "route", "replace", "blackhole", str(net))
+    _fence()
+
+
+def _ensure_address(cidr: str) -> None:
+    if f" {cidr} " not in _run("ip", "-o", "-4", "addr", "show", "dev", BRIDGE):
+        _run("ip", "addr", "add", cidr, "dev", BRIDGE)
+
+
+def _fence() -> None:
+    """Drop pod-range packets forwarded anywhere but the bridge (ip_forward may be on)."""
+    if _run("iptables", "-w", "-n", "-L", FENCE_CHAIN, check=False):
+        _run("iptables", "-w", "-F", FENCE_CHAIN)
+    else:
+        _run("iptables", "-w", "-N", FENCE_CHAIN)
+    for direction in ("-s", "-d"):
+        _run("iptables", "-w", "-A", FENCE_CHAIN, direction, str(POD_RANGE),
+             "!", "-o", BRIDGE, "-j", "DROP")  # fmt: skip
+    jump = ("FORWARD", "-j", FENCE_CHAIN)
+    if subprocess.run(["iptables", "-w", "-C", *jump], capture_output=True).returncode != 0:
+        _run("iptables", "-w", "-I", *jump)
+
+
+def down() -> None:
+    """Remove the bridge, routes and fence (pods' veths go with the bridge's ports)."""
+    _run("ip", "link", "del", BRIDGE, check=False)
+    for net in (POD_RANGE, SERVICE_RANGE):
+        _run("ip", "route", "del", "blackhole", str(net), check=False)
+    _run("iptables", "-w", "-D", "FORWARD", "-j", FENCE_CHAIN, check=False)
+    _run("iptables", "-w", "-F", FENCE_CHAIN, check=False)
+    _run("iptables", "-w", "-X", FENCE_CHAIN, check=False)

@@ -1,0 +1,208 @@
+"""Kubelet nodes on this machine: per node a containerd, a kubelet and a cgroup root.
+
+``start`` brings up N nodes against a running control plane: it writes each node's files
+(``nodeconf``), issues its certificates (a node client certificate for the Node authorizer, a
+serving certificate with its IP), creates its cgroup root in every v1 hierarchy, starts its
+containerd, loads the images it is asked to hold (by digest, through ``images``), starts its
+kubelet, and, once the node is Ready, advertises GPU capacity the documented way (an extended
+resource patched onto the node's status). One kube-proxy serves the machine. ``stop`` takes it
+all down, including containers the kubelets leave running. Image stores live under the cache
+(``$FSDPOP_CACHE/nodes/<name>``) so a later run finds its images already imported.
+
+Processes are recorded in the cluster's registry (``procs``); this module never talks to the
+operator and holds no fault logic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import yaml
+
+from localcluster import network, nodeconf, pki
+
+V1_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
+                  "systemd", "unified")  # fmt: skip
+CGROUP_FS = Path("/sys/fs/cgroup")
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class NodeError(RuntimeError):
+    """A node could not be started or stopped."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """The nodes to start."""
+
+    nodes: int
+    gpus_per_node: int = 8
+    zones: int = 2
+    images: tuple[str, ...] = ()
+    """Image references each node's containerd must hold (the pause image always)."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FSDPOP_CACHE", Path.home() / ".cache" / "fsdp-operator"))
+
+
+def layout(state_dir: Path, index: int) -> nodeconf.NodeLayout:
+    name = f"node-{index}"
+    return nodeconf.NodeLayout(
+        name=name,
+        index=index,
+        state=state_dir / "nodes" / name,
+        store=cache_root() / "nodes" / name,
+    )
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node-{i}" for i in range(count)]
+
+
+def prepare(*, node: nodeconf.NodeLayout, ca: pki.Pair, server: str, sandbox_image: str) -> None:
+    """Every file one node needs, and its cgroup root."""
+    for path in (node.state, node.store, node.cni_dir, node.kubelet_root, node.state / "pki"):
+        path.mkdir(parents=True, exist_ok=True)
+    client = pki.issue(ca, node.state, pki.Leaf(f"client-{node.name}", f"system:node:{node.name}",
+                                                organization="system:nodes"))  # fmt: skip
+    pki.write_kubeconfig(node.kubeconfig, server=server, ca=ca.cert, user=pki.client_user(client))
+    names = (node.net.ip, node.name)
+    serving = pki.issue(ca, node.state, pki.Leaf("serving", node.name, server_names=names))
+    serving.cert.rename(node.serving_cert)
+    serving.key.rename(node.serving_key)
+    node.containerd_config.write_text(nodeconf.containerd_config(node, sandbox_image=sandbox_image))
+    (node.cni_dir / "10-fsdplc.conflist").write_text(json.dumps(nodeconf.cni_config(node)))
+    (node.state / "resolv.conf").write_text("")
+    node.kubelet_config.write_text(
+        yaml.safe_dump(nodeconf.kubelet_config(node, ca=ca.cert, dns=network.GATEWAY))
+    )
+    make_cgroup_root(node.cgroup_root)
+
+
+def make_cgroup_root(path: str) -> None:
+    """Create ``path`` in every hierarchy; cpuset children must copy their parent's sets."""
+    for hierarchy in V1_HIERARCHIES:
+        base = CGROUP_FS / hierarchy
+        if not base.is_dir():
+            continue
+        current = base
+        for part in path.strip("/").split("/"):
+            parent, current = current, current / part
+            current.mkdir(exist_ok=True)
+            if hierarchy == "cpuset":
+                for key in ("cpuset.cpus", "cpuset.mems"):
+                    if not (current / key).read_text().strip():
+                        (current / key).write_text((parent / key).read_text())
+
+
+def wait_socket(path: Path, alive: Callable[[], bool], *, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if not alive() or time.monotonic() > deadline:
+            raise NodeError(f"containerd did not open {path}")
+        time.sleep(0.1)
+
+
+def advertise_gpus(kubectl: Callable[..., object], name: str, count: int) -> None:
+    """Extended resources are patched onto node status; the kubelet then adds allocatable."""
+    patch = [{"op": "add", "path": f"/status/capacity/{GPU_RESOURCE.replace('/', '~1')}",
+              "value": str(count)}]  # fmt: skip
+    kubectl("patch", "node", name, "--subresource=status", "--type=json", "-p", json.dumps(patch))
+
+
+# --- teardown --------------------------------------------------------------------------------
+def _cgroup_pids(path: str) -> set[int]:
+    found: set[int] = set()
+    for hierarchy in ("pids", "memory", "freezer"):
+        root = CGROUP_FS / hierarchy / path.strip("/")
+        if root.is_dir():
+            for procs in root.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    found.update(int(p) for p in procs.read_text().split())
+    return found
+
+
+def _thaw(path: str) -> None:
+    root = CGROUP_FS / "freezer" / path.strip("/")
+    if root.is_dir():
+        for state in root.rglob("freezer.state"):
+            with contextlib.suppress(OSError):
+                state.write_text("THAWED")
+
+
+def kill_containers(cgroup_root: str) -> None:
+    """SIGKILL every process under a node's cgroup root (thawed first, or the kill waits)."""
+    _thaw(cgroup_root)
+    for _ in range(50):
+        pids = _cgroup_pids(cgroup_root)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def kill_shims(socket: Path) -> None:
+    """containerd's shims outlive it; find them by the address they were given."""
+    needle = str(socket).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"containerd-shim" in argv[0] and needle in argv:
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+def unmount_under(prefix: Path) -> None:
+    """Lazily unmount whatever is mounted below ``prefix`` (rootfs, shm, token volumes)."""
+    text = str(prefix.resolve()) + "/"
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        point = line.split()[1].replace("\\040", " ")
+        if point.startswith(text):
+            points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+def remove_cgroup_root(path: str) -> None:
+    for hierarchy in V1_HIERARCHIES:
+        root = CGROUP_FS / hierarchy / path.strip("/")
+        if not root.is_dir():
+            continue
+        for sub in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()
+            root.parent.rmdir()  # the shared parent, once the last node is gone
+
+
+def ctr_command(socket: Path) -> list[str]:
+    return ["ctr", "--address", str(socket), "--namespace", "k8s.io"]
+
+
+def forget_containers(ctr: Sequence[str]) -> None:
+    """Drop the dead containers from the cached store so the next run starts clean."""
+    listed = subprocess.run([*ctr, "containers", "ls", "-q"], capture_output=True, text=True)
+    ids = listed.stdout.split()
+    if ids:
+        subprocess.run([*ctr, "tasks", "rm", "-f", *ids], capture_output=True, check=False)
+        subprocess.run([*ctr, "containers", "rm", *ids], capture_output=True, check=False)
+
+
+def remove_state(node: nodeconf.NodeLayout) -> None:
+    unmount_under(node.state)
+    shutil.rmtree(node.state / "kubelet", ignore_errors=True)
