@@ -25,6 +25,8 @@ from fsdp_worker import contract
 CHECKPOINT_VOLUME = "fsdp-checkpoint"
 SHM_VOLUME = "fsdp-shm"  # NCCL and data-loader workers need more than the 64 MiB default
 SHM_PATH = "/dev/shm"
+TMP_VOLUME = "fsdp-tmp"  # the root filesystem is read-only; torch and Python write under /tmp
+TMP_PATH = "/tmp"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
 
 
@@ -35,7 +37,10 @@ class TemplateError(ValueError):
 def volumes(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     """The operator's volumes (shared memory, the checkpoint claim) then the user's."""
     _check_user_volumes(spec)
-    result: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    result: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": TMP_VOLUME, "emptyDir": {}},
+    ]
     if spec.checkpoint.claim_name:
         result.append(
             {
@@ -48,7 +53,10 @@ def volumes(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
 
 def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     """The worker container's mounts: the operator's then the user's."""
-    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": SHM_PATH}]
+    mounts: list[dict[str, Any]] = [
+        {"name": SHM_VOLUME, "mountPath": SHM_PATH},
+        {"name": TMP_VOLUME, "mountPath": TMP_PATH},
+    ]
     if spec.checkpoint.claim_name:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.root})
     return mounts + [mount.to_api() for mount in spec.template.spec.volume_mounts]
@@ -57,7 +65,7 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
 def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
     overrides = spec.template.spec
     declared = {volume.name for volume in overrides.volumes}
-    reserved = [SHM_PATH, contract.DEFAULT_TERMINATION_LOG]
+    reserved = [SHM_PATH, TMP_PATH, contract.DEFAULT_TERMINATION_LOG]
     if spec.checkpoint.claim_name:
         reserved.append(spec.checkpoint.root)
     for index, mount in enumerate(overrides.volume_mounts):
@@ -74,7 +82,8 @@ def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
         if clash:
             raise TemplateError(
                 f"{field}.mountPath={path!r} overlaps {clash[0]!r}, which the operator mounts"
-                " (checkpoint.claimName's volume, /dev/shm, the termination log); mount elsewhere"
+                " (checkpoint.claimName's volume, /dev/shm, /tmp, the termination log);"
+                " mount elsewhere"
             )
 
 

@@ -285,7 +285,7 @@ def _container(slot: _Slot) -> dict[str, Any]:
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": False,
+            "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the volumes
         },
     }
 
