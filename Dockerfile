@@ -1,33 +1,92 @@
 # syntax=docker/dockerfile:1
-# Two images from one file:
-#   docker build --target operator -t fsdp-operator .   (kopf operator, no torch)
-#   docker build --target worker   -t fsdp-worker .     (torchrun entrypoint, torch + CUDA wheels)
-# Both run as uid 1000 with no shell needed, to meet Pod Security "restricted".
+# The project's images from one file (docs/images.md):
+#   docker build --target operator -t fsdp-operator:0.1.0 .  kopf operator, no torch
+#   docker build --target worker   -t fsdp-worker:0.1.0 .    torch 2.9.1 with its CUDA wheels
+#   docker build --target pause    -t fsdp-pause:3.10 .      a pod sandbox: catatonit -P
+# On this machine `python -m localcluster.images build` builds them with podman from
+# BASE=localhost/fsdp-base:bookworm (Debian's own packages) and a wheelhouse on the host.
+# The Python images run as uid 1000 and need a writable /tmp only (pods mount an emptyDir there):
+# the root filesystem can be read-only. No shell is needed at run time (exec-form ENTRYPOINTs).
+ARG BASE=python:3.11-slim
 
-FROM python:3.11-slim AS base
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
-WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY operator/ operator/
-COPY worker/ worker/
-COPY localcluster/ localcluster/
+# A venv at /opt/venv works with Debian's /usr/bin/python3 and the slim image's
+# /usr/local/bin/python3 alike; PATH makes `python` the venv's.
+FROM ${BASE} AS venv
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PATH=/opt/venv/bin:$PATH \
+    HOME=/tmp \
+    XDG_CACHE_HOME=/tmp/.cache \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# One pip for both bases (Debian's is 23.0, the slim image's 24.0): the host venv's.
+RUN python3 -m venv /opt/venv && pip install --no-input pip==26.3
 
-FROM base AS operator-build
-RUN pip install --prefix=/install '.[operator]'
+# Each image's requirements as a file, so that a pyproject edit elsewhere (a dev tool, a lint
+# rule) leaves the big dependency layers cached: their cache key is this file's content.
+FROM venv AS requirements
+COPY pyproject.toml /src/pyproject.toml
+RUN mkdir /requirements && python -c "\
+import tomllib; \
+project = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
+[open(f'/requirements/{extra}.txt', 'w').write('\n'.join(project['dependencies'] \
+ + project['optional-dependencies'][extra]) + '\n') for extra in ('operator', 'worker')]"
 
-FROM base AS worker-build
-RUN pip install --prefix=/install '.[worker]'
+# The project itself (fsdp_operator, fsdp_worker, localcluster), installed non-editable into a
+# prefix that the images copy over /opt/venv as one small last layer.
+FROM venv AS project
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN pip install --no-input setuptools==80.9.0
+COPY pyproject.toml README.md /src/
+COPY operator/ /src/operator/
+COPY worker/ /src/worker/
+COPY localcluster/ /src/localcluster/
+RUN pip install --no-input --no-deps --no-build-isolation --no-index --prefix=/install /src
 
-FROM python:3.11-slim AS operator
-COPY --from=operator-build /install /usr/local
+# Wheels are downloaded into $WHEELS and installed from there: a wheelhouse survives where pip's
+# HTTP cache does not (a proxy that sends no Cache-Control makes pip cache nothing), and the
+# local build mounts one from the host there, so that a rebuild downloads nothing.
+FROM venv AS operator
+ARG WHEELS=/root/.cache/wheels
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --from=requirements /requirements/operator.txt /opt/venv/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/wheels \
+    pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
+    && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
+COPY --from=project /install/ /opt/venv/
 USER 1000:1000
 EXPOSE 8000 8080
 ENTRYPOINT ["python", "-m", "fsdp_operator"]
 CMD ["run"]
 
-FROM python:3.11-slim AS worker
-COPY --from=worker-build /install /usr/local
+FROM venv AS worker
+ARG WHEELS=/root/.cache/wheels
+ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
+ARG PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch's compile caches default to $HOME or /tmp already; named so a reader sees they are
+# under the emptyDir.
+ENV TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
+    TRITON_CACHE_DIR=/tmp/.triton/cache \
+    CUDA_CACHE_PATH=/tmp/.nv/ComputeCache
+COPY --from=requirements /requirements/worker.txt /opt/venv/requirements.txt
+RUN --mount=type=cache,target=/root/.cache/wheels \
+    pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
+    && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
+COPY --from=project /install/ /opt/venv/
 USER 1000:1000
 EXPOSE 29500 9400
 # The operator supplies the torchrun command line; this default runs one local rank.
 ENTRYPOINT ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "fsdp_worker"]
+
+# The pod sandbox (the role of registry.k8s.io/pause): Debian's statically linked catatonit in
+# pause mode sleeps until SIGTERM or SIGINT and then exits 0.
+FROM ${BASE} AS pause-build
+RUN command -v catatonit >/dev/null \
+    || { apt-get update && apt-get install -y --no-install-recommends catatonit; }
+
+FROM scratch AS pause
+COPY --from=pause-build /usr/bin/catatonit /pause
+USER 65535:65535
+ENTRYPOINT ["/pause", "-P"]

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
-.PHONY: worker-compat
+.PHONY: worker-compat images kind-e2e
 
 venv: $(STAMP)
 
@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*; touch $@
 
 cluster-bin:
+	bash localcluster/install-packages.sh
 	bash localcluster/build-binaries.sh >/dev/null
 	bash localcluster/build-helm.sh >/dev/null
 
@@ -30,7 +31,13 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-test: venv cluster-bin lint typecheck
+# The project's images, built here with podman from a Debian base (docs/images.md); the
+# cluster tests load them into every node's containerd, by digest.
+images: venv
+	bash localcluster/install-packages.sh
+	$(VPY) -m localcluster.images build --target all
+
+test: venv cluster-bin lint typecheck images
 	$(VPY) -m pytest -q -p no:cacheprovider
 
 test-unit: venv
@@ -54,7 +61,7 @@ worker-compat:
 	PYTHONPATH=worker:tests/worker .venv-torch-$(TORCH)/bin/python -m pytest -q -p no:cacheprovider \
 		-o addopts= tests/worker
 
-demo: venv cluster-bin
+demo: venv cluster-bin images
 	$(VPY) -m localcluster.demo
 
 # Both benchmarks; numbers land in bench/results/ (docs/operator.md and
@@ -62,6 +69,27 @@ demo: venv cluster-bin
 bench: venv cluster-bin
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py
 	$(VPY) bench/worker_ckpt.py --reps 7
+
+# tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
+# this project's machines): builds the images with docker, loads them, runs the suite.
+KIND_VERSION ?= v0.30.0
+KIND := $(FSDPOP_CACHE)/kind-$(KIND_VERSION)/kind
+E2E_DIR := /tmp/fsdp-e2e
+kind-e2e: venv
+	command -v docker >/dev/null || { echo "kind-e2e needs a Docker engine"; exit 1; }
+	test -x $(KIND) || GOBIN=$(dir $(KIND)) go install sigs.k8s.io/kind@$(KIND_VERSION)
+	mkdir -p $(E2E_DIR)
+	$(KIND) get clusters | grep -qx fsdp-e2e || $(KIND) create cluster --name fsdp-e2e \
+		--config tests/e2e/kind-config.yaml --kubeconfig $(E2E_DIR)/kubeconfig --wait 120s
+	docker build --target operator -t fsdp-operator:e2e .
+	docker build --target worker -t fsdp-worker:e2e .
+	$(KIND) load docker-image --name fsdp-e2e fsdp-operator:e2e fsdp-worker:e2e
+	FSDP_E2E_KUBECONFIG=$(E2E_DIR)/kubeconfig FSDP_E2E_FAULTS=kind \
+		FSDP_E2E_HOST_DIR=$(E2E_DIR) FSDP_E2E_NODE_DIR=/fsdp-e2e \
+		FSDP_E2E_WORKER_IMAGE=docker.io/library/fsdp-worker:e2e \
+		FSDP_E2E_OPERATOR_IMAGE=docker.io/library/fsdp-operator:e2e \
+		$(VPY) -m pytest -q -p no:cacheprovider tests/e2e; rc=$$?; \
+		$(KIND) delete cluster --name fsdp-e2e; exit $$rc
 
 clean:
 	rm -rf $(VENV) .venv-torch-* .cluster

@@ -1,6 +1,6 @@
 """Benchmark: how fast the operator turns a failure into a replacement attempt.
 
-Starts its own local cluster (real control plane, process nodes) and the operator with the
+Starts its own local cluster (real control plane, kubelet nodes) and the operator with the
 chart's RBAC, runs stand-in jobs under real torchrun, and measures with one watcher clock:
 
 - crash: the failed pod's Failed phase seen on the API -> the first pod of the next attempt
@@ -24,7 +24,7 @@ from typing import Any
 
 import kubernetes
 
-from localcluster import controlplane
+from localcluster import controlplane, images
 from localcluster import faults as lf
 from tests.integration import harness
 
@@ -128,7 +128,9 @@ def main() -> None:
     parser.add_argument("--node-losses", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        cluster = controlplane.Cluster.up(Path(tmp) / "cluster", nodes=controlplane.NodeOptions(3))
+        images.build(images.TEST_TARGETS)
+        wanted = controlplane.NodeOptions(3, images=images.TEST_IMAGES)
+        cluster = controlplane.Cluster.up(Path(tmp) / "cluster", nodes=wanted)
         try:
             cluster.kubectl(
                 "apply", "--server-side", "-f", str(harness.ROOT / "crds" / "fsdpjobs.yaml")
@@ -159,7 +161,7 @@ def main() -> None:
             "heartbeat_stop_to_detect_max": max(r["heartbeat_stop_to_detect"] for r in losses),
             "samples": losses,
         },
-        "machine": "2 cores, 24 GiB, no GPU; local control plane + process nodes",
+        "machine": "2 cores, 24 GiB, no GPU; local control plane + kubelet nodes (containerd)",
     }  # fmt: skip
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))

@@ -168,7 +168,8 @@ class Cluster:
         if count:  # kube-proxy's own way to remove the iptables rules it made
             subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True,
                            check=False)  # fmt: skip
-        network.down()
+        if network.release(str(self.state_dir)):
+            network.down()
 
     def started_lines(self) -> list[str]:
         """What runs, one line each: control-plane components and each node's processes."""
@@ -186,10 +187,13 @@ class Cluster:
     def _start(self, wanted: NodeOptions, *, deadline: float) -> None:
         self._procs.meta = {"bin_dir": str(self.bin_dir), "ports": self.ports,
                             "nodes": wanted.nodes}  # fmt: skip
+        network.claim(str(self.state_dir), nodes=wanted.nodes, pid=os.getpid())
         network.up(wanted.nodes)
         certs = components.make_pki(self._layout)
         self._write_kubeconfigs(certs)
         self._spawn("etcd", components.etcd_args(self._layout, self.ports))
+        etcd = self._procs.pid("etcd")
+        network.claim(str(self.state_dir), nodes=wanted.nodes, pid=etcd or os.getpid())
         self._wait("etcd", f"https://127.0.0.1:{self.ports['etcd']}/health", deadline)
         self._spawn("apiserver", components.apiserver_args(self._layout, self.ports))
         self._wait("apiserver", f"{self.server}/readyz", deadline)
@@ -216,6 +220,11 @@ class Cluster:
             name = f"containerd-{node.name}"
             nodes.wait_socket(node.socket, functools.partial(self._alive, name))
             images.ensure_loaded(address=node.socket, refs=refs)
+            for ref in refs:
+                nodes.discard_layers(nodes.ctr_command(node.socket), ref)
+        # Loading a 7 GB image into a fresh node takes minutes; the kubelets then get a fresh
+        # minute to register and turn Ready.
+        deadline = max(deadline, time.monotonic() + 60.0)
         for node in layouts:
             zone = f"zone-{node.index % max(1, wanted.zones)}"
             self._spawn(f"kubelet-{node.name}", nodeconf.kubelet_args(node, zone=zone))

@@ -166,8 +166,11 @@ class Faults:
             helper.wait(timeout=90)
         except subprocess.TimeoutExpired:
             helper.kill()
-        if all(Path(f"/proc/{pid}").exists() for pid in victims):
-            raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} bytes")
+        deadline = time.monotonic() + 10  # a killed PID 1 is a zombie until its shim reaps it
+        while all(_running(pid) for pid in victims):
+            if time.monotonic() > deadline:
+                raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} B")
+            time.sleep(0.1)
 
     def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
         """Signal the torchrun worker with ``RANK=<rank>``; torchrun sees a real worker death."""
@@ -237,6 +240,14 @@ class Faults:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+
+
+def _running(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status and "\nState:\tX" not in status
 
 
 def _pod_ref(text: str) -> tuple[str, str]:

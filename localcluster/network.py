@@ -14,8 +14,12 @@ This module runs ``ip`` and ``iptables`` with argument lists; it knows nothing a
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import ipaddress
+import json
+import os
 import subprocess
+from pathlib import Path
 
 BRIDGE = "fsdplc0"
 POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
@@ -25,6 +29,8 @@ SERVICE_RANGE = ipaddress.ip_network("10.96.0.0/16")
 GATEWAY = "10.244.0.1"
 FENCE_CHAIN = "FSDPLC-FENCE"
 MAX_NODES = 200
+USERS = Path("/run/fsdplc/network")
+"""One file per cluster using the bridge: its state dir and a live process of it."""
 
 
 class NetworkError(RuntimeError):
@@ -65,6 +71,48 @@ def node_net(index: int) -> NodeNet:
     if not 0 <= index < min(MAX_NODES, BRIDGE_NET.num_addresses // 256 - 1):
         raise NetworkError(f"node index {index} is outside 0..{MAX_NODES - 1}")
     return NodeNet(index)
+
+
+def claim(owner: str, *, nodes: int, pid: int) -> None:
+    """Record that the cluster in ``owner`` (its state dir, alive while ``pid`` is) uses it.
+
+    Several control planes may share the bridge (each on its own API server port), but only
+    one may run nodes: node addresses, cgroup roots and kube-proxy's rules are per machine.
+    """
+    USERS.mkdir(parents=True, exist_ok=True)
+    for entry in USERS.iterdir():
+        data = json.loads(entry.read_text())
+        if not _alive(int(data["pid"])):
+            entry.unlink(missing_ok=True)
+        elif nodes and data["nodes"] and data["owner"] != owner:
+            raise NetworkError(
+                f"the cluster in {data['owner']} runs nodes on this machine; stop it first"
+                " (python -m localcluster --state-dir DIR down)"
+            )
+    record = {"owner": owner, "pid": pid, "nodes": nodes}
+    (USERS / _key(owner)).write_text(json.dumps(record))
+
+
+def release(owner: str) -> bool:
+    """Forget ``owner``; True when no other live cluster uses the network any more."""
+    (USERS / _key(owner)).unlink(missing_ok=True)
+    if not USERS.is_dir():
+        return True
+    return not [e for e in USERS.iterdir() if _alive(int(json.loads(e.read_text())["pid"]))]
+
+
+def _key(owner: str) -> str:
+    return hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def up(nodes: int) -> None:

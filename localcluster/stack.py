@@ -78,6 +78,85 @@ def install_rbac(cluster: controlplane.Cluster) -> Path:
     return cluster.kubeconfig_for_serviceaccount(OP_NS, OP_SA)
 
 
+def uninstall_chart(cluster: controlplane.Cluster, *, namespace: str = OP_NS,
+                    release: str = OP_SA) -> None:  # fmt: skip
+    """`helm uninstall --wait`: the operator's pods are gone when it returns."""
+    argv = [str(helm()), "uninstall", release, "--namespace", namespace, "--wait",
+            "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
+    subprocess.run(argv, capture_output=True, check=False)
+
+
+def hostpath_claim(*, namespace: str, name: str, path: str, pv_name: str) -> list[dict[str, Any]]:
+    """An RWX PersistentVolumeClaim and the hostPath PersistentVolume it is bound to.
+
+    On this machine (and kind's, with a shared mount) one host directory behaves like an NFS
+    export: every node sees the same files.
+    """
+    pv = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
+        "spec": {"accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"},
+                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
+                 "hostPath": {"path": path, "type": "Directory"},
+                 "claimRef": {"namespace": namespace, "name": name}},
+    }  # fmt: skip
+    pvc = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    return [pv, pvc]
+
+
+def as_list(docs: list[dict[str, Any]]) -> str:
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+
+
+def install_chart(
+    cluster: controlplane.Cluster, *, values: dict[str, str], namespace: str = OP_NS,
+    release: str = OP_SA, timeout: str = "240s",
+) -> None:  # fmt: skip
+    """`helm upgrade --install` of the chart, waiting until its Deployment is available."""
+    argv = [str(helm()), "upgrade", "--install", release, str(ROOT / "charts" / "fsdp-operator"),
+            "--namespace", namespace, "--create-namespace", "--wait", "--timeout", timeout,
+            "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
+    for key, value in values.items():
+        argv += ["--set", f"{key}={value}"]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        pods = cluster.kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        raise RuntimeError(f"helm install failed: {done.stderr.strip()}\n{pods}")
+
+
+class ChartOperator:
+    """The operator as the chart's Deployment: its pod, logs and metrics, as a user sees them."""
+
+    def __init__(self, cluster: controlplane.Cluster, *, namespace: str = OP_NS,
+                 release: str = OP_SA) -> None:  # fmt: skip
+        self.cluster = cluster
+        self.namespace = namespace
+        self.selector = f"app.kubernetes.io/name=fsdp-operator,app.kubernetes.io/instance={release}"
+
+    def pods(self) -> list[dict[str, Any]]:
+        found = self.cluster.get_json("pods", "-n", self.namespace, "-l", self.selector)
+        return list(found["items"])
+
+    def running_pod(self) -> dict[str, Any]:
+        running = [p for p in self.pods() if p["status"].get("phase") == "Running"
+                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        if len(running) != 1:
+            raise AssertionError(f"want one running operator pod, found {len(running)}")
+        return running[0]
+
+    def metrics_url(self, port: int = 8000) -> str:
+        return f"http://{self.running_pod()['status']['podIP']}:{port}/metrics"
+
+    def log_tail(self, lines: int = 80) -> str:
+        done = self.cluster.kubectl("logs", "-n", self.namespace, "-l", self.selector,
+                                    f"--tail={lines}", check=False)  # fmt: skip
+        return done.stdout + done.stderr
+
+
 class Operator:
     """`python -m fsdp_operator run` as a child process; kill and start it at will."""
 
@@ -191,34 +270,22 @@ class Jobs:
         """An RWX claim `ckpt` bound to a hostPath PV of its own: one directory on this machine
         that every node mounts, like an NFS export. Workers run as uid/gid 1000 and Kubernetes
         does not apply fsGroup to hostPath volumes, so the directory is made theirs."""
-        pv_name = f"ckpt-{self.ns}"
         directory = self.ckpt_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        os.chown(directory, WORKER_UID, WORKER_UID)
-        directory.chmod(0o2775)
-        pv = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv_name},
-            "spec": {
-                "accessModes": ["ReadWriteMany"],
-                "capacity": {"storage": "1Gi"},
-                "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Delete",
-                "hostPath": {"path": str(directory), "type": "Directory"},
-                "claimRef": {"namespace": self.ns, "name": "ckpt"},
-            },
-        }
-        pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "ckpt"},
-               "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                        "volumeName": pv_name,
-                        "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
-        self.cluster.kubectl("apply", "-f", "-", input=json.dumps(pv))
-        self.apply(pvc)
+        make_worker_dir(directory)
+        docs = hostpath_claim(namespace=self.ns, name="ckpt", path=str(directory),
+                              pv_name=f"ckpt-{self.ns}")  # fmt: skip
+        self.cluster.kubectl("apply", "-f", "-", input=as_list(docs))
 
     def ckpt_dir(self, job: str | None = None) -> Path:
         volume = volumes_root(self.cluster) / self.ns / "ckpt"
         return volume / job if job else volume
+
+
+def make_worker_dir(directory: Path) -> None:
+    """A directory the workers (uid/gid 1000) can write, new files keeping its group."""
+    directory.mkdir(parents=True, exist_ok=True)
+    os.chown(directory, WORKER_UID, WORKER_UID)
+    directory.chmod(0o2775)
 
 
 def volumes_root(cluster: controlplane.Cluster) -> Path:

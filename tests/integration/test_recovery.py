@@ -19,6 +19,7 @@ import pytest
 from fsdp_operator import spec as api
 from fsdp_worker import catalog
 from localcluster import faults as lf
+from localcluster import stack
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
@@ -137,7 +138,9 @@ def test_pod_fault_is_charged_to_the_right_budget(
     jobs: harness.Jobs, operator: harness.Operator, fault: str, cause: str, budget: str
 ) -> None:
     name = harness.unique(fault)
-    jobs.apply(harness.job_doc(name, training={"steps": 60}))
+    # A real memory limit for the kernel to enforce (the oom fault needs one).
+    limits = {"limits": {"memory": "1Gi"}, "requests": {"memory": "1Gi"}}
+    jobs.apply(harness.job_doc(name, training={"steps": 60}, resources=limits))
     pods = _pods_of(jobs, name, 1)
     _step_at_least(jobs, name, 6)
     getattr(_faults(operator), fault)(jobs.ns, pods[1]["metadata"]["name"])
@@ -321,6 +324,8 @@ def _plant(directory: Path, *, step: int, attempt: int, config_hash: str, corrup
     storage.write_atomic(f"{name}/{catalog.MARKER_NAME}", marker.to_json())
     if corrupt:  # truncated after the marker was written: the manifest no longer matches
         (directory / name / "rank-0.bin").write_bytes(b"x" * 10)
+    for path in (directory / name, *(directory / name).iterdir()):
+        os.chown(path, stack.WORKER_UID, stack.WORKER_UID)  # as the worker (uid 1000) would
 
 
 def test_lineage_and_verification_choose_the_resume_checkpoint(
@@ -338,7 +343,7 @@ def test_lineage_and_verification_choose_the_resume_checkpoint(
     # attempt 2's own newer checkpoint, damaged after its marker was written
     _plant(ckpts, step=200, attempt=2, config_hash=config_hash, corrupt=True)
     pods = _pods_of(jobs, name, 2)
-    _faults(operator).crash(jobs.ns, pods[0]["metadata"]["name"], exit_code=1)
+    _faults(operator).crash(jobs.ns, pods[0]["metadata"]["name"])
     s = _attempt(jobs, name, 3)
     assert s["history"][2]["resumedFromStep"] not in (200, 300)
     assert s["history"][2]["resumedFromStep"] >= 10
