@@ -56,6 +56,10 @@ RUN --mount=type=cache,target=/root/.cache/wheels \
     pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
     && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
 COPY --from=project /install/ /opt/venv/
+# A name for uid 1000: kopf (getpass.getuser) and torch's cache paths look it up and fail
+# with "uid not found" otherwise. A small layer after the big one, so it stays cached.
+RUN echo 'fsdp:x:1000:1000:fsdp:/tmp:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'fsdp:x:1000:' >> /etc/group
 USER 1000:1000
 EXPOSE 8000 8080
 ENTRYPOINT ["python", "-m", "fsdp_operator"]
@@ -75,6 +79,10 @@ RUN --mount=type=cache,target=/root/.cache/wheels \
     pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
     && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
 COPY --from=project /install/ /opt/venv/
+# A name for uid 1000: kopf (getpass.getuser) and torch's cache paths look it up and fail
+# with "uid not found" otherwise. A small layer after the big one, so it stays cached.
+RUN echo 'fsdp:x:1000:1000:fsdp:/tmp:/usr/sbin/nologin' >> /etc/passwd \
+    && echo 'fsdp:x:1000:' >> /etc/group
 USER 1000:1000
 EXPOSE 29500 9400
 # The operator supplies the torchrun command line; this default runs one local rank.

@@ -76,7 +76,7 @@ KIND_VERSION ?= v0.30.0
 KIND := $(FSDPOP_CACHE)/kind-$(KIND_VERSION)/kind
 E2E_DIR := /tmp/fsdp-e2e
 kind-e2e: venv
-	command -v docker >/dev/null || { echo "kind-e2e needs a Docker engine"; exit 1; }
+	docker info >/dev/null 2>&1 || { echo "kind-e2e needs a running Docker engine"; exit 1; }
 	test -x $(KIND) || GOBIN=$(dir $(KIND)) go install sigs.k8s.io/kind@$(KIND_VERSION)
 	mkdir -p $(E2E_DIR)
 	$(KIND) get clusters | grep -qx fsdp-e2e || $(KIND) create cluster --name fsdp-e2e \

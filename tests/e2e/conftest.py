@@ -1,0 +1,166 @@
+"""The end-to-end suite's cluster: any kubeconfig, with the chart installed by helm.
+
+Two ways in:
+
+- On this machine (default): the session's local cluster (real kubelets, the project's images
+  loaded into every node) and ``localcluster.faults``.
+- Any other cluster (``make kind-e2e`` sets these): ``FSDP_E2E_KUBECONFIG``, the images it can
+  run (``FSDP_E2E_WORKER_IMAGE``, ``FSDP_E2E_OPERATOR_IMAGE``), a directory every node mounts
+  at ``FSDP_E2E_NODE_DIR`` that this machine sees at ``FSDP_E2E_HOST_DIR`` (kind's
+  ``extraMounts``), and ``FSDP_E2E_FAULTS=kind`` (faults through ``kubectl exec`` and
+  ``docker pause`` of the node's container).
+
+Either way the suite installs the chart (``helm upgrade --install``) into its own namespace
+with the operator image, and uninstalls it when the suite ends, so no other operator acts on
+its jobs and it acts on no one else's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from localcluster import faults as local_faults
+from localcluster import images, stack
+
+NAMESPACE = "fsdp-e2e"
+RELEASE = "fsdp-e2e"
+OPERATOR_CLAIM = "fsdp-e2e-checkpoints"
+WORKER_UID = stack.WORKER_UID
+
+
+class Faults(Protocol):
+    def kill_rank(self, namespace: str, pod: str, *, rank: int) -> object: ...
+    def lose_node(self, node: str) -> None: ...
+    def restore_node(self, node: str) -> None: ...
+
+
+class Kube:
+    """kubectl and helm against one kubeconfig (the parts of ``Cluster`` the suite uses)."""
+
+    def __init__(self, kubeconfig: Path, kubectl: str) -> None:
+        self.kubeconfig = kubeconfig
+        self._kubectl = kubectl
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120.0) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        argv = [self._kubectl, "--kubeconfig", str(self.kubeconfig), *args]
+        done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+
+class KindFaults:
+    """Faults for a kind cluster: a rank killed from inside its pod, a node container paused."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    def kill_rank(self, namespace: str, pod: str, *, rank: int) -> object:
+        code = (
+            "import os, signal\n"
+            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    try: env = open(f'/proc/{p}/environ', 'rb').read().split(b'\\0')\n"
+            "    except OSError: continue\n"
+            f"    if b'RANK={rank}' in env: os.kill(int(p), signal.SIGKILL)\n"
+        )
+        return self.kube.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", code)
+
+    def lose_node(self, node: str) -> None:
+        subprocess.run(["docker", "pause", node], check=True)
+
+    def restore_node(self, node: str) -> None:
+        subprocess.run(["docker", "unpause", node], check=True)
+
+
+class E2E:
+    """What a test needs: the cluster, its faults, the shared volume and the images."""
+
+    def __init__(self, *, kube: Any, faults: Faults, host_dir: Path, node_dir: str,
+                 worker_image: str, operator_image: str) -> None:  # fmt: skip
+        self.kube, self.faults = kube, faults
+        self.host_dir, self.node_dir = host_dir, node_dir
+        self.worker_image, self.operator_image = worker_image, operator_image
+        self.operator = stack.ChartOperator(kube, namespace=NAMESPACE, release=RELEASE)
+
+    def claim(self, namespace: str, name: str = "ckpt") -> Path:
+        """An RWX claim bound to a hostPath PV on the shared directory; returns its host view.
+
+        The directory is made the workers' (uid/gid 1000): Kubernetes applies fsGroup to
+        volumes that support ownership management, and hostPath and NFS exports do not.
+        """
+        host = self.host_dir / namespace / name
+        try:
+            stack.make_worker_dir(host)
+        except PermissionError:  # not root (a hosted runner): let uid 1000 write all the same
+            host.mkdir(parents=True, exist_ok=True)
+            host.chmod(0o777)
+        docs = stack.hostpath_claim(namespace=namespace, name=name, pv_name=f"{namespace}-{name}",
+                                    path=f"{self.node_dir}/{namespace}/{name}")  # fmt: skip
+        self.kube.kubectl("apply", "-f", "-", input=stack.as_list(docs))
+        return host
+
+
+def _local(request: pytest.FixtureRequest) -> E2E:
+    cluster = request.getfixturevalue("cluster")
+    root = stack.volumes_root(cluster)
+    root.mkdir(parents=True, exist_ok=True)
+    return E2E(kube=cluster, faults=local_faults.Faults.for_cluster(cluster.state_dir),
+               host_dir=root, node_dir=str(root), worker_image=images.WORKER,
+               operator_image=images.OPERATOR)  # fmt: skip
+
+
+def _remote() -> E2E:
+    env = os.environ
+    kube = Kube(Path(env["FSDP_E2E_KUBECONFIG"]), shutil.which("kubectl") or "kubectl")
+    if env.get("FSDP_E2E_FAULTS", "kind") != "kind":
+        raise pytest.UsageError("FSDP_E2E_FAULTS: only 'kind' is known besides this machine")
+    return E2E(kube=kube, faults=KindFaults(kube), host_dir=Path(env["FSDP_E2E_HOST_DIR"]),
+               node_dir=env["FSDP_E2E_NODE_DIR"], worker_image=env["FSDP_E2E_WORKER_IMAGE"],
+               operator_image=env["FSDP_E2E_OPERATOR_IMAGE"])  # fmt: skip
+
+
+def _split(ref: str) -> tuple[str, str]:
+    repository, _, tag = ref.rpartition(":")
+    return repository, tag
+
+
+@pytest.fixture(scope="package")
+def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
+    env = _remote() if os.environ.get("FSDP_E2E_KUBECONFIG") else _local(request)
+    kube = env.kube
+    kube.kubectl("apply", "--server-side", "-f", str(stack.ROOT / "crds" / "fsdpjobs.yaml"))
+    kube.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
+    kube.kubectl("create", "namespace", NAMESPACE, check=False)
+    _operator_view(env)
+    repository, tag = _split(env.operator_image)
+    values = {
+        "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
+        "checkpointMount.volume.persistentVolumeClaim.claimName": OPERATOR_CLAIM,
+        "settings.nodeExclusionSeconds": "20", "settings.drainTimeoutSeconds": "30",
+    }  # fmt: skip
+    stack.install_chart(kube, values=values, namespace=NAMESPACE, release=RELEASE)
+    try:
+        yield env
+    finally:
+        stack.uninstall_chart(kube, namespace=NAMESPACE, release=RELEASE)
+
+
+def _operator_view(env: E2E) -> None:
+    """The operator's claim: the shared directory that holds every job's claim (the chart
+    mounts it at checkpointMount.path; the template finds a claim inside; it renames corrupt
+    checkpoints aside, so it is writable)."""
+    docs = stack.hostpath_claim(namespace=NAMESPACE, name=OPERATOR_CLAIM, path=env.node_dir,
+                                pv_name=OPERATOR_CLAIM)  # fmt: skip
+    env.kube.kubectl("apply", "-f", "-", input=stack.as_list(docs))

@@ -1,0 +1,157 @@
+"""A platform team's first day: the chart's operator, the real worker image, real faults.
+
+Runs against any kubeconfig (tests/e2e/conftest.py): on this machine, kubelet nodes with the
+images built here; elsewhere, a kind cluster (``make kind-e2e``).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fsdp_worker import catalog
+from localcluster import stack
+from tests.e2e.conftest import E2E, WORKER_UID
+
+pytestmark = [pytest.mark.cluster, pytest.mark.torch]
+STEPS = 240
+
+
+@pytest.fixture
+def namespace(e2e: E2E) -> Any:
+    """A namespace that enforces Pod Security "restricted", with an RWX claim `ckpt`."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    e2e.kube.kubectl("create", "namespace", name)
+    e2e.kube.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    e2e.claim(name)
+    yield name
+    e2e.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def _job(e2e: E2E, name: str, **spec: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"].update(image=e2e.worker_image)
+    doc["spec"]["resources"] = {"requests": {"cpu": "500m", "memory": "1Gi"}}
+    doc["spec"]["failurePolicy"].update(nodeLossGraceSeconds=4, progressDeadlineSeconds=90)
+    for key, value in spec.items():
+        current = doc["spec"].get(key)
+        doc["spec"][key] = {**current, **value} if isinstance(current, dict) else value
+    return doc
+
+
+def _wait(jobs: stack.Jobs, name: str, what: str, probe: Any, *, timeout: float = 300) -> Any:
+    return stack.wait_for(what, probe, timeout=timeout, every=1.0,
+                          context=lambda: json.dumps(jobs.status(name))[:3000])  # fmt: skip
+
+
+def _running(jobs: stack.Jobs, name: str, attempt: int) -> list[dict[str, Any]]:
+    def probe() -> list[dict[str, Any]] | None:
+        s = jobs.status(name)
+        pods = jobs.running_pods(name, attempt)
+        return pods if s.get("attempt") == attempt and len(pods) == s.get("replicas") else None
+
+    return list(_wait(jobs, name, f"attempt {attempt} running", probe))
+
+
+def _step(jobs: stack.Jobs, name: str) -> int:
+    return int(jobs.status(name).get("step") or 0)
+
+
+def test_operator_runs_from_the_chart_with_in_cluster_credentials(e2e: E2E) -> None:
+    pod = e2e.operator.running_pod()
+    container = pod["spec"]["containers"][0]
+    assert container["image"] == e2e.operator_image
+    assert not any(v["name"] == "KUBECONFIG" for v in container.get("env", []))
+    assert any("projected" in v for v in pod["spec"]["volumes"]), "a ServiceAccount token"
+    status = pod["status"]["containerStatuses"][0]
+    assert status["ready"] and status["restartCount"] == 0
+    ip = pod["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=5) as answer:
+        assert answer.status == 200, "the liveness probe's endpoint"
+    with urllib.request.urlopen(e2e.operator.metrics_url(), timeout=5) as answer:
+        assert b"fsdpjob_jobs" in answer.read(), "the operator's own metrics, scraped from its pod"
+
+
+def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
+    jobs = stack.Jobs(e2e.kube, namespace)
+    # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
+    jobs.apply(_job(e2e, "survivor", training={"steps": STEPS}))
+    first = _running(jobs, "survivor", 1)
+    _wait(jobs, "survivor", "step 15", lambda: _step(jobs, "survivor") >= 15)
+    e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)  # its first rank
+    s = _wait(jobs, "survivor", "restart after the crash",
+              lambda: (s := jobs.status("survivor")).get("attempt", 0) >= 2 and s)  # fmt: skip
+    assert s["lastFailure"]["cause"] == "Crash"
+    second = _running(jobs, "survivor", 2)
+    resumed = int(jobs.status("survivor").get("resumedFromStep") or 0)
+    _wait(jobs, "survivor", "progress", lambda: _step(jobs, "survivor") >= resumed + 10)
+    lost = second[1]["spec"]["nodeName"]
+    e2e.faults.lose_node(lost)
+    try:
+        s = _wait(jobs, "survivor", "restart after the node loss",
+                  lambda: (s := jobs.status("survivor")).get("attempt", 0) >= 3 and s)  # fmt: skip
+        assert s["lastFailure"]["cause"] == "NodeLost" and s["lastFailure"]["node"] == lost
+    finally:
+        e2e.faults.restore_node(lost)
+    done = _wait(jobs, "survivor", "Succeeded",
+                 lambda: (s := jobs.status("survivor")).get("phase") == "Succeeded" and s,
+                 timeout=600)  # fmt: skip
+    assert done["step"] == STEPS and done["restarts"]["total"] >= 2
+    _check_checkpoints(e2e.host_dir / namespace / "ckpt" / "survivor", global_batch=16)
+
+
+def _check_checkpoints(root: Path, *, global_batch: int) -> None:
+    """Every sealed checkpoint: its data cursor is exactly step x global batch (no sample
+    skipped or repeated across the restarts), and it was written by the non-root worker."""
+    storage = catalog.LocalStorage(str(root))
+    found = catalog.list_checkpoints(storage, ".")
+    sealed = [c for c in found if c.ok and c.marker is not None]
+    assert sealed, f"no sealed checkpoint under {root}"
+    for candidate in sealed:
+        marker = candidate.marker
+        assert marker is not None
+        assert marker.samples_consumed == marker.step * global_batch, candidate.path
+        step_dir = root / catalog.step_dir_name(marker.step)
+        for path in (step_dir, *step_dir.iterdir()):
+            assert path.stat().st_uid == WORKER_UID, f"{path} not written by uid {WORKER_UID}"
+    last = max(sealed, key=lambda c: c.step).marker
+    assert last is not None and last.step == STEPS
+    assert last.attempt >= 3 and (last.resumed_from_step or 0) > 0, "resumed, not restarted"
+
+
+def test_worker_over_its_memory_limit_is_oom_killed(e2e: E2E, namespace: str) -> None:
+    jobs = stack.Jobs(e2e.kube, namespace)
+    # 165 M parameters (660 MB in fp32) plus torch itself, against a 1 GiB limit.
+    model = {"preset": "custom", "vocabSize": 32000, "seqLen": 32, "dim": 1024, "nLayers": 8,
+             "nHeads": 8}  # fmt: skip
+    doc = _job(e2e, "hungry", replicas=1, minReplicas=1, nprocPerNode=1,
+               training={"model": model, "steps": 20},
+               failurePolicy={"maxRestarts": 0})  # fmt: skip
+    doc["spec"]["resources"] = {"limits": {"memory": "1Gi"}, "requests": {"memory": "1Gi"}}
+    jobs.apply(doc)
+    done = _wait(jobs, "hungry", "Failed",
+                 lambda: (s := jobs.status("hungry")).get("phase") == "Failed" and s)  # fmt: skip
+    assert done["lastFailure"]["cause"] == "OOMKilled", done["lastFailure"]
+    pod = next(p for p in jobs.pods("hungry"))
+    terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["reason"] == "OOMKilled", "the kernel, not a test hook, killed it"
+
+
+def test_failing_ranks_termination_message_reaches_last_failure(e2e: E2E, namespace: str) -> None:
+    jobs = stack.Jobs(e2e.kube, namespace)
+    data = {"kind": "tokenFile", "path": "/ckpt/no-such-tokens.bin"}
+    jobs.apply(_job(e2e, "misconfigured", replicas=1, minReplicas=1, training={"data": data}))
+    done = _wait(jobs, "misconfigured", "Failed",
+                 lambda: (s := jobs.status("misconfigured")).get("phase") == "Failed" and s,
+                 )  # fmt: skip
+    failure = done["lastFailure"]
+    assert failure["cause"] == "ConfigError", failure
+    assert "no-such-tokens.bin" in failure["message"], "the rank's own words, via torchrun"
+    assert done["restarts"]["total"] == 0, "a config error is not retried"

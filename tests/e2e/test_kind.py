@@ -1,0 +1,30 @@
+"""`make kind-e2e`: the same end-to-end suite on a kind cluster, where a Docker engine exists."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from localcluster import stack
+
+NO_DOCKER = (
+    "make kind-e2e needs a running Docker engine (kind runs its nodes as containers) and this "
+    "machine has none; tests/e2e runs here against the local cluster's kubelet nodes instead"
+)
+
+
+def _docker_engine() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, check=False).returncode == 0
+
+
+@pytest.mark.skipif(not _docker_engine(), reason=NO_DOCKER)
+def test_kind_e2e_passes() -> None:
+    if os.environ.get("FSDP_E2E_KUBECONFIG"):
+        pytest.skip("already running inside make kind-e2e")
+    done = subprocess.run(["make", "kind-e2e"], cwd=stack.ROOT, timeout=5400, check=False)
+    assert done.returncode == 0
