@@ -9,7 +9,9 @@ see on a cluster:
   process inside that cgroup allocates until the kernel's OOM killer fires against the
   container's real limit; containerd reports OOMKilled. A container without a limit refuses.
 - ``kill-rank``: signal (default SIGKILL) the worker whose environment has ``RANK=<n>``.
-- ``freeze`` / ``thaw``: the pod's freezer cgroup (a hang; the processes stay in state D/T).
+- ``freeze`` / ``thaw``: SIGSTOP / SIGCONT to every process of the pod (a hang: state T,
+  deaf to SIGTERM, still killable). Not the freezer cgroup: a frozen task cannot even take
+  SIGKILL, so the kubelet could never stop such a pod and it stayed Terminating for good.
 - ``lose-node`` / ``restore-node``: the node's kubelet is stopped (SIGSTOP) / continued: no
   heartbeats, while its containers keep running unreported (a real zombie), and on restore the
   kubelet reconciles with whatever the API server says now.
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from signal import SIGCONT, SIGSTOP
 from typing import Any
 
 from localcluster import kubeclient, nodeconf, procs
@@ -147,30 +150,28 @@ class Faults:
             out.write(message)
 
     def oom(self, namespace: str, pod: str, *, container: str | None = None) -> None:
-        """A real OOM kill against the container's memory limit (the container must have one)."""
+        """A real OOM kill against the container's memory limit (the container must have one).
+
+        The victims' oom_score_adj goes to 1000 (this sandbox may raise it, not lower the
+        helper's), so the kernel picks them; should it take the helper instead, which it did
+        about one time in five, another helper goes in, up to five.
+        """
         directory = self._container_dirs(namespace, pod, hierarchy="memory", container=container)[0]
         limit = int((directory / "memory.limit_in_bytes").read_text())
         if limit >= 1 << 60:
             raise FaultError(f"pod {namespace}/{pod} has no memory limit: nothing to run out of")
         victims = self._container_pids(namespace, pod, container)
         for pid in victims:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(ProcessLookupError):
                 Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
-        helper = subprocess.Popen([sys.executable, "-c", OOM_HELPER, str(victims[0])],
-                                  stdin=subprocess.PIPE)  # fmt: skip
-        (directory / "cgroup.procs").write_text(str(helper.pid))
-        assert helper.stdin is not None
-        helper.stdin.write(b"go\n")
-        helper.stdin.close()
-        try:
-            helper.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-        deadline = time.monotonic() + 10  # a killed PID 1 is a zombie until its shim reaps it
-        while all(_running(pid) for pid in victims):
-            if time.monotonic() > deadline:
-                raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} B")
-            time.sleep(0.1)
+        for _ in range(5):
+            _allocate_in(directory, watch=victims[0])
+            deadline = time.monotonic() + 3  # a killed PID 1 is a zombie until its shim reaps it
+            while all(_running(pid) for pid in victims) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if not all(_running(pid) for pid in victims) or not directory.is_dir():
+                return
+        raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} B")
 
     def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
         """Signal the torchrun worker with ``RANK=<rank>``; torchrun sees a real worker death."""
@@ -186,25 +187,16 @@ class Faults:
         return hits
 
     def freeze(self, namespace: str, pod: str) -> None:
-        self._freezer(namespace, pod, "FROZEN")
+        self._signal(self.pids(namespace, pod), SIGSTOP)
 
     def thaw(self, namespace: str, pod: str) -> None:
-        self._freezer(namespace, pod, "THAWED")
-
-    def _freezer(self, namespace: str, pod: str, state: str) -> None:
-        pod_dir = self._pod_dir(self._pod(namespace, pod), "freezer")
-        (pod_dir / "freezer.state").write_text(state)
-        deadline = time.monotonic() + 10
-        while (pod_dir / "freezer.state").read_text().strip() != state:
-            if time.monotonic() > deadline:
-                raise FaultError(f"pod {namespace}/{pod} did not reach {state}")
-            time.sleep(0.05)
+        self._signal(self.pids(namespace, pod), SIGCONT)
 
     def lose_node(self, node: str) -> None:
-        self._kubelet_signal(node, 19)  # SIGSTOP: no heartbeats, containers keep running
+        self._kubelet_signal(node, SIGSTOP)  # no heartbeats; containers keep running
 
     def restore_node(self, node: str) -> None:
-        self._kubelet_signal(node, 18)  # SIGCONT
+        self._kubelet_signal(node, SIGCONT)
 
     def _kubelet_signal(self, node: str, signum: int) -> None:
         registry = procs.Registry(self.state_dir / "cluster.json")
@@ -240,6 +232,21 @@ class Faults:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+
+
+def _allocate_in(cgroup: Path, *, watch: int) -> None:
+    """Run a helper in ``cgroup`` that allocates until the kernel kills something there."""
+    helper = subprocess.Popen([sys.executable, "-c", OOM_HELPER, str(watch)],
+                              stdin=subprocess.PIPE)  # fmt: skip
+    (cgroup / "cgroup.procs").write_text(str(helper.pid))
+    assert helper.stdin is not None
+    helper.stdin.write(b"go\n")
+    helper.stdin.close()
+    try:
+        helper.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        helper.kill()
+        helper.wait()
 
 
 def _running(pid: int) -> bool:

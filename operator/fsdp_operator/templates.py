@@ -187,6 +187,10 @@ def worker_pod(
         "subdomain": names.service_name(job.name),
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
+        # torchrun must not be its PID namespace's init: an init ignores SIGTERM without a
+        # handler, and torchrun has none while in rendezvous, so a pod deleted then hung until
+        # its grace period ran out (seen on real kubelets). The sandbox's pause is init here.
+        "shareProcessNamespace": True,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_ID,

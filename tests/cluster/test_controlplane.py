@@ -137,8 +137,13 @@ def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
         started = json.loads((tmp_path / "cluster.json").read_text())["processes"]
     finally:
         assert cli("down").returncode == 0
-    assert {p["name"] for p in started} == {"etcd", "apiserver", "controller-manager", "scheduler",
-                                           "cluster-dns"}
+    assert {p["name"] for p in started} == {
+        "etcd",
+        "apiserver",
+        "controller-manager",
+        "scheduler",
+        "cluster-dns",
+    }
     eventually(lambda: not any(running(p["pid"]) for p in started), timeout=5, what="all stopped")
     assert cli("status").returncode == 1
 
