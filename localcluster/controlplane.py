@@ -215,6 +215,8 @@ class Cluster:
         refs = (images.PAUSE, *(r for r in wanted.images if r != images.PAUSE))
         layouts = [nodes.layout(self.state_dir, i) for i in range(wanted.nodes)]
         for node in layouts:
+            # Containers a cluster killed without `down` left in this node's cgroup root.
+            nodes.kill_containers(node.cgroup_root)
             nodes.prepare(node=node, ca=ca, server=self.server, sandbox_image=images.PAUSE)
             self._spawn(f"containerd-{node.name}", nodeconf.containerd_args(node))
             name = f"containerd-{node.name}"
