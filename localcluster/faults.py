@@ -187,10 +187,14 @@ class Faults:
         return hits
 
     def freeze(self, namespace: str, pod: str) -> None:
-        self._signal(self.pids(namespace, pod), SIGSTOP)
+        pids = self.pids(namespace, pod)
+        self._signal(pids, SIGSTOP)
+        _await_state(pids, stopped=True)
 
     def thaw(self, namespace: str, pod: str) -> None:
-        self._signal(self.pids(namespace, pod), SIGCONT)
+        pids = self.pids(namespace, pod)
+        self._signal(pids, SIGCONT)
+        _await_state(pids, stopped=False)
 
     def lose_node(self, node: str) -> None:
         self._kubelet_signal(node, SIGSTOP)  # no heartbeats; containers keep running
@@ -249,12 +253,30 @@ def _allocate_in(cgroup: Path, *, watch: int) -> None:
         helper.wait()
 
 
-def _running(pid: int) -> bool:
+def _await_state(pids: list[int], *, stopped: bool, timeout: float = 5.0) -> None:
+    """Return once every live process of ``pids`` is (or is no longer) stopped: a signal is
+    delivered when its target next runs, not when kill() returns."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [_state(pid) for pid in pids]
+        if all((s == "T") == stopped for s in states if s):
+            return
+        time.sleep(0.02)
+    raise FaultError(f"processes {pids} did not {'stop' if stopped else 'continue'} in {timeout}s")
+
+
+def _state(pid: int) -> str:
     try:
-        status = Path(f"/proc/{pid}/status").read_text()
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("State:"):
+                return line.split()[1]
     except OSError:
-        return False
-    return "\nState:\tZ" not in status and "\nState:\tX" not in status
+        pass
+    return ""
+
+
+def _running(pid: int) -> bool:
+    return _state(pid) not in ("", "Z", "X")
 
 
 def _pod_ref(text: str) -> tuple[str, str]:

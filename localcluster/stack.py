@@ -46,7 +46,11 @@ def free_port() -> int:
 
 def install_crd(cluster: controlplane.Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "fsdpjobs.yaml"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
+    # Not `kubectl wait`: it fails outright while a new CRD has no status.conditions yet.
+    query = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
+    wait_for("the FSDPJob CRD Established", lambda: cluster.kubectl(
+        "get", "crd", "fsdpjobs.fsdpoperator.io", "-o", query, check=False,
+    ).stdout == "True", timeout=60)  # fmt: skip
 
 
 def helm() -> Path:

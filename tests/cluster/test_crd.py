@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from localcluster import controlplane
+from localcluster import controlplane, stack
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster
@@ -35,10 +35,7 @@ BASE: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def crd(cluster: controlplane.Cluster) -> controlplane.Cluster:
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "fsdpjobs.yaml"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io", "--timeout=30s"
-    )
+    stack.install_crd(cluster)
     return cluster
 
 

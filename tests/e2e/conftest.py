@@ -140,8 +140,7 @@ def _split(ref: str) -> tuple[str, str]:
 def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
     env = _remote() if os.environ.get("FSDP_E2E_KUBECONFIG") else _local(request)
     kube = env.kube
-    kube.kubectl("apply", "--server-side", "-f", str(stack.ROOT / "crds" / "fsdpjobs.yaml"))
-    kube.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
+    stack.install_crd(kube)
     kube.kubectl("create", "namespace", NAMESPACE, check=False)
     _operator_view(env)
     repository, tag = _split(env.operator_image)
