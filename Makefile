@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
-.PHONY: worker-compat images kind-e2e
+.PHONY: worker-compat images kind-e2e packages
 
 venv: $(STAMP)
 
@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[operator,worker,dev]'
 	rm -f $(VENV)/.installed-*; touch $@
 
-cluster-bin:
+# Debian packages for the nodes and image builds (one target: two apt-gets cannot overlap).
+packages:
 	bash localcluster/install-packages.sh
+
+cluster-bin: packages
 	bash localcluster/build-binaries.sh >/dev/null
 	bash localcluster/build-helm.sh >/dev/null
 
@@ -33,8 +36,7 @@ typecheck: venv
 
 # The project's images, built here with podman from a Debian base (docs/images.md); the
 # cluster tests load them into every node's containerd, by digest.
-images: venv
-	bash localcluster/install-packages.sh
+images: venv packages
 	$(VPY) -m localcluster.images build --target all
 
 test: venv cluster-bin lint typecheck images
@@ -66,8 +68,9 @@ demo: venv cluster-bin images
 
 # Both benchmarks; numbers land in bench/results/ (docs/operator.md and
 # docs/worker.md, "Benchmarks").
-bench: venv cluster-bin
+bench: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py
+	PYTHONPATH=. $(VPY) bench/pod_start.py
 	$(VPY) bench/worker_ckpt.py --reps 7
 
 # tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
