@@ -182,26 +182,33 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     pods = _pods_of(jobs, name, 1)
     lost = pods[2]["spec"]["nodeName"]
     _step_at_least(jobs, name, 6)
+    # Counted, not assumed to be 1: under a full suite's load an attempt may fail on its own
+    # before the fault (once in four full runs the first restart kept 3 replicas).
+    before = jobs.status(name)["attempt"]
     faults = _faults(operator)
     faults.lose_node(lost)
     try:
         s = harness.wait_for(
-            "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-            timeout=60, context=operator.log_tail,
+            "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt", 0) > before
+            and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
+            timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
         )  # fmt: skip
-        assert s["replicas"] == 2 and s["worldSize"] == 2
-        _pods_of(jobs, name, 2)
+        assert s["worldSize"] == 2, s
+        assert {h.get("cause") for h in s["history"]} & {"NodeLost", "Unschedulable"}, s
+        _pods_of(jobs, name, s["attempt"])
         _step_at_least(jobs, name, (s.get("resumedFromStep") or 0) + 3)
+        restarts = s["restarts"]["total"]
     finally:
         faults.restore_node(lost)
     # capacity is back (after the node's exclusion expires): a planned restart at full size
+    shrunk = s["attempt"]
     s = harness.wait_for(
         "grown back", lambda: (s := jobs.status(name)).get("replicas") == 3
-        and s.get("attempt", 0) >= 3 and s, timeout=90, context=operator.log_tail,
+        and s.get("attempt", 0) > shrunk and s, timeout=90, context=operator.log_tail,
     )  # fmt: skip
-    resize = s["history"][1]
-    assert resize["cause"] == "Resize" and resize["stepsLost"] == 0
-    assert s["restarts"]["total"] == 1  # the planned resize cost no budget
+    resize = s["history"][shrunk - 1]
+    assert resize["cause"] == "Resize" and resize["stepsLost"] == 0, s
+    assert s["restarts"]["total"] == restarts  # the planned resize cost no budget
     _pods_of(jobs, name, s["attempt"])
     jobs.patch(name, {"suspend": True})
 
