@@ -16,7 +16,6 @@ operator and holds no fault logic.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import shutil
@@ -40,17 +39,6 @@ class NodeError(RuntimeError):
     """A node could not be started or stopped."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """The nodes to start."""
-
-    nodes: int
-    gpus_per_node: int = 8
-    zones: int = 2
-    images: tuple[str, ...] = ()
-    """Image references each node's containerd must hold (the pause image always)."""
-
-
 def cache_root() -> Path:
     return Path(os.environ.get("FSDPOP_CACHE", Path.home() / ".cache" / "fsdp-operator"))
 
@@ -63,10 +51,6 @@ def layout(state_dir: Path, index: int) -> nodeconf.NodeLayout:
         state=state_dir / "nodes" / name,
         store=cache_root() / "nodes" / name,
     )
-
-
-def node_names(count: int) -> list[str]:
-    return [f"node-{i}" for i in range(count)]
 
 
 def prepare(*, node: nodeconf.NodeLayout, ca: pki.Pair, server: str, sandbox_image: str) -> None:
