@@ -29,7 +29,10 @@ def job_doc(name: str, **spec: Any) -> dict[str, Any]:
             "failurePolicy": {
                 "backoff": {"initialSeconds": 1, "maxSeconds": 4},
                 "nodeLossGraceSeconds": 4,
-                "progressDeadlineSeconds": 15,
+                # The deadline counts from the attempt's start: under a full suite's load on 2
+                # CPUs a cold torchrun start (torch read from a node's fresh snapshot) neared
+                # 15 s, and a healthy attempt 1 was restarted as hung.
+                "progressDeadlineSeconds": 30,
                 "pendingTimeoutSeconds": 10,
             },
             "template": {"spec": {"env": [

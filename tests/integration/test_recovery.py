@@ -164,7 +164,7 @@ def test_hang_is_caught_by_the_progress_deadline(
     _faults(operator).freeze(jobs.ns, rank0["metadata"]["name"])
     s = harness.wait_for(
         "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-        timeout=60, context=operator.log_tail,
+        timeout=90, context=operator.log_tail,
     )  # fmt: skip
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
     assert "no step progress" in s["lastFailure"]["message"]
