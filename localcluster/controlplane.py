@@ -235,6 +235,11 @@ class Cluster:
             ready = functools.partial(self.node_ready, node.name)
             self._poll(f"kubelet-{node.name}", ready, deadline)
             nodes.advertise_gpus(self.kubectl, node.name, wanted.gpus_per_node)
+        # The kubelet copies patched capacity into allocatable on its next status update; the
+        # scheduler places GPU pods by allocatable, so the cluster is not up before that.
+        for node in layouts:
+            gpus = functools.partial(self._allocatable_gpus, node.name, wanted.gpus_per_node)
+            self._poll(f"kubelet-{node.name}", gpus, deadline)
 
     def _start_kube_proxy(self, *, certs_dir: Path, hostname: str) -> None:
         user = pki.client_user(components.pair(self._layout, "kube-proxy"))
@@ -323,6 +328,13 @@ class Cluster:
             return False
         conditions = json.loads(done.stdout).get("status", {}).get("conditions") or []
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+    def _allocatable_gpus(self, name: str, count: int) -> bool:
+        done = self.kubectl("get", "node", name, "-o", "json", check=False)
+        if done.returncode != 0:
+            return False
+        allocatable = json.loads(done.stdout).get("status", {}).get("allocatable") or {}
+        return allocatable.get(nodes.GPU_RESOURCE) == str(count)
 
     def ready_nodes(self) -> int:
         """How many Node objects report Ready=True."""

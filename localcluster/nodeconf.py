@@ -199,6 +199,9 @@ def kubelet_config(node: NodeLayout, *, ca: Path, dns: str) -> dict[str, Any]:
         "maxPods": 110, "podPidsLimit": -1,
         "shutdownGracePeriod": "0s",
         "volumePluginDir": str(node.state / "volume-plugins"),
+        # Not the shared /var/log/pods: each kubelet's container GC deletes the log directory
+        # of every pod it does not know, which includes all pods of the other nodes.
+        "podLogsDir": str(node.state / "pod-logs"),
         "logging": {"verbosity": 1},
     }  # fmt: skip
 

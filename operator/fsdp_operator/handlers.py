@@ -70,10 +70,12 @@ async def _loop(namespace: str, name: str) -> None:
             # Back off for real: watch events must not turn a failing pass (say, a namespace
             # being deleted refuses every create) into a hot loop that starves other jobs.
             delay = pause = ERROR_PAUSE
-        if delay is None and not wake.is_set():
-            break  # the job is gone, and no event for its name came during the pass
-        if delay is None:  # a new job of the same name appeared while the pass ran
-            continue
+        if delay is None:
+            if not wake.is_set():
+                break  # the job is gone, and no event for its name came during the pass
+            # An event came during the pass: perhaps a new job of the same name, perhaps a pod
+            # of the gone one being collected. Look again, after the usual pause (no hot loop).
+            delay = pause
         await asyncio.sleep(pause)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(wake.wait(), timeout=max(0.0, delay - pause))

@@ -4,11 +4,13 @@ loop, and a failing pass backs off however many watch events arrive."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
 from fsdp_operator import handlers, reconcile
+from fsdp_operator import spec as api
 
 
 @pytest.fixture
@@ -46,6 +48,36 @@ def test_a_new_job_of_the_same_name_during_the_last_pass_keeps_the_loop(
     assert passes == ["train", "train"]  # a second pass, for the new job, not an orphan
 
 
+def test_events_for_a_gone_job_are_paced_not_a_hot_loop(
+    passes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pod events of a deleted job (its pods being collected) each earn a look, at most one a
+    MIN_PAUSE, and the loop ends once they stop."""
+
+    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+        passes.append(name)
+        time.sleep(0.005)  # a pass takes a while: pod events land during it
+        return None  # the job is gone
+
+    monkeypatch.setattr(reconcile, "run_pass", run_pass)
+    monkeypatch.setattr(handlers, "MIN_PAUSE", 0.05)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        handlers._poke("ns", "gone")
+        until = loop.time() + 0.2
+        pod = {"metadata": {"ownerReferences": [{"kind": api.KIND, "name": "gone"}]}}
+        while loop.time() < until:
+            await handlers.pod_event(body=pod, namespace="ns")
+            await asyncio.sleep(0.001)
+        while handlers._loops:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    # 0.2 s of events at MIN_PAUSE = 0.05 s: about 4 passes (unpaced: about 40), then it ends.
+    assert 2 <= len(passes) <= 0.2 / handlers.MIN_PAUSE + 2
+
+
 def test_a_failing_pass_backs_off_even_when_events_keep_coming(
     passes: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,12 +93,14 @@ def test_a_failing_pass_backs_off_even_when_events_keep_coming(
         started = asyncio.get_running_loop().time()
         handlers._poke("ns", "busy")
         while handlers._loops:
-            handlers._poke("ns", "busy")  # a stream of pod events
+            if len(passes) < 3:
+                handlers._poke("ns", "busy")  # a stream of pod events while the passes fail
             await asyncio.sleep(0.005)
         return asyncio.get_running_loop().time() - started
 
     elapsed = asyncio.run(asyncio.wait_for(scenario(), 5))
-    assert len(passes) == 3
+    # A poke that lands while the third (job-gone) pass runs earns one more look, no more.
+    assert len(passes) in (3, 4)
     assert elapsed >= 2 * handlers.ERROR_PAUSE  # events did not cut the back-off short
 
 
