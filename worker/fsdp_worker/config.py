@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pydantic
 import pydantic.alias_generators
@@ -254,11 +254,72 @@ class TrainingConfig(_Model):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+AUTO = "auto"
+MAX_INTERVAL_STEPS = 100_000_000
+# `intervalSteps`: a number of steps, or "auto". The CRD types it as Kubernetes' int-or-string.
+
+
+def _interval_steps(value: Any) -> int | str:
+    if value == AUTO:
+        return AUTO
+    number = value
+    if isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    whole = isinstance(number, int) and not isinstance(number, bool)
+    if whole and 1 <= number <= MAX_INTERVAL_STEPS:
+        return int(number)
+    raise ValueError(
+        f"must be a whole number of steps 1..{MAX_INTERVAL_STEPS} or {AUTO!r}, got {value!r}"
+    )
+
+
+IntervalSteps = Annotated[
+    int | Literal["auto"],
+    pydantic.PlainValidator(_interval_steps),
+    pydantic.PlainSerializer(lambda v: v),
+    pydantic.WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+            "minimum": 1,
+            "maximum": MAX_INTERVAL_STEPS,
+            "pattern": f"^{AUTO}$",
+            "description": "Save every N steps, or `auto`: the Young/Daly optimum from the "
+            "measured save cost and the job's own failure rate (see autoInterval).",
+        }
+    ),
+]
+
+
+class AutoIntervalConfig(_Model):
+    """`checkpoint.autoInterval`: bounds and prior of `intervalSteps: auto`."""
+
+    min_steps: int = Field(
+        10, ge=1, le=MAX_INTERVAL_STEPS,
+        description="Floor, and the first interval of a job with no measured save cost yet.",
+    )  # fmt: skip
+    max_steps: int = Field(100_000, ge=1, le=MAX_INTERVAL_STEPS, description="Ceiling.")
+    prior_mtbf_seconds: float = Field(
+        21600.0, gt=0, le=1e9,
+        description="Mean time between failures assumed before the job has seen any: one "
+        "failure-free prior period of this length joins the job's own uptime and failures.",
+    )  # fmt: skip
+
+    @pydantic.model_validator(mode="after")
+    def _bounds(self) -> AutoIntervalConfig:
+        if self.max_steps < self.min_steps:
+            raise ValueError(
+                f"autoInterval.maxSteps ({self.max_steps}) must be >= minSteps ({self.min_steps})"
+            )
+        return self
+
+
 class CheckpointConfig(_Model):
     """`spec.checkpoint` of an FSDPJob."""
 
     root: SafePath = Field("/ckpt", description="Checkpoint directory on a shared volume.")
-    interval_steps: int = Field(500, ge=1, le=100_000_000, description="Save every N steps.")
+    interval_steps: IntervalSteps = Field(500)
+    auto_interval: AutoIntervalConfig = Field(default_factory=AutoIntervalConfig)
     keep: int = Field(3, ge=1, le=1000, description="Complete checkpoints to retain.")
     async_: bool = Field(
         False, alias="async", description="Save with dcp.async_save (one in flight)."

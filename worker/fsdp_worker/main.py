@@ -27,12 +27,14 @@ from fsdp_worker import (
     data,
     distributed,
     errors,
+    interval,
     ledger,
     metrics,
     model,
     optim,
     parallelize,
     resume,
+    schedule,
     state,
     termination,
     trainer,
@@ -147,6 +149,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     meters = metrics.Metrics()
     if di.rank == 0:
         meters.serve(settings.metrics_port)
+    meters.reached(contract.Milestone.RENDEZVOUS)
     os.makedirs(settings.root, exist_ok=True)
     run.st = st = _build_state(tcfg, di)
     point = resume.choose(
@@ -161,6 +164,7 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     )
     if point is not None:
         resume.load(point, st, dist_info=di, seed=tcfg.seed)
+    meters.reached(contract.Milestone.LOADED)
     identity = checkpoint.Identity(
         attempt=settings.attempt,
         resumed_from_step=point.step if point else None,
@@ -181,9 +185,16 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         direct_writes=ckcfg.direct_writes,
     )
     run.manager.remove_abandoned()
+    sched = schedule.Schedule.of(
+        ckcfg,
+        start_step=st.step,
+        reliability=interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, "")),
+        meters=meters,
+        dist_info=di,
+    )
     loop = trainer.Loop(
         cfg=tcfg,
-        interval=ckcfg.interval_steps,
+        schedule=sched,
         st=st,
         source=source,
         plan=plan,

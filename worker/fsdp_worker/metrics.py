@@ -1,16 +1,19 @@
 """Rank 0's Prometheus endpoint: training progress and checkpoint figures (names in contract).
 
-The operator scrapes step and last-step time for `status.step` and hang detection. Other ranks
-get a no-op instance. This module must not compute anything; it only records what it is given.
+The operator scrapes step and last-step time for `status.step` and hang detection, and the
+milestones, step and save seconds and checkpoint interval for time to resume and goodput. Every
+rank keeps the gauges; only rank 0 serves them. This module must not compute anything; it
+records what it is given (and the time of a milestone).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import prometheus_client as prom
 
-from fsdp_worker import contract
+from fsdp_worker import contract, interval
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,33 @@ class Metrics:
             contract.METRIC_CKPT_SAVE_SECONDS, "Last save: blocking and total.", ("kind",)
         )
         self.ckpt_bytes = gauge(contract.METRIC_CKPT_BYTES, "Bytes of the last checkpoint.")
+        self.milestone = gauge(
+            contract.METRIC_MILESTONE, "Unix time of this process's milestones.", ("milestone",)
+        )
+        self.steps_run = gauge(contract.METRIC_STEPS_RUN, "Steps this process completed.")
+        self.step_seconds_sum = gauge(contract.METRIC_STEP_SECONDS_SUM, "Seconds of those steps.")
+        self.ckpt_blocked = gauge(
+            contract.METRIC_CKPT_BLOCKED, "Seconds training waited on checkpoint saves."
+        )
+        self.interval = gauge(contract.METRIC_INTERVAL, "Steps between checkpoints now.")
+        self.interval_input = gauge(
+            contract.METRIC_INTERVAL_INPUT, "Inputs of intervalSteps: auto.", ("input",)
+        )
+
+    def reached(self, milestone: contract.Milestone) -> None:
+        self.milestone.labels(milestone=milestone.value).set(time.time())
+
+    def chose(self, choice: interval.Choice) -> None:
+        self.interval.set(choice.steps)
+        inputs = {
+            contract.IntervalInput.SAVE_SECONDS: choice.save_seconds,
+            contract.IntervalInput.STEP_SECONDS: choice.step_seconds,
+            contract.IntervalInput.MTBF_SECONDS: choice.mtbf_seconds,
+            contract.IntervalInput.FAILURES: choice.failures,
+        }
+        for key, value in inputs.items():
+            if value is not None:
+                self.interval_input.labels(input=key.value).set(value)
 
     def serve(self, port: int) -> None:
         if port <= 0:

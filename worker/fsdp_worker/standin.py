@@ -13,6 +13,11 @@ Behaviour knobs (plain env a job may set in spec.template.spec.env):
   STANDIN_FAIL_ATTEMPT   ... in this attempt only (default 1; 0 = every attempt)
   STANDIN_FAIL_RANK      ... on this global rank (default 0)
   STANDIN_FAIL_CODE      ... with this exit code (78 writes a ConfigError cause)
+  STANDIN_SAVE_SECONDS   extra seconds each checkpoint blocks (default 0)
+  STANDIN_START_SECONDS  seconds before "rendezvous" and before "loaded" (default 0)
+
+`intervalSteps: auto` follows the real rule (interval.py) with the knobs as its measured
+costs, so that every rank, stepping on its own clock, picks the same checkpoint steps.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from fsdp_worker import catalog, contract
+from fsdp_worker import catalog, contract, interval
 from fsdp_worker import config as wconfig
 
 log = logging.getLogger("fsdp_worker.standin")
@@ -65,6 +70,8 @@ class StandIn:
         self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
         self.step, self.resumed_from = self._resume()
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
+        self.save_time = float(os.environ.get("STANDIN_SAVE_SECONDS", "0"))
+        self.start_time = float(os.environ.get("STANDIN_START_SECONDS", "0"))
 
     def _resume(self) -> tuple[int, int | None]:
         where = os.environ.get(contract.ENV_RESUME, "")
@@ -139,15 +146,56 @@ class StandIn:
         log.error("injected failure at step %d, exit %d", self.step, code)
         sys.exit(code)
 
+    def _interval(self, steps_run: int) -> interval.Choice:
+        ck = self.cfg.checkpoint
+        if ck.interval_steps != wconfig.AUTO:
+            return interval.Choice(int(ck.interval_steps), False)
+        r = interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, ""))
+        mtbf = interval.mtbf_estimate(
+            failures=r.failures, uptime_seconds=r.uptime_seconds + steps_run * self.step_time,
+            prior_seconds=ck.auto_interval.prior_mtbf_seconds,
+        )  # fmt: skip
+        return interval.choose(
+            save_seconds=self.save_time, step_seconds=self.step_time, mtbf_seconds=mtbf,
+            floor=ck.auto_interval.min_steps, ceiling=ck.auto_interval.max_steps,
+            failures=r.failures,
+        )  # fmt: skip
+
     def run(self) -> int:
-        gauge_step = prom.Gauge(contract.METRIC_STEP, "last completed step")
-        gauge_time = prom.Gauge(contract.METRIC_LAST_STEP_TIME, "time of the last step")
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> prom.Gauge:
+            return prom.Gauge(name, doc, labelnames=labels)
+
+        gauge_step = gauge(contract.METRIC_STEP, "last completed step")
+        gauge_time = gauge(contract.METRIC_LAST_STEP_TIME, "time of the last step")
+        milestone = gauge(contract.METRIC_MILESTONE, "milestones", ("milestone",))
+        steps_run = gauge(contract.METRIC_STEPS_RUN, "steps this process")
+        step_sum = gauge(contract.METRIC_STEP_SECONDS_SUM, "seconds of those steps")
+        blocked = gauge(contract.METRIC_CKPT_BLOCKED, "seconds blocked on saves")
+        every = gauge(contract.METRIC_INTERVAL, "steps between checkpoints")
+        inputs = gauge(contract.METRIC_INTERVAL_INPUT, "inputs of auto", ("input",))
+
+        def chose(choice: interval.Choice) -> None:
+            every.set(choice.steps)
+            pairs = ((contract.IntervalInput.SAVE_SECONDS, choice.save_seconds),
+                     (contract.IntervalInput.STEP_SECONDS, choice.step_seconds),
+                     (contract.IntervalInput.MTBF_SECONDS, choice.mtbf_seconds),
+                     (contract.IntervalInput.FAILURES, choice.failures))  # fmt: skip
+            for key, value in pairs:
+                if value is not None:
+                    inputs.labels(input=key.value).set(value)
+
         if self.rank == 0:
             prom.start_http_server(
                 _env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT)
             )
         gauge_step.set(self.step)
-        interval = self.cfg.checkpoint.interval_steps
+        time.sleep(self.start_time)
+        milestone.labels(milestone=contract.Milestone.RENDEZVOUS.value).set(time.time())
+        time.sleep(self.start_time)
+        milestone.labels(milestone=contract.Milestone.LOADED.value).set(time.time())
+        first = self._interval(0)
+        ran, next_save = 0, self.step + first.steps
+        chose(first)
         while self.step < self.cfg.training.steps:
             time.sleep(self.step_time)
             if _stop_requested:  # SIGTERM between steps: a complete checkpoint, then exit
@@ -156,11 +204,27 @@ class StandIn:
                 self.save(step)
                 return int(contract.ExitCode.PREEMPTED)
             self.step += 1
+            ran += 1
             gauge_step.set(self.step)
             gauge_time.set(time.time())
+            steps_run.set(ran)
+            step_sum.set(ran * self.step_time)
+            if ran == 1:
+                milestone.labels(milestone=contract.Milestone.FIRST_STEP.value).set(time.time())
             self._maybe_fail()
-            if self.step % interval == 0 or self.step == self.cfg.training.steps:
+            choice = self._interval(ran)
+            fixed = not choice.auto and self.step % choice.steps == 0
+            if (
+                fixed
+                or (choice.auto and self.step >= next_save)
+                or (self.step == self.cfg.training.steps)
+            ):
+                began = time.monotonic()
                 self.save(self.step)
+                time.sleep(self.save_time)
+                blocked.inc(time.monotonic() - began)
+                next_save = self.step + choice.steps
+                chose(choice)
         return int(contract.ExitCode.SUCCESS)
 
 

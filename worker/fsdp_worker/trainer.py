@@ -20,7 +20,18 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule
 
-from fsdp_worker import checkpoint, config, data, errors, faults, ledger, metrics, state
+from fsdp_worker import (
+    checkpoint,
+    config,
+    contract,
+    data,
+    errors,
+    faults,
+    ledger,
+    metrics,
+    schedule,
+    state,
+)
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -30,7 +41,7 @@ LEDGER_AFTER_STEPS = 2
 @dataclass(kw_only=True)
 class Loop:
     cfg: config.TrainingConfig
-    interval: int
+    schedule: schedule.Schedule
     st: state.TrainState
     source: data.Source
     plan: data.Plan
@@ -38,6 +49,10 @@ class Loop:
     meters: metrics.Metrics
     dist: DistInfo
     stop_requested: Callable[[], bool]
+    steps_run: int = 0  # this process's totals, for goodput (metrics) and the schedule
+    step_seconds: float = 0.0
+    blocked_seconds: float = 0.0  # training waited on checkpoint saves
+    last_blocking: float = 0.0  # of the latest save call
 
 
 def _forward_backward(loop: Loop, accum_index: int) -> torch.Tensor:
@@ -69,7 +84,9 @@ def _one_step(loop: Loop) -> tuple[float, bool]:
     grad_clip = loop.cfg.optimizer.grad_clip
     if grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
-    loop.ckpt.before_optimizer_step()
+    waited = time.monotonic()
+    loop.ckpt.before_optimizer_step()  # an async save still copying: blocked, not stepping
+    loop.blocked_seconds += time.monotonic() - waited
     loop.st.optimizer.step()
     loop.st.scheduler.step()
     loop.st.optimizer.zero_grad(set_to_none=True)
@@ -85,6 +102,12 @@ def _one_step(loop: Loop) -> tuple[float, bool]:
 
 def _report(loop: Loop, *, loss: float, seconds: float) -> None:
     m, st = loop.meters, loop.st
+    loop.steps_run += 1
+    loop.step_seconds += seconds
+    m.steps_run.set(loop.steps_run)
+    m.step_seconds_sum.set(loop.step_seconds)
+    if loop.steps_run == 1:
+        m.reached(contract.Milestone.FIRST_STEP)
     tokens = loop.cfg.global_batch_size * loop.cfg.model.seq_len
     m.step.set(st.step)
     m.last_step_time.set(time.time())
@@ -101,17 +124,29 @@ def _report(loop: Loop, *, loss: float, seconds: float) -> None:
             log.info("ledger %s", json.dumps({"measuredPeakBytesRank0": peak}))
 
 
+def _save(loop: Loop) -> None:
+    began = time.monotonic()
+    loop.ckpt.save(loop.st)
+    loop.last_blocking = time.monotonic() - began
+    loop.blocked_seconds += loop.last_blocking
+    loop.meters.ckpt_blocked.set(loop.blocked_seconds)
+
+
 def run(loop: Loop) -> None:
     """Train from loop.st.step to cfg.steps; raises errors.Preempted after saving on SIGTERM."""
     loop.st.model.train()
     while loop.st.step < loop.cfg.steps:
-        started = time.monotonic()
+        started, blocked = time.monotonic(), loop.blocked_seconds
         loss, stop = _one_step(loop)
-        _report(loop, loss=loss, seconds=time.monotonic() - started)
+        waited = loop.blocked_seconds - blocked
+        _report(loop, loss=loss, seconds=time.monotonic() - started - waited)
         loop.ckpt.poll()
         step = loop.st.step
-        if stop or step % loop.interval == 0 or step == loop.cfg.steps:
-            loop.ckpt.save(loop.st)
+        if stop or loop.schedule.due(step) or step == loop.cfg.steps:
+            _save(loop)
+            if not stop and step < loop.cfg.steps:
+                loop.schedule.saved(step, blocking=loop.last_blocking, steps_run=loop.steps_run,
+                                    step_seconds=loop.step_seconds)  # fmt: skip
         if stop:
             loop.ckpt.wait()
             raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")

@@ -1,0 +1,170 @@
+"""`intervalSteps: auto`: the Young/Daly rule as a truth table, the model it optimises, the
+failure-rate estimate, and the worker's report as the operator parses it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsdp_operator import observe
+from fsdp_worker import config, contract, interval, metrics
+
+HOUR = 3600.0
+
+
+@pytest.mark.parametrize(
+    ("save", "mtbf", "step", "floor", "ceiling", "steps"),
+    [
+        # sqrt(2 * 10 * 21600) = 657.27 s, x = sqrt(10 / 43200) = 0.0152:
+        # 657.27 * (1 + x/3 + x^2/9) - 10 = 650.6 s
+        (10.0, 6 * HOUR, 1.0, 10, 100_000, 651),
+        (10.0, 6 * HOUR, 4.0, 10, 100_000, 163),  # slower steps: fewer of them
+        (40.0, 6 * HOUR, 1.0, 10, 100_000, 1288),  # 4x the save cost: about 2x the interval
+        (10.0, 24 * HOUR, 1.0, 10, 100_000, 1308),  # 4x the MTBF: about 2x the interval
+        (10.0, 6 * HOUR, 1.0, 10, 500, 500),  # the ceiling
+        (0.01, 60.0, 1.0, 10, 100_000, 10),  # the floor
+        (0.0, 6 * HOUR, 1.0, 3, 100_000, 3),  # a free save: as often as the floor allows
+        (100.0, 40.0, 1.0, 1, 100_000, 40),  # save cost >= 2 MTBF: Daly says one MTBF
+    ],
+)
+def test_auto_interval_truth_table(
+    save: float, mtbf: float, step: float, floor: int, ceiling: int, steps: int
+) -> None:
+    got = interval.choose(save_seconds=save, step_seconds=step, mtbf_seconds=mtbf,
+                          floor=floor, ceiling=ceiling, failures=0)  # fmt: skip
+    assert got.steps == steps and got.auto
+    assert (got.save_seconds, got.step_seconds, got.mtbf_seconds) == (save, step, mtbf)
+
+
+@pytest.mark.parametrize(("save", "step"), [(None, 1.0), (10.0, None), (None, None)])
+def test_until_both_costs_are_measured_auto_checkpoints_at_the_floor(
+    save: float | None, step: float | None
+) -> None:
+    got = interval.choose(save_seconds=save, step_seconds=step, mtbf_seconds=HOUR,
+                          floor=25, ceiling=1000)  # fmt: skip
+    assert got.steps == 25
+
+
+def test_bad_bounds_are_refused_with_both_values() -> None:
+    with pytest.raises(ValueError, match="floor=50 ceiling=10"):
+        interval.choose(save_seconds=1, step_seconds=1, mtbf_seconds=HOUR, floor=50, ceiling=10)
+    with pytest.raises(ValueError, match=r"maxSteps \(10\) must be >= minSteps \(50\)"):
+        config.AutoIntervalConfig.model_validate({"minSteps": 50, "maxSteps": 10})
+
+
+@pytest.mark.parametrize(("save", "mtbf"), [(1.0, HOUR), (10.0, 6 * HOUR), (60.0, 2 * HOUR)])
+def test_daly_interval_maximises_the_model_goodput(save: float, mtbf: float) -> None:
+    """The rule's interval is the optimum of the model the benchmark plots (within 0.5 %)."""
+    best = interval.daly_interval_seconds(save, mtbf)
+
+    def g(tau: float) -> float:
+        return interval.model_goodput(interval_seconds=tau, save_seconds=save,
+                                      restart_seconds=60.0, mtbf_seconds=mtbf)  # fmt: skip
+
+    grid = [best * math.exp(k / 200) for k in range(-400, 401)]
+    argmax = max(grid, key=g)
+    assert argmax == pytest.approx(best, rel=0.005)
+    assert g(best) > g(best / 4) and g(best) > g(best * 4)
+    assert interval.young_interval_seconds(save, mtbf) == pytest.approx(best, rel=0.1)
+
+
+def test_model_goodput_is_one_without_costs_and_falls_with_failures() -> None:
+    free = interval.model_goodput(interval_seconds=100, save_seconds=0, restart_seconds=0,
+                                  mtbf_seconds=1e12)  # fmt: skip
+    assert free == pytest.approx(1.0)
+    often = interval.model_goodput(interval_seconds=100, save_seconds=5, restart_seconds=30,
+                                   mtbf_seconds=600)  # fmt: skip
+    rare = interval.model_goodput(interval_seconds=100, save_seconds=5, restart_seconds=30,
+                                  mtbf_seconds=60000)  # fmt: skip
+    assert 0 < often < rare < 1
+
+
+@pytest.mark.parametrize(
+    ("failures", "uptime", "prior", "mtbf"),
+    [
+        (0, 0.0, 6 * HOUR, 6 * HOUR),  # nothing seen: the prior
+        (0, 18 * HOUR, 6 * HOUR, 24 * HOUR),  # a day without failures: longer
+        (3, 18 * HOUR, 6 * HOUR, 6 * HOUR),  # 3 failures in 18 h: the job's own rate wins
+        (99, 100 * HOUR, 0.5 * HOUR, 100.5 * HOUR / 100),
+    ],
+)
+def test_mtbf_joins_the_jobs_own_record_and_the_prior(
+    failures: int, uptime: float, prior: float, mtbf: float
+) -> None:
+    got = interval.mtbf_estimate(failures=failures, uptime_seconds=uptime, prior_seconds=prior)
+    assert got == pytest.approx(mtbf)
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        ('{"failures":3,"uptimeSeconds":3798.0,"saveSeconds":3.0,"stepSeconds":0.5}',
+         interval.Reliability(3, 3798.0, 3.0, 0.5)),
+        ('{"failures":1,"uptimeSeconds":10,"saveSeconds":null,"stepSeconds":null}',
+         interval.Reliability(1, 10.0)),
+        ("", interval.Reliability()),
+        ("not json", interval.Reliability()),
+        ('{"failures":-4,"uptimeSeconds":"x","saveSeconds":true,"stepSeconds":1e999}',
+         interval.Reliability()),
+    ],
+)  # fmt: skip
+def test_the_reliability_env_is_read_leniently(raw: str, parsed: interval.Reliability) -> None:
+    assert interval.Reliability.parse(raw) == parsed
+
+
+def test_the_reliability_env_round_trips() -> None:
+    r = interval.Reliability(failures=2, uptime_seconds=12.5, save_seconds=0.25, step_seconds=1)
+    assert interval.Reliability.parse(r.to_json()) == r
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [(500, True), ("auto", True), ("500", True), (0, False), ("every", False), (True, False),
+     (2.5, False), (10**9, False)],
+)  # fmt: skip
+def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
+    if ok:
+        config.CheckpointConfig.model_validate({"intervalSteps": value})
+        return
+    with pytest.raises(ValueError, match=r"intervalSteps\n.*whole number of steps 1\.\.100000000 "
+                       r"or 'auto', got"):  # fmt: skip
+        config.CheckpointConfig.model_validate({"intervalSteps": value})
+
+
+def _scraped(m: metrics.Metrics) -> dict[str, float]:
+    """What kube.scrape_metrics returns for this registry (its key format)."""
+    out = {}
+    for family in text_string_to_metric_families(m.render()):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+    return out
+
+
+def test_the_operator_reads_the_workers_report() -> None:
+    m = metrics.Metrics()
+    m.step.set(41)
+    m.reached(contract.Milestone.RENDEZVOUS)
+    m.reached(contract.Milestone.FIRST_STEP)
+    m.steps_run.set(3)
+    m.step_seconds_sum.set(1.5)
+    m.ckpt_blocked.set(0.25)
+    m.chose(interval.Choice(120, True, 2.5, 0.25, 21600.0, 1))
+    got = observe.progress_of(_scraped(m))
+    assert got.step == 41 and got.steps_run == 3
+    assert got.train_seconds == 1.5 and got.blocked_seconds == 0.25
+    assert set(got.milestones) == {"rendezvous", "first_step"}
+    assert got.interval is not None and got.interval.steps == 120 and got.interval.auto
+    assert (got.interval.save_seconds, got.interval.mtbf_seconds) == (2.5, 21600.0)
+    assert got.interval.failures == 1
+
+
+def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() -> None:
+    m = metrics.Metrics()
+    m.chose(interval.Choice(500, False))
+    got = observe.progress_of(_scraped(m))
+    assert got.interval is not None and got.interval.steps == 500 and not got.interval.auto
+    old = observe.progress_of({contract.METRIC_STEP: 7.0})
+    assert old.step == 7 and old.milestones == {} and old.interval is None
