@@ -18,6 +18,7 @@ from rich.table import Table
 
 from fsdp_operator import kube as k8s
 from fsdp_operator import spec as api
+from fsdp_operator import status as st
 
 
 def _age(ts: float | None, now: float) -> str:
@@ -99,6 +100,9 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
         )  # fmt: skip
     console.print(hist)
     console.print(f"total steps redone after restarts: {lost}")
+    console.print(_resume_table(s.get("history") or []))
+    for line in _cost_lines(s):
+        console.print(line)
     events = core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
     )
@@ -110,6 +114,53 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
         ev.add_row(e.get("firstTimestamp") or "", e.get("type", ""), e.get("reason", ""),
                    e.get("message", ""))  # fmt: skip
     console.print(ev)
+
+
+def _resume_table(history: list[dict[str, Any]]) -> Table:
+    """Each attempt's way back to training, phase by phase (status.history[].timeline)."""
+    table = Table(title="time to resume: failure -> first step, by phase (seconds)")
+    phases = [phase for phase, _ in st.PHASES]
+    for col in ("attempt", "after", *phases, "total"):
+        table.add_column(col)
+    for h in history:
+        raw = h.get("timeline")
+        if not raw:
+            continue
+        tl = st.Timeline.model_validate(raw)
+        secs = dict(st.breakdown(tl))
+        total = st.time_to_resume(tl)
+        table.add_row(
+            str(h.get("attempt")), tl.cause.value if tl.cause else "(start)",
+            *(_fmt(secs.get(p)) for p in phases), _fmt(total),
+        )  # fmt: skip
+    return table
+
+
+def _sig(seconds: float | None) -> str:
+    return "unmeasured" if seconds is None else f"{seconds:.3g}s"
+
+
+def _cost_lines(s: dict[str, Any]) -> list[str]:
+    lines = []
+    if g := s.get("goodput"):
+        lost = g.get("lostSeconds") or {}
+        split = ", ".join(f"{k} {v:.1f}s" for k, v in sorted(lost.items(), key=lambda kv: -kv[1]))
+        lines.append(
+            f"goodput {100 * g.get('fraction', 0.0):.1f}%: {g.get('productiveSeconds', 0.0):.1f}s "
+            f"of {g.get('wallSeconds', 0.0):.1f}s trained steps that count; lost: {split or '-'} "
+            f"(of which steps redone {g.get('redoneSeconds', 0.0):.1f}s)"
+        )
+    if ci := s.get("checkpointInterval"):
+        how = "fixed"
+        if ci.get("auto"):
+            mtbf = ci.get("mtbfSeconds")
+            hours = f"{mtbf / 3600:.2f}h" if mtbf else "-"
+            how = (
+                f"auto: save {_sig(ci.get('saveSeconds'))}, step {_sig(ci.get('stepSeconds'))}, "
+                f"MTBF {hours} ({ci.get('failures') or 0} failures)"
+            )
+        lines.append(f"checkpoint interval: {ci.get('steps')} steps ({how})")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

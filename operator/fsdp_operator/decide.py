@@ -12,14 +12,19 @@ import dataclasses
 import datetime
 import enum
 
-from fsdp_operator import detect, policy
+from fsdp_operator import detect, goodput, policy
 from fsdp_operator import observed as ob
 from fsdp_operator import status as st
+from fsdp_worker import interval
+from fsdp_worker.config import AUTO
 
 POLL_SECONDS = 5.0  # look again at least this often while pods run (progress, node loss)
+STARTUP_POLL_SECONDS = 1.0  # ... and this often until the attempt's first step is seen
 CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
+GOODPUT_REFRESH_SECONDS = 30.0  # goodput alone changes every pass: write it at most this often
+PLANNED = frozenset({st.Cause.RESIZE, st.Cause.SUSPENDED})  # ends that are not failures
 
 
 class EventType(enum.StrEnum):
@@ -53,6 +58,7 @@ class Launch:
     replicas: int
     resume_path: str
     excluded_nodes: tuple[str, ...] = ()
+    reliability: str = ""  # FSDP_RELIABILITY (intervalSteps: auto), the same for every pod
 
 
 @dataclasses.dataclass
@@ -66,6 +72,7 @@ class Decision:
     requeue_after: float | None = None
     failure: st.Failure | None = None  # detected in this pass (for metrics)
     recovered: st.HistoryEntry | None = None  # an attempt launched after a failure
+    resumed: st.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
 
     def emit(self, reason: str, message: str, *, warning: bool = False) -> None:
         kind = EventType.WARNING if warning else EventType.NORMAL
@@ -123,8 +130,76 @@ def _track(d: Decision, obs: ob.Observed) -> None:
     prog = obs.progress
     if prog is not None and prog.step is not None and prog.step != s.step:
         s.step, s.last_progress_time = prog.step, obs.now
+    if prog is not None:
+        _worker_report(d, prog, obs.now)
     if ck is not None and ck.attempt == s.attempt and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+
+
+def _current(s: st.FSDPJobStatus) -> st.HistoryEntry | None:
+    entry = s.history[-1] if s.history else None
+    return entry if entry is not None and entry.attempt == s.attempt else None
+
+
+def _worker_report(d: Decision, prog: ob.Progress, now: float) -> None:
+    """Rank 0's own figures: its milestones, step and save seconds, and checkpoint interval."""
+    s = d.status
+    entry = _current(s)
+    if entry is not None and entry.ended is None:
+        if prog.steps_run is not None:
+            entry.steps_run = prog.steps_run
+        if prog.train_seconds is not None:
+            entry.train_seconds = round(prog.train_seconds, 3)
+        if prog.blocked_seconds is not None:
+            entry.blocked_seconds = round(prog.blocked_seconds, 3)
+        tl = entry.timeline
+        if tl is not None:
+            for name in ("rendezvous", "loaded", "first_step"):
+                at = prog.milestones.get(name)
+                if at is not None and getattr(tl, name) is None:
+                    setattr(tl, name, at)
+            if tl.first_step is None and (prog.steps_run or 0) > 0:
+                tl.first_step = now  # a worker that reports no milestones: seen by this pass
+    new = prog.interval
+    if new is None or new == s.checkpoint_interval:
+        return
+    old = s.checkpoint_interval
+    s.checkpoint_interval = new
+    if new.auto and (old is None or old.steps != new.steps):
+        d.emit("CheckpointInterval", _interval_message(new))
+
+
+def _interval_message(c: st.CheckpointInterval) -> str:
+    def secs(v: float | None) -> str:
+        return "unmeasured" if v is None else f"{v:.3g}s"
+
+    mtbf = "-" if c.mtbf_seconds is None else f"{c.mtbf_seconds / 3600:.2f}h"
+    return (
+        f"checkpoint every {c.steps} steps (auto, Young/Daly): blocking save {secs(c.save_seconds)}"
+        f", step {secs(c.step_seconds)}, MTBF {mtbf} from {c.failures or 0} failure(s) and the "
+        "prior"
+    )
+
+
+def _milestones(d: Decision, obs: ob.Observed) -> None:
+    """Teardown and start milestones the operator sees on pods: gang gone, bound, running."""
+    s = d.status
+    older = [p for p in obs.pods if p.attempt < s.attempt]
+    pending = s.next_timeline
+    if pending is not None and pending.gang_gone is None and not obs.pods:
+        pending.gang_gone = obs.now  # before the next launch: every pod is an old one
+    entry = _current(s)
+    tl = entry.timeline if entry is not None else None
+    if tl is None or entry is None or entry.ended is not None:
+        return
+    if tl.failed is not None and tl.gang_gone is None and not older:
+        tl.gang_gone = obs.now
+    pods = obs.attempt_pods(s.attempt)
+    complete = s.pods_created and len(pods) >= (s.replicas or 0) > 0
+    if complete and tl.scheduled is None and all(p.node for p in pods):
+        tl.scheduled = obs.now
+    if complete and tl.running is None and all(p.phase is ob.PodPhase.RUNNING for p in pods):
+        tl.running = obs.now
 
 
 def _delete_all(
@@ -145,11 +220,20 @@ def _node_gone(obs: ob.Observed, pod: ob.PodView) -> bool:
 
 
 def _close_history(d: Decision, obs: ob.Observed, cause: st.Cause, detect_s: float | None) -> None:
+    """End the current attempt's entry; count its uptime (and a failure unless planned); start
+    the timeline of the attempt that will follow it."""
     s = d.status
-    if not s.history or s.history[-1].attempt != s.attempt:
+    last = _current(s)
+    if last is None or last.ended is not None:
         return
-    last = s.history[-1]
     last.ended, last.cause, last.detect_seconds = obs.now, cause, detect_s
+    failed = obs.now - (detect_s or 0.0)
+    rel = s.reliability
+    s.reliability = st.Reliability(
+        failures=rel.failures + (cause not in PLANNED),
+        uptime_seconds=round(rel.uptime_seconds + max(0.0, failed - (last.started or failed)), 3),
+    )
+    s.next_timeline = st.Timeline(cause=cause, failed=failed, detected=obs.now)
 
 
 def _finish(d: Decision, obs: ob.Observed, cause: st.Cause | None, msg: str) -> Decision:
@@ -287,18 +371,42 @@ def _launch(
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else None
     s.step = ck.step if ck else None
+    timeline = (s.next_timeline or st.Timeline()).model_copy(update={"launched": obs.now})
+    if timeline.failed is not None and timeline.gang_gone is None and not obs.pods:
+        timeline.gang_gone = obs.now
+    s.next_timeline = None
     entry = st.HistoryEntry(
         attempt=s.attempt,
         started=obs.now,
         resumed_from_step=s.resumed_from_step,
         world_size=s.world_size,
+        timeline=timeline,
     )
-    s.history = [*s.history, entry][-st.HISTORY_LIMIT :]
-    d.launch = Launch(s.attempt, replicas, s.resume_path or "", tuple(excluded))
+    history = [*s.history, entry]
+    dropped = history[: -st.HISTORY_LIMIT]
+    s.goodput = goodput.fold(s.goodput, dropped, now=obs.now)
+    s.history = history[-st.HISTORY_LIMIT :]
+    d.launch = Launch(
+        s.attempt, replicas, s.resume_path or "", tuple(excluded), reliability=_reliability(obs, s)
+    )
     origin = f"checkpoint step {ck.step}" if ck else "scratch"
     d.emit("AttemptStarted", f"attempt {s.attempt}: {replicas} pods from {origin}")
     d.again(1.0)
     return d
+
+
+def _reliability(obs: ob.Observed, s: st.FSDPJobStatus) -> str:
+    """FSDP_RELIABILITY for `intervalSteps: auto` ("" otherwise): the failure record and the
+    last measured costs, so the new attempt's first interval is already the informed one."""
+    if obs.spec.checkpoint.interval_steps != AUTO:
+        return ""
+    ci = s.checkpoint_interval
+    return interval.Reliability(
+        failures=s.reliability.failures,
+        uptime_seconds=s.reliability.uptime_seconds,
+        save_seconds=ci.save_seconds if ci else None,
+        step_seconds=ci.step_seconds if ci else None,
+    ).to_json()
 
 
 def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) -> None:
@@ -309,7 +417,9 @@ def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) ->
         s.pods_created = True
     elif not _blocked(d, obs):
         live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
-        d.launch = Launch(s.attempt, s.replicas or 0, s.resume_path or "", live)
+        d.launch = Launch(
+            s.attempt, s.replicas or 0, s.resume_path or "", live, reliability=_reliability(obs, s)
+        )
 
 
 def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
@@ -341,6 +451,10 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
                 d, obs, st.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
             )
     d.again(POLL_SECONDS)
+    entry = _current(s)
+    starting = entry is not None and entry.timeline is not None and not st.complete(entry.timeline)
+    if starting and pods and all(p.phase is ob.PodPhase.RUNNING for p in pods):
+        d.again(STARTUP_POLL_SECONDS)  # rank 0's milestones: scraped soon, for the breakdown
     wake = detect.next_deadline(now_seen)
     if wake is not None:
         d.again(wake - obs.now + 0.05)  # a node's grace or a deadline ends before the next poll
@@ -349,7 +463,49 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
 
 def decide(obs: ob.Observed, tun: policy.Tunables | None = None) -> Decision:
     """What to do about one FSDPJob, given everything observed in this pass."""
-    tun = tun or policy.Tunables()
+    d = _decide(obs, tun or policy.Tunables())
+    _account(d, obs)
+    return d
+
+
+def _account(d: Decision, obs: ob.Observed) -> None:
+    """Goodput, and the attempt whose time to resume became known in this pass."""
+    s, before = d.status, obs.status
+    entry = _current(s)
+    old = _current(before)
+    if (
+        entry is not None
+        and entry.timeline is not None
+        and st.complete(entry.timeline)
+        and (old is None or old.timeline is None or not st.complete(old.timeline))
+    ):
+        d.resumed = entry
+        if entry.timeline.failed is not None:
+            d.emit("TrainingResumed", _resumed_message(entry))
+    fresh = goodput.account(s, now=obs.now)
+    kept = s.goodput
+    unchanged = s.model_dump(exclude={"goodput"}) == before.model_dump(exclude={"goodput"})
+    stale = (
+        kept is None
+        or fresh is None
+        or (fresh.wall_seconds - kept.wall_seconds >= GOODPUT_REFRESH_SECONDS)
+    )
+    if not unchanged or stale or s.phase in st.TERMINAL_PHASES:
+        s.goodput = fresh
+
+
+def _resumed_message(entry: st.HistoryEntry) -> str:
+    assert entry.timeline is not None
+    tl = entry.timeline
+    parts = ", ".join(
+        f"{phase} {secs:.1f}s" for phase, secs in st.breakdown(tl) if secs is not None
+    )
+    total = st.time_to_resume(tl) or 0.0
+    cause = tl.cause.value if tl.cause else "-"
+    return f"attempt {entry.attempt} training {total:.1f}s after {cause} ({parts})"
+
+
+def _decide(obs: ob.Observed, tun: policy.Tunables) -> Decision:
     d = Decision(status=obs.status.model_copy(deep=True))
     s = d.status
     s.observed_generation = obs.generation
@@ -357,6 +513,7 @@ def decide(obs: ob.Observed, tun: policy.Tunables | None = None) -> Decision:
     _track(d, obs)
     if s.phase in st.TERMINAL_PHASES:
         return _finished(d, obs)
+    _milestones(d, obs)
     if obs.validated_generation is not None:
         s.validated_generation = obs.validated_generation
     _conflicts(d, obs)

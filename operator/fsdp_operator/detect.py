@@ -110,16 +110,27 @@ def _stuck_pending(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | Non
     return None
 
 
+def _progress_baseline(s: st.FSDPJobStatus) -> float | None:
+    """Since when a step is due: the last progress, else the moment every pod ran (time spent
+    Pending, pulling a large image, is not a hang), else the attempt's launch."""
+    if s.last_progress_time is not None:
+        return s.last_progress_time
+    entry = s.history[-1] if s.history and s.history[-1].attempt == s.attempt else None
+    running = entry.timeline.running if entry is not None and entry.timeline else None
+    return running if running is not None else s.attempt_started
+
+
 def _hung(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
     if not pods or any(p.phase is not ob.PodPhase.RUNNING for p in pods):
         return None
-    baseline = obs.status.last_progress_time or obs.status.attempt_started
+    baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
     if baseline is None or obs.now - baseline < deadline:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     msg = f"no step progress on rank 0 for {obs.now - baseline:.0f}s (step {obs.status.step})"
-    return _failure(st.Cause.HANG, rank0, at=baseline + deadline, message=msg)
+    # The job stopped being useful at its last progress; the deadline is the detection time.
+    return _failure(st.Cause.HANG, rank0, at=baseline, message=msg)
 
 
 _CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _hung)
@@ -152,7 +163,7 @@ def next_deadline(obs: ob.Observed) -> float | None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
     if s.attempt_started is not None and any(p.phase is ob.PodPhase.PENDING for p in pods):
         times.append(s.attempt_started + fp.pending_timeout_seconds)
-    baseline = s.last_progress_time or s.attempt_started
+    baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is ob.PodPhase.RUNNING for p in pods):
         times.append(baseline + fp.progress_deadline_seconds)
     future = [t for t in times if t > obs.now]

@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fsdp_operator import names
 from fsdp_operator import spec as api
-from fsdp_worker import contract
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +186,9 @@ def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1024]
 
 
-def scrape_progress(ip: str, *, timeout: float) -> tuple[int | None, float | None] | None:
-    """(step, last step unix time) from rank 0's Prometheus endpoint; None when unreachable."""
+def scrape_metrics(ip: str, *, timeout: float) -> dict[str, float] | None:
+    """Rank 0's samples of the contract's metrics, keyed `name` or `name{label=value}`;
+    None when unreachable. Other metrics (a user's, the runtime's) are ignored."""
     url = f"http://{ip}:{names.METRICS_PORT}/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http to a pod IP)
@@ -196,9 +196,17 @@ def scrape_progress(ip: str, *, timeout: float) -> tuple[int | None, float | Non
     except (urllib.error.URLError, OSError, TimeoutError):
         return None
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:  # not Prometheus text: nothing known
+        return values
+    for family in families:
         for sample in family.samples:
-            if sample.name in (contract.METRIC_STEP, contract.METRIC_LAST_STEP_TIME):
-                values[sample.name] = sample.value
-    step = values.get(contract.METRIC_STEP)
-    return (int(step) if step is not None else None, values.get(contract.METRIC_LAST_STEP_TIME))
+            if not sample.name.startswith(_CONTRACT_PREFIXES):
+                continue
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
+
+
+_CONTRACT_PREFIXES = ("fsdp_train_", "fsdp_checkpoint_", "fsdp_worker_")

@@ -1,5 +1,6 @@
 """The operator's own Prometheus metrics: jobs by phase, restarts by cause, detection latency,
-recovery duration, steps lost, checkpoint age. Recording only: no decisions, no API calls.
+recovery duration, time to resume by phase, steps lost, goodput and lost time by cause,
+checkpoint age and interval. Recording only: no decisions, no API calls.
 """
 
 from __future__ import annotations
@@ -30,12 +31,34 @@ RECOVER = prom.Histogram(
     buckets=_BUCKETS,
 )  # fmt: skip
 STEPS_LOST = prom.Counter("fsdpjob_steps_lost_total", "Training steps redone after restarts")
+RESUME_PHASE = prom.Histogram(
+    "fsdpjob_time_to_resume_phase_seconds",
+    "Per restart: seconds of each phase from the failure to the first step after resuming "
+    "(detect, teardown, schedule, start, rendezvous, load, firstStep)", ["phase"],
+    buckets=_BUCKETS,
+)  # fmt: skip
+RESUME = prom.Histogram(
+    "fsdpjob_time_to_resume_seconds", "Failure -> first step of the next attempt", ["cause"],
+    buckets=_BUCKETS,
+)  # fmt: skip
+GOODPUT = prom.Gauge(
+    "fsdpjob_goodput_ratio", "Share of wall time on steps that count", ["namespace", "job"]
+)
+LOST = prom.Gauge(
+    "fsdpjob_lost_seconds", "Wall time that did not advance training, by cause",
+    ["namespace", "job", "cause"],
+)  # fmt: skip
+CHECKPOINT_INTERVAL = prom.Gauge(
+    "fsdpjob_checkpoint_interval_steps", "Steps between checkpoints the workers use now",
+    ["namespace", "job"],
+)  # fmt: skip
 CKPT_AGE = prom.Gauge(
     "fsdpjob_checkpoint_age_seconds", "Age of the newest complete checkpoint", ["namespace", "job"]
 )
 
 _lock = threading.Lock()
 _phases: dict[tuple[str, str], str] = {}
+_causes: dict[tuple[str, str], set[str]] = {}  # LOST series per job, removed with the job
 
 
 def record(*, job: names.JobRef, obs: ob.Observed, decision: dc.Decision) -> None:
@@ -58,10 +81,40 @@ def record(*, job: names.JobRef, obs: ob.Observed, decision: dc.Decision) -> Non
     ck = s.last_checkpoint
     if ck is not None and ck.time is not None:
         CKPT_AGE.labels(job.namespace, job.name).set(max(0.0, obs.now - ck.time))
+    _record_cost(job, decision)
+
+
+def _record_cost(job: names.JobRef, decision: dc.Decision) -> None:
+    """Time to resume (once per restart), goodput and lost time, checkpoint interval."""
+    s = decision.status
+    resumed = decision.resumed
+    tl = resumed.timeline if resumed is not None else None
+    if tl is not None and tl.failed is not None:  # a restart, not the job's first start
+        for phase, seconds in st.breakdown(tl):
+            if seconds is not None:
+                RESUME_PHASE.labels(phase).observe(seconds)
+        total = st.time_to_resume(tl)
+        if total is not None:
+            RESUME.labels(tl.cause.value if tl.cause else "Unknown").observe(total)
+    g = s.goodput
+    if g is not None:
+        GOODPUT.labels(job.namespace, job.name).set(g.fraction)
+        with _lock:
+            known = _causes.setdefault((job.namespace, job.name), set())
+            known.update(g.lost_seconds)
+        for cause in known:
+            LOST.labels(job.namespace, job.name, cause).set(g.lost_seconds.get(cause, 0.0))
+    if s.checkpoint_interval is not None:
+        CHECKPOINT_INTERVAL.labels(job.namespace, job.name).set(s.checkpoint_interval.steps)
 
 
 def forget(namespace: str, name: str) -> None:
     with _lock:
         _phases.pop((namespace, name), None)
-    with contextlib.suppress(KeyError):
-        CKPT_AGE.remove(namespace, name)
+        causes = _causes.pop((namespace, name), set())
+    for gauge in (CKPT_AGE, GOODPUT, CHECKPOINT_INTERVAL):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
+    for cause in causes:
+        with contextlib.suppress(KeyError):
+            LOST.remove(namespace, name, cause)

@@ -8,6 +8,7 @@ and the node Ready condition with its transition time.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -15,6 +16,7 @@ from fsdp_operator import kubetypes, names
 from fsdp_operator import observed as ob
 from fsdp_operator import spec as api
 from fsdp_operator import status as st
+from fsdp_worker import contract
 
 IMAGE_ERRORS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
@@ -183,3 +185,51 @@ def status_of(raw: Mapping[str, Any] | None) -> st.FSDPJobStatus:
     """Parse status leniently: fields we do not know (e.g. other tools') are ignored."""
     known = {f.alias or k for k, f in st.FSDPJobStatus.model_fields.items()}
     return st.FSDPJobStatus.model_validate({k: v for k, v in (raw or {}).items() if k in known})
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def progress_of(samples: Mapping[str, float]) -> ob.Progress:
+    """Rank 0's scraped samples (kube.scrape_metrics) -> what decisions read. Lenient: what a
+    worker does not report (an older image) is None, never an error."""
+
+    def num(name: str) -> float | None:
+        return _finite(samples.get(name))
+
+    def whole(name: str) -> int | None:
+        v = num(name)
+        return int(v) if v is not None else None
+
+    milestones = {}
+    for m in contract.Milestone:
+        at = num(f"{contract.METRIC_MILESTONE}{{milestone={m.value}}}")
+        if at is not None and at > 0:
+            milestones[m.value] = at
+    interval = None
+    steps = whole(contract.METRIC_INTERVAL)
+    if steps is not None and steps >= 1:
+
+        def given(key: contract.IntervalInput) -> float | None:
+            return num(f"{contract.METRIC_INTERVAL_INPUT}{{input={key.value}}}")
+
+        failures = given(contract.IntervalInput.FAILURES)
+        mtbf = given(contract.IntervalInput.MTBF_SECONDS)
+        interval = st.CheckpointInterval(
+            steps=steps,
+            auto=mtbf is not None,
+            save_seconds=given(contract.IntervalInput.SAVE_SECONDS),
+            step_seconds=given(contract.IntervalInput.STEP_SECONDS),
+            mtbf_seconds=mtbf,
+            failures=int(failures) if failures is not None else None,
+        )
+    return ob.Progress(
+        step=whole(contract.METRIC_STEP),
+        last_step_time=num(contract.METRIC_LAST_STEP_TIME),
+        milestones=milestones,
+        steps_run=whole(contract.METRIC_STEPS_RUN),
+        train_seconds=num(contract.METRIC_STEP_SECONDS_SUM),
+        blocked_seconds=num(contract.METRIC_CKPT_BLOCKED),
+        interval=interval,
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsdp_operator import spec as api
@@ -83,10 +83,15 @@ class NodeView:
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Rank 0's metrics endpoint, as last scraped."""
+    """Rank 0's metrics endpoint, as last scraped (this attempt's process)."""
 
     step: int | None
     last_step_time: float | None = None
+    milestones: Mapping[str, float] = dataclasses.field(default_factory=dict)  # contract names
+    steps_run: int | None = None
+    train_seconds: float | None = None
+    blocked_seconds: float | None = None
+    interval: st.CheckpointInterval | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,6 +25,7 @@ from fsdp_operator import status as st
 from fsdp_worker import catalog
 
 log = logging.getLogger(__name__)
+IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
 _QUARANTINE = {
     catalog.RejectReason.BAD_MARKER,
     catalog.RejectReason.MANIFEST_MISMATCH,
@@ -124,8 +125,8 @@ def _progress(
     rank0 = next((p for p in current if p.rank == 0), None)
     if rank0 is None or rank0.phase is not ob.PodPhase.RUNNING or not rank0.ip:
         return None
-    got = k8s.scrape_progress(rank0.ip, timeout=timeout)
-    return ob.Progress(step=got[0], last_step_time=got[1]) if got else None
+    got = k8s.scrape_metrics(rank0.ip, timeout=timeout)
+    return observe.progress_of(got) if got is not None else None
 
 
 # The pod's fields that come straight from the FSDPJob, so a refusal names the job's field.
@@ -258,7 +259,7 @@ def _create_gang(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, launch:
     pods = templates.worker_pods(
         job=job, spec=spec, attempt=launch.attempt, replicas=launch.replicas,
         resume_path=launch.resume_path, excluded_nodes=launch.excluded_nodes,
-        worker_module=ctx.settings.worker_module,
+        worker_module=ctx.settings.worker_module, reliability=launch.reliability,
     )  # fmt: skip
     for obj in [templates.service(job=job, spec=spec), *pods]:
         existing = ctx.kube.create(obj)
@@ -308,4 +309,6 @@ def run_pass(ctx: Context, namespace: str, name: str) -> float | None:
     _last_error_event.pop(body["metadata"]["uid"], None)
     if decision.delete_job:
         return None
-    return decision.requeue_after
+    # Nothing scheduled (a finished job without a TTL): keep the loop, and with it the job's
+    # metrics (goodput, checkpoint age), until the job is deleted; events still wake it.
+    return decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS

@@ -95,6 +95,77 @@ class Failure(_Model):
     time: float
 
 
+class Timeline(_Model):
+    """How an attempt came to train: unix times in order, from its predecessor's stop (absent
+    for the job's first attempt) to its own first step. Worker times are rank 0's report."""
+
+    cause: Cause | None = Field(None, description="Why the previous attempt ended.")
+    failed: float | None = Field(None, description="The previous attempt stopped being useful.")
+    detected: float | None = None
+    gang_gone: float | None = Field(None, description="No pod of an earlier attempt was left.")
+    launched: float | None = Field(None, description="This attempt's pods were created.")
+    scheduled: float | None = Field(None, description="Every pod was bound to a node.")
+    running: float | None = Field(None, description="Every pod's container was running.")
+    rendezvous: float | None = Field(None, description="Rank 0's process group was up.")
+    loaded: float | None = Field(None, description="Model built, checkpoint loaded.")
+    first_step: float | None = Field(None, description="The first optimizer step completed.")
+
+
+# (phase, milestone it ends at): each phase runs from the previous milestone to its own, so the
+# phases add up to the time to resume (failed -> first step) or, for a first attempt, to the
+# time to start (launched -> first step).
+PHASES: tuple[tuple[str, str], ...] = (
+    ("detect", "detected"),
+    ("teardown", "gang_gone"),
+    ("schedule", "scheduled"),
+    ("start", "running"),
+    ("rendezvous", "rendezvous"),
+    ("load", "loaded"),
+    ("firstStep", "first_step"),
+)
+
+
+def breakdown(tl: Timeline) -> list[tuple[str, float | None]]:
+    """Seconds per phase; None where its milestone is not known (a missing one's time joins the
+    next phase). The phases add up to the time to resume.
+
+    The operator sees pods bound and running on its passes, so those times are upper bounds,
+    while rank 0 stamps its own milestones. A milestone stamped later than the one after it
+    therefore happened no later than that one: it is moved back to it. Phases never overlap
+    and never go negative (new pods bound while old ones still terminate: schedule is 0)."""
+    phases = PHASES if tl.failed is not None else PHASES[2:]
+    start = tl.failed if tl.failed is not None else tl.launched
+    times: list[float | None] = [getattr(tl, milestone) for _, milestone in phases]
+    bound: float | None = None
+    for i in reversed(range(len(times))):
+        at = times[i]
+        if at is not None:
+            times[i] = at if bound is None else min(at, bound)
+            bound = times[i]
+    out: list[tuple[str, float | None]] = []
+    last = start
+    for (phase, _), at in zip(phases, times, strict=True):
+        if at is None or last is None:
+            out.append((phase, None))
+            continue
+        at = max(at, last)
+        out.append((phase, at - last))
+        last = at
+    return out
+
+
+def complete(tl: Timeline) -> bool:
+    """Training again, and (after a failure) the old gang gone: nothing more will be learned."""
+    return tl.first_step is not None and (tl.failed is None or tl.gang_gone is not None)
+
+
+def time_to_resume(tl: Timeline) -> float | None:
+    start = tl.failed if tl.failed is not None else tl.launched
+    if start is None or tl.first_step is None:
+        return None
+    return max(0.0, tl.first_step - start)
+
+
 class HistoryEntry(_Model):
     attempt: int
     started: float | None = None
@@ -105,6 +176,49 @@ class HistoryEntry(_Model):
     world_size: int
     detect_seconds: float | None = None
     recover_seconds: float | None = None
+    timeline: Timeline | None = None
+    steps_run: int | None = Field(None, description="Steps this attempt completed (rank 0).")
+    train_seconds: float | None = Field(None, description="Seconds those steps took.")
+    blocked_seconds: float | None = Field(None, description="Seconds blocked on saves.")
+
+
+class Goodput(_Model):
+    """Where the job's wall time went, since its first attempt was launched."""
+
+    since: float
+    wall_seconds: float = 0.0
+    productive_seconds: float = Field(0.0, description="Steps that count: not redone.")
+    fraction: float = Field(0.0, description="productiveSeconds / wallSeconds.")
+    lost_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="By cause: Startup (first attempt to its first step), CheckpointSave "
+        "(training blocked on saves), each failure cause (recovery to the next first step, plus "
+        "steps redone), Other (what no measurement explains: scrape gaps, logging).",
+    )
+    redone_seconds: float = Field(0.0, description="Part of lostSeconds: steps computed again.")
+    folded_productive_seconds: float = Field(
+        0.0, description="Of attempts no longer in history (its limit): kept as totals."
+    )
+    folded_lost_seconds: dict[str, float] = Field(default_factory=dict)
+    folded_redone_seconds: float = 0.0
+
+
+class Reliability(_Model):
+    """The job's failure record, for `intervalSteps: auto` (beyond the history's limit)."""
+
+    failures: int = Field(0, description="Unplanned attempt ends.")
+    uptime_seconds: float = Field(0.0, description="Seconds attempts ran before they ended.")
+
+
+class CheckpointInterval(_Model):
+    """The interval the workers use now, and (auto) the inputs of their choice."""
+
+    steps: int
+    auto: bool
+    save_seconds: float | None = None
+    step_seconds: float | None = None
+    mtbf_seconds: float | None = None
+    failures: int | None = None
 
 
 class Condition(_Model):
@@ -148,6 +262,12 @@ class FSDPJobStatus(_Model):
     restarts: Restarts = Field(default_factory=Restarts)
     last_failure: Failure | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    next_timeline: Timeline | None = Field(
+        None, description="Between an attempt's end and the next launch: its timeline so far."
+    )
+    goodput: Goodput | None = None
+    reliability: Reliability = Field(default_factory=Reliability)
+    checkpoint_interval: CheckpointInterval | None = None
     excluded_nodes: list[ExcludedNode] = Field(default_factory=list, max_length=64)
     quarantined: list[str] = Field(default_factory=list, max_length=64)
     conditions: list[Condition] = Field(default_factory=list, max_length=16)

@@ -119,6 +119,7 @@ def worker_pods(
     excluded_nodes: Sequence[str],
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
+    reliability: str = "",
 ) -> list[dict[str, Any]]:
     """Every rank's pod of one attempt, rank order."""
     return [
@@ -132,6 +133,7 @@ def worker_pods(
             excluded_nodes=excluded_nodes,
             cluster_domain=cluster_domain,
             worker_module=worker_module,
+            reliability=reliability,
         )
         for rank in range(replicas)
     ]
@@ -149,6 +151,7 @@ class _Slot:
     resume_path: str
     cluster_domain: str
     worker_module: str = "fsdp_worker"
+    reliability: str = ""  # FSDP_RELIABILITY, set only for intervalSteps: auto
 
     @property
     def world_size(self) -> int:
@@ -170,13 +173,15 @@ def worker_pod(
     excluded_nodes: Sequence[str],
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
+    reliability: str = "",
 ) -> dict[str, Any]:
     """One worker pod: torchrun with a static node rank, restricted, owned by the job."""
     if not re.fullmatch(wconfig.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
         raise TemplateError(f"worker module {worker_module!r} is not a dotted module name")
     slot = _Slot(
-        job, spec, attempt, node_rank, replicas, resume_path, cluster_domain, worker_module
-    )
+        job, spec, attempt, node_rank, replicas, resume_path, cluster_domain, worker_module,
+        reliability,
+    )  # fmt: skip
     _check_shape(slot)
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
@@ -313,6 +318,8 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
     ]
+    if slot.reliability:
+        pairs.append((contract.ENV_RELIABILITY, slot.reliability))
     if all(var.name != OMP_NUM_THREADS for var in user):
         pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
     env = [{"name": name, "value": escape(value)} for name, value in pairs]

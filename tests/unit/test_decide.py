@@ -208,6 +208,8 @@ def test_hang_after_progress_deadline() -> None:
     status = running_status(last_progress_time=NOW - 101)
     d = dc.decide(observe(status=status, progress=None))
     assert d.failure is not None and d.failure.cause is st.Cause.HANG and d.failure.rank == 0
+    # useful work stopped at the last progress: detection took the deadline (and then some)
+    assert d.failure.time == NOW - 101 and d.status.history[0].detect_seconds == 101
 
 
 def test_no_hang_while_steps_advance() -> None:

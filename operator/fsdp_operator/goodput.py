@@ -1,0 +1,146 @@
+"""Goodput: the fraction of a job's wall time spent on steps that count, and where the rest went.
+
+Pure accounting over status.history (no I/O, no clock reads). Each attempt contributes:
+- its training seconds (rank 0's own sum of step times), less the steps a later restart redid;
+- the time from the previous attempt's stop (or, for the first attempt, its launch) to its own
+  first step, charged to the cause of that stop ("Startup" for the first attempt);
+- the steps it computed that were thrown away (steps lost x its mean step time), charged to the
+  cause that ended it;
+- the seconds its training waited on checkpoint saves ("CheckpointSave").
+What no measurement explains (scrape gaps, logging, a rank 0 that died before its last scrape)
+is "Other", so the parts always add up to the wall time. Attempts that fall off the history
+(its limit) are folded into totals first, so a job with hundreds of restarts keeps its figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from fsdp_operator import status as st
+
+STARTUP = "Startup"
+CHECKPOINT_SAVE = "CheckpointSave"
+OTHER = "Other"
+UNKNOWN = "Unknown"
+
+
+@dataclasses.dataclass
+class Part:
+    productive: float = 0.0
+    redone: float = 0.0
+    lost: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def charge(self, cause: str, seconds: float) -> None:
+        if seconds > 0:
+            self.lost[cause] = self.lost.get(cause, 0.0) + seconds
+
+    def add(self, other: Part) -> None:
+        self.productive += other.productive
+        self.redone += other.redone
+        for cause, seconds in other.lost.items():
+            self.charge(cause, seconds)
+
+
+def _stopped_at(entry: st.HistoryEntry) -> float | None:
+    """When the attempt stopped being useful: its failure time (ended less detection)."""
+    if entry.ended is None:
+        return None
+    return entry.ended - (entry.detect_seconds or 0.0)
+
+
+def contribution(entry: st.HistoryEntry, *, now: float, mean_step: float | None = None) -> Part:
+    """`mean_step`: the job's seconds per step, for an attempt that died before rank 0's
+    figures were scraped (its lost steps still cost their time)."""
+    part = Part()
+    train = max(0.0, entry.train_seconds or 0.0)
+    run = entry.steps_run or 0
+    per_step = train / run if run > 0 else mean_step or 0.0
+    redone = (entry.steps_lost or 0) * per_step
+    if run > 0:
+        redone = min(train, redone)
+    part.productive, part.redone = max(0.0, train - redone), redone
+    if redone > 0:
+        part.charge(entry.cause.value if entry.cause else UNKNOWN, redone)
+    part.charge(CHECKPOINT_SAVE, max(0.0, entry.blocked_seconds or 0.0))
+    tl = entry.timeline
+    if tl is not None:
+        start = tl.failed if tl.failed is not None else tl.launched
+        end = tl.first_step
+        stopped = _stopped_at(entry)
+        if end is None:  # not training yet: the recovery lasts until now, or until it too ended
+            end = stopped if stopped is not None else now
+        if stopped is not None:  # never more than the attempt's time not spent training
+            end = min(end, stopped - train - max(0.0, entry.blocked_seconds or 0.0))
+        if start is not None:
+            part.charge(tl.cause.value if tl.cause else STARTUP, max(0.0, end - start))
+    return part
+
+
+def mean_step(history: Iterable[st.HistoryEntry]) -> float | None:
+    entries = [e for e in history if (e.steps_run or 0) > 0 and e.train_seconds is not None]
+    steps = sum(e.steps_run or 0 for e in entries)
+    return sum(e.train_seconds or 0.0 for e in entries) / steps if steps else None
+
+
+def since(history: Iterable[st.HistoryEntry]) -> float | None:
+    for entry in history:
+        tl = entry.timeline
+        return tl.launched if tl is not None and tl.launched is not None else entry.started
+    return None
+
+
+def fold(
+    old: st.Goodput | None, dropped: Iterable[st.HistoryEntry], *, now: float
+) -> st.Goodput | None:
+    """Totals of attempts about to leave the history, added to what was folded before."""
+    dropped = list(dropped)
+    if not dropped:
+        return old
+    start = old.since if old is not None else since(dropped)
+    if start is None:
+        return old
+    total = _folded(old)
+    mean = mean_step(dropped)
+    for entry in dropped:
+        total.add(contribution(entry, now=now, mean_step=mean))
+    base = old or st.Goodput(since=start)
+    return base.model_copy(
+        update={
+            "folded_productive_seconds": total.productive,
+            "folded_redone_seconds": total.redone,
+            "folded_lost_seconds": dict(sorted(total.lost.items())),
+        }
+    )
+
+
+def _folded(g: st.Goodput | None) -> Part:
+    if g is None:
+        return Part()
+    return Part(g.folded_productive_seconds, g.folded_redone_seconds, dict(g.folded_lost_seconds))
+
+
+def account(status: st.FSDPJobStatus, *, now: float) -> st.Goodput | None:
+    """Goodput as of `now` (or the job's finish): None before the first launch."""
+    start = status.goodput.since if status.goodput is not None else since(status.history)
+    if start is None:
+        return None
+    end = status.finished if status.finished is not None else now
+    total = _folded(status.goodput)
+    mean = mean_step(status.history)
+    for entry in status.history:
+        total.add(contribution(entry, now=end, mean_step=mean))
+    wall = max(0.0, end - start)
+    explained = total.productive + sum(total.lost.values())
+    total.charge(OTHER, wall - explained)
+    folded = status.goodput or st.Goodput(since=start)
+    return folded.model_copy(
+        update={
+            "since": start,
+            "wall_seconds": round(wall, 3),
+            "productive_seconds": round(total.productive, 3),
+            "fraction": round(total.productive / wall, 4) if wall > 0 else 0.0,
+            "lost_seconds": {k: round(v, 3) for k, v in sorted(total.lost.items())},
+            "redone_seconds": round(total.redone, 3),
+        }
+    )
