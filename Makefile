@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
-.PHONY: worker-compat images kind-e2e packages
+.PHONY: worker-compat images kind-e2e packages bench-goodput
 
 venv: $(STAMP)
 
@@ -72,6 +72,12 @@ bench: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py
 	PYTHONPATH=. $(VPY) bench/pod_start.py
 	$(VPY) bench/worker_ckpt.py --reps 7
+
+# The goodput soak alone (about an hour here): auto against fixed checkpoint intervals under a
+# Poisson fault process; bench/results/goodput.json and docs/goodput.png.
+GOODPUT_ARGS ?=
+bench-goodput: venv cluster-bin images
+	PYTHONPATH=. $(VPY) bench/goodput.py $(GOODPUT_ARGS)
 
 # tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
 # this project's machines): builds the images with docker, loads them, runs the suite.
