@@ -61,7 +61,7 @@ def job_doc(name: str, *, every: int | str, prior: float) -> dict[str, Any]:
         autoInterval={"minSteps": 5, "maxSteps": 100_000, "priorMtbfSeconds": prior},
     )  # fmt: skip
     spec["failurePolicy"] = {
-        "maxRestarts": 10_000, "maxInfraRestarts": 10_000, "maxRestartsWithoutProgress": 10_000,
+        "maxRestarts": 1000, "maxInfraRestarts": 1000, "maxRestartsWithoutProgress": 1000,
         "backoff": {"initialSeconds": 1, "maxSeconds": 2},
         "nodeLossGraceSeconds": 4, "progressDeadlineSeconds": 10, "pendingTimeoutSeconds": 120,
     }  # fmt: skip
@@ -194,6 +194,38 @@ def _costs(run: Run) -> tuple[float, float]:
     return float(ci.get("saveSeconds") or 0.0), float(ci.get("stepSeconds") or step)
 
 
+def _model(tau: float, m: dict[str, Any]) -> float:
+    """Faults strike only while the job trains (they are drawn on its uptime)."""
+    return interval.model_goodput(
+        interval_seconds=tau, save_seconds=m["saveSeconds"], restart_seconds=m["restartSeconds"],
+        mtbf_seconds=m["mtbfSeconds"], fail_while_restarting=False,
+    )  # fmt: skip
+
+
+def analyse(result: dict[str, Any]) -> None:
+    """The model from the runs' measured costs, and each run's predicted goodput."""
+    m = result["model"]
+    resumes = [x["seconds"] for r in result["runs"] for x in r["resumes"] if x["seconds"]]
+    m["restartSeconds"] = statistics.mean(resumes) if resumes else 0.0
+    m["optimumGoodput"] = _model(m["optimumSeconds"], m)
+    for r in result["runs"]:
+        if r["intervalSeconds"]:
+            r["modelGoodput"] = _model(r["intervalSeconds"], m)
+
+
+def report(result: dict[str, Any]) -> None:
+    m = result["model"]
+    print(f"\nmodel: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, MTBF "
+          f"{m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.1f}s, goodput "
+          f"{100 * m['optimumGoodput']:.1f}%")  # fmt: skip
+    print(f"{'run':<16}{'interval':>10}{'seconds':>9}{'goodput':>9}{'steady':>8}{'model':>8}")
+    for r in result["runs"]:
+        secs = r["intervalSeconds"] or 0.0
+        print(f"{r['label']:<16}{r['meanIntervalSteps'] or 0:>10.0f}{secs:>9.1f}"
+              f"{100 * (r['goodput'] or 0):>8.1f}%{100 * (r['goodputSteady'] or 0):>7.1f}%"
+              f"{100 * r.get('modelGoodput', 0):>7.1f}%")  # fmt: skip
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -203,9 +235,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     m = result["model"]
     lo, hi = m["optimumSeconds"] / 16, m["optimumSeconds"] * 16
     xs = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-    ys = [interval.model_goodput(interval_seconds=x, save_seconds=m["saveSeconds"],
-                                 restart_seconds=m["restartSeconds"], mtbf_seconds=m["mtbfSeconds"])
-          for x in xs]  # fmt: skip
+    ys = [_model(x, m) for x in xs]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(xs, [100 * y for y in ys], color="0.3", label="Daly model (measured save, restart)")
     ax.axvline(m["optimumSeconds"], color="0.6", ls=":", lw=1)
@@ -242,7 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--replot", type=Path, help="only re-analyse and re-plot this result")
     args = parser.parse_args(argv)
+    if args.replot:
+        result = json.loads(args.replot.read_text())
+        analyse(result)
+        args.replot.write_text(json.dumps(result, indent=1))
+        plot(result, args.plot)
+        report(result)
+        return 0
     began = time.time()
     state = Path(tempfile.mkdtemp(prefix="fsdp-goodput-"))
     images.build(images.TEST_TARGETS)
@@ -275,34 +313,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label}: every {every} steps", flush=True)
             runs.append(soak.run(label, every, seed))
         summaries = [r.summary(step_s) for r in runs]
-        resumes = [x["seconds"] for r in summaries for x in r["resumes"] if x["seconds"]]
-        restart = statistics.mean(resumes) if resumes else 0.0
-        model = {
-            "saveSeconds": save_s, "stepSeconds": step_s, "mtbfSeconds": args.mtbf,
-            "restartSeconds": restart, "optimumSeconds": optimum, "optimumSteps": best,
-            "optimumGoodput": interval.model_goodput(interval_seconds=optimum,
-                                                     save_seconds=save_s, restart_seconds=restart,
-                                                     mtbf_seconds=args.mtbf),
-        }  # fmt: skip
-        for r in summaries:
-            if r["intervalSeconds"]:
-                r["modelGoodput"] = interval.model_goodput(
-                    interval_seconds=r["intervalSeconds"], save_seconds=save_s,
-                    restart_seconds=restart, mtbf_seconds=args.mtbf,
-                )  # fmt: skip
+        model = {"saveSeconds": save_s, "stepSeconds": step_s, "mtbfSeconds": args.mtbf,
+                 "optimumSeconds": optimum, "optimumSteps": best}  # fmt: skip
         result = {"args": {k: str(v) for k, v in vars(args).items()}, "model": model,
                   "runs": summaries, "benchSeconds": round(time.time() - began, 1)}  # fmt: skip
+        analyse(result)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
         plot(result, args.plot)
-        print(f"\nmodel: save {save_s:.3f}s, restart {restart:.1f}s, MTBF {args.mtbf:g}s -> "
-              f"optimum {optimum:.1f}s, goodput {100 * model['optimumGoodput']:.1f}%")  # fmt: skip
-        print(f"{'run':<16}{'interval':>10}{'seconds':>9}{'goodput':>9}{'steady':>8}{'model':>8}")
-        for r in summaries:
-            secs = r["intervalSeconds"] or 0.0
-            print(f"{r['label']:<16}{r['meanIntervalSteps'] or 0:>10.0f}{secs:>9.1f}"
-                  f"{100 * (r['goodput'] or 0):>8.1f}%{100 * (r['goodputSteady'] or 0):>7.1f}%"
-                  f"{100 * r.get('modelGoodput', 0):>7.1f}%")  # fmt: skip
+        report(result)
         print(f"wrote {args.out} and {args.plot} in {result['benchSeconds']:.0f}s")
         return 0
     finally:

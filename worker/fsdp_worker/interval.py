@@ -34,15 +34,25 @@ def young_interval_seconds(save_seconds: float, mtbf_seconds: float) -> float:
 
 
 def model_goodput(
-    *, interval_seconds: float, save_seconds: float, restart_seconds: float, mtbf_seconds: float
+    *,
+    interval_seconds: float,
+    save_seconds: float,
+    restart_seconds: float,
+    mtbf_seconds: float,
+    fail_while_restarting: bool = True,
 ) -> float:
-    """Expected useful fraction of wall time under Poisson failures (Daly 2006):
-    work tau per segment, each segment costs tau + delta, a failure costs R plus the segment."""
+    """Expected useful fraction of wall time under Poisson failures: work tau per segment, each
+    segment costs tau + delta, a failure costs R plus the work since the last checkpoint.
+
+    Daly (2006) lets failures strike during the restart too: wall per segment
+    M e^(R/M) (e^((tau+delta)/M) - 1). With failures only while training (a fault process on
+    the job's uptime, as bench/goodput.py injects), it is (M + R) (e^((tau+delta)/M) - 1).
+    The best interval is the same in both: R only scales the wall time."""
     tau, delta, r, m = interval_seconds, save_seconds, restart_seconds, mtbf_seconds
     if tau <= 0 or m <= 0:
         return 0.0
-    wall = m * math.exp(r / m) * math.expm1((tau + delta) / m)
-    return tau / wall
+    scale = m * math.exp(r / m) if fail_while_restarting else m + r
+    return tau / (scale * math.expm1((tau + delta) / m))
 
 
 def mtbf_estimate(*, failures: int, uptime_seconds: float, prior_seconds: float) -> float:
