@@ -12,6 +12,7 @@ import pydantic
 from pydantic import Field
 
 from fsdp_worker import config as wconfig
+from fsdp_worker import interval
 
 
 class _Model(wconfig._Model):
@@ -210,15 +211,7 @@ class Reliability(_Model):
     uptime_seconds: float = Field(0.0, description="Seconds attempts ran before they ended.")
 
 
-class CheckpointInterval(_Model):
-    """The interval the workers use now, and (auto) the inputs of their choice."""
-
-    steps: int
-    auto: bool
-    save_seconds: float | None = None
-    step_seconds: float | None = None
-    mtbf_seconds: float | None = None
-    failures: int | None = None
+CheckpointInterval = interval.Choice  # the interval the workers use now, and (auto) its inputs
 
 
 class Condition(_Model):

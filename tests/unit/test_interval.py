@@ -154,7 +154,16 @@ def test_the_operator_reads_the_workers_report() -> None:
     m.steps_run.set(3)
     m.step_seconds_sum.set(1.5)
     m.ckpt_blocked.set(0.25)
-    m.chose(interval.Choice(120, True, 2.5, 0.25, 21600.0, 1))
+    m.chose(
+        interval.Choice(
+            steps=120,
+            auto=True,
+            save_seconds=2.5,
+            step_seconds=0.25,
+            mtbf_seconds=21600.0,
+            failures=1,
+        )
+    )
     got = observe.progress_of(_scraped(m))
     assert got.step == 41 and got.steps_run == 3
     assert got.train_seconds == 1.5 and got.blocked_seconds == 0.25
@@ -166,7 +175,7 @@ def test_the_operator_reads_the_workers_report() -> None:
 
 def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() -> None:
     m = metrics.Metrics()
-    m.chose(interval.Choice(500, False))
+    m.chose(interval.Choice(steps=500, auto=False))
     got = observe.progress_of(_scraped(m))
     assert got.interval is not None and got.interval.steps == 500 and not got.interval.auto
     old = observe.progress_of({contract.METRIC_STEP: 7.0})

@@ -17,6 +17,10 @@ import json
 import math
 from typing import Any
 
+from pydantic import Field
+
+from fsdp_worker import config
+
 
 def daly_interval_seconds(save_seconds: float, mtbf_seconds: float) -> float:
     """Compute time between checkpoints that maximises goodput (Daly 2006, higher order)."""
@@ -100,16 +104,15 @@ class Reliability:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class Choice:
-    """An interval and why: what status and Events show."""
+class Choice(config._Model):
+    """The checkpoint interval in use, and (auto) the inputs it was chosen from."""
 
-    steps: int
-    auto: bool
-    save_seconds: float | None = None
+    steps: int = Field(description="Steps between checkpoints now.")
+    auto: bool = Field(description="Chosen by intervalSteps: auto (else the fixed number).")
+    save_seconds: float | None = Field(None, description="Blocking cost of one checkpoint.")
     step_seconds: float | None = None
-    mtbf_seconds: float | None = None
-    failures: int | None = None
+    mtbf_seconds: float | None = Field(None, description="The job's MTBF, prior included.")
+    failures: int | None = Field(None, description="Failures that estimate has seen.")
 
 
 def choose(
@@ -132,4 +135,7 @@ def choose(
         assert save_seconds is not None and step_seconds is not None
         tau = daly_interval_seconds(save_seconds, mtbf_seconds)
         steps = min(ceiling, max(floor, round(tau / step_seconds)))
-    return Choice(steps, True, save_seconds, step_seconds, mtbf_seconds, failures)
+    return Choice(
+        steps=steps, auto=True, save_seconds=save_seconds, step_seconds=step_seconds,
+        mtbf_seconds=mtbf_seconds, failures=failures,
+    )  # fmt: skip

@@ -76,7 +76,7 @@ class Schedule:
         every = None if cfg.interval_steps == config.AUTO else int(cfg.interval_steps)
         sched = cls(every, cfg.auto_interval, reliability, meters, dist_info)
         if every is not None:
-            sched.choice = interval.Choice(every, False)
+            sched.choice = interval.Choice(steps=every, auto=False)
             meters.chose(sched.choice)
         else:
             r = sched.reliability = _agree(reliability, dist_info)

@@ -149,7 +149,7 @@ class StandIn:
     def _interval(self, steps_run: int) -> interval.Choice:
         ck = self.cfg.checkpoint
         if ck.interval_steps != wconfig.AUTO:
-            return interval.Choice(int(ck.interval_steps), False)
+            return interval.Choice(steps=int(ck.interval_steps), auto=False)
         r = interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, ""))
         mtbf = interval.mtbf_estimate(
             failures=r.failures, uptime_seconds=r.uptime_seconds + steps_run * self.step_time,
