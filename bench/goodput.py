@@ -29,6 +29,7 @@ import argparse
 import dataclasses
 import json
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -144,7 +145,7 @@ class Soak:
         return {"kind": kind, "pod": pname, "node": node, "time": time.time()}
 
     def run(self, label: str, every: int | str, seed: int) -> Run:
-        name = f"soak-{label.replace('.', '-').replace('/', '-')}"
+        name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         rng = random.Random(seed)
         draws = [rng.expovariate(1.0 / self.args.mtbf) for _ in range(self.args.failures)]
         picks = [rng.choice(KINDS) if self.args.faults == "mixed" else self.args.faults
@@ -309,18 +310,24 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(f"1x repeat {i + 1}", best, args.seed) for i in range(args.repeat)]
         plan += [(f"1x seed {args.seed + 100 + i}", best, args.seed + 100 + i)
                  for i in range(args.reseed)]  # fmt: skip
+        model = {"saveSeconds": save_s, "stepSeconds": step_s, "mtbfSeconds": args.mtbf,
+                 "optimumSeconds": optimum, "optimumSteps": best}  # fmt: skip
+        result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()},
+                                  "model": model}  # fmt: skip
+
+        def save() -> None:  # after every run: a failure later loses nothing complete
+            result["runs"] = [r.summary(step_s) for r in runs]
+            result["benchSeconds"] = round(time.time() - began, 1)
+            analyse(result)
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(result, indent=1))
+            plot(result, args.plot)
+
+        save()
         for label, every, seed in plan:
             print(f"{label}: every {every} steps", flush=True)
             runs.append(soak.run(label, every, seed))
-        summaries = [r.summary(step_s) for r in runs]
-        model = {"saveSeconds": save_s, "stepSeconds": step_s, "mtbfSeconds": args.mtbf,
-                 "optimumSeconds": optimum, "optimumSteps": best}  # fmt: skip
-        result = {"args": {k: str(v) for k, v in vars(args).items()}, "model": model,
-                  "runs": summaries, "benchSeconds": round(time.time() - began, 1)}  # fmt: skip
-        analyse(result)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
-        plot(result, args.plot)
+            save()
         report(result)
         print(f"wrote {args.out} and {args.plot} in {result['benchSeconds']:.0f}s")
         return 0
