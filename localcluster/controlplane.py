@@ -62,9 +62,15 @@ def find_bin_dir() -> Path:
     ``FSDPOP_BIN_DIR`` overrides; otherwise ``build-binaries.sh`` (idempotent, fast when cached)
     prints it as its last line.
     """
-    if override := os.environ.get("FSDPOP_BIN_DIR"):
-        return Path(override)
-    script = Path(__file__).with_name("build-binaries.sh")
+    return built_dir("build-binaries.sh", override="FSDPOP_BIN_DIR")
+
+
+def built_dir(script_name: str, *, override: str) -> Path:
+    """The directory a build script next to this module prints as its last line (building on
+    first use), or ``$override`` when set."""
+    if given := os.environ.get(override):
+        return Path(given)
+    script = Path(__file__).with_name(script_name)
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     if out.returncode != 0 or not out.stdout.strip():
         tail = "\n".join(out.stderr.splitlines()[-20:])
