@@ -15,11 +15,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster import controlplane
 
@@ -139,18 +142,33 @@ class ChartOperator:
                  release: str = OP_SA) -> None:  # fmt: skip
         self.cluster = cluster
         self.namespace = namespace
+        self.release = release
         self.selector = f"app.kubernetes.io/name=fsdp-operator,app.kubernetes.io/instance={release}"
 
     def pods(self) -> list[dict[str, Any]]:
         found = self.cluster.get_json("pods", "-n", self.namespace, "-l", self.selector)
         return list(found["items"])
 
+    def running_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self.pods() if p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+
+    def lease_holder(self) -> str:
+        """The replica (pod name) holding the leader Lease, "" when none does."""
+        done = self.cluster.kubectl("get", "lease", self.release, "-n", self.namespace,
+                                    "-o", "json", check=False)  # fmt: skip
+        if done.returncode != 0:
+            return ""
+        return str(json.loads(done.stdout).get("spec", {}).get("holderIdentity") or "")
+
     def running_pod(self) -> dict[str, Any]:
-        running = [p for p in self.pods() if p["status"].get("phase") == "Running"
-                   and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-        if len(running) != 1:
-            raise AssertionError(f"want one running operator pod, found {len(running)}")
-        return running[0]
+        """The leader's pod (the replicas stand by while one leads)."""
+
+        def leader() -> dict[str, Any] | None:
+            holder = self.lease_holder()
+            return next((p for p in self.running_pods() if p["metadata"]["name"] == holder), None)
+
+        return wait_for("a leading operator pod", leader, timeout=60)
 
     def metrics_url(self, port: int = 8000) -> str:
         return f"http://{self.running_pod()['status']['podIP']}:{port}/metrics"
@@ -171,8 +189,12 @@ class Operator:
         log_dir: Path,
         *,
         worker_module: str = "fsdp_worker.standin",
+        identity: str = "",
     ) -> None:
         self.cluster = cluster
+        # Leader election: one identity per Operator object, kept across start/kill, so a
+        # restarted process takes its own Lease back at once (as a restarted container does).
+        self.identity = identity or f"operator-{uuid.uuid4().hex[:8]}"
         self.worker_module = worker_module
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
@@ -197,6 +219,8 @@ class Operator:
             FSDPOP_LIVENESS=self.liveness_url,
             FSDPOP_NODE_EXCLUSION_SECONDS="20",
             FSDPOP_DRAIN_TIMEOUT_SECONDS="30",
+            FSDPOP_IDENTITY=self.identity,
+            FSDPOP_LEASE_NAMESPACE=OP_NS,
         )
         return env
 
@@ -214,6 +238,27 @@ class Operator:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: a clean shutdown (the leader hands its Lease back)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        """The sum of one metric's samples (matching `labels`) on the operator's endpoint; None
+        when it is unreachable or has no such sample."""
+        try:
+            with urllib.request.urlopen(self.metrics_url(), timeout=2) as resp:  # noqa: S310 (http to loopback)
+                text = resp.read().decode()
+        except OSError:
+            return None
+        found = [
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        ]
+        return sum(found) if found else None
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
