@@ -18,8 +18,12 @@ from fsdp_operator import status as st
 from fsdp_worker import interval
 from fsdp_worker.config import AUTO
 
-POLL_SECONDS = 5.0  # look again at least this often while pods run (progress, node loss)
-STARTUP_POLL_SECONDS = 1.0  # ... and this often until the attempt's first step is seen
+# A running job is woken by its pods' and nodes' watch events, by rank 0's progress (scraped
+# beside the passes, probe.py) and at its own deadlines below; this is only the safety net.
+RESYNC_SECONDS = 300.0
+# Pods this operator created are expected in its watch this soon; only then are missing ones
+# created again (each early retry is a 409 and a GET on a busy API server).
+EXPECT_SECONDS = 10.0
 CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
@@ -411,10 +415,13 @@ def _reliability(obs: ob.Observed, s: st.FSDPJobStatus) -> str:
 
 def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) -> None:
     """Every pod of the attempt seen once; or create the missing ones (the operator may have
-    stopped between the status write and the creates), unless someone else holds a name."""
+    stopped between the status write and the creates), unless someone else holds a name, or
+    this operator just created them and its watch has not shown them yet."""
     s = d.status
     if len(pods) >= (s.replicas or 0):
         s.pods_created = True
+    elif obs.created_at is not None and obs.now - obs.created_at < EXPECT_SECONDS:
+        d.again(EXPECT_SECONDS)  # their watch events wake the job sooner
     elif not _blocked(d, obs):
         live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
         d.launch = Launch(
@@ -450,11 +457,7 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
             return _planned_stop(
                 d, obs, st.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
             )
-    d.again(POLL_SECONDS)
-    entry = _current(s)
-    starting = entry is not None and entry.timeline is not None and not st.complete(entry.timeline)
-    if starting and pods and all(p.phase is ob.PodPhase.RUNNING for p in pods):
-        d.again(STARTUP_POLL_SECONDS)  # rank 0's milestones: scraped soon, for the breakdown
+    d.again(RESYNC_SECONDS)
     wake = detect.next_deadline(now_seen)
     if wake is not None:
         d.again(wake - obs.now + 0.05)  # a node's grace or a deadline ends before the next poll

@@ -10,28 +10,82 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import urllib.error
-import urllib.request
+import socket
+import struct
+import threading
+import time
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 from prometheus_client.parser import text_string_to_metric_families
 
-from fsdp_operator import names
+from fsdp_operator import metrics, names
 from fsdp_operator import spec as api
 
 log = logging.getLogger(__name__)
 
 
-def load_client() -> kubernetes.client.ApiClient:
-    """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube/config."""
+READ_TIMEOUT = 30.0
+"""No request waits forever on a cut connection (a pass would hang in its thread)."""
+
+
+class NotLeader(RuntimeError):
+    """A write refused before it was sent: this replica does not (or no longer) lead."""
+
+
+def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
+    """In-cluster credentials when running in a pod, else `config_file`, $KUBECONFIG or
+    ~/.kube/config.
+
+    No retries inside the client, and sockets close with SO_LINGER 0 (a reset): a write given
+    up on (its timeout passed while the network was cut) is neither sent again nor delivered
+    late by the kernel when the link returns, perhaps after another replica took over; the
+    next pass decides afresh. Every request is counted by verb and resource.
+    """
+    conf = kubernetes.client.Configuration()
     try:
-        kubernetes.config.load_incluster_config()
+        if config_file is not None:
+            raise kubernetes.config.ConfigException("a kubeconfig was given")
+        kubernetes.config.load_incluster_config(client_configuration=conf)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
-    return kubernetes.client.ApiClient()
+        kubernetes.config.load_kube_config(config_file=config_file, client_configuration=conf)
+    conf.connection_pool_maxsize = 32  # a pass's creates and deletes go out together
+    conf.retries = False  # a write given up on is never sent again, later, by urllib3
+    conf.socket_options = [
+        *tcp_keepalive_socket_options(),
+        (socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)),
+    ]
+    client = kubernetes.client.ApiClient(conf)
+    serialize = client.param_serialize  # once per request, with the path's template
+
+    def counted(method: str, resource_path: str, *args: Any, **kwargs: Any) -> Any:
+        metrics.API_REQUESTS.labels(*request_kind(resource_path, method)).inc()
+        return serialize(method, resource_path, *args, **kwargs)
+
+    client.param_serialize = counted
+    return client
+
+
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def request_kind(resource_path: str, method: str) -> tuple[str, str]:
+    """(verb, resource) of a client call, from its path template: a GET of a collection
+    (`.../pods`) is a list, of one object (`.../pods/{name}`) a get."""
+    parts = [p for p in resource_path.split("/") if p]
+    named = "{name}" in parts
+    if named:
+        at = parts.index("{name}")
+        resource = "/".join([parts[at - 1], *parts[at + 1 :]])
+    else:
+        resource = parts[-1] if parts else ""
+    verb = _VERBS.get(method.upper(), "get" if named else "list")
+    return verb, resource
 
 
 def _data(resp: Any) -> Any:
@@ -45,55 +99,63 @@ def _ok_statuses(exc: ApiException, *codes: int) -> bool:
 class Kube:
     """Thin, typed-by-dict access to the objects an FSDPJob owns."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self,
+        client: kubernetes.client.ApiClient,
+        *,
+        write_window: Callable[[], float] | None = None,
+    ) -> None:
+        """`write_window`: seconds this replica may still write (leader election); 0 or less
+        refuses every create, patch and delete before it is sent. None: always may."""
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self._window = write_window
+        self._events: OrderedDict[tuple[str, ...], tuple[str, int, float]] = OrderedDict()
+        self._events_lock = threading.Lock()
+
+    def _writing(self) -> float:
+        """The timeout of a write about to be sent: the time left to act, at most 30 s."""
+        if self._window is None:
+            return 30.0
+        left = self._window()
+        if left <= 0:
+            metrics.FENCED.inc()
+            raise NotLeader("not the leader: write refused")
+        return min(30.0, left)
 
     # --- the FSDPJob --------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             resp = self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
-            )
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False,
+                _request_timeout=READ_TIMEOUT,
+            )  # fmt: skip
         except ApiException as exc:
             if _ok_statuses(exc, 404):
                 return None
             raise
         return dict(_data(resp))
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """One merge patch of the whole status (None values clear fields)."""
-        self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}
-        )
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
+        """One merge patch of the whole status (None values clear fields); returns the job's
+        resourceVersion after it."""
+        done = self.custom.patch_namespaced_custom_object_status(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            _request_timeout=self._writing(),
+        )  # fmt: skip
+        return str((done or {}).get("metadata", {}).get("resourceVersion", ""))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, propagation_policy="Background"
-            )
+                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
+                propagation_policy="Background", _request_timeout=self._writing(),
+            )  # fmt: skip
         except ApiException as exc:
             if not _ok_statuses(exc, 404):
                 raise
 
-    # --- pods, nodes, service -----------------------------------------------------------------
-    def list_job_pods(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
-        selector = names.label_selector(names.selector_labels(job_name))
-        resp = self.core.list_namespaced_pod(
-            namespace, label_selector=selector, _preload_content=False
-        )
-        return list(_data(resp)["items"])
-
-    def list_nodes(self) -> list[dict[str, Any]]:
-        return list(_data(self.core.list_node(_preload_content=False))["items"])
-
-    def list_active_pods(self) -> list[dict[str, Any]]:
-        """Every pod that holds node resources (for the capacity estimate)."""
-        resp = self.core.list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False
-        )
-        return list(_data(resp)["items"])
-
+    # --- pods, service ------------------------------------------------------------------------
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a Pod or Service. None when created; on a 409, the object that holds the name.
 
@@ -101,11 +163,12 @@ class Kube:
         proof of ownership.
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        timeout = self._writing()
         try:
             if body["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, body)
+                self.core.create_namespaced_pod(ns, body, _request_timeout=timeout)
             else:
-                self.core.create_namespaced_service(ns, body)
+                self.core.create_namespaced_service(ns, body, _request_timeout=timeout)
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
@@ -116,7 +179,9 @@ class Kube:
         """A Pod or Service as a dict (with its kind), or None when it does not exist."""
         read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
         try:
-            found = dict(_data(read(name, namespace, _preload_content=False)))
+            found = dict(
+                _data(read(name, namespace, _preload_content=False, _request_timeout=READ_TIMEOUT))
+            )
         except ApiException as exc:
             if _ok_statuses(exc, 404):
                 return None
@@ -129,7 +194,9 @@ class Kube:
         None when the API server would admit it; else (HTTP status, the server's message).
         """
         try:
-            self.core.create_namespaced_pod(body["metadata"]["namespace"], body, dry_run="All")
+            self.core.create_namespaced_pod(
+                body["metadata"]["namespace"], body, dry_run="All", _request_timeout=READ_TIMEOUT
+            )
         except ApiException as exc:
             if exc.status == 409:  # only the name is taken: everything before it passed
                 return None
@@ -142,17 +209,58 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str, *, grace: int | None) -> None:
         """Delete with `grace` seconds (0 forces; None keeps the pod's own period)."""
+        timeout = self._writing()
         try:
-            self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=grace)
+            self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=grace, _request_timeout=timeout
+            )
         except ApiException as exc:
             if not _ok_statuses(exc, 404):
                 raise
 
     # --- events ---------------------------------------------------------------------------------
+    EVENT_SERIES_SECONDS = 600.0
+    """The same Event (object, type, reason, message) again within this window raises the
+    existing one's count and lastTimestamp, as client-go's recorder does, instead of adding
+    one more object."""
+
     def event(self, job: names.JobRef, *, type_: str, reason: str, message: str) -> None:
         now = datetime.datetime.now(datetime.UTC)
+        message = message[:1024]
+        key = (job.namespace, job.uid, type_, reason, message)
+        with self._events_lock:
+            seen = self._events.get(key)
+        try:
+            if seen is not None and time.monotonic() - seen[2] < self.EVENT_SERIES_SECONDS:
+                name, count = seen[0], seen[1] + 1
+                patch = {"count": count, "lastTimestamp": now.isoformat()}
+                try:
+                    self.core.patch_namespaced_event(
+                        name, job.namespace, patch, _request_timeout=self._writing()
+                    )
+                    with self._events_lock:
+                        self._events[key] = (name, count, seen[2])
+                    return
+                except ApiException as exc:
+                    if not _ok_statuses(exc, 404):  # gone (its TTL passed): post a new one
+                        raise
+            name = self._post_event(job, type_=type_, reason=reason, message=message, now=now)
+        except ApiException as exc:  # an Event is advice; never fail a pass for one
+            log.warning("event %s for %s not posted: %s", reason, job.name, exc.reason)
+            return
+        with self._events_lock:
+            self._events[key] = (name, 1, time.monotonic())
+            self._events.move_to_end(key)
+            while len(self._events) > 4096:
+                self._events.popitem(last=False)
+
+    def _post_event(
+        self, job: names.JobRef, *, type_: str, reason: str, message: str,
+        now: datetime.datetime,
+    ) -> str:  # fmt: skip
+        name = f"{job.name}.{uuid.uuid4().hex[:12]}"
         body = {
-            "metadata": {"name": f"{job.name}.{uuid.uuid4().hex[:12]}", "namespace": job.namespace},
+            "metadata": {"name": name, "namespace": job.namespace},
             "involvedObject": {
                 "apiVersion": job.api_version,
                 "kind": job.kind,
@@ -162,17 +270,15 @@ class Kube:
             },
             "type": type_,
             "reason": reason,
-            "message": message[:1024],
+            "message": message,
             "source": {"component": names.MANAGER},
             "reportingComponent": names.MANAGER,
             "firstTimestamp": now.isoformat(),
             "lastTimestamp": now.isoformat(),
             "count": 1,
         }
-        try:
-            self.core.create_namespaced_event(job.namespace, body)
-        except ApiException as exc:  # an Event is advice; never fail a pass for one
-            log.warning("event %s for %s not posted: %s", reason, job.name, exc.reason)
+        self.core.create_namespaced_event(job.namespace, body, _request_timeout=self._writing())
+        return name
 
 
 def describe_error(exc: Exception) -> str:
@@ -186,15 +292,9 @@ def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1024]
 
 
-def scrape_metrics(ip: str, *, timeout: float) -> dict[str, float] | None:
-    """Rank 0's samples of the contract's metrics, keyed `name` or `name{label=value}`;
-    None when unreachable. Other metrics (a user's, the runtime's) are ignored."""
-    url = f"http://{ip}:{names.METRICS_PORT}/metrics"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http to a pod IP)
-            text = resp.read(1 << 20).decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None
+def contract_samples(text: str) -> dict[str, float]:
+    """The samples of the contract's metrics in a Prometheus text page, keyed `name` or
+    `name{label=value}`. Other metrics (a user's, the runtime's) and garbage are ignored."""
     values: dict[str, float] = {}
     try:
         families = list(text_string_to_metric_families(text))

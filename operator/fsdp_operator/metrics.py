@@ -56,17 +56,33 @@ CKPT_AGE = prom.Gauge(
     "fsdpjob_checkpoint_age_seconds", "Age of the newest complete checkpoint", ["namespace", "job"]
 )
 
+PASSES = prom.Counter("fsdpjob_reconcile_passes_total", "Reconcile passes run (all jobs)")
+API_REQUESTS = prom.Counter(
+    "fsdpjob_operator_api_requests_total",
+    "Requests the operator's passes sent to the API server (kopf's watches not included)",
+    ["verb", "resource"],
+)
+FENCED = prom.Counter(
+    "fsdpjob_operator_writes_fenced_total",
+    "Writes refused before sending because this replica was not (or no longer) the leader",
+)
+LEADER = prom.Gauge("fsdpjob_operator_leader", "1 while this replica holds the leader Lease")
+SCRAPES = prom.Counter(
+    "fsdpjob_operator_scrapes_total", "Scrapes of rank 0's metrics endpoint", ["result"]
+)
+
+for _phase in st.Phase:
+    JOBS.labels(_phase.value).set(0)
+
 _lock = threading.Lock()
 _phases: dict[tuple[str, str], str] = {}
+_phase_counts: dict[str, int] = {}
 _causes: dict[tuple[str, str], set[str]] = {}  # LOST series per job, removed with the job
 
 
 def record(*, job: names.JobRef, obs: ob.Observed, decision: dc.Decision) -> None:
     s = decision.status
-    with _lock:
-        _phases[(job.namespace, job.name)] = s.phase.value
-        for phase in st.Phase:
-            JOBS.labels(phase.value).set(sum(1 for p in _phases.values() if p == phase.value))
+    _count_phase((job.namespace, job.name), s.phase.value)
     f = decision.failure
     if f is not None:
         FAILURES.labels(f.cause.value).inc()
@@ -108,9 +124,23 @@ def _record_cost(job: names.JobRef, decision: dc.Decision) -> None:
         CHECKPOINT_INTERVAL.labels(job.namespace, job.name).set(s.checkpoint_interval.steps)
 
 
-def forget(namespace: str, name: str) -> None:
+def _count_phase(key: tuple[str, str], phase: str | None) -> None:
+    """Jobs by phase, kept as counts (a pass costs the same with 10 jobs or 10,000)."""
     with _lock:
-        _phases.pop((namespace, name), None)
+        old = _phases.pop(key, None)
+        if phase is not None:
+            _phases[key] = phase
+        if old == phase:
+            return
+        for value, delta in ((old, -1), (phase, 1)):
+            if value is not None:
+                _phase_counts[value] = _phase_counts.get(value, 0) + delta
+                JOBS.labels(value).set(_phase_counts[value])
+
+
+def forget(namespace: str, name: str) -> None:
+    _count_phase((namespace, name), None)
+    with _lock:
         causes = _causes.pop((namespace, name), set())
     for gauge in (CKPT_AGE, GOODPUT, CHECKPOINT_INTERVAL):
         with contextlib.suppress(KeyError):

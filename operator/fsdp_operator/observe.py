@@ -7,12 +7,13 @@ and the node Ready condition with its transition time.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator import kubetypes, names
+from fsdp_operator import cache, kubetypes, names
 from fsdp_operator import observed as ob
 from fsdp_operator import spec as api
 from fsdp_operator import status as st
@@ -85,14 +86,6 @@ def pod_view(pod: Mapping[str, Any]) -> ob.PodView | None:
     )
 
 
-def _requests(pod: Mapping[str, Any]) -> dict[str, float]:
-    total: dict[str, float] = {}
-    for c in pod.get("spec", {}).get("containers") or []:
-        for key, value in ((c.get("resources") or {}).get("requests") or {}).items():
-            total[key] = total.get(key, 0.0) + quantity(value)
-    return total
-
-
 def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[kubetypes.Toleration]) -> bool:
     for tol in tolerations:
         if tol.operator == "Exists" and not tol.key:
@@ -103,55 +96,66 @@ def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[kubetypes.Tolerat
     return False
 
 
-def _fits(node: Mapping[str, Any], *, spec: api.FSDPJobSpec, used: Mapping[str, float]) -> bool:
-    labels = node.get("metadata", {}).get("labels") or {}
-    selector = spec.template.spec.node_selector
-    if any(labels.get(k) != v for k, v in selector.items()):
+@dataclasses.dataclass(frozen=True)
+class _Needs:
+    """What one worker pod of a job needs of a node, parsed once per pass (not once per node)."""
+
+    selector: Mapping[str, str]
+    tolerations: Sequence[kubetypes.Toleration]
+    resources: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def of(cls, spec: api.FSDPJobSpec) -> _Needs:
+        wanted = {**(spec.resources.limits or {}), **(spec.resources.requests or {})}
+        return cls(
+            selector=dict(spec.template.spec.node_selector),
+            tolerations=tuple(spec.template.spec.tolerations),
+            resources=tuple((k, quantity(v)) for k, v in wanted.items()),
+        )
+
+
+def _fits(node: cache.NodeRecord, needs: _Needs, used: Mapping[str, float]) -> bool:
+    labels = node.labels
+    if any(labels.get(k) != v for k, v in needs.selector.items()):
         return False
-    for taint in node.get("spec", {}).get("taints") or []:
+    for taint in node.taints:
         hard = taint.get("effect") in ("NoSchedule", "NoExecute")
-        if hard and not _tolerated(taint, spec.template.spec.tolerations):
+        if hard and not _tolerated(taint, needs.tolerations):
             return False
-    alloc = node.get("status", {}).get("allocatable") or {}
-    wanted = {**(spec.resources.limits or {}), **(spec.resources.requests or {})}
-    for key, value in wanted.items():
-        if quantity(alloc.get(key, 0)) - used.get(key, 0.0) < quantity(value):
-            return False
-    return True
+    alloc = node.allocatable
+    return all(alloc.get(k, 0.0) - used.get(k, 0.0) >= value for k, value in needs.resources)
+
+
+def node_record(node: Mapping[str, Any]) -> cache.NodeRecord:
+    return cache.node_record(node, ts)
 
 
 def node_views(
-    nodes: Iterable[Mapping[str, Any]],
+    nodes: Iterable[cache.NodeRecord],
     *,
     spec: api.FSDPJobSpec,
-    other_pods: Iterable[Mapping[str, Any]],
-) -> list[ob.NodeView]:
-    """Nodes with readiness and whether one more worker of this job would fit there.
+    used: Mapping[str, Mapping[str, float]],
+) -> ob.NodeIndex:
+    """Nodes with readiness and whether one more worker of this job would fit there, each
+    worked out when first read.
 
-    `other_pods` are active pods NOT of this job: our own pods free their room on restart.
+    `used` sums the requests of active pods NOT of this job: our own pods free their room on
+    restart.
     """
-    used: dict[str, dict[str, float]] = {}
-    for pod in other_pods:
-        node = pod.get("spec", {}).get("nodeName")
-        if node:
-            slot = used.setdefault(node, {})
-            for key, value in _requests(pod).items():
-                slot[key] = slot.get(key, 0.0) + value
-    views = []
-    for node in nodes:
-        ready = _condition(node, "Ready")
-        is_ready = ready.get("status") == "True"
-        name = node["metadata"]["name"]
-        views.append(
-            ob.NodeView(
-                name=name,
-                ready=is_ready,
-                not_ready_since=None if is_ready else ts(ready.get("lastTransitionTime")),
-                schedulable=not node.get("spec", {}).get("unschedulable", False),
-                fits=_fits(node, spec=spec, used=used.get(name, {})),
-            )
+    needs, nothing = _Needs.of(spec), dict[str, float]()
+    records = {n.name: n for n in nodes}
+
+    def view(name: str) -> ob.NodeView:
+        n = records[name]
+        return ob.NodeView(
+            name=n.name,
+            ready=n.ready,
+            not_ready_since=n.not_ready_since,
+            schedulable=n.schedulable,
+            fits=_fits(n, needs, used.get(n.name, nothing)),
         )
-    return views
+
+    return ob.NodeIndex(list(records), view)
 
 
 def controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:

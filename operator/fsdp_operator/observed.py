@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, overload
 
 from fsdp_operator import spec as api
 from fsdp_operator import status as st
@@ -81,6 +81,39 @@ class NodeView:
     fits: bool = True  # a worker pod of this job fits (selector, taints, free resources)
 
 
+class NodeIndex(Sequence[NodeView]):
+    """Nodes by name, each view made when first asked for: a pass of a healthy job reads only
+    its pods' nodes; the capacity estimate, when a pass needs it, all of them."""
+
+    def __init__(self, names: Sequence[str], make: Callable[[str], NodeView]) -> None:
+        self._names = list(names)
+        self._make = make
+        self._made: dict[str, NodeView] = {}
+        self._known = set(self._names)
+
+    def get(self, name: str | None) -> NodeView | None:
+        if name is None or name not in self._known:
+            return None
+        view = self._made.get(name)
+        if view is None:
+            view = self._made[name] = self._make(name)
+        return view
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeView: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[NodeView]: ...
+    def __getitem__(self, i: int | slice) -> NodeView | Sequence[NodeView]:
+        if isinstance(i, slice):
+            return [v for n in self._names[i] if (v := self.get(n)) is not None]
+        view = self.get(self._names[i])
+        assert view is not None
+        return view
+
+
 @dataclasses.dataclass(frozen=True)
 class Progress:
     """Rank 0's metrics endpoint, as last scraped (this attempt's process)."""
@@ -111,15 +144,23 @@ class Observed:
     created: float | None = None  # the FSDPJob's creationTimestamp
     conflicts: Sequence[Conflict] = ()  # never adopted: the job waits while any exists
     validated_generation: int | None = None  # a server-side dry run passed for it this pass
+    created_at: float | None = None  # this process created the current attempt's pods then
 
     def attempt_pods(self, attempt: int) -> list[PodView]:
         return sorted((p for p in self.pods if p.attempt == attempt), key=lambda p: p.rank)
 
     def node(self, name: str | None) -> NodeView | None:
+        if isinstance(self.nodes, NodeIndex):
+            return self.nodes.get(name)
         return next((n for n in self.nodes if n.name == name), None)
 
-    def capacity(self, excluded: Sequence[str]) -> int:
-        """Nodes a worker pod could land on now."""
-        return sum(
-            1 for n in self.nodes if n.ready and n.schedulable and n.fits and n.name not in excluded
-        )
+    def capacity(self, excluded: Sequence[str], *, enough: int | None = None) -> int:
+        """Nodes a worker pod could land on now (counting stops at `enough`: with a thousand
+        nodes, a pass asks only whether the largest size it could use fits)."""
+        found = 0
+        for n in self.nodes:
+            if n.ready and n.schedulable and n.fits and n.name not in excluded:
+                found += 1
+                if enough is not None and found >= enough:
+                    break
+        return found

@@ -106,7 +106,7 @@ def world_size(
         return obs.spec.replicas
     if current is None:
         return allowed[0]
-    limit = max(obs.capacity(excluded), min(allowed))
+    limit = max(obs.capacity(excluded, enough=allowed[0]), min(allowed))
     if cause is st.Cause.UNSCHEDULABLE:
         limit = min(limit, current - 1)
     fitting = [r for r in allowed if r <= limit]
@@ -116,10 +116,10 @@ def world_size(
 def grow_target(obs: ob.Observed, excluded: list[str]) -> int | None:
     """A better replica count for a healthy running attempt, or None to keep it."""
     current = obs.status.replicas
-    if current is None:
-        return None
+    if current is None or current == obs.spec.replicas:
+        return None  # at the size asked for: no node needs looking at
     allowed = obs.spec.allowed_replicas()
-    capacity = obs.capacity(excluded)
+    capacity = obs.capacity(excluded, enough=allowed[0] if allowed else None)
     fitting = [r for r in allowed if r <= capacity]
     if obs.spec.replicas < current:  # a replicas edit down: always honoured
         return fitting[0] if fitting else min(allowed)

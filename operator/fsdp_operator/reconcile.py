@@ -7,17 +7,19 @@ created, so a pass cut short anywhere is finished by the next one without duplic
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import os
+import threading
 import time
 from typing import Any
 
 import pydantic
 
+from fsdp_operator import cache, metrics, names, observe, probe, templates
 from fsdp_operator import decide as dc
 from fsdp_operator import kube as k8s
-from fsdp_operator import metrics, names, observe, templates
 from fsdp_operator import observed as ob
 from fsdp_operator import settings as cfg
 from fsdp_operator import spec as api
@@ -37,6 +39,18 @@ _QUARANTINE = {
 class Context:
     kube: k8s.Kube
     settings: cfg.Settings
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What the loop does after a pass."""
+
+    delay: float
+    """Seconds until the next pass, unless an event comes first."""
+    probe: probe.Target | None = None
+    """Rank 0's endpoint to scrape for this job, and how often."""
+    wants_nodes: bool = False
+    """Node changes anywhere may matter (the job waits for room, or runs smaller than asked)."""
 
 
 def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec | None, str]:
@@ -116,17 +130,25 @@ def _checkpoints(
     return _Catalog(ref, corrupt, conflicts)
 
 
-def _progress(
-    pods: list[ob.PodView], status: st.FSDPJobStatus, timeout: float
-) -> ob.Progress | None:
+def _rank0(pods: list[ob.PodView], status: st.FSDPJobStatus) -> ob.PodView | None:
+    """Rank 0 of the current attempt while its endpoint is worth reading (running, no pod of
+    the attempt failing: a failure is being handled, its progress is history)."""
     current = [p for p in pods if p.attempt == status.attempt]
     if any(p.phase is ob.PodPhase.FAILED or p.deleting for p in current):
-        return None  # a failure is being handled: never hold the pass on a dying endpoint
+        return None
     rank0 = next((p for p in current if p.rank == 0), None)
     if rank0 is None or rank0.phase is not ob.PodPhase.RUNNING or not rank0.ip:
         return None
-    got = k8s.scrape_metrics(rank0.ip, timeout=timeout)
-    return observe.progress_of(got) if got is not None else None
+    return rank0
+
+
+def _progress(
+    pods: list[ob.PodView], status: st.FSDPJobStatus, view: cache.View
+) -> ob.Progress | None:
+    rank0 = _rank0(pods, status)
+    if rank0 is None or view.progress_pod != rank0.name:
+        return None
+    return view.progress
 
 
 # The pod's fields that come straight from the FSDPJob, so a refusal names the job's field.
@@ -164,18 +186,19 @@ def _dry_run(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, attempt: in
 
 
 def _owned_pods(
-    ctx: Context, job: names.JobRef, status: st.FSDPJobStatus
-) -> tuple[list[ob.PodView], list[ob.Conflict], list[str]]:
+    ctx: Context, job: names.JobRef, status: st.FSDPJobStatus, raw: list[dict[str, Any]],
+    *, just_created: bool = False,
+) -> tuple[list[ob.PodView], list[ob.Conflict]]:  # fmt: skip
     """This job's pods (by controller uid), and what carries its labels or names but is not.
 
     While an attempt's pods are being created, a pod or Service name it needs that is held by
     someone else is a conflict too (a hand-made `<job>-a1-0`, or the pods of a deleted job of
     the same name that the garbage collector has not removed yet).
     """
-    raw = ctx.kube.list_job_pods(job.namespace, job.name)
     ours = [p for p in raw if observe.owned_by(p, job)]
     conflicts = [observe.conflict({**p, "kind": "Pod"}, job) for p in raw if p not in ours]
-    if status.attempt > 0 and not status.pods_created:
+    if status.attempt > 0 and not status.pods_created and not just_created:
+        # (not for names this process has just created: their creates said who holds them)
         taken = {p["metadata"]["name"] for p in raw}
         wanted = [("Service", names.service_name(job.name))] + [
             ("Pod", names.pod_name(job.name, attempt=status.attempt, node_rank=rank))
@@ -186,10 +209,12 @@ def _owned_pods(
             if found is not None and not observe.owned_by(found, job):
                 conflicts.append(observe.conflict(found, job))
     pods = [v for p in ours if (v := observe.pod_view(p)) is not None]
-    return pods, conflicts, [p["metadata"]["uid"] for p in ours]
+    return pods, conflicts
 
 
-def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
+def gather(ctx: Context, body: dict[str, Any], now: float, view: cache.View) -> ob.Observed:
+    """The pass's observation: the job as just read, its pods and the nodes from the watches'
+    caches (`view`), its checkpoints from storage. No LIST call."""
     meta = body["metadata"]
     job = names.JobRef.of(body)
     status = observe.status_of(body.get("status"))
@@ -203,9 +228,11 @@ def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
     if not error and validated != generation and status.phase not in st.TERMINAL_PHASES:
         error = _dry_run(ctx, job, spec, status.attempt)
         validated = None if error else generation
-    pods, conflicts, ours = _owned_pods(ctx, job, status)
-    others = [p for p in ctx.kube.list_active_pods() if p["metadata"]["uid"] not in ours]
-    nodes = observe.node_views(ctx.kube.list_nodes(), spec=spec, other_pods=others)
+    created_at = _created_at.get((job.uid, status.attempt))
+    just = created_at is not None and now - created_at < dc.EXPECT_SECONDS
+    pods, conflicts = _owned_pods(ctx, job, status, view.pods, just_created=just)
+    own = [p for p in view.pods if observe.owned_by(p, job)]
+    nodes = observe.node_views(view.nodes, spec=spec, used=cache.without(view.used, own))
     base = storage_for(job, spec, ctx.settings)
     found = _checkpoints(job, spec, status, base, deep=ctx.settings.deep_verify)
     return ob.Observed(
@@ -217,11 +244,12 @@ def gather(ctx: Context, body: dict[str, Any], now: float) -> ob.Observed:
         nodes=nodes,
         checkpoint=found.newest,
         corrupt_checkpoints=found.corrupt,
-        progress=_progress(pods, status, ctx.settings.scrape_timeout_seconds),
+        progress=_progress(pods, status, view),
         spec_error=error,
         created=observe.ts(meta.get("creationTimestamp")),
         conflicts=[*conflicts, *found.conflicts],
         validated_generation=validated,
+        created_at=created_at,
     )
 
 
@@ -230,7 +258,9 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
     kube = ctx.kube
     status = d.status.model_dump(mode="json", by_alias=True)
     if status != obs.status.model_dump(mode="json", by_alias=True):  # write only what changed
-        kube.patch_status(job.namespace, job.name, status)
+        written = kube.patch_status(job.namespace, job.name, status)
+        if written:
+            own_writes[(job.namespace, job.name)] = written
     base = storage_for(job, obs.spec, ctx.settings)
     for path in d.quarantine:
         if base is not None:
@@ -239,8 +269,8 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
                 catalog.quarantine(catalog.LocalStorage(base), ".", step)
             except catalog.CatalogError as exc:
                 log.warning("quarantine of %s failed: %s", path, exc)
-    for rm in d.delete:
-        kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds)
+    list(_WRITERS.map(lambda rm: kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds),
+                      d.delete))  # fmt: skip
     if d.launch is not None:
         _create_gang(ctx, job, obs.spec, d.launch)
     for ev in d.events:
@@ -251,22 +281,47 @@ def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) 
 
 
 def _create_gang(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, launch: dc.Launch) -> None:
-    """The Service, then the attempt's pods; stop at the first name someone else holds.
+    """The Service, then the attempt's pods, all at once (a 64-node gang is up in about the time
+    of one create); none if the Service's name is someone else's.
 
     A 409 is success only when the object there is controlled by this job's uid. Otherwise it
-    is never adopted: the next pass sees the conflict and the job says so in a condition.
+    is never adopted: the next pass sees the conflict, creates nothing more and says so in a
+    condition (the pods already created wait, as those before a taken name always did).
     """
     pods = templates.worker_pods(
         job=job, spec=spec, attempt=launch.attempt, replicas=launch.replicas,
         resume_path=launch.resume_path, excluded_nodes=launch.excluded_nodes,
         worker_module=ctx.settings.worker_module, reliability=launch.reliability,
     )  # fmt: skip
-    for obj in [templates.service(job=job, spec=spec), *pods]:
-        existing = ctx.kube.create(obj)
-        if existing is not None and not observe.owned_by(existing, job):
-            log.warning("%s: not creating the gang: %s", job.name,
-                        observe.conflict(existing, job).describe())  # fmt: skip
-            return
+    if not _created(ctx, job, templates.service(job=job, spec=spec)):
+        return
+    if not all(list(_WRITERS.map(lambda pod: _created(ctx, job, pod), pods))):
+        return  # a name is someone else's: the next pass looks it up and reports it
+    with _created_lock:
+        now = time.time()
+        for key in [k for k, t in _created_at.items() if now - t > 2 * dc.EXPECT_SECONDS]:
+            del _created_at[key]
+        _created_at[(job.uid, launch.attempt)] = now
+
+
+def _created(ctx: Context, job: names.JobRef, obj: dict[str, Any]) -> bool:
+    existing = ctx.kube.create(obj)
+    if existing is not None and not observe.owned_by(existing, job):
+        log.warning("%s: not creating the gang: %s", job.name,
+                    observe.conflict(existing, job).describe())  # fmt: skip
+        return False
+    return True
+
+
+own_writes: dict[tuple[str, str], str] = {}
+"""(namespace, job) -> the resourceVersion this process's last status write produced: the watch
+event it causes wakes nobody (the pass that wrote it already said when to look again)."""
+_created_at: dict[tuple[str, int], float] = {}
+"""(job uid, attempt) -> when this process created that attempt's pods (in memory only: after a
+restart the operator creates what it does not see, and a 409 tells it they exist)."""
+_created_lock = threading.Lock()
+_WRITERS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="fsdpop-write")
+"""Deletes and creates of one pass go out together (urllib3's pool holds 32 connections)."""
 
 
 _ERROR_EVENT_SECONDS = 60.0
@@ -291,15 +346,37 @@ def _report_error(ctx: Context, body: dict[str, Any], exc: Exception) -> None:
     ctx.kube.patch_status(job.namespace, job.name, patch)
 
 
-def run_pass(ctx: Context, namespace: str, name: str) -> float | None:
-    """One pass; returns seconds until the next one (None: the job is gone)."""
+def _probe_target(ctx: Context, obs: ob.Observed, d: dc.Decision) -> probe.Target | None:
+    rank0 = _rank0(list(obs.pods), d.status)
+    if rank0 is None or rank0.ip is None or d.status.phase in st.TERMINAL_PHASES:
+        return None
+    entry = d.status.history[-1] if d.status.history else None
+    starting = entry is not None and entry.timeline is not None and not st.complete(entry.timeline)
+    every = probe.interval_for(
+        obs.spec.failure_policy.progress_deadline_seconds, ctx.settings.scrape_max_interval_seconds
+    )
+    return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting)
+
+
+def _wants_nodes(obs: ob.Observed, d: dc.Decision) -> bool:
+    s = d.status
+    if s.phase in st.TERMINAL_PHASES or s.phase is st.Phase.SUSPENDED:
+        return False
+    return s.phase is not st.Phase.RUNNING or (s.replicas or 0) < obs.spec.replicas
+
+
+def run_pass(ctx: Context, namespace: str, name: str, view: cache.View) -> Outcome | None:
+    """One pass; returns what to do next (None: the job is gone)."""
     body = ctx.kube.get_job(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         return None
+    metrics.PASSES.inc()
     try:
-        obs = gather(ctx, body, time.time())
+        obs = gather(ctx, body, time.time(), view)
         decision = dc.decide(obs, ctx.settings.tunables)
         apply(ctx, body, obs, decision)
+    except k8s.NotLeader:
+        raise  # not this job's failure: nothing to report (and no right to write it)
     except Exception as exc:
         try:
             _report_error(ctx, body, exc)
@@ -311,4 +388,5 @@ def run_pass(ctx: Context, namespace: str, name: str) -> float | None:
         return None
     # Nothing scheduled (a finished job without a TTL): keep the loop, and with it the job's
     # metrics (goodput, checkpoint age), until the job is deleted; events still wake it.
-    return decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS
+    delay = decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS
+    return Outcome(delay, _probe_target(ctx, obs, decision), _wants_nodes(obs, decision))

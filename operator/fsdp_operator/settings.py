@@ -23,6 +23,17 @@ class Settings:
     """kopf's liveness probe endpoint."""
     scrape_timeout_seconds: float = 1.0
     """Timeout of one scrape of rank 0's metrics (hang detection, status.step)."""
+    scrape_max_interval_seconds: float = 60.0
+    """A healthy job's rank 0 is scraped every min(progressDeadlineSeconds / 4, this)."""
+    scrape_concurrency: int = 32
+    """Scrapes in flight at once, across all jobs."""
+    pass_workers: int = 16
+    """Passes run at once (threads: a pass mostly waits on the API server)."""
+    leader_election: bool = True
+    """Act only while holding the Lease (several replicas: one leads, the others stand by)."""
+    lease_name: str = "fsdp-operator"
+    lease_namespace: str = ""
+    """Where the Lease lives; empty: the operator pod's own namespace (else `default`)."""
     watch_server_timeout: int = 60
     """Server-side watch timeout: a silently dead watch stream is re-opened this often."""
     watch_client_timeout: int = 90
@@ -49,6 +60,12 @@ class Settings:
             metrics_port=int(e.get("FSDPOP_METRICS_PORT", "8000")),
             liveness_endpoint=e.get("FSDPOP_LIVENESS", "http://0.0.0.0:8080/healthz"),
             scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "1")),
+            scrape_max_interval_seconds=float(e.get("FSDPOP_SCRAPE_MAX_INTERVAL_SECONDS", "60")),
+            scrape_concurrency=int(e.get("FSDPOP_SCRAPE_CONCURRENCY", "32")),
+            pass_workers=int(e.get("FSDPOP_PASS_WORKERS", "16")),
+            leader_election=e.get("FSDPOP_LEADER_ELECTION", "1") != "0",
+            lease_name=e.get("FSDPOP_LEASE_NAME", "fsdp-operator"),
+            lease_namespace=e.get("FSDPOP_LEASE_NAMESPACE", e.get("POD_NAMESPACE", "")),
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
             worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),
             tunables=tun,

@@ -125,11 +125,24 @@ def test_operator_died_between_status_write_and_pod_creation_recreates_missing_p
     assert d.failure is None and d.status.attempt == 1
 
 
+def test_pods_just_created_are_awaited_not_created_again() -> None:
+    """The watch lags the creates: missing pods this process made a moment ago are waited for
+    (no 409 storm), and created again only once that wait is over."""
+    status = running_status(phase=st.Phase.PENDING, pods_created=False)
+    d = dc.decide(observe(status=status, pods=pods(n=2), created_at=NOW - 1))
+    assert d.launch is None and d.requeue_after == dc.EXPECT_SECONDS
+    later = dc.decide(observe(status=status, pods=pods(n=2), created_at=NOW - dc.EXPECT_SECONDS))
+    assert later.launch == dc.Launch(attempt=1, replicas=4, resume_path="")
+
+
 def test_healthy_run_records_step_and_checkpoint_and_polls() -> None:
     d = dc.decide(observe(progress=ob.Progress(step=55)))
     assert d.status.step == 55 and d.status.last_progress_time == NOW
     assert d.status.last_checkpoint == ckpt(40)
-    assert d.launch is None and not d.delete and d.requeue_after == dc.POLL_SECONDS
+    assert d.launch is None and not d.delete
+    # No poll: the next look is at the hang deadline (progress wakes it earlier, probe.py).
+    deadline = make_spec().failure_policy.progress_deadline_seconds
+    assert d.requeue_after == pytest.approx(deadline + 0.05) and deadline < dc.RESYNC_SECONDS
 
 
 # --- detection: each cause ----------------------------------------------------------------------

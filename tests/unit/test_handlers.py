@@ -20,6 +20,8 @@ def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(handlers, "MIN_PAUSE", 0.01)
     monkeypatch.setattr(handlers, "ERROR_PAUSE", 0.3)
     monkeypatch.setattr(handlers.metrics, "forget", lambda *_: None)
+    monkeypatch.setattr(handlers, "_prober", None)
+    monkeypatch.setattr(handlers, "_elector", None)
     return seen
 
 
@@ -30,7 +32,7 @@ def test_a_new_job_of_the_same_name_during_the_last_pass_keeps_the_loop(
     loop = asyncio.new_event_loop()
     results = iter([None, None])
 
-    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
         passes.append(name)
         if len(passes) == 1:  # the new job's event lands while the old job's pass runs
             loop.call_soon_threadsafe(handlers._poke, namespace, name)
@@ -54,7 +56,7 @@ def test_events_for_a_gone_job_are_paced_not_a_hot_loop(
     """Pod events of a deleted job (its pods being collected) each earn a look, at most one a
     MIN_PAUSE, and the loop ends once they stop."""
 
-    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
         passes.append(name)
         time.sleep(0.005)  # a pass takes a while: pod events land during it
         return None  # the job is gone
@@ -81,7 +83,7 @@ def test_events_for_a_gone_job_are_paced_not_a_hot_loop(
 def test_a_failing_pass_backs_off_even_when_events_keep_coming(
     passes: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def run_pass(ctx: Any, namespace: str, name: str) -> float | None:
+    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
         passes.append(name)
         if len(passes) < 3:
             raise RuntimeError("namespace is being terminated")

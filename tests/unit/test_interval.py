@@ -6,9 +6,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from fsdp_operator import observe
+from fsdp_operator import kube, observe
 from fsdp_worker import config, contract, interval, metrics
 
 HOUR = 3600.0
@@ -137,13 +136,8 @@ def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
 
 
 def _scraped(m: metrics.Metrics) -> dict[str, float]:
-    """What kube.scrape_metrics returns for this registry (its key format)."""
-    out = {}
-    for family in text_string_to_metric_families(m.render()):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
-    return out
+    """What the operator's prober reads off this registry's page."""
+    return kube.contract_samples(m.render())
 
 
 def test_the_operator_reads_the_workers_report() -> None:

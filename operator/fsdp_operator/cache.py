@@ -1,0 +1,195 @@
+"""What the operator knows of pods and nodes between passes, kept from its watches.
+
+The store is kopf's in-memory indices (handlers.py registers them), not an informer of our own:
+kopf already holds one watch per resource kind, and it runs no other handler until every index
+has been filled from its initial listing, so no pass ever reads a half-filled cache (a pod not
+yet seen would read as a vanished one, and restart a healthy job). What the indices keep is
+small: a slimmed copy of each of the operator's pods, each bound pod's resource requests and
+each node's few scheduling facts, never whole objects.
+
+The indices change on the event loop; a pass runs in a thread. So a pass never reads them: the
+loop takes a `View` (plain lists and dicts, copied) just before the pass starts. Pure functions
+here; the indices themselves are passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fsdp_operator import names
+from fsdp_operator import observed as ob
+from fsdp_operator import spec as api
+
+_ACTIVE = ("Pending", "Running", "Unknown")
+
+
+def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of one of the operator's pods that observation reads (observe.pod_view,
+    observe.owned_by, the capacity estimate); managedFields, env and volumes are dropped."""
+    meta = body.get("metadata", {})
+    spec = body.get("spec", {})
+    status = body.get("status", {})
+    return {
+        "kind": "Pod",
+        "metadata": {
+            k: meta[k]
+            for k in ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp")
+            if k in meta
+        },
+        "spec": {
+            "nodeName": spec.get("nodeName"),
+            "containers": [
+                {"name": c.get("name"), "resources": {"requests": _requests_of(c)}}
+                for c in spec.get("containers") or []
+            ],
+        },
+        "status": {
+            "phase": status.get("phase", "Pending"),
+            "podIP": status.get("podIP"),
+            "conditions": [
+                {k: c[k] for k in ("type", "status", "reason") if k in c}
+                for c in status.get("conditions") or []
+            ],
+            "containerStatuses": [
+                {"name": cs.get("name"), "state": cs.get("state") or {}}
+                for cs in status.get("containerStatuses") or []
+            ],
+        },
+    }
+
+
+def _requests_of(container: Mapping[str, Any]) -> dict[str, Any]:
+    """Requests, where unset the limits (the API server's defaulting, for a pod not yet
+    stored)."""
+    res = container.get("resources") or {}
+    return {**(res.get("limits") or {}), **(res.get("requests") or {})}
+
+
+def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
+    """Summed container requests of one pod, as numbers."""
+    total: dict[str, float] = {}
+    for c in pod.get("spec", {}).get("containers") or []:
+        for key, value in _requests_of(c).items():
+            total[key] = total.get(key, 0.0) + api.quantity(value)
+    return total
+
+
+def usage(pod: Mapping[str, Any]) -> tuple[str, str, dict[str, float]] | None:
+    """(node, pod uid, requests) of a pod that holds node resources; None for the rest
+    (unbound, or Succeeded/Failed: its room is free again)."""
+    node = pod.get("spec", {}).get("nodeName")
+    if not node or pod.get("status", {}).get("phase", "Pending") not in _ACTIVE:
+        return None
+    return str(node), str(pod.get("metadata", {}).get("uid", "")), pod_requests(pod)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRecord:
+    """One node, reduced to what readiness and the capacity estimate need."""
+
+    name: str
+    ready: bool
+    not_ready_since: float | None
+    schedulable: bool
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, Any], ...]
+    allocatable: Mapping[str, float]
+
+
+def node_record(node: Mapping[str, Any], ts: Any) -> NodeRecord:
+    """`ts` parses RFC 3339 (observe.ts; passed in to keep this module free of observe)."""
+    ready: Mapping[str, Any] = next(
+        (c for c in node.get("status", {}).get("conditions") or [] if c.get("type") == "Ready"),
+        {},
+    )
+    is_ready = ready.get("status") == "True"
+    alloc = node.get("status", {}).get("allocatable") or {}
+    return NodeRecord(
+        name=node["metadata"]["name"],
+        ready=is_ready,
+        not_ready_since=None if is_ready else ts(ready.get("lastTransitionTime")),
+        schedulable=not node.get("spec", {}).get("unschedulable", False),
+        labels=dict(node.get("metadata", {}).get("labels") or {}),
+        taints=tuple(dict(t) for t in node.get("spec", {}).get("taints") or []),
+        allocatable={k: api.quantity(v) for k, v in alloc.items()},
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """What one pass observes of the cluster, copied from the indices on the event loop."""
+
+    pods: list[dict[str, Any]]
+    """Every pod carrying the job's label (owned or not: observe.owned_by sorts them)."""
+    nodes: list[NodeRecord]
+    used: Mapping[str, Mapping[str, float]]
+    """Per node, requests of the active pods bound there (this job's own included)."""
+    progress: ob.Progress | None = None
+    """Rank 0's newest scrape not yet seen by a pass (probe.Prober.take), of `progress_pod`."""
+    progress_pod: str = ""
+
+
+def job_key(namespace: str, job_name: str) -> tuple[str, str]:
+    """The pods index key of a job: its namespace and the value of its job label."""
+    return namespace, names.job_label_value(job_name)
+
+
+class Usage:
+    """Requests of the active pods bound to each node, kept pod by pod as events arrive (the
+    pods index function and the DELETED handler feed it), so that a pass copies per-node
+    totals instead of summing every pod of the cluster. Totals are replaced, never changed in
+    place: a copy handed to a pass stays as it was."""
+
+    def __init__(self) -> None:
+        self._by_uid: dict[str, tuple[str, dict[str, float]]] = {}
+        self._totals: dict[str, dict[str, float]] = {}
+
+    def put(self, uid: str, entry: tuple[str, dict[str, float]] | None) -> None:
+        old = self._by_uid.get(uid)
+        if old == entry:
+            return
+        if old is not None:
+            del self._by_uid[uid]
+            self._add(old, -1.0)
+        if entry is not None:
+            self._by_uid[uid] = entry
+            self._add(entry, 1.0)
+
+    def _add(self, entry: tuple[str, dict[str, float]], sign: float) -> None:
+        node, requests = entry
+        total = dict(self._totals.get(node, {}))
+        for key, value in requests.items():
+            left = total.get(key, 0.0) + sign * value
+            if abs(left) < 1e-9:
+                total.pop(key, None)
+            else:
+                total[key] = left
+        if total:
+            self._totals[node] = total
+        else:
+            self._totals.pop(node, None)
+
+    def totals(self) -> dict[str, dict[str, float]]:
+        return dict(self._totals)
+
+    def __len__(self) -> int:
+        return len(self._by_uid)
+
+
+def without(
+    totals: Mapping[str, Mapping[str, float]], pods: Iterable[Mapping[str, Any]]
+) -> dict[str, Mapping[str, float]]:
+    """Per-node totals minus what `pods` (the job's own) hold: they free it on a restart."""
+    used: dict[str, Mapping[str, float]] = dict(totals)
+    for pod in pods:
+        held = usage(pod)
+        if held is None:
+            continue
+        node, _uid, requests = held
+        left = dict(used.get(node, {}))
+        for key, value in requests.items():
+            left[key] = left.get(key, 0.0) - value
+        used[node] = left
+    return used

@@ -1,0 +1,129 @@
+"""The watch caches keep what a pass reads: a slimmed pod reads as the whole pod does, usage
+follows phases, nodes reduce to their scheduling facts; and API calls are counted by verb."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from fsdp_operator import cache, kube, observe
+from tests.unit import test_templates as tt
+
+
+def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
+    """A worker pod as the API serves it once a kubelet ran it (with the noise we drop)."""
+    pod = copy.deepcopy(pod)
+    pod["metadata"].update(
+        uid="p-uid",
+        ownerReferences=[{"kind": "FSDPJob", "name": "llama", "uid": "j-uid", "controller": True}],
+        managedFields=[{"manager": "kubelet", "fieldsV1": {"f:status": {}}}] * 20,
+    )
+    pod["spec"]["nodeName"] = "node-a"
+    pod["status"] = {
+        "phase": "Failed",
+        "podIP": "10.244.1.7",
+        "conditions": [
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "EvictionByEvictionAPI",
+                "message": "x" * 200,
+                "lastTransitionTime": "2026-12-01T10:00:00Z",
+            },
+            {"type": "PodScheduled", "status": "True"},
+        ],  # fmt: skip
+        "containerStatuses": [
+            {
+                "name": "worker",
+                "image": "img",
+                "imageID": "sha256:" + "0" * 64,
+                "state": {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": "OOMKilled",
+                        "message": '{"cause": "oom"}',
+                        "finishedAt": "2026-12-01T10:00:01Z",
+                    }
+                },
+            },
+        ],  # fmt: skip
+        **status,
+    }
+    return pod
+
+
+def test_a_slim_pod_reads_as_the_whole_pod_and_is_much_smaller() -> None:
+    full = _live(tt.pod())
+    slim = cache.slim_pod(full)
+    assert observe.pod_view(slim) == observe.pod_view(full)
+    view = observe.pod_view(slim)
+    assert view is not None and view.exit_code == 137 and view.disrupted and view.ip
+    assert cache.pod_requests(slim) == cache.pod_requests(full) != {}
+    assert len(repr(slim)) < len(repr(full)) / 3
+
+
+def test_usage_is_held_only_by_bound_pods_that_have_not_finished_and_kept_per_node() -> None:
+    pod = _live(tt.pod(), phase="Running")
+    node, uid, requests = cache.usage(pod) or ("", "", {})
+    assert (node, uid) == ("node-a", "p-uid") and requests["nvidia.com/gpu"] == 8
+    assert cache.usage(_live(tt.pod(), phase="Succeeded")) is None
+    unbound = _live(tt.pod(), phase="Pending")
+    unbound["spec"].pop("nodeName")
+    assert cache.usage(unbound) is None
+    kept = cache.Usage()
+    kept.put("p-uid", ("node-a", requests))
+    kept.put("other", ("node-a", {"nvidia.com/gpu": 2.0}))
+    before = kept.totals()
+    assert before["node-a"]["nvidia.com/gpu"] == 10
+    # the job's own pod frees its room; the copy a pass holds does not change under it
+    assert cache.without(before, [pod])["node-a"]["nvidia.com/gpu"] == 2
+    kept.put("p-uid", None)  # gone (DELETED) or finished
+    kept.put("other", ("node-a", {"nvidia.com/gpu": 2.0}))  # a repeat changes nothing
+    assert kept.totals() == {"node-a": {"nvidia.com/gpu": 2.0}} and len(kept) == 1
+    assert before["node-a"]["nvidia.com/gpu"] == 10
+    kept.put("other", None)
+    assert kept.totals() == {}
+
+
+def test_nodes_reduce_to_readiness_and_room() -> None:
+    node = {
+        "metadata": {"name": "n1", "labels": {"gpu": "h100"}},
+        "spec": {"taints": [{"key": "gpu", "effect": "NoSchedule"}], "unschedulable": True},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "8", "cpu": "128", "memory": "1Ti"},
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-01T10:00:00Z"}
+            ],  # fmt: skip
+        },
+    }
+    record = observe.node_record(node)
+    assert not record.ready and not record.schedulable and record.not_ready_since
+    assert record.allocatable == {"nvidia.com/gpu": 8.0, "cpu": 128.0, "memory": 2.0**40}
+    spec = tt.make_spec()  # selects gpu=h100, tolerates the gpu taint
+    (free,) = observe.node_views([record], spec=spec, used={})
+    (full,) = observe.node_views([record], spec=spec, used={"n1": {"nvidia.com/gpu": 1.0}})
+    assert free.fits and not full.fits  # the job asks for 8 GPUs per pod
+    assert observe.node_record(node) == record  # a heartbeat-only change compares equal
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "want"),
+    [
+        ("/api/v1/namespaces/{namespace}/pods", "GET", ("list", "pods")),
+        ("/api/v1/namespaces/{namespace}/pods", "POST", ("create", "pods")),
+        ("/api/v1/namespaces/{namespace}/pods/{name}", "GET", ("get", "pods")),
+        ("/api/v1/namespaces/{namespace}/pods/{name}", "DELETE", ("delete", "pods")),
+        (
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
+            "PATCH",
+            ("patch", "{plural}/status"),
+        ),
+        ("/api/v1/nodes", "GET", ("list", "nodes")),
+    ],  # fmt: skip
+)
+def test_requests_are_counted_by_verb_and_resource(
+    path: str, method: str, want: tuple[str, str]
+) -> None:
+    assert kube.request_kind(path, method) == want

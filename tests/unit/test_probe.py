@@ -1,0 +1,87 @@
+"""probe.Prober against real loopback endpoints: a change wakes the job once, a dead endpoint
+backs off to the job's interval, and an endpoint that never answers holds up nobody else."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from fsdp_operator import names, probe
+from fsdp_worker import contract
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@contextlib.asynccontextmanager
+async def endpoint(host: str, page: dict[str, Any], *, hang: bool = False) -> AsyncIterator[None]:
+    """rank 0's /metrics on host:METRICS_PORT (loopback addresses 127.0.0.x)."""
+
+    async def metrics(_: web.Request) -> web.Response:
+        if hang:
+            await asyncio.sleep(30)
+        return web.Response(text=f"{contract.METRIC_STEP} {page['step']}\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, host, names.METRICS_PORT)
+    await site.start()
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+def test_a_new_step_wakes_the_job_once_and_is_handed_to_one_pass() -> None:
+    async def scenario() -> tuple[list[object], Any, Any, Any]:
+        woken: list[object] = []
+        page = {"step": 5}
+        prober = probe.Prober(on_change=woken.append, timeout=0.5)
+        async with endpoint("127.0.0.21", page):
+            runner = asyncio.create_task(prober.run())
+            prober.want("job", probe.Target(pod="p0", ip="127.0.0.21", every=0.1))
+            await asyncio.sleep(0.5)  # about 5 scrapes of the same step
+            first, again = prober.take("job"), prober.take("job")
+            page["step"] = 6
+            await asyncio.sleep(0.3)
+            newer = prober.take("job")
+            runner.cancel()
+        return woken, first, again, newer
+
+    woken, first, again, newer = asyncio.run(scenario())
+    assert woken == ["job", "job"]  # step 5 seen, then step 6: no wake for repeats
+    assert first is not None and first[0] == "p0" and first[1].step == 5
+    assert again is None  # a pass never reads the same sample as news twice
+    assert newer is not None and newer[1].step == 6
+
+
+def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
+    async def scenario() -> tuple[probe.Prober, list[object], float]:
+        woken: list[object] = []
+        prober = probe.Prober(on_change=woken.append, timeout=0.3, concurrency=2)
+        async with endpoint("127.0.0.22", {}, hang=True), endpoint("127.0.0.23", {"step": 1}):
+            runner = asyncio.create_task(prober.run())
+            prober.want("dead", probe.Target(pod="d", ip="127.0.0.24", every=4.0))  # no server
+            prober.want("hung", probe.Target(pod="h", ip="127.0.0.22", every=0.1))
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            prober.want("good", probe.Target(pod="g", ip="127.0.0.23", every=0.1))
+            while not woken:
+                await asyncio.sleep(0.01)
+            first_good = loop.time() - start
+            await asyncio.sleep(3.0)
+            runner.cancel()
+        return prober, woken, first_good
+
+    prober, woken, first_good = asyncio.run(scenario())
+    assert woken[0] == "good" and "hung" not in woken and "dead" not in woken
+    assert first_good < 1.0  # not queued behind the hung endpoint's timeouts
+    # The dead endpoint: tries at 0, 1, 2 (+1), 4 (+2) s... about 3 in 3 s, not 30.
+    dead = prober._slots["dead"]
+    assert 2 <= dead.failures <= 4
