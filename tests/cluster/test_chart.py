@@ -53,10 +53,17 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     _restricted_namespace(cluster, ns)
     docs = stack.render_chart(namespace=ns, release="fsdp-operator")
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount",
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget",
+                     "Role", "RoleBinding", "ServiceAccount",
                      "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
                      "ValidatingAdmissionPolicyBinding",
                      "ValidatingAdmissionPolicyBinding"]  # fmt: skip
+    lease_role = next(d for d in docs if d["kind"] == "Role")
+    assert lease_role["metadata"]["namespace"] == ns  # leader election: its own namespace only
+    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                    "verbs": ["get", "create", "update"]}]  # fmt: skip
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
     role = next(d for d in docs if d["kind"] == "ClusterRole")
     assert role["rules"] == yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
     flat = json.dumps(role["rules"])

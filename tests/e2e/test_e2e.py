@@ -76,7 +76,27 @@ def test_operator_runs_from_the_chart_with_in_cluster_credentials(e2e: E2E) -> N
     with urllib.request.urlopen(f"http://{ip}:8080/healthz", timeout=5) as answer:
         assert answer.status == 200, "the liveness probe's endpoint"
     with urllib.request.urlopen(e2e.operator.metrics_url(), timeout=5) as answer:
-        assert b"fsdpjob_jobs" in answer.read(), "the operator's own metrics, scraped from its pod"
+        page = answer.read()
+    assert b"fsdpjob_jobs" in page, "the operator's own metrics, scraped from its pod"
+    assert b"fsdpjob_operator_leader 1.0" in page
+
+
+def test_the_charts_two_replicas_run_on_two_nodes_and_one_leads(e2e: E2E) -> None:
+    leader = e2e.operator.running_pod()
+    replicas = e2e.operator.running_pods()
+    assert len(replicas) == 2, "values.yaml: replicas 2"
+    assert all(p["status"]["containerStatuses"][0]["ready"] for p in replicas)
+    nodes = e2e.kube.get_json("nodes")["items"]
+    if len(nodes) > 1:  # preferred anti-affinity spreads them (a one-node kind cannot)
+        assert len({p["spec"]["nodeName"] for p in replicas}) == 2
+    standby = next(p for p in replicas if p["metadata"]["uid"] != leader["metadata"]["uid"])
+    url = f"http://{standby['status']['podIP']}:8000/metrics"
+    with urllib.request.urlopen(url, timeout=5) as answer:
+        page = answer.read()
+    assert b"fsdpjob_operator_leader 0.0" in page, "the standby does not act"
+    assert b"fsdpjob_reconcile_passes_total 0.0" in page
+    pdb = e2e.kube.get_json("pdb", "-n", e2e.operator.namespace)["items"]
+    assert [p["spec"]["minAvailable"] for p in pdb] == [1]
 
 
 def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
