@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
-.PHONY: worker-compat images kind-e2e packages bench-goodput
+.PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover
+.PHONY: kwok-bin bench-fleet
 
 venv: $(STAMP)
 
@@ -25,6 +26,12 @@ packages:
 cluster-bin: packages
 	bash localcluster/build-binaries.sh >/dev/null
 	bash localcluster/build-helm.sh >/dev/null
+
+# kwok (fake nodes and pods for the simulated GPU fleet, localcluster/kwok.py) and the stage
+# files it plays, from its Go module into the cache; tests/cluster/test_kwok.py needs it.
+kwok-bin:
+	bash localcluster/build-kwok.sh >/dev/null
+test: kwok-bin
 
 lint: venv
 	$(VENV)/bin/ruff format --check .
@@ -78,6 +85,17 @@ bench: venv cluster-bin images
 GOODPUT_ARGS ?=
 bench-goodput: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/goodput.py $(GOODPUT_ARGS)
+
+# Leader failover: SIGKILL and clean shutdown of the leader, 10 trials each (about 7 minutes);
+# bench/results/failover.json.
+bench-failover: venv cluster-bin
+	PYTHONPATH=. $(VPY) bench/failover.py
+
+# The operator at fleet scale (tens of minutes at the defaults): a control plane with a thousand
+# kwok GPU nodes, 100 and 1000 jobs; bench/results/fleet.json and docs/fleet.png.
+FLEET_ARGS ?=
+bench-fleet: venv cluster-bin kwok-bin
+	PYTHONPATH=. $(VPY) bench/fleet.py $(FLEET_ARGS)
 
 # tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
 # this project's machines): builds the images with docker, loads them, runs the suite.
