@@ -63,9 +63,10 @@ def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
     client = kubernetes.client.ApiClient(conf)
     serialize = client.param_serialize  # once per request, with the path's template
 
-    def counted(method: str, resource_path: str, *args: Any, **kwargs: Any) -> Any:
-        metrics.API_REQUESTS.labels(*request_kind(resource_path, method)).inc()
-        return serialize(method, resource_path, *args, **kwargs)
+    def counted(method: str, resource_path: str, path_params: Any = None, *args: Any,
+                **kwargs: Any) -> Any:  # fmt: skip
+        metrics.API_REQUESTS.labels(*request_kind(resource_path, method, path_params)).inc()
+        return serialize(method, resource_path, path_params, *args, **kwargs)
 
     client.param_serialize = counted
     return client
@@ -74,10 +75,14 @@ def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
-def request_kind(resource_path: str, method: str) -> tuple[str, str]:
+def request_kind(
+    resource_path: str, method: str, path_params: dict[str, Any] | None = None
+) -> tuple[str, str]:
     """(verb, resource) of a client call, from its path template: a GET of a collection
-    (`.../pods`) is a list, of one object (`.../pods/{name}`) a get."""
-    parts = [p for p in resource_path.split("/") if p]
+    (`.../pods`) is a list, of one object (`.../pods/{name}`) a get. A custom resource's
+    `{plural}` is filled in from the call's path parameters."""
+    plural = str((path_params or {}).get("plural", "{plural}"))
+    parts = [plural if p == "{plural}" else p for p in resource_path.split("/") if p]
     named = "{name}" in parts
     if named:
         at = parts.index("{name}")

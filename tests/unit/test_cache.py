@@ -118,7 +118,12 @@ def test_nodes_reduce_to_readiness_and_room() -> None:
         (
             "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status",
             "PATCH",
-            ("patch", "{plural}/status"),
+            ("patch", "fsdpjobs/status"),
+        ),
+        (
+            "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}",
+            "GET",
+            ("get", "fsdpjobs"),
         ),
         ("/api/v1/nodes", "GET", ("list", "nodes")),
     ],  # fmt: skip
@@ -126,4 +131,5 @@ def test_nodes_reduce_to_readiness_and_room() -> None:
 def test_requests_are_counted_by_verb_and_resource(
     path: str, method: str, want: tuple[str, str]
 ) -> None:
-    assert kube.request_kind(path, method) == want
+    params = {"plural": "fsdpjobs", "namespace": "team-a", "name": "llama"}
+    assert kube.request_kind(path, method, params) == want
