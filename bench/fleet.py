@@ -156,6 +156,7 @@ class Size:
         self.ns = f"fleet-{jobs}"
         self.kube = kubeclient.Kube(self.cluster.kubeconfig)
         self.op = stack.Operator(self.cluster, kubeconfig, log_dir)
+        self.log_dir = log_dir
         self.clock: fleet_clock.Clock | None = None
         self.row: dict[str, Any] = {"jobs": jobs, "pods": jobs * args.pods_per_job}
 
@@ -185,6 +186,9 @@ class Size:
         return self.row
 
     def _start_operator(self) -> None:
+        if self.args.heap_frames:
+            os.environ["FSDPOP_HEAP_REPORT"] = str(self.log_dir / f"heap-{self.jobs}")
+            self.row["heap_frames"] = self.args.heap_frames
         self.op.start()
         wait_for("operator metrics", lambda: self._try_scrape() is not None, timeout=120,
                  context=self.op.log_tail)  # fmt: skip
@@ -192,6 +196,20 @@ class Size:
         assert self.op.proc is not None
         self.row["rss_idle_kib"] = rss_kib(self.op.proc.pid)
         self.row["rss_idle_metric_bytes"] = total(self._scrape(), "process_resident_memory_bytes")
+        self._heap_report(1)
+
+    def _heap_report(self, n: int) -> str:
+        """With --heap-frames: SIGUSR2 to the operator, its n-th heap report (fsdp_operator/heap.py:
+        the first idle, the second what the jobs added); "" without."""
+        if not self.args.heap_frames:
+            return ""
+        assert self.op.proc is not None
+        path = Path(os.environ["FSDPOP_HEAP_REPORT"] + f".{n}")
+        self.op.proc.send_signal(signal.SIGUSR2)
+        wait_for(f"heap report {path}", path.exists, timeout=600, every=1.0,
+                 context=self.op.log_tail)  # fmt: skip
+        time.sleep(1.0)  # written in one call; let it finish
+        return path.read_text()
 
     def _try_scrape(self) -> dict[Any, float] | None:
         try:
@@ -231,6 +249,10 @@ class Size:
         rss = rss_kib(pid)
         self.row |= {"rss_jobs_kib": rss,
                      "kib_per_job": (rss - self.row["rss_idle_kib"]) / self.jobs}  # fmt: skip
+        if report := self._heap_report(2):
+            kept = self.args.out.with_name(f"fleet-heap-{self.jobs}.txt")
+            kept.write_text(report)
+            self.row["heap_report"] = kept.name
         before, cpu0, t0 = self._scrape(), cpu_seconds(pid), time.monotonic()
         time.sleep(window)
         after, cpu1, elapsed = self._scrape(), cpu_seconds(pid), time.monotonic() - t0
@@ -382,6 +404,14 @@ def parse_args() -> argparse.Namespace:
         "2-core machine bringing up 4,000 pods starved kwok: 173 of 1,000 fake nodes went "
         "NotReady and their jobs (rightly) restarted",
     )
+    p.add_argument(
+        "--heap-frames",
+        type=int,
+        default=0,
+        help="trace the operator's allocations with this many frames (PYTHONTRACEMALLOC) and "
+        "keep what the jobs added as bench/results/fleet-heap-<jobs>.txt; slows the operator, "
+        "so its timings and RSS are not the figures to quote",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--plot", type=Path, default=PLOT)
@@ -419,6 +449,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = kwok.FleetOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                 lease_seconds=args.node_grace)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
+        if args.heap_frames:  # the operator processes inherit the environment
+            os.environ["PYTHONTRACEMALLOC"] = str(args.heap_frames)
         cluster = controlplane.Cluster.up(Path(tmp) / "cluster",
                                           nodes=controlplane.NodeOptions(nodes=0))  # fmt: skip
         try:

@@ -42,11 +42,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     # kopf logs every handler run at INFO; our own Events and logs say what matters.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    from fsdp_operator import handlers  # noqa: F401  (registers the handlers)
+    from fsdp_operator import (
+        handlers,  # noqa: F401  (registers the handlers)
+        heap,
+    )
     from fsdp_operator import settings as cfg
 
     conf = cfg.Settings.from_env()
     _two_malloc_arenas()  # before any thread starts
+    heap.install(conf.heap_report)
     asyncio.run(
         kopf.operator(
             standalone=True,

@@ -43,6 +43,9 @@ class Settings:
     for dry runs and the operator's own tests."""
     deep_verify: bool = False
     """Also compare sha256 of every checkpoint file (slow for big checkpoints)."""
+    heap_report: str = ""
+    """With PYTHONTRACEMALLOC set: SIGUSR2 writes a heap report to this path plus `.<n>`
+    (heap.py); empty: none."""
     tunables: policy.Tunables = dataclasses.field(default_factory=policy.Tunables)
     """Node exclusion and draining knobs for decide()."""
 
@@ -68,5 +71,6 @@ class Settings:
             lease_namespace=e.get("FSDPOP_LEASE_NAMESPACE", e.get("POD_NAMESPACE", "")),
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
             worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),
+            heap_report=e.get("FSDPOP_HEAP_REPORT", ""),
             tunables=tun,
         )
