@@ -186,11 +186,12 @@ class Size:
         return self.row
 
     def _start_operator(self) -> None:
-        if self.args.heap_frames:
+        if self.args.heap_report:
             os.environ["FSDPOP_HEAP_REPORT"] = str(self.log_dir / f"heap-{self.jobs}")
-            self.row["heap_frames"] = self.args.heap_frames
+            self.row["heap_report_frames"] = self.args.heap_frames
         self.op.start()
-        wait_for("operator metrics", lambda: self._try_scrape() is not None, timeout=120,
+        wait_for("operator metrics", lambda: self._try_scrape() is not None,
+                 timeout=self.args.wait_seconds if self.args.heap_frames else 120,
                  context=self.op.log_tail)  # fmt: skip
         time.sleep(self.args.idle_seconds)
         assert self.op.proc is not None
@@ -199,9 +200,9 @@ class Size:
         self._heap_report(1)
 
     def _heap_report(self, n: int) -> str:
-        """With --heap-frames: SIGUSR2 to the operator, its n-th heap report (fsdp_operator/heap.py:
+        """With --heap-report: SIGUSR2 to the operator, its n-th heap report (fsdp_operator/heap.py:
         the first idle, the second what the jobs added); "" without."""
-        if not self.args.heap_frames:
+        if not self.args.heap_report:
             return ""
         assert self.op.proc is not None
         path = Path(os.environ["FSDPOP_HEAP_REPORT"] + f".{n}")
@@ -405,12 +406,18 @@ def parse_args() -> argparse.Namespace:
         "NotReady and their jobs (rightly) restarted",
     )
     p.add_argument(
+        "--heap-report",
+        action="store_true",
+        help="have the operator write a heap report idle and with the jobs settled "
+        "(fsdp_operator/heap.py) and keep the second as bench/results/fleet-heap-<jobs>.txt; "
+        "taken after each RSS is read, but its walk of every object raises the operator's peak",
+    )
+    p.add_argument(
         "--heap-frames",
         type=int,
         default=0,
-        help="trace the operator's allocations with this many frames (PYTHONTRACEMALLOC) and "
-        "keep what the jobs added as bench/results/fleet-heap-<jobs>.txt; slows the operator, "
-        "so its timings and RSS are not the figures to quote",
+        help="with --heap-report, also trace allocations with this many frames "
+        "(FSDPOP_HEAP_FRAMES); several times slower: for a few hundred jobs, not 1,000",
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
@@ -449,8 +456,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     options = kwok.FleetOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                                 lease_seconds=args.node_grace)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        if args.heap_frames:  # the operator processes inherit the environment
-            os.environ["PYTHONTRACEMALLOC"] = str(args.heap_frames)
+        if args.heap_report:  # the operator processes inherit the environment
+            os.environ["FSDPOP_HEAP_FRAMES"] = str(args.heap_frames)
         cluster = controlplane.Cluster.up(Path(tmp) / "cluster",
                                           nodes=controlplane.NodeOptions(nodes=0))  # fmt: skip
         try:

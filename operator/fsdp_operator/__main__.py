@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     conf = cfg.Settings.from_env()
     _two_malloc_arenas()  # before any thread starts
-    heap.install(conf.heap_report)
+    heap.install(conf.heap_report, conf.heap_frames)
     asyncio.run(
         kopf.operator(
             standalone=True,

@@ -44,8 +44,9 @@ class Settings:
     deep_verify: bool = False
     """Also compare sha256 of every checkpoint file (slow for big checkpoints)."""
     heap_report: str = ""
-    """With PYTHONTRACEMALLOC set: SIGUSR2 writes a heap report to this path plus `.<n>`
-    (heap.py); empty: none."""
+    """SIGUSR2 writes a heap report to this path plus `.<n>` (heap.py); empty: none."""
+    heap_frames: int = 0
+    """With heap_report: trace every allocation with this many frames (0: no tracing)."""
     tunables: policy.Tunables = dataclasses.field(default_factory=policy.Tunables)
     """Node exclusion and draining knobs for decide()."""
 
@@ -72,5 +73,6 @@ class Settings:
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
             worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),
             heap_report=e.get("FSDPOP_HEAP_REPORT", ""),
+            heap_frames=int(e.get("FSDPOP_HEAP_FRAMES", "0")),
             tunables=tun,
         )

@@ -19,7 +19,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys
     from fsdp_operator import heap
-    assert heap.install(sys.argv[1])
+    assert heap.install(sys.argv[1], frames=5)
     os.kill(os.getpid(), signal.SIGUSR2)
     kept = [bytearray(4096) for _ in range(2000)]  # about 8 MiB, held to the second report
     os.kill(os.getpid(), signal.SIGUSR2)
@@ -28,29 +28,60 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_second_report_names_what_grew(tmp_path: Path) -> None:
+def reports(tmp_path: Path, child: str, frames: int) -> tuple[str, str]:
     base = tmp_path / "heap"
-    env = dict(os.environ, PYTHONTRACEMALLOC="5")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(base)], env=env,
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONTRACEMALLOC"}
+    done = subprocess.run([sys.executable, "-c", child, str(base), str(frames)], env=env,
                           capture_output=True, text=True, timeout=100)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    first = Path(f"{base}.1").read_text()
-    second = Path(f"{base}.2").read_text()
+    first, second = Path(f"{base}.1").read_text(), Path(f"{base}.2").read_text()
     assert "compared_with nothing" in first
     assert "compared_with report 1" in second
-    by_line = second.split("== growth by lineno (KiB, blocks) ==")[1].splitlines()[1]
-    kib, blocks, where = by_line.split()
-    assert where == "<string>:6", by_line  # the bytearray line of CHILD
+    return first, second
+
+
+def section(report: str, title: str) -> list[str]:
+    return report.split(f"== {title}")[1].split("\n\n")[0].splitlines()[1:]
+
+
+def test_traced_report_names_the_line_that_grew(tmp_path: Path) -> None:
+    _, second = reports(tmp_path, CHILD, frames=5)
+    kib, blocks, where = section(second, "growth by lineno")[0].split()
+    assert where == "<string>:6"  # the bytearray line of CHILD
     assert int(kib) >= 7800 and int(blocks) >= 2000
 
 
-def test_not_tracing_installs_nothing(tmp_path: Path) -> None:
+SHAPES = textwrap.dedent(
+    """
+    import os, signal, sys
+    from fsdp_operator import heap
+    assert heap.install(sys.argv[1], frames=int(sys.argv[2]))
+    os.kill(os.getpid(), signal.SIGUSR2)
+    kept = [{"podname": f"pod-{i}", "podphase": "Running"} for i in range(20000)]
+    os.kill(os.getpid(), signal.SIGUSR2)
+    print(len(kept))
+    """
+)
+
+
+def test_untraced_report_names_the_dicts_and_types_that_grew(tmp_path: Path) -> None:
+    _, second = reports(tmp_path, SHAPES, frames=0)
+    kib, count, *_rest, shape = section(second, "dicts by keys")[0].split(maxsplit=4)
+    assert shape == "{podname, podphase}" and int(count) == 20000
+    types = {line.split()[-1]: int(line.split()[1]) for line in section(second, "objects by")}
+    assert types["dict"] >= 20000 and types["str"] >= 20000  # each pod name is a new string
+    memory = {line[:26].strip(): line[26:].split() for line in section(second, "memory")}
+    assert int(memory["pymalloc in live blocks"][1]) > 20000 * 200 / 1024  # dict+str >= 200 B
+    assert "growth by lineno" not in second  # nothing traced
+
+
+def test_no_path_traces_nothing() -> None:
+    code = "import tracemalloc; from fsdp_operator import heap; "
+    code += "print(heap.install(''), tracemalloc.is_tracing())"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONTRACEMALLOC"}
-    code = f"from fsdp_operator import heap; print(heap.install({str(tmp_path / 'h')!r}))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60)  # fmt: skip
-    assert done.stdout.strip() == "False"
-    assert "PYTHONTRACEMALLOC is not" in done.stderr
+    assert done.stdout.split() == ["False", "False"], done.stderr
 
 
 @pytest.mark.parametrize(
