@@ -33,6 +33,8 @@ def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
                 "lastTransitionTime": "2026-12-01T10:00:00Z",
             },
             {"type": "PodScheduled", "status": "True"},
+            {"type": "Ready", "status": "False", "reason": "PodFailed"},
+            {"type": "ContainersReady", "status": "False", "reason": "PodFailed"},
         ],  # fmt: skip
         "containerStatuses": [
             {
@@ -62,6 +64,20 @@ def test_a_slim_pod_reads_as_the_whole_pod_and_is_much_smaller() -> None:
     assert view is not None and view.exit_code == 137 and view.disrupted and view.ip
     assert cache.pod_requests(slim) == cache.pod_requests(full) != {}
     assert len(repr(slim)) < len(repr(full)) / 3
+    assert [c["type"] for c in slim["status"]["conditions"]] == ["DisruptionTarget", "PodScheduled"]
+
+
+def test_a_slim_running_pod_keeps_no_container_state_and_a_waiting_one_its_reason() -> None:
+    running = _live(tt.pod(), phase="Running")
+    running["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-12-01"}}
+    slim = cache.slim_pod(running)
+    assert slim["status"]["containerStatuses"] == []
+    assert observe.pod_view(slim) == observe.pod_view(running)
+    waiting = _live(tt.pod(), phase="Pending")
+    waiting["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull"}}
+    view = observe.pod_view(cache.slim_pod(waiting))
+    assert view == observe.pod_view(waiting)
+    assert view is not None and view.image_error == "ErrImagePull"
 
 
 def test_usage_is_held_only_by_bound_pods_that_have_not_finished_and_kept_per_node() -> None:
