@@ -35,7 +35,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from fsdp_operator import cache, leader, metrics, names, observe, probe, reconcile
+from fsdp_operator import cache, heap, leader, metrics, names, observe, probe, reconcile
 from fsdp_operator import kube as k8s
 from fsdp_operator import settings as cfg
 from fsdp_operator import spec as api
@@ -43,6 +43,7 @@ from fsdp_operator import spec as api
 log = logging.getLogger(__name__)
 MIN_PAUSE = 0.2  # seconds between passes of one job, however many events arrive
 ERROR_PAUSE = 5.0
+TRIM_SECONDS = 30.0  # free memory glibc keeps goes back to the kernel this often (heap.trim)
 
 Key = tuple[str, str]
 _loops: dict[Key, asyncio.Task[None]] = {}
@@ -198,6 +199,7 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     _tasks.append(asyncio.create_task(_prober.run(), name="prober"))
     if _elector is not None:
         _tasks.append(asyncio.create_task(_elector.run(), name="leader-election"))
+    _tasks.append(asyncio.create_task(heap.trim_every(TRIM_SECONDS), name="malloc-trim"))
     if conf.metrics_port:
         prometheus_client.start_http_server(conf.metrics_port)
 
