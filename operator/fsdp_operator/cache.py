@@ -15,7 +15,8 @@ here; the indices themselves are passed in.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+import sys
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fsdp_operator import names
@@ -36,35 +37,45 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.get("metadata", {})
     spec = body.get("spec", {})
     status = body.get("status", {})
+    kept = {k: meta[k] for k in ("name", "uid", "deletionTimestamp") if k in meta}
+    if "namespace" in meta:
+        kept["namespace"] = _shared(meta["namespace"])
+    if "labels" in meta:
+        kept["labels"] = {_shared(k): _shared(v) for k, v in (meta["labels"] or {}).items()}
+    if "ownerReferences" in meta:
+        kept["ownerReferences"] = [{k: _shared(v) for k, v in ref.items()}
+                                   for ref in meta["ownerReferences"] or []]  # fmt: skip
     return {
         "kind": "Pod",
-        "metadata": {
-            k: meta[k]
-            for k in ("name", "namespace", "uid", "labels", "ownerReferences", "deletionTimestamp")
-            if k in meta
-        },
+        "metadata": kept,
         "spec": {
-            "nodeName": spec.get("nodeName"),
+            "nodeName": _shared(spec.get("nodeName")),
             "containers": [
-                {"name": c.get("name"), "resources": {"requests": _requests_of(c)}}
+                {"name": _shared(c.get("name")), "resources": {"requests": _requests_of(c)}}
                 for c in spec.get("containers") or []
             ],
         },
         "status": {
-            "phase": status.get("phase", "Pending"),
+            "phase": _shared(status.get("phase", "Pending")),
             "podIP": status.get("podIP"),
             "conditions": [
-                {k: c[k] for k in ("type", "status", "reason") if k in c}
+                {k: _shared(c[k]) for k in ("type", "status", "reason") if k in c}
                 for c in status.get("conditions") or []
                 if c.get("type") in _POD_CONDITIONS
             ],
             "containerStatuses": [
-                {"name": cs.get("name"), "state": state}
+                {"name": _shared(cs.get("name")), "state": state}
                 for cs in status.get("containerStatuses") or []
                 if (state := {k: v for k, v in (cs.get("state") or {}).items() if k in _STATES})
             ],
         },
     }
+
+
+def _shared(value: Any) -> Any:
+    """One string object for the values every pod repeats (label keys and values, node names,
+    the owner's name and uid, phases): parsed JSON gives each pod its own copies."""
+    return sys.intern(value) if type(value) is str else value
 
 
 def _requests_of(container: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,7 +141,8 @@ class View:
 
     pods: list[dict[str, Any]]
     """Every pod carrying the job's label (owned or not: observe.owned_by sorts them)."""
-    nodes: list[NodeRecord]
+    nodes: Sequence[NodeRecord]
+    """Shared between views (handlers._view): not to be changed."""
     used: Mapping[str, Mapping[str, float]]
     """Per node, requests of the active pods bound there (this job's own included)."""
     progress: ob.Progress | None = None
@@ -152,6 +164,7 @@ class Usage:
     def __init__(self) -> None:
         self._by_uid: dict[str, tuple[str, dict[str, float]]] = {}
         self._totals: dict[str, dict[str, float]] = {}
+        self._copy: Mapping[str, Mapping[str, float]] | None = None
 
     def put(self, uid: str, entry: tuple[str, dict[str, float]] | None) -> None:
         old = self._by_uid.get(uid)
@@ -165,6 +178,7 @@ class Usage:
             self._add(entry, 1.0)
 
     def _add(self, entry: tuple[str, dict[str, float]], sign: float) -> None:
+        self._copy = None
         node, requests = entry
         total = dict(self._totals.get(node, {}))
         for key, value in requests.items():
@@ -178,8 +192,12 @@ class Usage:
         else:
             self._totals.pop(node, None)
 
-    def totals(self) -> dict[str, dict[str, float]]:
-        return dict(self._totals)
+    def totals(self) -> Mapping[str, Mapping[str, float]]:
+        """A copy, shared by every caller until the next change (not to be changed: passes
+        queued behind a busy API server would each hold their own, a node table apiece)."""
+        if self._copy is None:
+            self._copy = dict(self._totals)
+        return self._copy
 
     def __len__(self) -> int:
         return len(self._by_uid)

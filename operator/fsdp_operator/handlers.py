@@ -56,6 +56,7 @@ _tasks: list[asyncio.Task[None]] = []
 _synced = False  # set by the first non-index handler: kopf filled every index before it
 _indices: dict[str, Any] = {}
 _nodes_seen: dict[str, cache.NodeRecord] = {}
+_node_list: list[cache.NodeRecord] | None = None
 _usage = cache.Usage()
 _passes: concurrent.futures.ThreadPoolExecutor | None = None  # None: asyncio's default
 
@@ -84,13 +85,22 @@ async def pod_gone(body: kopf.Body, **_: Any) -> None:
 
 @kopf.index("", "v1", "nodes")
 async def fsdp_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, cache.NodeRecord]:
+    global _node_list
     record = observe.node_record(body)
     if _nodes_seen.get(name) != record:  # heartbeats change nothing here: no wake-up
         first = name not in _nodes_seen
         _nodes_seen[name] = record
+        _node_list = None
         if not first:
             _node_changed(name)
     return {name: record}
+
+
+@kopf.on.event("", "v1", "nodes", when=lambda type, **_: type == "DELETED")
+async def node_gone(name: str, **_: Any) -> None:
+    global _node_list
+    _nodes_seen.pop(name, None)
+    _node_list = None  # kopf has taken it out of the index by now
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
@@ -120,7 +130,10 @@ def _view(namespace: str, name: str) -> cache.View:
     nodes_idx = _indices.get("fsdp_nodes") or {}
     key = cache.job_key(namespace, name)
     pods = list(pods_idx.get(key, ()))
-    nodes = [record for store in nodes_idx.values() for record in store]
+    global _node_list
+    if _node_list is None:  # one list for every view until a node changes (see Usage.totals)
+        _node_list = [record for store in nodes_idx.values() for record in store]
+    nodes = _node_list
     latest = _prober.take((namespace, name)) if _prober is not None else None
     return cache.View(
         pods=pods,

@@ -93,11 +93,13 @@ def test_usage_is_held_only_by_bound_pods_that_have_not_finished_and_kept_per_no
     kept.put("other", ("node-a", {"nvidia.com/gpu": 2.0}))
     before = kept.totals()
     assert before["node-a"]["nvidia.com/gpu"] == 10
+    assert kept.totals() is before  # one copy for every pass until something changes
     # the job's own pod frees its room; the copy a pass holds does not change under it
     assert cache.without(before, [pod])["node-a"]["nvidia.com/gpu"] == 2
     kept.put("p-uid", None)  # gone (DELETED) or finished
     kept.put("other", ("node-a", {"nvidia.com/gpu": 2.0}))  # a repeat changes nothing
     assert kept.totals() == {"node-a": {"nvidia.com/gpu": 2.0}} and len(kept) == 1
+    assert kept.totals() is not before
     assert before["node-a"]["nvidia.com/gpu"] == 10
     kept.put("other", None)
     assert kept.totals() == {}

@@ -164,3 +164,32 @@ def test_a_sleeping_loop_holds_neither_its_view_nor_the_event_that_started_it(
     loop = asyncio.new_event_loop()
     loop.run_until_complete(asyncio.wait_for(scenario(), 5))
     loop.close()
+
+
+def test_views_share_one_node_list_until_a_node_changes_or_goes(
+    passes: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def node(name: str, gpus: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": gpus},
+                "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+    index: dict[str, list[Any]] = {}
+    monkeypatch.setattr(handlers, "_indices", {"fsdp_nodes": index, "fsdp_job_pods": {}})
+    monkeypatch.setattr(handlers, "_nodes_seen", {})
+    monkeypatch.setattr(handlers, "_node_list", None)
+
+    def seen(name: str, gpus: str) -> None:  # as kopf does: the index function, then the index
+        index[name] = [asyncio.run(handlers.fsdp_nodes(body=node(name, gpus), name=name))[name]]
+
+    seen("n1", "8")
+    seen("n2", "8")
+    first = handlers._view("ns", "train").nodes
+    assert handlers._view("ns", "other").nodes is first and len(first) == 2
+    seen("n1", "8")  # a heartbeat: nothing a pass reads changed
+    assert handlers._view("ns", "train").nodes is first
+    seen("n1", "4")
+    changed = handlers._view("ns", "train").nodes
+    assert changed is not first and {n.allocatable["nvidia.com/gpu"] for n in changed} == {4, 8}
+    del index["n2"]  # kopf drops it from the index, then runs the DELETED handler
+    asyncio.run(handlers.node_gone(name="n2"))
+    assert [n.name for n in handlers._view("ns", "train").nodes] == ["n1"]
