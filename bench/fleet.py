@@ -224,6 +224,8 @@ class Size:
     def _bring_up(self) -> None:
         assert self.clock is not None
         before = self._scrape()
+        assert self.op.proc is not None
+        cpu0, t0 = cpu_seconds(self.op.proc.pid), time.monotonic()
         applied = time.time()
         docs = [job_doc(n, pods=self.args.pods_per_job, gpus_per_pod=self.args.gpus_per_pod)
                 for n in self.names()]  # fmt: skip
@@ -234,6 +236,8 @@ class Size:
         wait_for("every job Running", lambda: self.clock and self.clock.all_running(self.names()),
                  timeout=self.args.wait_seconds, every=0.5, context=self._context)  # fmt: skip
         done = self.clock.last_running(self.names())
+        cpu = cpu_seconds(self.op.proc.pid) - cpu0
+        self.row["cpu_pct_bring_up"] = 100.0 * cpu / (time.monotonic() - t0)
         self.row |= api_window(before, self._scrape(), time.time() - applied, "bring_up")
         lags = self.clock.job_lags(self.names())
         self.row |= {
@@ -390,7 +394,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pods-per-job", type=int, default=4)
     p.add_argument("--gpus-per-pod", type=int, default=1)
     p.add_argument("--nodes", type=int, default=1000)
-    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=8,
+        help="8, as GPU servers come: at 4, 1,000 jobs of 4 pods fill every GPU, and with one pod "
+        "of a job per node the last job's last pod may find no node left (it happened)",
+    )
     p.add_argument("--failures", type=int, default=50)
     p.add_argument("--failure-spacing", type=float, default=0.2, help="seconds between failures")
     p.add_argument("--idle-seconds", type=float, default=10.0, help="operator idle before RSS")
