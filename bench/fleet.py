@@ -14,9 +14,11 @@ watches on pods and FSDPJobs:
 - failures: rank 0 of distinct random jobs fails (kwok's chaos stage, exit code 1); the failed
   pod seen Failed -> every pod of the next attempt seen ADDED, p50/p95 (goal p95 <= 3 s).
 
-Metrics the operator does not export yet are null. Results go to bench/results/fleet.json after
-every size and into a plot (docs/fleet.png); --replot redraws it from the JSON. Numbers, not
-assertions.
+With --heap-report the operator writes a heap report (fsdp_operator/heap.py) idle and once the
+jobs settled, each right after the RSS it goes with is read; the second, what the jobs added, is
+kept as bench/results/fleet-heap-<jobs>.txt. Metrics the operator does not export yet are null.
+Results go to bench/results/fleet.json after every size and into a plot (docs/fleet.png);
+--replot redraws it from the JSON. Numbers, not assertions.
 """
 
 from __future__ import annotations
