@@ -22,8 +22,11 @@ from fsdp_worker.config import AUTO
 # beside the passes, probe.py) and at its own deadlines below; this is only the safety net.
 RESYNC_SECONDS = 300.0
 # Pods this operator created are expected in its watch this soon; only then are missing ones
-# created again (each early retry is a 409 and a GET on a busy API server).
-EXPECT_SECONDS = 10.0
+# created again (each early retry is GETs, 409s and a GET on a busy API server). 10 s was too
+# short for a saturated API server: at 1,000 jobs on 2 cores the watch lagged 20-80 s and about
+# 1,080 of a bring-up's 15,500 requests were such repeats, 220 at 60 s (docs/operator.md,
+# "Fleet"). client-go waits 5 minutes; the pods' own watch events wake the job when seen.
+EXPECT_SECONDS = 60.0
 CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
@@ -421,7 +424,7 @@ def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) ->
     if len(pods) >= (s.replicas or 0):
         s.pods_created = True
     elif obs.created_at is not None and obs.now - obs.created_at < EXPECT_SECONDS:
-        d.again(EXPECT_SECONDS)  # their watch events wake the job sooner
+        d.again(EXPECT_SECONDS - (obs.now - obs.created_at))  # their watch events wake it sooner
     elif not _blocked(d, obs):
         live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
         d.launch = Launch(
