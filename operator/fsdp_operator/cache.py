@@ -5,10 +5,13 @@ kopf already holds one watch per resource kind, and it runs no other handler unt
 has been filled from its initial listing, so no pass ever reads a half-filled cache (a pod not
 yet seen would read as a vanished one, and restart a healthy job). What the indices keep is
 small: a slimmed copy of each of the operator's pods, each bound pod's resource requests and
-each node's few scheduling facts, never whole objects.
+each node's few scheduling facts, never whole objects. (The last two are kept by index
+functions in tables of handlers.py, `Usage` and a record per node; the kopf indices for them
+stay empty.)
 
 The indices change on the event loop; a pass runs in a thread. So a pass never reads them: the
-loop takes a `View` (plain lists and dicts, copied) just before the pass starts. Pure functions
+loop takes a `View` (plain lists and dicts; the node list and usage table shared between views
+until they change) just before the pass starts. Pure functions
 here; the indices themselves are passed in.
 """
 

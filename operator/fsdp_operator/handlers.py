@@ -84,7 +84,9 @@ async def pod_gone(body: kopf.Body, **_: Any) -> None:
 
 
 @kopf.index("", "v1", "nodes")
-async def fsdp_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, cache.NodeRecord]:
+async def fsdp_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, Any]:
+    """Keeps `_nodes_seen` (an index function: kopf runs it for every listed node before any
+    handler); the kopf index itself stays empty, as fsdp_pod_usage's."""
     global _node_list
     record = observe.node_record(body)
     if _nodes_seen.get(name) != record:  # heartbeats change nothing here: no wake-up
@@ -93,14 +95,14 @@ async def fsdp_nodes(body: kopf.Body, name: str, **_: Any) -> dict[str, cache.No
         _node_list = None
         if not first:
             _node_changed(name)
-    return {name: record}
+    return {}
 
 
 @kopf.on.event("", "v1", "nodes", when=lambda type, **_: type == "DELETED")
 async def node_gone(name: str, **_: Any) -> None:
     global _node_list
     _nodes_seen.pop(name, None)
-    _node_list = None  # kopf has taken it out of the index by now
+    _node_list = None
 
 
 @kopf.index(api.GROUP, api.VERSION, api.PLURAL)
@@ -127,12 +129,13 @@ def _node_changed(node: str) -> None:
 def _view(namespace: str, name: str) -> cache.View:
     """A copy of what the indices hold for one pass of one job (on the event loop)."""
     pods_idx = _indices.get("fsdp_job_pods") or {}
-    nodes_idx = _indices.get("fsdp_nodes") or {}
     key = cache.job_key(namespace, name)
     pods = list(pods_idx.get(key, ()))
     global _node_list
     if _node_list is None:  # one list for every view until a node changes (see Usage.totals)
-        _node_list = [record for store in nodes_idx.values() for record in store]
+        # From _nodes_seen, changed together with the invalidation (kopf stores an index
+        # function's result only after it returns: a view made in between would read the old).
+        _node_list = list(_nodes_seen.values())
     nodes = _node_list
     latest = _prober.take((namespace, name)) if _prober is not None else None
     return cache.View(
@@ -187,7 +190,7 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.posting.level = logging.WARNING  # our own Events say what happened
     settings.persistence.finalizer = f"{api.GROUP}/kopf-finalizer"  # unused: no such handlers
-    for index in ("fsdp_job_pods", "fsdp_nodes", "fsdp_jobs"):
+    for index in ("fsdp_job_pods", "fsdp_jobs"):
         _indices[index] = kwargs[index]
     client = k8s.load_client()
     if conf.leader_election:

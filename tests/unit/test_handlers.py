@@ -173,13 +173,12 @@ def test_views_share_one_node_list_until_a_node_changes_or_goes(
         return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": gpus},
                 "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
 
-    index: dict[str, list[Any]] = {}
-    monkeypatch.setattr(handlers, "_indices", {"fsdp_nodes": index, "fsdp_job_pods": {}})
+    monkeypatch.setattr(handlers, "_indices", {"fsdp_job_pods": {}})
     monkeypatch.setattr(handlers, "_nodes_seen", {})
     monkeypatch.setattr(handlers, "_node_list", None)
 
-    def seen(name: str, gpus: str) -> None:  # as kopf does: the index function, then the index
-        index[name] = [asyncio.run(handlers.fsdp_nodes(body=node(name, gpus), name=name))[name]]
+    def seen(name: str, gpus: str) -> None:  # a node's watch event: kopf runs the index function
+        asyncio.run(handlers.fsdp_nodes(body=node(name, gpus), name=name))
 
     seen("n1", "8")
     seen("n2", "8")
@@ -190,6 +189,5 @@ def test_views_share_one_node_list_until_a_node_changes_or_goes(
     seen("n1", "4")
     changed = handlers._view("ns", "train").nodes
     assert changed is not first and {n.allocatable["nvidia.com/gpu"] for n in changed} == {4, 8}
-    del index["n2"]  # kopf drops it from the index, then runs the DELETED handler
     asyncio.run(handlers.node_gone(name="n2"))
     assert [n.name for n in handlers._view("ns", "train").nodes] == ["n1"]
