@@ -235,7 +235,13 @@ class Cluster:
         deadline = max(deadline, time.monotonic() + 60.0)
         for node in layouts:
             zone = f"zone-{node.index % max(1, wanted.zones)}"
+            # Every kubelet serves the device-plugin registry on one fixed path, whatever its
+            # --root-dir: it deletes the sockets there and binds. Two starting together race
+            # (one binds between the other's delete and bind, and exits with EADDRINUSE), so
+            # each kubelet is started once the one before it has bound.
+            nodes.DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
             self._spawn(f"kubelet-{node.name}", nodeconf.kubelet_args(node, zone=zone))
+            self._poll(f"kubelet-{node.name}", nodes.DEVICE_PLUGIN_SOCKET.exists, deadline)
         self._start_kube_proxy(certs_dir=self._layout.pki, hostname=layouts[0].name)
         for node in layouts:
             ready = functools.partial(self.node_ready, node.name)

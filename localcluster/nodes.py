@@ -33,6 +33,8 @@ V1_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "b
                   "systemd", "unified")  # fmt: skip
 CGROUP_FS = Path("/sys/fs/cgroup")
 GPU_RESOURCE = "nvidia.com/gpu"
+# The kubelet's device-plugin registry: a constant in the kubelet, not under its --root-dir.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 
 
 class NodeError(RuntimeError):
