@@ -148,6 +148,24 @@ def _view(namespace: str, name: str) -> cache.View:
 
 
 # --- start-up, leadership ----------------------------------------------------------------------
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf builds one on every watch event of every kind (a deep copy of the
+    body, then another to clear it of progress fields) for on.create/on.update handlers to
+    diff against. This operator has none (see above), yet during a mass deletion at 1,000 jobs
+    that copying was a third of the event loop's busy time. With no essence, kopf's diff is
+    empty and nothing is stored. tests/unit/test_handlers.py fails if a change handler is ever
+    registered, since it would then never see a change."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
+        return None
+
+    def fetch(self, *, body: kopf.Body) -> None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
+        return None
+
+
 def _identity() -> str:
     return os.environ.get("FSDPOP_IDENTITY") or f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
@@ -190,6 +208,7 @@ async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.posting.level = logging.WARNING  # our own Events say what happened
     settings.persistence.finalizer = f"{api.GROUP}/kopf-finalizer"  # unused: no such handlers
+    settings.persistence.diffbase_storage = NoDiffBase()
     for index in ("fsdp_job_pods", "fsdp_jobs"):
         _indices[index] = kwargs[index]
     client = k8s.load_client()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import gc
+import logging
 import time
 import weakref
 from typing import Any
@@ -191,3 +192,46 @@ def test_views_share_one_node_list_until_a_node_changes_or_goes(
     assert changed is not first and {n.allocatable["nvidia.com/gpu"] for n in changed} == {4, 8}
     asyncio.run(handlers.node_gone(name="n2"))
     assert [n.name for n in handlers._view("ns", "train").nodes] == ["n1"]
+
+
+def test_no_handler_needs_the_diff_base_the_operator_does_not_build() -> None:
+    """NoDiffBase makes kopf skip its per-event deep copies. It is only right while nothing
+    reacts to changes: an on.create/on.update/on.resume/on.delete handler or a daemon
+    would never see one (and the job would get kopf's finalizer)."""
+    import kopf
+
+    registry = kopf.get_default_registry()
+    assert not list(registry._changing.get_all_handlers())
+    assert not list(registry._spawning.get_all_handlers())
+    assert list(registry._watching.get_all_handlers())  # the check does see handlers.py's own
+
+
+def test_kopf_finds_no_change_and_copies_no_body_with_no_diff_base(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf's own cause detection, with the operator's settings, on a pod's update."""
+    import copy
+
+    import kopf
+    from kopf._core.reactor import processing
+
+    settings = kopf.OperatorSettings()
+    settings.persistence.diffbase_storage = handlers.NoDiffBase()
+    copies: list[int] = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copies.append(1) or real(x, *a))
+    body = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "uid": "u"},
+                      "spec": {"containers": [{"name": "c"}]}, "status": {}})  # fmt: skip
+
+    async def detect() -> Any:  # kopf's per-object memory wants a running loop
+        return processing._detect_causes(
+            indexers=processing.indexing.OperatorIndexers(), registry=kopf.get_default_registry(),
+            settings=settings, resource=kopf.Resource("", "v1", "pods"),
+            raw_event={"type": "MODIFIED", "object": dict(body)}, body=body, patch=kopf.Patch(),
+            memory=processing.inventory.ResourceMemory(), local_logger=logging.getLogger("t"),
+            event_logger=logging.getLogger("t"),
+        )  # fmt: skip
+
+    causes = asyncio.run(detect())
+    assert copies == []
+    assert causes.changing_cause is None
