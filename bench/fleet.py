@@ -318,12 +318,25 @@ class Size:
         return f"{summary}\n--- operator log ---\n{self.op.log_tail(30)}"
 
     def _clean_up(self) -> None:
-        """Jobs deleted while the operator runs (its finalizers), then the operator, then the
-        namespace, each gone before the next size starts."""
+        """Jobs deleted while the operator runs (it sees them go), then the operator, then the
+        namespace, each gone before the next size starts. Records how long the deletion took
+        and the operator's CPU meanwhile (its pods' events and the passes that find a job gone)."""
+
+        def op_cpu() -> float | None:  # None: no operator running (it failed, or never began)
+            with contextlib.suppress(OSError):
+                return cpu_seconds(self.op.proc.pid) if self.op.proc is not None else None
+            return None
+
+        cpu0, t0 = op_cpu(), time.monotonic()
         self.cluster.kubectl("delete", "fsdpjobs", "--all", "-n", self.ns, "--wait=false",
                              check=False, timeout=600)  # fmt: skip
         with contextlib.suppress(AssertionError):
             wait_for("jobs and pods gone", lambda: not self._left(), timeout=600, every=1.0)
+            elapsed = time.monotonic() - t0
+            self.row["delete_all_gone_s"] = elapsed
+            cpu1 = op_cpu()
+            if cpu0 is not None and cpu1 is not None:
+                self.row["cpu_pct_delete"] = 100.0 * (cpu1 - cpu0) / elapsed
         self.op.stop()
         self.cluster.kubectl("delete", "namespace", self.ns, "--timeout=300s", check=False,
                              timeout=330)  # fmt: skip
