@@ -78,19 +78,21 @@ def test_auto_interval_reports_its_choice_and_carries_the_failure_record(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
     name = harness.unique("auto")
-    # a 0.5 s blocking save and 0.2 s steps; a 20 s prior MTBF keeps the optimum near 20 steps
-    env = {"STANDIN_FAIL_AT_STEP": 12, "STANDIN_SAVE_SECONDS": 0.5}
+    # a 0.5 s blocking save and 0.2 s steps; a 20 s prior MTBF keeps the optimum near 20 steps.
+    # The failure comes 8 s in: the operator must scrape the first attempt's choice before it
+    # (at step 12, 2.4 s in, a loaded machine's first scrape came after the failure).
+    env = {"STANDIN_FAIL_AT_STEP": 40, "STANDIN_SAVE_SECONDS": 0.5}
     ckpt = {"intervalSteps": "auto",
             "autoInterval": {"minSteps": 3, "maxSteps": 50, "priorMtbfSeconds": 20}}  # fmt: skip
     jobs.apply(harness.job_doc(name, training={"steps": 60}, checkpoint=ckpt, env=env))
-    first = harness.wait_for(
+    status = harness.wait_for(
         "an auto interval chosen from measured costs",
-        lambda: (
-            (c := jobs.status(name).get("checkpointInterval") or {}).get("saveSeconds") and c
-        ),  # fmt: skip
+        lambda: ((s := jobs.status(name)).get("checkpointInterval") or {}).get("saveSeconds") and s,
         timeout=90,
         context=operator.log_tail,
     )
+    assert status.get("attempt") == 1, f"first interval seen on attempt {status.get('attempt')}"
+    first = status["checkpointInterval"]
     assert first["auto"] and first["saveSeconds"] == 0.5 and first["stepSeconds"] == 0.2
     assert first["failures"] == 0 and first["mtbfSeconds"] >= 20
     assert 3 <= first["steps"] <= 50
