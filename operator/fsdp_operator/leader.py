@@ -24,6 +24,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from fsdp_operator import metrics
 
 log = logging.getLogger(__name__)
+RELEASE_TRIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,11 @@ class Elector:
         self._seen: tuple[Any, ...] | None = None  # the other holder's record, as last read
         self._seen_at = float("-inf")
         self.transitions = 0
+        # One request sequence at a time: a renewal already in its thread when release() is
+        # called would otherwise change the Lease under the release (409, and the standby waits
+        # for the whole lease). Cancelling the task that awaits a thread does not stop it.
+        self._io = threading.Lock()
+        self._released = False  # after a release, never take the lease again
 
     # --- what the rest of the operator reads ----------------------------------------------------
     def window(self) -> float:
@@ -106,7 +113,7 @@ class Elector:
                 except Exception as exc:  # the API server unreachable, or refusing: try again
                     log.warning("leader election: %s", _describe(exc))
                     ok = False
-                if ok:
+                if ok and not self._released:  # a renewal the release waited for starts nothing
                     self._renewed = max(self._renewed, sent)
                     # A success that came back after the deadline starts nothing: the next try,
                     # sent now, must succeed first.
@@ -155,6 +162,12 @@ class Elector:
 
     def _try(self, sent: float) -> bool:
         """One try to acquire or renew (blocking); True when this replica holds the lease."""
+        with self._io:
+            if self._released:
+                return False
+            return self._try_locked(sent)
+
+    def _try_locked(self, sent: float) -> bool:
         timeout = self._timeout(sent)
         try:
             resp = self.api.read_namespaced_lease(
@@ -219,7 +232,11 @@ class Elector:
         return True
 
     async def release(self) -> None:
-        """A clean shutdown: stop acting, then hand the lease back for a standby to take now."""
+        """A clean shutdown: stop acting, then hand the lease back for a standby to take now.
+
+        Waits for a renewal already under way, so the release is written after it, not refused
+        because of it; from then on this replica takes no lease."""
+        self._released = True
         if not self._leading:
             return
         self._stop("shutting down")
@@ -229,18 +246,29 @@ class Elector:
             log.warning("leader election: release failed: %s", _describe(exc))
 
     def _release(self) -> None:
-        resp = self.api.read_namespaced_lease(
-            self.name, self.namespace, _preload_content=False, _request_timeout=5
-        )
-        lease = json.loads(resp.data)
-        spec = lease.get("spec") or {}
-        if spec.get("holderIdentity") != self.identity:
-            return
-        now = _micro(time.time())
-        lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                         "renewTime": now, "acquireTime": now}  # fmt: skip
-        self.api.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=5)
-        log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
+        with self._io:
+            for _ in range(RELEASE_TRIES):
+                resp = self.api.read_namespaced_lease(
+                    self.name, self.namespace, _preload_content=False, _request_timeout=5
+                )
+                lease = json.loads(resp.data)
+                spec = lease.get("spec") or {}
+                if spec.get("holderIdentity") != self.identity:
+                    return
+                now = _micro(time.time())
+                lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
+                                 "renewTime": now, "acquireTime": now}  # fmt: skip
+                try:
+                    self.api.replace_namespaced_lease(
+                        self.name, self.namespace, lease, _request_timeout=5
+                    )
+                except ApiException as exc:
+                    if exc.status == 409:  # written since the read: read it again
+                        continue
+                    raise
+                log.info("%s released lease %s/%s", self.identity, self.namespace, self.name)
+                return
+            log.warning("leader election: release gave up after %d conflicts", RELEASE_TRIES)
 
 
 def _describe(exc: Exception) -> str:
