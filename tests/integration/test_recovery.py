@@ -297,9 +297,15 @@ def test_suspend_saves_and_resume_continues_from_that_step(
     _step_at_least(jobs, name, 7)
     jobs.patch(name, {"suspend": True})
     harness.wait_for("pods gone", lambda: not jobs.pods(name), timeout=60)
-    s = _phase(jobs, name, "Suspended")
+    # The phase reads Suspended from the pass that stops the pods; lastCheckpoint shows their
+    # SIGTERM save from the pass their exit wakes (CI once read the status in between: step 5).
+    s = harness.wait_for(
+        "the SIGTERM save in status",
+        lambda: (s := jobs.status(name)).get("phase") == "Suspended"
+        and s.get("lastCheckpoint", {}).get("step", 0) >= 7 and s,
+        timeout=30, context=lambda: f"{name} status: {jobs.status(name)}",
+    )  # fmt: skip
     saved = s["lastCheckpoint"]["step"]
-    assert saved % 5 != 0 or saved >= 7  # a SIGTERM save, not only the interval ones
     jobs.patch(name, {"suspend": False})
     done = _phase(jobs, name, "Succeeded", timeout=120)
     assert done["history"][1]["resumedFromStep"] == saved
