@@ -17,9 +17,11 @@ import yaml
 
 from fsdp_worker import catalog
 from localcluster import stack
-from tests.e2e.conftest import E2E, WORKER_UID
+from tests.e2e.conftest import E2E, NAMESPACE, WORKER_UID
 
-pytestmark = [pytest.mark.cluster, pytest.mark.torch]
+# Longer than any one wait below, so a wait that runs out says why (status, Events, the
+# operator's log) before pytest-timeout would stop the test without a word.
+pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 STEPS = 240
 
 
@@ -48,7 +50,25 @@ def _job(e2e: E2E, name: str, **spec: Any) -> dict[str, Any]:
 
 def _wait(jobs: stack.Jobs, name: str, what: str, probe: Any, *, timeout: float = 300) -> Any:
     return stack.wait_for(what, probe, timeout=timeout, every=1.0,
-                          context=lambda: json.dumps(jobs.status(name))[:3000])  # fmt: skip
+                          context=lambda: _story(jobs, name))  # fmt: skip
+
+
+def _story(jobs: stack.Jobs, name: str) -> str:
+    """What a user would look at when a job does not get there: its status, its Events, its
+    pods' states and the operator replicas' last log lines."""
+    pods = [(p["metadata"]["name"], p["status"].get("phase"),
+             [c.get("state") for c in p["status"].get("containerStatuses") or []])
+            for p in jobs.pods(name)]  # fmt: skip
+    log = jobs.cluster.kubectl(
+        "logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=fsdp-operator", "--prefix",
+        "--tail=80", check=False,
+    )  # fmt: skip
+    return "\n".join([
+        f"status: {json.dumps(jobs.status(name))[:3000]}",
+        f"events: {jobs.events(name)[-20:]}",
+        f"pods: {pods}",
+        f"operator log:\n{log.stdout[-8000:]}{log.stderr[-500:]}",
+    ])  # fmt: skip
 
 
 def _running(jobs: stack.Jobs, name: str, attempt: int) -> list[dict[str, Any]]:
