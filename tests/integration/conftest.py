@@ -11,7 +11,10 @@ from localcluster import controlplane
 from tests.integration import harness
 
 
-@pytest.fixture(scope="session")
+# Package scope: it stops when this package's tests end. A session operator outlived them,
+# so `pytest tests/integration tests/e2e` ran two operators on the e2e suite's jobs (this one
+# with the stand-in worker's settings): the OOM test's job "Succeeded" with no OOM at all.
+@pytest.fixture(scope="package")
 def operator(
     cluster: controlplane.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[harness.Operator]:
