@@ -302,7 +302,7 @@ def test_suspend_saves_and_resume_continues_from_that_step(
     s = harness.wait_for(
         "the SIGTERM save in status",
         lambda: (s := jobs.status(name)).get("phase") == "Suspended"
-        and s.get("lastCheckpoint", {}).get("step", 0) >= 7 and s,
+        and (s.get("lastCheckpoint") or {}).get("step", 0) >= 7 and s,
         timeout=30, context=lambda: f"{name} status: {jobs.status(name)}",
     )  # fmt: skip
     saved = s["lastCheckpoint"]["step"]
