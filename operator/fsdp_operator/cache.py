@@ -6,13 +6,13 @@ has been filled from its initial listing, so no pass ever reads a half-filled ca
 yet seen would read as a vanished one, and restart a healthy job). What the indices keep is
 small: a slimmed copy of each of the operator's pods, each bound pod's resource requests and
 each node's few scheduling facts, never whole objects. (The last two are kept by index
-functions in tables of handlers.py, `Usage` and a record per node; the kopf indices for them
-stay empty.)
+functions in the `Store`: `Usage` and a record per node; the kopf indices for them stay
+empty.)
 
 The indices change on the event loop; a pass runs in a thread. So a pass never reads them: the
 loop takes a `View` (plain lists and dicts; the node list and usage table shared between views
-until they change) just before the pass starts. Pure functions
-here; the indices themselves are passed in.
+until they change) just before the pass starts. Pure functions here, and the `Store` that
+holds the indices (given to it) and the tables; no kopf, no API calls.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class View:
     pods: list[dict[str, Any]]
     """Every pod carrying the job's label (owned or not: observe.owned_by sorts them)."""
     nodes: Sequence[NodeRecord]
-    """Shared between views (handlers._view): not to be changed."""
+    """Shared between views (Store.nodes): not to be changed."""
     used: Mapping[str, Mapping[str, float]]
     """Per node, requests of the active pods bound there (this job's own included)."""
     progress: ob.Progress | None = None
@@ -221,3 +221,63 @@ def without(
             left[key] = left.get(key, 0.0) - value
         used[node] = left
     return used
+
+
+class Store:
+    """What the watches keep between passes: kopf's pods index (given once kopf made it), a
+    record per node and the usage table (both fed by index functions), and the one node list
+    every view shares until a node changes. Changed only on the event loop."""
+
+    def __init__(self, pods: Mapping[tuple[str, str], Any] | None = None) -> None:
+        self.pods: Mapping[tuple[str, str], Any] = pods if pods is not None else {}
+        """kopf's `fsdp_job_pods` index: job key -> the slim pods carrying its label."""
+        self.usage = Usage()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._node_list: list[NodeRecord] | None = None
+
+    def node_seen(self, record: NodeRecord) -> bool:
+        """Keep a node's record; True when a node already known changed in what a pass reads
+        (a heartbeat changes nothing, a node's first sighting wakes nobody)."""
+        old = self._nodes.get(record.name)
+        if old == record:
+            return False
+        self._nodes[record.name] = record
+        self._node_list = None
+        return old is not None
+
+    def node_gone(self, name: str) -> None:
+        self._nodes.pop(name, None)
+        self._node_list = None
+
+    def nodes(self) -> list[NodeRecord]:
+        """One list for every view until a node changes (see Usage.totals). Made from the
+        records changed together with the invalidation: kopf stores an index function's result
+        only after it returns, so a view made in between would read the old one."""
+        if self._node_list is None:
+            self._node_list = list(self._nodes.values())
+        return self._node_list
+
+    def jobs_on_node(self, node: str, kind: str) -> set[tuple[str, str]]:
+        """(namespace, job name) of every job (owner of `kind`) with a pod bound to `node`."""
+        found: set[tuple[str, str]] = set()
+        for (namespace, _label), store in list(self.pods.items()):
+            for pod in store:
+                if pod["spec"].get("nodeName") != node:
+                    continue
+                for owner in pod["metadata"].get("ownerReferences") or []:
+                    if owner.get("kind") == kind:
+                        found.add((namespace, str(owner.get("name"))))
+        return found
+
+    def view(
+        self, namespace: str, name: str, latest: tuple[str, ob.Progress] | None = None
+    ) -> View:
+        """A copy of what the store holds for one pass of one job; `latest` is rank 0's newest
+        scrape (pod name, progress) not yet seen by a pass."""
+        return View(
+            pods=list(self.pods.get(job_key(namespace, name), ())),
+            nodes=self.nodes(),
+            used=self.usage.totals(),
+            progress=latest[1] if latest else None,
+            progress_pod=latest[0] if latest else "",
+        )

@@ -437,6 +437,10 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
     pods = obs.attempt_pods(s.attempt)
     if not s.pods_created:
         _complete_creation(d, obs, pods)
+        if obs.conflicts and not s.pods_created:
+            # A name someone else holds: the gang waits whole (the pods a create made before it
+            # met the name are being deleted again by this operator: not a failure).
+            return d
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     failure = detect.detect(now_seen)
     if failure is not None:

@@ -1,19 +1,18 @@
 """The operator's own Prometheus metrics: jobs by phase, restarts by cause, detection latency,
 recovery duration, time to resume by phase, steps lost, goodput and lost time by cause,
-checkpoint age and interval. Recording only: no decisions, no API calls.
+checkpoint age and interval. The series and their bookkeeping only: what a pass's decision
+means for them is recording.py's; no decisions, no API calls here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
 
 import prometheus_client as prom
 
-from fsdp_operator import decide as dc
-from fsdp_operator import names
-from fsdp_operator import observed as ob
-from fsdp_operator import status as st
+from fsdp_operator import status
 
 _BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120, 300, 600)
 
@@ -71,7 +70,7 @@ SCRAPES = prom.Counter(
     "fsdpjob_operator_scrapes_total", "Scrapes of rank 0's metrics endpoint", ["result"]
 )
 
-for _phase in st.Phase:
+for _phase in status.Phase:
     JOBS.labels(_phase.value).set(0)
 
 _lock = threading.Lock()
@@ -80,52 +79,10 @@ _phase_counts: dict[str, int] = {}
 _causes: dict[tuple[str, str], set[str]] = {}  # LOST series per job, removed with the job
 
 
-def record(*, job: names.JobRef, obs: ob.Observed, decision: dc.Decision) -> None:
-    s = decision.status
-    _count_phase((job.namespace, job.name), s.phase.value)
-    f = decision.failure
-    if f is not None:
-        FAILURES.labels(f.cause.value).inc()
-        DETECT.labels(f.cause.value).observe(max(0.0, obs.now - f.time))
-    if decision.launch is not None and decision.launch.attempt > 1:
-        cause = s.history[-2].cause if len(s.history) > 1 else None
-        RESTARTS.labels(cause.value if cause else "Unknown").inc()
-        if len(s.history) > 1 and s.history[-2].steps_lost:
-            STEPS_LOST.inc(s.history[-2].steps_lost or 0)
-    if decision.recovered is not None and decision.recovered.recover_seconds is not None:
-        RECOVER.observe(decision.recovered.recover_seconds)
-    ck = s.last_checkpoint
-    if ck is not None and ck.time is not None:
-        CKPT_AGE.labels(job.namespace, job.name).set(max(0.0, obs.now - ck.time))
-    _record_cost(job, decision)
-
-
-def _record_cost(job: names.JobRef, decision: dc.Decision) -> None:
-    """Time to resume (once per restart), goodput and lost time, checkpoint interval."""
-    s = decision.status
-    resumed = decision.resumed
-    tl = resumed.timeline if resumed is not None else None
-    if tl is not None and tl.failed is not None:  # a restart, not the job's first start
-        for phase, seconds in st.breakdown(tl):
-            if seconds is not None:
-                RESUME_PHASE.labels(phase).observe(seconds)
-        total = st.time_to_resume(tl)
-        if total is not None:
-            RESUME.labels(tl.cause.value if tl.cause else "Unknown").observe(total)
-    g = s.goodput
-    if g is not None:
-        GOODPUT.labels(job.namespace, job.name).set(g.fraction)
-        with _lock:
-            known = _causes.setdefault((job.namespace, job.name), set())
-            known.update(g.lost_seconds)
-        for cause in known:
-            LOST.labels(job.namespace, job.name, cause).set(g.lost_seconds.get(cause, 0.0))
-    if s.checkpoint_interval is not None:
-        CHECKPOINT_INTERVAL.labels(job.namespace, job.name).set(s.checkpoint_interval.steps)
-
-
-def _count_phase(key: tuple[str, str], phase: str | None) -> None:
-    """Jobs by phase, kept as counts (a pass costs the same with 10 jobs or 10,000)."""
+def count_phase(namespace: str, name: str, phase: str | None) -> None:
+    """Jobs by phase, kept as counts (a pass costs the same with 10 jobs or 10,000); None: the
+    job is no longer counted."""
+    key = (namespace, name)
     with _lock:
         old = _phases.pop(key, None)
         if phase is not None:
@@ -138,8 +95,18 @@ def _count_phase(key: tuple[str, str], phase: str | None) -> None:
                 JOBS.labels(value).set(_phase_counts[value])
 
 
+def set_lost(namespace: str, name: str, lost_seconds: Mapping[str, float]) -> None:
+    """Lost time by cause; a cause seen once stays in the series (at 0) until forget()."""
+    with _lock:
+        known = _causes.setdefault((namespace, name), set())
+        known.update(lost_seconds)
+        causes = sorted(known)
+    for cause in causes:
+        LOST.labels(namespace, name, cause).set(lost_seconds.get(cause, 0.0))
+
+
 def forget(namespace: str, name: str) -> None:
-    _count_phase((namespace, name), None)
+    count_phase(namespace, name, None)
     with _lock:
         causes = _causes.pop((namespace, name), set())
     for gauge in (CKPT_AGE, GOODPUT, CHECKPOINT_INTERVAL):

@@ -1,8 +1,12 @@
 """One reconcile pass for one FSDPJob: observe -> decide -> apply, with one status write.
 
-Blocking (the handlers run it in a thread). The order of side effects is what makes the operator
+Blocking (loops.py runs it in a thread). The order of side effects is what makes the operator
 restart-safe: the status (the operator's memory) is written first, then pods are deleted and
 created, so a pass cut short anywhere is finished by the next one without duplicate pods.
+
+`Reconciler` owns what the passes of one process share: the API access, the settings, the
+writer pool, this process's own status writes, when it created each gang and when it last said
+that a job's pass failed. Nothing is kept in module globals: two Reconcilers share nothing.
 """
 
 from __future__ import annotations
@@ -13,32 +17,37 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pydantic
 
-from fsdp_operator import cache, metrics, names, observe, probe, templates
-from fsdp_operator import decide as dc
-from fsdp_operator import kube as k8s
-from fsdp_operator import observed as ob
-from fsdp_operator import settings as cfg
+from fsdp_operator import (
+    cache,
+    decide,
+    kube,
+    metrics,
+    names,
+    observe,
+    observed,
+    probe,
+    recording,
+    settings,
+    status,
+    templates,
+)
 from fsdp_operator import spec as api
-from fsdp_operator import status as st
 from fsdp_worker import catalog
 
 log = logging.getLogger(__name__)
 IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
+ERROR_EVENT_SECONDS = 60.0  # a failing pass says so in a Warning Event at most this often
 _QUARANTINE = {
     catalog.RejectReason.BAD_MARKER,
     catalog.RejectReason.MANIFEST_MISMATCH,
     catalog.RejectReason.CHECKSUM_MISMATCH,
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Context:
-    kube: k8s.Kube
-    settings: cfg.Settings
+Key = tuple[str, str]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +62,11 @@ class Outcome:
     """Node changes anywhere may matter (the job waits for room, or runs smaller than asked)."""
 
 
+def first_launch(spec: api.FSDPJobSpec, attempt: int = 1) -> decide.Launch:
+    """The launch templating is tried with before any attempt exists (validation, dry run)."""
+    return decide.Launch(attempt=max(1, attempt), replicas=spec.replicas, resume_path="")
+
+
 def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec | None, str]:
     """Parse the spec and dry-run templating: what the CRD cannot catch becomes a reason."""
     try:
@@ -62,21 +76,19 @@ def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
         return None, f"spec{where}: {first['msg']}"
     try:
-        templates.worker_pod(
-            job=job, spec=spec, attempt=1, node_rank=0, replicas=spec.replicas,
-            resume_path="", excluded_nodes=(),
-        )  # fmt: skip
+        templates.worker_pod(job, spec, first_launch(spec), node_rank=0)
     except ValueError as exc:
         return spec, str(exc)
     return spec, ""
 
 
-def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, settings: cfg.Settings) -> str | None:
-    """Local directory where the operator sees this job's checkpoints, if it can."""
+def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, template: str) -> str | None:
+    """Local directory where the operator sees this job's checkpoints, if it can (`template`:
+    Settings.storage_template)."""
     claim = spec.checkpoint.claim_name
-    if not settings.storage_template or not claim:
+    if not template or not claim:
         return None
-    volume = settings.storage_template.format(namespace=job.namespace, claim=claim)
+    volume = template.format(namespace=job.namespace, claim=claim)
     return names.checkpoint_dir(volume, job.name)
 
 
@@ -87,36 +99,44 @@ def _writer(cand: catalog.Candidate) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Catalog:
-    newest: st.CheckpointRef | None = None
+    newest: status.CheckpointRef | None = None
     corrupt: tuple[str, ...] = ()
-    conflicts: tuple[ob.Conflict, ...] = ()
+    conflicts: tuple[observed.Conflict, ...] = ()
 
 
 def _checkpoints(
-    job: names.JobRef, spec: api.FSDPJobSpec, status: st.FSDPJobStatus, base: str | None,
-    *, deep: bool,
-) -> _Catalog:  # fmt: skip
+    job: names.JobRef,
+    spec: api.FSDPJobSpec,
+    job_status: status.FSDPJobStatus,
+    base: str | None,
+    *,
+    deep: bool,
+) -> _Catalog:
     if base is None or not os.path.isdir(base):
         return _Catalog()
     storage = catalog.LocalStorage(base)
     lineage = catalog.Lineage(
-        attempt=status.attempt, resumed_from_step=status.resumed_from_step, job_uid=job.uid,
+        attempt=job_status.attempt,
+        resumed_from_step=job_status.resumed_from_step,
+        job_uid=job.uid,
         other_jobs=spec.checkpoint.resume_from_previous_jobs,
-    )  # fmt: skip
+    )
     chosen, rejected = catalog.select(
         storage, ".", config_hash=spec.training.resume_hash(), lineage=lineage, deep=deep
     )
     for cand in rejected:
-        log.debug("%s/%s: checkpoint %s rejected: %s %s",
-                  job.namespace, job.name, cand.path, cand.reason, cand.detail)  # fmt: skip
+        log.debug(
+            "%s/%s: checkpoint %s rejected: %s %s",
+            job.namespace, job.name, cand.path, cand.reason, cand.detail,
+        )  # fmt: skip
     corrupt = tuple(c.path for c in rejected if c.reason in _QUARANTINE)
     others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
     # Before the first attempt, another job's checkpoints mean the user re-used a name (or a
     # directory): starting fresh there would mix two runs' steps, resuming would be a guess.
     conflicts = tuple(
-        ob.Conflict(ob.ConflictKind.CHECKPOINTS, f"checkpoint {c.path}", _writer(c))
+        observed.Conflict(observed.ConflictKind.CHECKPOINTS, f"checkpoint {c.path}", _writer(c))
         for c in others[:1]
-        if status.attempt == 0
+        if job_status.attempt == 0
     )
     if chosen is None or chosen.marker is None:
         return _Catalog(None, corrupt, conflicts)
@@ -124,28 +144,30 @@ def _checkpoints(
     in_pod = (
         f"{names.checkpoint_dir(spec.checkpoint.root, job.name)}/{catalog.step_dir_name(m.step)}"
     )
-    ref = st.CheckpointRef(
+    ref = status.CheckpointRef(
         step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
     )
     return _Catalog(ref, corrupt, conflicts)
 
 
-def _rank0(pods: list[ob.PodView], status: st.FSDPJobStatus) -> ob.PodView | None:
+def _rank0(
+    pods: list[observed.PodView], job_status: status.FSDPJobStatus
+) -> observed.PodView | None:
     """Rank 0 of the current attempt while its endpoint is worth reading (running, no pod of
     the attempt failing: a failure is being handled, its progress is history)."""
-    current = [p for p in pods if p.attempt == status.attempt]
-    if any(p.phase is ob.PodPhase.FAILED or p.deleting for p in current):
+    current = [p for p in pods if p.attempt == job_status.attempt]
+    if any(p.phase is observed.PodPhase.FAILED or p.deleting for p in current):
         return None
     rank0 = next((p for p in current if p.rank == 0), None)
-    if rank0 is None or rank0.phase is not ob.PodPhase.RUNNING or not rank0.ip:
+    if rank0 is None or rank0.phase is not observed.PodPhase.RUNNING or not rank0.ip:
         return None
     return rank0
 
 
 def _progress(
-    pods: list[ob.PodView], status: st.FSDPJobStatus, view: cache.View
-) -> ob.Progress | None:
-    rank0 = _rank0(pods, status)
+    pods: list[observed.PodView], job_status: status.FSDPJobStatus, view: cache.View
+) -> observed.Progress | None:
+    rank0 = _rank0(pods, job_status)
     if rank0 is None or view.progress_pod != rank0.name:
         return None
     return view.progress
@@ -162,231 +184,298 @@ _POD_TO_JOB_FIELDS = (
 )
 
 
-def _dry_run(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> str:
-    """What the API server says of rank 0's pod ("" when it would admit it).
-
-    Admission knows what the CRD cannot: Pod Security, admission policies, LimitRanges, the
-    pod's own validation. A refusal there is the spec's fault; a full quota is not.
-    """
-    pod = templates.worker_pod(
-        job=job, spec=spec, attempt=max(1, attempt), node_rank=0, replicas=spec.replicas,
-        resume_path="", excluded_nodes=(), worker_module=ctx.settings.worker_module,
-    )  # fmt: skip
-    meta = pod["metadata"]
-    meta["generateName"] = f"{meta.pop('name')}-dryrun-"
-    refused = ctx.kube.dry_run_pod(pod)
-    if refused is None:
-        return ""
-    code, message = refused
-    if code in (400, 403, 422) and "exceeded quota" not in message:
-        for pod_field, job_field in _POD_TO_JOB_FIELDS:
-            message = message.replace(pod_field, job_field)
-        return f"the API server refuses the worker pod ({code}): {message}"
-    raise RuntimeError(f"dry run of the worker pod failed ({code}): {message}")
-
-
-def _owned_pods(
-    ctx: Context, job: names.JobRef, status: st.FSDPJobStatus, raw: list[dict[str, Any]],
-    *, just_created: bool = False,
-) -> tuple[list[ob.PodView], list[ob.Conflict]]:  # fmt: skip
-    """This job's pods (by controller uid), and what carries its labels or names but is not.
-
-    While an attempt's pods are being created, a pod or Service name it needs that is held by
-    someone else is a conflict too (a hand-made `<job>-a1-0`, or the pods of a deleted job of
-    the same name that the garbage collector has not removed yet).
-    """
-    ours = [p for p in raw if observe.owned_by(p, job)]
-    conflicts = [observe.conflict({**p, "kind": "Pod"}, job) for p in raw if p not in ours]
-    if status.attempt > 0 and not status.pods_created and not just_created:
-        # (not for names this process has just created: their creates said who holds them)
-        taken = {p["metadata"]["name"] for p in raw}
-        wanted = [("Service", names.service_name(job.name))] + [
-            ("Pod", names.pod_name(job.name, attempt=status.attempt, node_rank=rank))
-            for rank in range(status.replicas or 0)
-        ]
-        for kind, name in wanted:
-            found = None if name in taken else ctx.kube.get(kind, job.namespace, name)
-            if found is not None and not observe.owned_by(found, job):
-                conflicts.append(observe.conflict(found, job))
-    pods = [v for p in ours if (v := observe.pod_view(p)) is not None]
-    return pods, conflicts
-
-
-def gather(ctx: Context, body: dict[str, Any], now: float, view: cache.View) -> ob.Observed:
-    """The pass's observation: the job as just read, its pods and the nodes from the watches'
-    caches (`view`), its checkpoints from storage. No LIST call."""
-    meta = body["metadata"]
-    job = names.JobRef.of(body)
-    status = observe.status_of(body.get("status"))
-    generation = meta.get("generation", 0)
-    spec, error = check_spec(body, job)
-    if spec is None:  # no spec to reason about: fail with the reason, touch nothing
-        spec = api.FSDPJobSpec(replicas=1, image="invalid")
-        return ob.Observed(spec=spec, status=status, generation=generation,
-                           now=now, spec_error=error)  # fmt: skip
-    validated = status.validated_generation
-    if not error and validated != generation and status.phase not in st.TERMINAL_PHASES:
-        error = _dry_run(ctx, job, spec, status.attempt)
-        validated = None if error else generation
-    created_at = _created_at.get((job.uid, status.attempt))
-    just = created_at is not None and now - created_at < dc.EXPECT_SECONDS
-    pods, conflicts = _owned_pods(ctx, job, status, view.pods, just_created=just)
-    own = [p for p in view.pods if observe.owned_by(p, job)]
-    nodes = observe.node_views(view.nodes, spec=spec, used=cache.without(view.used, own))
-    base = storage_for(job, spec, ctx.settings)
-    found = _checkpoints(job, spec, status, base, deep=ctx.settings.deep_verify)
-    return ob.Observed(
-        spec=spec,
-        status=status,
-        generation=generation,
-        now=now,
-        pods=pods,
-        nodes=nodes,
-        checkpoint=found.newest,
-        corrupt_checkpoints=found.corrupt,
-        progress=_progress(pods, status, view),
-        spec_error=error,
-        created=observe.ts(meta.get("creationTimestamp")),
-        conflicts=[*conflicts, *found.conflicts],
-        validated_generation=validated,
-        created_at=created_at,
-    )
-
-
-def apply(ctx: Context, body: dict[str, Any], obs: ob.Observed, d: dc.Decision) -> None:
-    job = names.JobRef.of(body)
-    kube = ctx.kube
-    status = d.status.model_dump(mode="json", by_alias=True)
-    if status != obs.status.model_dump(mode="json", by_alias=True):  # write only what changed
-        written = kube.patch_status(job.namespace, job.name, status)
-        if written:
-            own_writes[(job.namespace, job.name)] = written
-    base = storage_for(job, obs.spec, ctx.settings)
-    for path in d.quarantine:
-        if base is not None:
-            step = int(path.rsplit("-", 1)[-1])
-            try:
-                catalog.quarantine(catalog.LocalStorage(base), ".", step)
-            except catalog.CatalogError as exc:
-                log.warning("quarantine of %s failed: %s", path, exc)
-    list(_WRITERS.map(lambda rm: kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds),
-                      d.delete))  # fmt: skip
-    if d.launch is not None:
-        _create_gang(ctx, job, obs.spec, d.launch)
-    for ev in d.events:
-        kube.event(job, type_=ev.type.value, reason=ev.reason, message=ev.message)
-    metrics.record(job=job, obs=obs, decision=d)
-    if d.delete_job:
-        kube.delete_job(job.namespace, job.name)
-
-
-def _create_gang(ctx: Context, job: names.JobRef, spec: api.FSDPJobSpec, launch: dc.Launch) -> None:
-    """The Service, then the attempt's pods, all at once (a 64-node gang is up in about the time
-    of one create); none if the Service's name is someone else's.
-
-    A 409 is success only when the object there is controlled by this job's uid. Otherwise it
-    is never adopted: the next pass sees the conflict, creates nothing more and says so in a
-    condition (the pods already created wait, as those before a taken name always did).
-    """
-    pods = templates.worker_pods(
-        job=job, spec=spec, attempt=launch.attempt, replicas=launch.replicas,
-        resume_path=launch.resume_path, excluded_nodes=launch.excluded_nodes,
-        worker_module=ctx.settings.worker_module, reliability=launch.reliability,
-    )  # fmt: skip
-    if not _created(ctx, job, templates.service(job=job, spec=spec)):
-        return
-    if not all(list(_WRITERS.map(lambda pod: _created(ctx, job, pod), pods))):
-        return  # a name is someone else's: the next pass looks it up and reports it
-    with _created_lock:
-        now = time.time()
-        for key in [k for k, t in _created_at.items() if now - t > 2 * dc.EXPECT_SECONDS]:
-            del _created_at[key]
-        _created_at[(job.uid, launch.attempt)] = now
-
-
-def _created(ctx: Context, job: names.JobRef, obj: dict[str, Any]) -> bool:
-    existing = ctx.kube.create(obj)
-    if existing is not None and not observe.owned_by(existing, job):
-        log.warning("%s: not creating the gang: %s", job.name,
-                    observe.conflict(existing, job).describe())  # fmt: skip
-        return False
-    return True
-
-
-own_writes: dict[tuple[str, str], str] = {}
-"""(namespace, job) -> the resourceVersion this process's last status write produced: the watch
-event it causes wakes nobody (the pass that wrote it already said when to look again)."""
-_created_at: dict[tuple[str, int], float] = {}
-"""(job uid, attempt) -> when this process created that attempt's pods (in memory only: after a
-restart the operator creates what it does not see, and a 409 tells it they exist)."""
-_created_lock = threading.Lock()
-_WRITERS = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="fsdpop-write")
-"""Deletes and creates of one pass go out together (urllib3's pool holds 32 connections)."""
-
-
-_ERROR_EVENT_SECONDS = 60.0
-_last_error_event: dict[str, float] = {}
-
-
-def _report_error(ctx: Context, body: dict[str, Any], exc: Exception) -> None:
-    """A pass that raised: a Warning Event (at most one a minute) and a condition saying why."""
-    job = names.JobRef.of(body)
-    now = time.time()
-    message = k8s.describe_error(exc)
-    if now - _last_error_event.get(job.uid, 0.0) >= _ERROR_EVENT_SECONDS:
-        _last_error_event[job.uid] = now
-        ctx.kube.event(job, type_="Warning", reason=dc.RECONCILE_ERROR, message=message)
-    status = observe.status_of(body.get("status"))
-    if any(c.type == dc.RECONCILE_ERROR and c.message == message for c in status.conditions):
-        return
-    cond = st.Condition(type=dc.RECONCILE_ERROR, status="True", reason=type(exc).__name__,
-                        message=message, last_transition_time=dc.stamp(now))  # fmt: skip
-    conditions = [c for c in status.conditions if c.type != dc.RECONCILE_ERROR] + [cond]
-    patch = {"conditions": [c.model_dump(mode="json", by_alias=True) for c in conditions]}
-    ctx.kube.patch_status(job.namespace, job.name, patch)
-
-
-def _probe_target(ctx: Context, obs: ob.Observed, d: dc.Decision) -> probe.Target | None:
+def _probe_target(
+    obs: observed.Observed, d: decide.Decision, *, max_interval: float
+) -> probe.Target | None:
     rank0 = _rank0(list(obs.pods), d.status)
-    if rank0 is None or rank0.ip is None or d.status.phase in st.TERMINAL_PHASES:
+    if rank0 is None or rank0.ip is None or d.status.phase in status.TERMINAL_PHASES:
         return None
     entry = d.status.history[-1] if d.status.history else None
-    starting = entry is not None and entry.timeline is not None and not st.complete(entry.timeline)
-    every = probe.interval_for(
-        obs.spec.failure_policy.progress_deadline_seconds, ctx.settings.scrape_max_interval_seconds
+    starting = (
+        entry is not None and entry.timeline is not None and not status.complete(entry.timeline)
     )
+    every = probe.interval_for(obs.spec.failure_policy.progress_deadline_seconds, max_interval)
     return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting)
 
 
-def _wants_nodes(obs: ob.Observed, d: dc.Decision) -> bool:
+def _wants_nodes(obs: observed.Observed, d: decide.Decision) -> bool:
     s = d.status
-    if s.phase in st.TERMINAL_PHASES or s.phase is st.Phase.SUSPENDED:
+    if s.phase in status.TERMINAL_PHASES or s.phase is status.Phase.SUSPENDED:
         return False
-    return s.phase is not st.Phase.RUNNING or (s.replicas or 0) < obs.spec.replicas
+    return s.phase is not status.Phase.RUNNING or (s.replicas or 0) < obs.spec.replicas
 
 
-def run_pass(ctx: Context, namespace: str, name: str, view: cache.View) -> Outcome | None:
-    """One pass; returns what to do next (None: the job is gone)."""
-    body = ctx.kube.get_job(namespace, name)
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return None
-    metrics.PASSES.inc()
-    try:
-        obs = gather(ctx, body, time.time(), view)
-        decision = dc.decide(obs, ctx.settings.tunables)
-        apply(ctx, body, obs, decision)
-    except k8s.NotLeader:
-        raise  # not this job's failure: nothing to report (and no right to write it)
-    except Exception as exc:
+class Reconciler:
+    """Runs passes (from any thread; what they share is locked or written whole)."""
+
+    def __init__(
+        self,
+        api_access: kube.Kube,
+        config: settings.Settings,
+        *,
+        writers: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`writers`: deletes and creates of one pass go out together on this many threads
+        (urllib3's pool holds 32 connections)."""
+        self.kube = api_access
+        self.settings = config
+        self._clock = clock
+        self._writers = concurrent.futures.ThreadPoolExecutor(
+            writers, thread_name_prefix="fsdpop-write"
+        )
+        self._own_writes: dict[Key, str] = {}
+        """(namespace, job) -> the resourceVersion this process's last status write produced:
+        the watch event it causes wakes nobody (the pass that wrote it said when to look)."""
+        self._created_at: dict[tuple[str, int], float] = {}
+        """(job uid, attempt) -> when this process created that attempt's pods (in memory only:
+        after a restart the operator creates what it does not see; a 409 says they exist)."""
+        self._created_lock = threading.Lock()
+        self._error_events: dict[Key, float] = {}
+        """(namespace, job) -> when a failed pass of it last posted a Warning Event."""
+
+    # --- what the loops call ----------------------------------------------------------------
+    def run_pass(self, namespace: str, name: str, view: cache.View) -> Outcome | None:
+        """One pass; returns what to do next (None: the job is gone)."""
+        body = self.kube.get_job(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return None
+        metrics.PASSES.inc()
         try:
-            _report_error(ctx, body, exc)
-        except Exception:  # the report is advice; the pass's own error is what gets raised
-            log.exception("could not report the failed pass of %s", body["metadata"]["name"])
-        raise
-    _last_error_event.pop(body["metadata"]["uid"], None)
-    if decision.delete_job:
-        return None
-    # Nothing scheduled (a finished job without a TTL): keep the loop, and with it the job's
-    # metrics (goodput, checkpoint age), until the job is deleted; events still wake it.
-    delay = decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS
-    return Outcome(delay, _probe_target(ctx, obs, decision), _wants_nodes(obs, decision))
+            obs = self.gather(body, self._clock(), view)
+            decision = decide.decide(obs, self.settings.tunables)
+            self.apply(body, obs, decision)
+        except kube.NotLeader:
+            raise  # not this job's failure: nothing to report (and no right to write it)
+        except Exception as exc:
+            try:
+                self._report_error(body, exc)
+            except Exception:  # the report is advice; the pass's own error is what is raised
+                log.exception("could not report the failed pass of %s/%s", namespace, name)
+            raise
+        self._error_events.pop((namespace, name), None)
+        if decision.delete_job:
+            return None
+        # Nothing scheduled (a finished job without a TTL): keep the loop, and with it the
+        # job's metrics (goodput, checkpoint age), until the job is deleted; events wake it.
+        delay = decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS
+        target = _probe_target(
+            obs, decision, max_interval=self.settings.scrape_max_interval_seconds
+        )
+        return Outcome(delay, target, _wants_nodes(obs, decision))
+
+    def is_echo(self, namespace: str, name: str, version: str | None) -> bool:
+        """Whether a MODIFIED event of the job is the echo of this process's own status write
+        (it is then forgotten: the next event of that version is someone else's)."""
+        key = (namespace, name)
+        if not version or self._own_writes.get(key) != version:
+            return False
+        self._own_writes.pop(key, None)
+        return True
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The job's loop ended: drop what this process kept of it."""
+        self._own_writes.pop((namespace, name), None)
+        self._error_events.pop((namespace, name), None)
+
+    def close(self) -> None:
+        self._writers.shutdown(wait=False, cancel_futures=True)
+
+    # --- observe --------------------------------------------------------------------------------
+    def gather(self, body: dict[str, Any], now: float, view: cache.View) -> observed.Observed:
+        """The pass's observation: the job as just read, its pods and the nodes from the
+        watches' caches (`view`), its checkpoints from storage. No LIST call."""
+        meta = body["metadata"]
+        job = names.JobRef.of(body)
+        job_status = observe.status_of(body.get("status"))
+        generation = meta.get("generation", 0)
+        spec, error = check_spec(body, job)
+        if spec is None:  # no spec to reason about: fail with the reason, touch nothing
+            spec = api.FSDPJobSpec(replicas=1, image="invalid")
+            return observed.Observed(
+                spec=spec, status=job_status, generation=generation, now=now, spec_error=error
+            )
+        validated = job_status.validated_generation
+        if not error and validated != generation and job_status.phase not in status.TERMINAL_PHASES:
+            error = self._dry_run(job, spec, job_status.attempt)
+            validated = None if error else generation
+        with self._created_lock:
+            created_at = self._created_at.get((job.uid, job_status.attempt))
+        just = created_at is not None and now - created_at < decide.EXPECT_SECONDS
+        pods, conflicts = self._owned_pods(job, job_status, view.pods, just_created=just)
+        own = [p for p in view.pods if observe.owned_by(p, job)]
+        nodes = observe.node_views(view.nodes, spec=spec, used=cache.without(view.used, own))
+        base = storage_for(job, spec, self.settings.storage_template)
+        found = _checkpoints(job, spec, job_status, base, deep=self.settings.deep_verify)
+        return observed.Observed(
+            spec=spec,
+            status=job_status,
+            generation=generation,
+            now=now,
+            pods=pods,
+            nodes=nodes,
+            checkpoint=found.newest,
+            corrupt_checkpoints=found.corrupt,
+            progress=_progress(pods, job_status, view),
+            spec_error=error,
+            created=observe.ts(meta.get("creationTimestamp")),
+            conflicts=[*conflicts, *found.conflicts],
+            validated_generation=validated,
+            created_at=created_at,
+        )
+
+    def _dry_run(self, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> str:
+        """What the API server says of rank 0's pod ("" when it would admit it).
+
+        Admission knows what the CRD cannot: Pod Security, admission policies, LimitRanges,
+        the pod's own validation. A refusal there is the spec's fault; a full quota is not.
+        """
+        pod = templates.worker_pod(
+            job, spec, first_launch(spec, attempt), node_rank=0,
+            worker_module=self.settings.worker_module,
+        )  # fmt: skip
+        meta = pod["metadata"]
+        meta["generateName"] = f"{meta.pop('name')}-dryrun-"
+        refused = self.kube.dry_run_pod(pod)
+        if refused is None:
+            return ""
+        code, message = refused
+        if code in (400, 403, 422) and "exceeded quota" not in message:
+            for pod_field, job_field in _POD_TO_JOB_FIELDS:
+                message = message.replace(pod_field, job_field)
+            return f"the API server refuses the worker pod ({code}): {message}"
+        raise RuntimeError(f"dry run of the worker pod failed ({code}): {message}")
+
+    def _owned_pods(
+        self,
+        job: names.JobRef,
+        job_status: status.FSDPJobStatus,
+        raw: list[dict[str, Any]],
+        *,
+        just_created: bool = False,
+    ) -> tuple[list[observed.PodView], list[observed.Conflict]]:
+        """This job's pods (by controller uid), and what carries its labels or names but is not.
+
+        While an attempt's pods are being created, a pod or Service name it needs that is held
+        by someone else is a conflict too (a hand-made `<job>-a1-0`, or the pods of a deleted
+        job of the same name that the garbage collector has not removed yet).
+        """
+        ours = [p for p in raw if observe.owned_by(p, job)]
+        conflicts = [observe.conflict({**p, "kind": "Pod"}, job) for p in raw if p not in ours]
+        if job_status.attempt > 0 and not job_status.pods_created and not just_created:
+            # (not for names this process has just created: their creates said who holds them)
+            taken = {p["metadata"]["name"] for p in raw}
+            wanted = [("Service", names.service_name(job.name))] + [
+                ("Pod", names.pod_name(job.name, attempt=job_status.attempt, node_rank=rank))
+                for rank in range(job_status.replicas or 0)
+            ]
+            for kind, name in wanted:
+                found = None if name in taken else self.kube.get(kind, job.namespace, name)
+                if found is not None and not observe.owned_by(found, job):
+                    conflicts.append(observe.conflict(found, job))
+        pods = [v for p in ours if (v := observe.pod_view(p)) is not None]
+        return pods, conflicts
+
+    # --- apply ----------------------------------------------------------------------------------
+    def apply(self, body: dict[str, Any], obs: observed.Observed, d: decide.Decision) -> None:
+        """The decision's side effects, in the order that makes a pass cut short anywhere safe
+        to finish by the next: status, quarantine, deletes, creates, Events."""
+        job = names.JobRef.of(body)
+        new_status = d.status.model_dump(mode="json", by_alias=True)
+        if new_status != obs.status.model_dump(mode="json", by_alias=True):  # only what changed
+            written = self.kube.patch_status(job.namespace, job.name, new_status)
+            if written:
+                self._own_writes[(job.namespace, job.name)] = written
+        base = storage_for(job, obs.spec, self.settings.storage_template)
+        for path in d.quarantine:
+            if base is not None:
+                step = int(path.rsplit("-", 1)[-1])
+                try:
+                    catalog.quarantine(catalog.LocalStorage(base), ".", step)
+                except catalog.CatalogError as exc:
+                    log.warning("quarantine of %s failed: %s", path, exc)
+        list(
+            self._writers.map(
+                lambda rm: self.kube.delete_pod(job.namespace, rm.name, grace=rm.grace_seconds),
+                d.delete,
+            )
+        )
+        if d.launch is not None:
+            self._create_gang(job, obs.spec, d.launch)
+        for ev in d.events:
+            self.kube.event(job, type_=ev.type.value, reason=ev.reason, message=ev.message)
+        recording.record(job=job, obs=obs, decision=d)
+        if d.delete_job:
+            self.kube.delete_job(job.namespace, job.name)
+
+    def _create_gang(self, job: names.JobRef, spec: api.FSDPJobSpec, launch: decide.Launch) -> None:
+        """The Service, then the attempt's pods, all at once (a 64-node gang is up in about the
+        time of one create); none if a name is someone else's.
+
+        A 409 is success only when the object there is controlled by this job's uid. Otherwise
+        it is never adopted, and the pods this call did create are deleted again: no pod of the
+        job waits while someone else holds one of its names. The next pass sees the conflict,
+        creates nothing and says so in a condition.
+        """
+        pods = templates.worker_pods(job, spec, launch, worker_module=self.settings.worker_module)
+        if self._held_by_another(job, templates.service(job=job, spec=spec)):
+            return
+        held = list(self._writers.map(lambda pod: self._held_by_another(job, pod), pods))
+        if any(held):
+            made = [pod for pod, h in zip(pods, held, strict=True) if h is None]
+            list(
+                self._writers.map(
+                    lambda pod: self.kube.delete_pod(
+                        job.namespace, pod["metadata"]["name"], grace=0
+                    ),
+                    made,
+                )
+            )
+            return  # a name is someone else's: the next pass looks it up and reports it
+        with self._created_lock:
+            now = self._clock()
+            stale = [k for k, t in self._created_at.items() if now - t > 2 * decide.EXPECT_SECONDS]
+            for key in stale:
+                del self._created_at[key]
+            self._created_at[(job.uid, launch.attempt)] = now
+
+    def _held_by_another(self, job: names.JobRef, obj: dict[str, Any]) -> bool | None:
+        """Create `obj`: None when this call created it, False when the job already had it (a
+        409 on its own object), True when someone else holds the name."""
+        existing = self.kube.create(obj)
+        if existing is None:
+            return None
+        if observe.owned_by(existing, job):
+            return False
+        log.warning(
+            "%s: not creating the gang: %s", job.name, observe.conflict(existing, job).describe()
+        )
+        return True
+
+    def _report_error(self, body: dict[str, Any], exc: Exception) -> None:
+        """A pass that raised: a Warning Event (at most one a minute) and a condition saying
+        why."""
+        job = names.JobRef.of(body)
+        now = self._clock()
+        message = kube.describe_error(exc)
+        key = (job.namespace, job.name)
+        if now - self._error_events.get(key, float("-inf")) >= ERROR_EVENT_SECONDS:
+            self._error_events[key] = now
+            self.kube.event(job, type_="Warning", reason=decide.RECONCILE_ERROR, message=message)
+        job_status = observe.status_of(body.get("status"))
+        if any(
+            c.type == decide.RECONCILE_ERROR and c.message == message for c in job_status.conditions
+        ):
+            return
+        cond = status.Condition(
+            type=decide.RECONCILE_ERROR,
+            status="True",
+            reason=type(exc).__name__,
+            message=message,
+            last_transition_time=decide.stamp(now),
+        )
+        conditions = [c for c in job_status.conditions if c.type != decide.RECONCILE_ERROR]
+        patch = {
+            "conditions": [c.model_dump(mode="json", by_alias=True) for c in [*conditions, cond]]
+        }
+        self.kube.patch_status(job.namespace, job.name, patch)

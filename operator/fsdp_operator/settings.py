@@ -29,6 +29,13 @@ class Settings:
     """Scrapes in flight at once, across all jobs."""
     pass_workers: int = 16
     """Passes run at once (threads: a pass mostly waits on the API server)."""
+    min_pause_seconds: float = 0.2
+    """Least time between two passes of one job, however many events arrive."""
+    error_backoff_initial_seconds: float = 1.0
+    """After a failed pass the job's next pass waits this long, doubled for each failure in a
+    row (watch events do not cut it short), and back to this after a pass succeeds."""
+    error_backoff_max_seconds: float = 300.0
+    """The most a failing job's loop waits between passes."""
     leader_election: bool = True
     """Act only while holding the Lease (several replicas: one leads, the others stand by)."""
     lease_name: str = "fsdp-operator"
@@ -67,6 +74,9 @@ class Settings:
             scrape_max_interval_seconds=float(e.get("FSDPOP_SCRAPE_MAX_INTERVAL_SECONDS", "60")),
             scrape_concurrency=int(e.get("FSDPOP_SCRAPE_CONCURRENCY", "32")),
             pass_workers=int(e.get("FSDPOP_PASS_WORKERS", "16")),
+            min_pause_seconds=float(e.get("FSDPOP_MIN_PAUSE_SECONDS", "0.2")),
+            error_backoff_initial_seconds=float(e.get("FSDPOP_ERROR_BACKOFF_SECONDS", "1")),
+            error_backoff_max_seconds=float(e.get("FSDPOP_ERROR_BACKOFF_MAX_SECONDS", "300")),
             leader_election=e.get("FSDPOP_LEADER_ELECTION", "1") != "0",
             lease_name=e.get("FSDPOP_LEASE_NAME", "fsdp-operator"),
             lease_namespace=e.get("FSDPOP_LEASE_NAMESPACE", e.get("POD_NAMESPACE", "")),

@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import names, podmerge
+from fsdp_operator import decide, names, podmerge
 from fsdp_operator import spec as api
-from fsdp_worker import config as wconfig
-from fsdp_worker import contract
+from fsdp_worker import config, contract
 
 JobRef = names.JobRef
 DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
@@ -110,32 +109,24 @@ def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
 
 
 def worker_pods(
-    *,
     job: JobRef,
     spec: api.FSDPJobSpec,
-    attempt: int,
-    replicas: int,
-    resume_path: str,
-    excluded_nodes: Sequence[str],
+    launch: decide.Launch,
+    *,
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
-    reliability: str = "",
 ) -> list[dict[str, Any]]:
     """Every rank's pod of one attempt, rank order."""
     return [
         worker_pod(
-            job=job,
-            spec=spec,
-            attempt=attempt,
+            job,
+            spec,
+            launch,
             node_rank=rank,
-            replicas=replicas,
-            resume_path=resume_path,
-            excluded_nodes=excluded_nodes,
             cluster_domain=cluster_domain,
             worker_module=worker_module,
-            reliability=reliability,
-        )
-        for rank in range(replicas)
+        )  # fmt: skip
+        for rank in range(launch.replicas)
     ]
 
 
@@ -163,25 +154,29 @@ class _Slot:
 
 
 def worker_pod(
-    *,
     job: JobRef,
     spec: api.FSDPJobSpec,
-    attempt: int,
+    launch: decide.Launch,
+    *,
     node_rank: int,
-    replicas: int,
-    resume_path: str,
-    excluded_nodes: Sequence[str],
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
-    reliability: str = "",
 ) -> dict[str, Any]:
-    """One worker pod: torchrun with a static node rank, restricted, owned by the job."""
-    if not re.fullmatch(wconfig.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
+    """One worker pod of `launch`'s attempt: torchrun with a static node rank, restricted,
+    owned by the job."""
+    if not re.fullmatch(config.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
         raise TemplateError(f"worker module {worker_module!r} is not a dotted module name")
     slot = _Slot(
-        job, spec, attempt, node_rank, replicas, resume_path, cluster_domain, worker_module,
-        reliability,
-    )  # fmt: skip
+        job=job,
+        spec=spec,
+        attempt=launch.attempt,
+        node_rank=node_rank,
+        replicas=launch.replicas,
+        resume_path=launch.resume_path,
+        cluster_domain=cluster_domain,
+        worker_module=worker_module,
+        reliability=launch.reliability,
+    )
     _check_shape(slot)
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
@@ -206,7 +201,10 @@ def worker_pod(
         "containers": [_container(slot)],
         "volumes": podmerge.volumes(spec),
         "affinity": podmerge.affinity(
-            overrides.affinity, job_name=job.name, attempt=attempt, excluded_nodes=excluded_nodes
+            overrides.affinity,
+            job_name=job.name,
+            attempt=launch.attempt,
+            excluded_nodes=launch.excluded_nodes,
         ),
     }
     optional = {
@@ -299,9 +297,9 @@ def _container(slot: _Slot) -> dict[str, Any]:
     }
 
 
-def worker_config(spec: api.FSDPJobSpec) -> wconfig.WorkerConfig:
+def worker_config(spec: api.FSDPJobSpec) -> config.WorkerConfig:
     """The document every rank reads from FSDP_WORKER_CONFIG."""
-    return wconfig.WorkerConfig(training=spec.training, checkpoint=spec.checkpoint.worker_config())
+    return config.WorkerConfig(training=spec.training, checkpoint=spec.checkpoint.worker_config())
 
 
 def _env(slot: _Slot) -> list[dict[str, str]]:

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from fsdp_operator import names, templates
+from fsdp_operator import decide, names, templates
 from fsdp_operator import spec as api
 from localcluster import controlplane, stack
 
@@ -40,8 +40,8 @@ def test_worker_pods_meet_pod_security_restricted(cluster: controlplane.Cluster)
     doc = yaml.safe_load((stack.ROOT / "examples" / "llama-1b-h100.yaml").read_text())
     spec = api.FSDPJobSpec.model_validate(doc["spec"])
     job = names.JobRef(name="llama-1b", namespace=ns, uid="0123456789abcdef")
-    pods = templates.worker_pods(job=job, spec=spec, attempt=1, replicas=spec.replicas,
-                                 resume_path="", excluded_nodes=("node-9",))  # fmt: skip
+    launch = decide.Launch(1, spec.replicas, "", excluded_nodes=("node-9",))
+    pods = templates.worker_pods(job, spec, launch)
     for pod in pods:
         pod["metadata"].pop("ownerReferences")  # the owner does not exist in a dry run
     warnings = _dry_run(cluster, ns, [templates.service(job=job, spec=spec), *pods])

@@ -6,8 +6,7 @@ import dataclasses
 from typing import Any
 
 from fsdp_operator import decide as dc
-from fsdp_operator import reconcile
-from fsdp_operator import settings as cfg
+from fsdp_operator import reconcile, settings
 from tests.unit import test_decide as table
 
 
@@ -35,13 +34,13 @@ BODY = {"metadata": {"name": "job", "namespace": "ns", "uid": "u1"}}
 
 def test_a_pass_that_changes_nothing_writes_nothing() -> None:
     kube = RecordingKube()
-    ctx = reconcile.Context(kube=kube, settings=cfg.Settings(metrics_port=0))  # type: ignore[arg-type]
+    reconciler = reconcile.Reconciler(kube, settings.Settings(metrics_port=0))  # type: ignore[arg-type]
     first = table.observe()
     d = dc.decide(first)
-    reconcile.apply(ctx, BODY, first, d)
+    reconciler.apply(BODY, first, d)
     assert kube.writes == ["status", "event"]  # checkpoint 40 recorded, and said in an Event
     kube.writes.clear()
     steady = dataclasses.replace(first, status=d.status)
     again = dc.decide(steady)
-    reconcile.apply(ctx, BODY, steady, again)
+    reconciler.apply(BODY, steady, again)
     assert kube.writes == []

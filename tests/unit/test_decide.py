@@ -541,6 +541,18 @@ def test_missing_pods_are_not_created_over_a_squatter_then_are_once_it_is_gone()
     assert cond is not None and cond.status == "False" and cond.reason == "Resolved"
 
 
+def test_pods_the_operator_takes_back_from_a_half_made_gang_are_not_a_failure() -> None:
+    """A create met a name someone else holds after other ranks were created: the operator
+    deletes those again. While the squatter stays, the job waits whole: no restart, no
+    Evicted, nothing launched."""
+    status = running_status(phase=st.Phase.PENDING, pods_created=False)
+    taken_back = pods(n=3, r1={"deleting": True}, r2={"deleting": True})[1:]
+    d = dc.decide(observe(status=status, pods=taken_back, conflicts=[SQUATTER]))
+    assert d.failure is None and d.launch is None and d.delete == []
+    assert d.status.attempt == 1 and d.status.restarts.total == 0
+    assert d.status.phase is st.Phase.PENDING and _conflict(d) is not None
+
+
 def test_dry_run_result_is_remembered_per_generation() -> None:
     d = dc.decide(observe(generation=3, validated_generation=3))
     assert d.status.validated_generation == 3

@@ -1,114 +1,291 @@
-"""The per-job loop in handlers.py: a job deleted and created again under the same name keeps a
-loop, a failing pass backs off however many watch events arrive, and a loop asleep holds no
-memory it does not need."""
+"""The per-job loops (loops.py) as the manager drives them: a job deleted and created again
+under the same name keeps a loop, a failing pass backs off 1 s, 2 s, 4 s ... however many watch
+events arrive and starts over after a success, and a loop asleep holds no memory it does not
+need. Everything runs on a real event loop with a fake reconciler: no module state is patched."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import gc
+import itertools
 import logging
+import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
+import kopf
 import pytest
 
-from fsdp_operator import cache, handlers, reconcile
+from fsdp_operator import cache, handlers, loops, manager, observe, reconcile, settings
 from fsdp_operator import spec as api
 
-
-@pytest.fixture
-def passes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    seen: list[str] = []
-    monkeypatch.setattr(handlers, "_ctx", object())
-    monkeypatch.setattr(handlers, "MIN_PAUSE", 0.01)
-    monkeypatch.setattr(handlers, "ERROR_PAUSE", 0.3)
-    monkeypatch.setattr(handlers.metrics, "forget", lambda *_: None)
-    monkeypatch.setattr(handlers, "_prober", None)
-    monkeypatch.setattr(handlers, "_elector", None)
-    return seen
+PassFn = Callable[[str, str, cache.View], "reconcile.Outcome | None"]
 
 
-def test_a_new_job_of_the_same_name_during_the_last_pass_keeps_the_loop(
-    passes: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+class FakeReconciler:
+    """Stands in for reconcile.Reconciler: runs `fn` as the pass and records every call."""
+
+    def __init__(self, fn: PassFn) -> None:
+        self.fn = fn
+        self.passes: list[str] = []
+        self.forgotten: list[tuple[str, str]] = []
+
+    def run_pass(self, namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        self.passes.append(name)
+        return self.fn(namespace, name, view)
+
+    def is_echo(self, namespace: str, name: str, version: str | None) -> bool:
+        return False
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.forgotten.append((namespace, name))
+
+    def close(self) -> None:
+        pass
+
+
+def make(fn: PassFn, **overrides: Any) -> tuple[manager.Manager, FakeReconciler]:
+    fake = FakeReconciler(fn)
+    conf = settings.Settings(
+        metrics_port=0, min_pause_seconds=0.01, error_backoff_initial_seconds=0.1,
+        error_backoff_max_seconds=0.4, **overrides,
+    )  # fmt: skip
+    return manager.Manager(fake, config=conf), fake
+
+
+async def until_no_loops(made: manager.Manager) -> None:
+    while len(made.loops):
+        await asyncio.sleep(0.01)
+
+
+def test_a_new_job_of_the_same_name_during_the_last_pass_keeps_the_loop() -> None:
     """The old job's pass finds it gone (None) while the new job's ADDED event arrives."""
     loop = asyncio.new_event_loop()
-    results = iter([None, None])
 
-    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
-        passes.append(name)
-        if len(passes) == 1:  # the new job's event lands while the old job's pass runs
-            loop.call_soon_threadsafe(handlers._poke, namespace, name)
-        return next(results)
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        if len(fake.passes) == 1:  # the new job's event lands while the old job's pass runs
+            loop.call_soon_threadsafe(made.job_event, namespace, name, type_="ADDED", version="")
+        return None
 
-    monkeypatch.setattr(reconcile, "run_pass", run_pass)
+    made, fake = make(run_pass)
 
     async def scenario() -> None:
-        handlers._poke("ns", "train")
-        while handlers._loops:
-            await asyncio.sleep(0.01)
+        made.job_event("ns", "train", type_="ADDED", version="1")
+        await until_no_loops(made)
 
     loop.run_until_complete(asyncio.wait_for(scenario(), 5))
     loop.close()
-    assert passes == ["train", "train"]  # a second pass, for the new job, not an orphan
+    assert fake.passes == ["train", "train"]  # a second pass, for the new job, not an orphan
+    assert fake.forgotten == [("ns", "train")]  # once, when the last loop ended
 
 
-def test_events_for_a_gone_job_are_paced_not_a_hot_loop(
-    passes: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_events_for_a_gone_job_are_paced_not_a_hot_loop() -> None:
     """Pod events of a deleted job (its pods being collected) each earn a look, at most one a
-    MIN_PAUSE, and the loop ends once they stop."""
+    min_pause, and the loop ends once they stop."""
 
-    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
-        passes.append(name)
-        time.sleep(0.005)  # a pass takes a while: pod events land during it
+    evented = threading.Event()
+
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        evented.clear()
+        evented.wait(1.0)  # a pass takes a while: pod events land during it (while they come)
         return None  # the job is gone
 
-    monkeypatch.setattr(reconcile, "run_pass", run_pass)
-    monkeypatch.setattr(handlers, "MIN_PAUSE", 0.05)
+    made, fake = make(run_pass)
+    made.loops.min_pause = 0.05
 
     async def scenario() -> None:
         loop = asyncio.get_running_loop()
-        handlers._poke("ns", "gone")
+        made.job_event("ns", "gone", type_="DELETED", version="")
         until = loop.time() + 0.2
-        pod = {"metadata": {"ownerReferences": [{"kind": api.KIND, "name": "gone"}]}}
+        owner = [{"kind": api.KIND, "name": "gone"}]
         while loop.time() < until:
-            await handlers.pod_event(body=pod, namespace="ns")
+            made.pod_event("ns", owner)
+            evented.set()
             await asyncio.sleep(0.001)
-        while handlers._loops:
-            await asyncio.sleep(0.01)
+        await until_no_loops(made)
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
-    # 0.2 s of events at MIN_PAUSE = 0.05 s: about 4 passes (unpaced: about 40), then it ends.
-    assert 2 <= len(passes) <= 0.2 / handlers.MIN_PAUSE + 2
+    # 0.2 s of events at min_pause = 0.05 s: about 4 passes (unpaced: about 40), then it ends.
+    assert 2 <= len(fake.passes) <= 0.2 / 0.05 + 2
 
 
-def test_a_failing_pass_backs_off_even_when_events_keep_coming(
-    passes: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def run_pass(ctx: Any, namespace: str, name: str, view: Any) -> reconcile.Outcome | None:
-        passes.append(name)
-        if len(passes) < 3:
+def test_a_failing_pass_backs_off_1_2_4_to_a_bound_and_starts_over_after_a_success() -> None:
+    """Passes fail 4 times, succeed, then fail twice: the waits between them are 0.1, 0.2,
+    0.4, 0.4 (the bound), then after the success 0.1 and 0.2 again; pod events all along do
+    not cut a wait short."""
+    script = ["fail", "fail", "fail", "fail", "ok", "fail", "fail", "gone"]
+    started: list[float] = []
+
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        started.append(time.monotonic())
+        step = script[len(started) - 1]
+        if step == "fail":
             raise RuntimeError("namespace is being terminated")
-        return None
+        return reconcile.Outcome(delay=0.0) if step == "ok" else None
 
-    monkeypatch.setattr(reconcile, "run_pass", run_pass)
+    class RecordingBackoff(loops.Backoff):
+        def failed(self, key: tuple[str, str]) -> float:
+            waits.append(super().failed(key))
+            return waits[-1]
 
-    async def scenario() -> float:
-        started = asyncio.get_running_loop().time()
-        handlers._poke("ns", "busy")
-        while handlers._loops:
-            if len(passes) < 3:
-                handlers._poke("ns", "busy")  # a stream of pod events while the passes fail
+    waits: list[float] = []
+    made, fake = make(run_pass)
+    made.loops.backoff = RecordingBackoff(initial=0.1, maximum=0.4)
+
+    async def scenario() -> None:
+        made.job_event("ns", "busy", type_="ADDED", version="1")
+        owner = [{"kind": api.KIND, "name": "busy"}]
+        while len(made.loops):
+            made.pod_event("ns", owner)  # a stream of pod events while the passes fail
             await asyncio.sleep(0.005)
-        return asyncio.get_running_loop().time() - started
 
-    elapsed = asyncio.run(asyncio.wait_for(scenario(), 5))
-    # A poke that lands while the third (job-gone) pass runs earns one more look, no more.
-    assert len(passes) in (3, 4)
-    assert elapsed >= 2 * handlers.ERROR_PAUSE  # events did not cut the back-off short
+    logging.getLogger("fsdp_operator.loops").disabled = True  # the expected tracebacks
+    try:
+        asyncio.run(asyncio.wait_for(scenario(), 10))
+    finally:
+        logging.getLogger("fsdp_operator.loops").disabled = False
+    assert waits == [0.1, 0.2, 0.4, 0.4, 0.1, 0.2]  # to the bound; over again after a success
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    expected = [0.1, 0.2, 0.4, 0.4, 0.01, 0.1, 0.2]
+    assert len(gaps) == len(expected), gaps
+    for gap, want in zip(gaps, expected, strict=True):
+        assert gap >= want * 0.9, (gaps, expected)  # events never cut a wait short
+
+
+@pytest.mark.parametrize(
+    ("initial", "maximum", "failures", "waits"),
+    [
+        pytest.param(1.0, 300.0, 10, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300], id="defaults"),
+        pytest.param(1.0, 1.0, 3, [1, 1, 1], id="flat"),
+        pytest.param(0.5, 3.0, 5, [0.5, 1, 2, 3, 3], id="bound-between-doublings"),
+    ],
+)
+def test_backoff_doubles_to_its_bound(
+    initial: float, maximum: float, failures: int, waits: list[float]
+) -> None:
+    backoff = loops.Backoff(initial=initial, maximum=maximum)
+    assert [backoff.failed(("ns", "a")) for _ in range(failures)] == waits
+    assert backoff.failed(("ns", "b")) == initial  # per job
+    backoff.succeeded(("ns", "a"))
+    assert backoff.failed(("ns", "a")) == initial
+
+
+def test_a_backoff_that_cannot_work_is_refused_naming_both_values() -> None:
+    with pytest.raises(ValueError, match=r"initial \(10.0\) <= maximum \(1.0\)"):
+        loops.Backoff(initial=10.0, maximum=1.0)
+
+
+def test_a_sleeping_loop_holds_neither_its_view_nor_the_event_that_started_it() -> None:
+    """At 1,000 jobs each loop asleep kept its last view (every node's usage) and, through the
+    context variables of the handler that started it, kopf's whole event: 40 KiB a job."""
+    cause_var: contextvars.ContextVar[object] = contextvars.ContextVar("cause")
+    held: list[weakref.ref[object]] = []
+
+    class Event:  # stands for kopf's cause: the body, its patch, its logger
+        pass
+
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        held.append(weakref.ref(view))
+        return reconcile.Outcome(delay=60.0)
+
+    made, fake = make(run_pass)
+    made.store.usage.put("pod-uid", ("node-1", {"cpu": 1.0}))
+
+    async def handler() -> None:  # as kopf runs an event handler: its cause in a context var
+        event = Event()
+        held.append(weakref.ref(event))
+        cause_var.set(event)
+        made.job_event("ns", "train", type_="ADDED", version="1")
+
+    async def scenario() -> None:
+        await asyncio.get_running_loop().create_task(handler(), context=contextvars.Context())
+        while not fake.passes:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the loop is asleep until its next pass
+        gc.collect()
+        assert len(held) == 2 and [ref() for ref in held] == [None, None]
+        await made.loops.stop()
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(asyncio.wait_for(scenario(), 5))
+    loop.close()
+
+
+def node(name: str, gpus: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": gpus},
+            "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+
+
+def test_views_share_one_node_list_until_a_node_changes_or_goes() -> None:
+    made, _ = make(lambda *_: None)
+    memo = kopf.Memo(manager=made)
+
+    def seen(name: str, gpus: str) -> None:  # a node's watch event: kopf runs the index function
+        asyncio.run(handlers.fsdp_nodes(body=node(name, gpus), memo=memo))
+
+    seen("n1", "8")
+    seen("n2", "8")
+    first = made.store.view("ns", "train").nodes
+    assert made.store.view("ns", "other").nodes is first and len(first) == 2
+    seen("n1", "8")  # a heartbeat: nothing a pass reads changed
+    assert made.store.view("ns", "train").nodes is first
+    seen("n1", "4")
+    changed = made.store.view("ns", "train").nodes
+    assert changed is not first and {n.allocatable["nvidia.com/gpu"] for n in changed} == {4, 8}
+    asyncio.run(handlers.node_gone(name="n2", memo=memo))
+    assert [n.name for n in made.store.view("ns", "train").nodes] == ["n1"]
+
+
+def test_a_node_change_wakes_the_jobs_on_it_and_those_waiting_for_room_only() -> None:
+    woken: list[str] = []
+
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        woken.append(name)
+        return reconcile.Outcome(delay=60.0, wants_nodes=name == "waiting")
+
+    made, _ = make(run_pass)
+    pod = {"spec": {"nodeName": "n1"},
+           "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]}}  # fmt: skip
+    made.store.pods = {cache.job_key("ns", "on-n1"): [pod]}
+
+    async def scenario() -> None:
+        for job in ("on-n1", "waiting", "elsewhere"):
+            made.job_event("ns", job, type_="ADDED", version="1")
+        while len(woken) < 3:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        woken.clear()
+        made.node_seen(observe.node_record(node("n1", "8")))  # first sighting: nobody
+        made.node_seen(observe.node_record(node("n1", "8")))  # a heartbeat: nobody
+        await asyncio.sleep(0.1)
+        assert woken == []
+        made.node_seen(observe.node_record(node("n1", "4")))
+        while len(woken) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        await made.loops.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert sorted(woken) == ["on-n1", "waiting"]
+
+
+def test_the_handlers_reach_the_manager_through_kopfs_memo_only() -> None:
+    """A resource's memo is kopf's shallow copy of the operator's: the manager is shared."""
+    import copy
+
+    made, _ = make(lambda *_: None)
+    memo = copy.copy(kopf.Memo(manager=made))
+    pod = {"metadata": {"uid": "u1"}, "spec": {"nodeName": "n1", "containers": [
+        {"resources": {"requests": {"cpu": "2"}}}]}, "status": {"phase": "Running"}}  # fmt: skip
+    asyncio.run(handlers.fsdp_pod_usage(body=pod, memo=memo))
+    assert made.store.usage.totals() == {"n1": {"cpu": 2.0}}
+    asyncio.run(handlers.pod_gone(body=pod, memo=memo))
+    assert made.store.usage.totals() == {}
+    with pytest.raises(RuntimeError, match="no manager in kopf's memo"):
+        asyncio.run(handlers.pod_gone(body=pod, memo=kopf.Memo()))
 
 
 def test_a_failed_pass_is_reported_as_the_servers_message_not_its_headers() -> None:
@@ -122,76 +299,6 @@ def test_a_failed_pass_is_reported_as_the_servers_message_not_its_headers() -> N
     said = kube.describe_error(exc)
     assert said == 'API error 403: pods "x" is forbidden: namespace t is being terminated'
     assert kube.describe_error(RuntimeError("boom")) == "RuntimeError: boom"
-
-
-def test_a_sleeping_loop_holds_neither_its_view_nor_the_event_that_started_it(
-    passes: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """At 1,000 jobs each loop asleep kept its last view (every node's usage) and, through the
-    context variables of the handler that started it, kopf's whole event: 40 KiB a job."""
-    cause_var: contextvars.ContextVar[object] = contextvars.ContextVar("cause")
-    held: list[weakref.ref[object]] = []
-
-    class Event:  # stands for kopf's cause: the body, its patch, its logger
-        pass
-
-    def view(namespace: str, name: str) -> cache.View:
-        made = cache.View(pods=[], nodes=[], used={"node-1": {"cpu": 1.0}})
-        held.append(weakref.ref(made))
-        return made
-
-    def run_pass(ctx: Any, namespace: str, name: str, v: Any) -> reconcile.Outcome | None:
-        passes.append(name)
-        return reconcile.Outcome(delay=60.0)
-
-    monkeypatch.setattr(handlers, "_view", view)
-    monkeypatch.setattr(reconcile, "run_pass", run_pass)
-
-    async def handler() -> None:  # as kopf runs an event handler: its cause in a context var
-        event = Event()
-        held.append(weakref.ref(event))
-        cause_var.set(event)
-        handlers._poke("ns", "train")
-
-    async def scenario() -> None:
-        await asyncio.get_running_loop().create_task(handler(), context=contextvars.Context())
-        while not passes:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)  # the loop is asleep until its next pass
-        gc.collect()
-        assert [ref() for ref in held] == [None, None]
-        handlers._loops[("ns", "train")].cancel()
-
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(asyncio.wait_for(scenario(), 5))
-    loop.close()
-
-
-def test_views_share_one_node_list_until_a_node_changes_or_goes(
-    passes: list[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def node(name: str, gpus: str) -> dict[str, Any]:
-        return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": gpus},
-                "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-
-    monkeypatch.setattr(handlers, "_indices", {"fsdp_job_pods": {}})
-    monkeypatch.setattr(handlers, "_nodes_seen", {})
-    monkeypatch.setattr(handlers, "_node_list", None)
-
-    def seen(name: str, gpus: str) -> None:  # a node's watch event: kopf runs the index function
-        asyncio.run(handlers.fsdp_nodes(body=node(name, gpus), name=name))
-
-    seen("n1", "8")
-    seen("n2", "8")
-    first = handlers._view("ns", "train").nodes
-    assert handlers._view("ns", "other").nodes is first and len(first) == 2
-    seen("n1", "8")  # a heartbeat: nothing a pass reads changed
-    assert handlers._view("ns", "train").nodes is first
-    seen("n1", "4")
-    changed = handlers._view("ns", "train").nodes
-    assert changed is not first and {n.allocatable["nvidia.com/gpu"] for n in changed} == {4, 8}
-    asyncio.run(handlers.node_gone(name="n2"))
-    assert [n.name for n in handlers._view("ns", "train").nodes] == ["n1"]
 
 
 def test_no_handler_needs_the_diff_base_the_operator_does_not_build() -> None:

@@ -16,7 +16,7 @@ import pydantic
 import pytest
 import yaml
 
-from fsdp_operator import names, templates
+from fsdp_operator import decide, names, templates
 from fsdp_operator import spec as api
 from fsdp_worker import config as wconfig
 from fsdp_worker import contract
@@ -88,16 +88,20 @@ def make_spec(**changes: Any) -> api.FSDPJobSpec:
 
 
 def pod(spec: api.FSDPJobSpec | None = None, **kwargs: Any) -> dict[str, Any]:
-    args: dict[str, Any] = {
-        "job": JOB,
-        "spec": spec or make_spec(),
+    """Rank 1 of attempt 3 of JOB (4 pods, resuming, two nodes excluded), or as `kwargs` say:
+    the Launch's fields, `node_rank`, `worker_module`."""
+    launch: dict[str, Any] = {
         "attempt": 3,
-        "node_rank": 1,
         "replicas": 4,
         "resume_path": "/ckpt/llama/step-1200",
-        "excluded_nodes": ["node-b", "node-a", "node-b"],
+        "excluded_nodes": ("node-b", "node-a", "node-b"),
     }
-    return templates.worker_pod(**{**args, **kwargs})
+    rank = kwargs.pop("node_rank", 1)
+    launch.update({k: kwargs.pop(k) for k in list(kwargs) if k in launch or k == "reliability"})
+    launch["excluded_nodes"] = tuple(launch["excluded_nodes"])
+    return templates.worker_pod(
+        JOB, spec or make_spec(), decide.Launch(**launch), node_rank=rank, **kwargs
+    )
 
 
 def container(p: dict[str, Any]) -> dict[str, Any]:
@@ -193,9 +197,7 @@ def test_torchrun_accepts_the_command() -> None:
 
 
 def test_every_rank_rendezvous_on_the_same_rank0_endpoint() -> None:
-    pods = templates.worker_pods(
-        job=JOB, spec=make_spec(), attempt=2, replicas=4, resume_path="", excluded_nodes=[]
-    )
+    pods = templates.worker_pods(JOB, make_spec(), decide.Launch(2, 4, ""))
     endpoints = {a for p in pods for a in container(p)["command"] if a.startswith("--rdzv-")}
     assert len(endpoints) == 3  # backend, endpoint, id: identical across ranks
     assert pods[0]["spec"]["hostname"] == "llama-a2-0"
@@ -304,9 +306,7 @@ def test_pod_names_unique_per_attempt_and_within_63_chars() -> None:
     all_names = [
         p["metadata"]["name"]
         for attempt in (1, 2, 10, 11)
-        for p in templates.worker_pods(
-            job=job, spec=spec, attempt=attempt, replicas=4, resume_path="", excluded_nodes=[]
-        )
+        for p in templates.worker_pods(job, spec, decide.Launch(attempt, 4, ""))
     ]
     assert len(set(all_names)) == len(all_names) == 16
     assert max(map(len, all_names)) <= 63
