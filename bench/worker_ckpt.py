@@ -56,8 +56,16 @@ def _config(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
     import torch
 
-    from fsdp_worker import checkpoint, config, distributed, metrics, model, optim, parallelize
-    from fsdp_worker import state as state_mod
+    from fsdp_worker import (
+        checkpoint,
+        config,
+        distributed,
+        metrics,
+        model,
+        optim,
+        parallelize,
+        state,
+    )
 
     cfg = config.WorkerConfig.parse(cfg_doc)
     tcfg = cfg.training
@@ -66,7 +74,7 @@ def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
     parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=False)
     model.materialize(net, device=di.device, seed=0)
     opt = optim.build_optimizer(net, tcfg.optimizer)
-    st = state_mod.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
+    st = state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
     meters = metrics.Metrics()
     ident = checkpoint.Identity(attempt, None, tcfg.resume_hash(), tcfg.global_batch_size)
 
@@ -75,17 +83,16 @@ def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
         a sibling root `<root>-one-file-per-rank`. direct=False: buffered writes (eager
         writeback) instead of O_DIRECT, in a sibling root `<root>-buffered`."""
         root = cfg.checkpoint.root if bands is None else one_file_root(cfg.checkpoint.root)
-        return checkpoint.CheckpointManager(
-            root=root if direct else f"{root}-buffered",
-            keep=100,
-            mode=mode,
-            identity=ident,
-            dist_info=di,
-            meters=meters,
-            bands=cfg.checkpoint.bands_per_rank if bands is None else bands,
-            min_band_bytes=cfg.checkpoint.min_band_bytes,
-            direct_writes=direct,
+        ckcfg = cfg.checkpoint.model_copy(
+            update={
+                "root": root if direct else f"{root}-buffered",
+                "keep": 100,
+                "async_": mode is checkpoint.SaveMode.ASYNC,
+                "bands_per_rank": cfg.checkpoint.bands_per_rank if bands is None else bands,
+                "direct_writes": direct,
+            }
         )
+        return checkpoint.CheckpointManager(ckcfg, identity=ident, dist_info=di, meters=meters)
 
     def fwd_bwd() -> None:
         tokens = torch.randint(0, 256, (1, 32))
@@ -190,7 +197,7 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     streams = sorted({1, world, 2 * world})  # 2 x world: more streams than the save uses
     out["streams"] = streams
     out["writer_threads"] = checkpoint.WRITER_THREADS
-    out["bands"] = sync.bands
+    out["bands"] = sync.cfg.bands_per_rank
     one_file = manager(checkpoint.SaveMode.SYNC, bands=1)
     tasks: list[str | int] = ["save", "save_one_file", "save_buffered", *streams]
     for rep in range(reps):
@@ -249,13 +256,13 @@ def _load_with_dcp_reader(point: Any, st: Any, di: Any) -> None:
     from torch.distributed.checkpoint import state_dict_loader
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from fsdp_worker import state as state_mod
+    from fsdp_worker import state
 
     storage = FileSystemReader(point.path)
     keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
-    sd = state_mod.template(st, saved_world_size=point.world_size, saved_keys=keys)
+    sd = state.template(st, saved_world_size=point.world_size, saved_keys=keys)
     state_dict_loader.load(sd, storage_reader=storage, process_group=di.ckpt_group)
-    state_mod.apply_loaded(st, sd, rank=di.rank, world_size=di.world_size, seed=0)
+    state.apply_loaded(st, sd, rank=di.rank, world_size=di.world_size, seed=0)
 
 
 def _inner_main(cfg_doc: dict[str, Any], out_path: str, reps: int) -> None:

@@ -25,7 +25,17 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
-from fsdp_worker import catalog, direct, errors, faults, layout, metrics, state, writeback
+from fsdp_worker import (
+    catalog,
+    config,
+    direct,
+    errors,
+    faults,
+    layout,
+    metrics,
+    state,
+    writeback,
+)
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -110,26 +120,21 @@ class CheckpointManager:
 
     def __init__(
         self,
+        cfg: config.CheckpointConfig,
         *,
-        root: str,
-        keep: int,
-        mode: SaveMode,
         identity: Identity,
         dist_info: DistInfo,
         meters: metrics.Metrics,
-        bands: int,
-        min_band_bytes: int,
-        direct_writes: bool,
     ) -> None:
-        self.root, self.keep, self.mode, self.identity = root, keep, mode, identity
-        self.bands, self.min_band_bytes = bands, min_band_bytes
+        self.cfg, self.root, self.identity = cfg, cfg.root, identity
+        self.mode = SaveMode.ASYNC if cfg.async_ else SaveMode.SYNC
         # Files are written around the page cache (direct.py) or buffered with writeback
         # started behind the writer (writeback.py); either way fsync'd before the marker.
         self.fs: writeback.EagerWritebackFileSystem = (
-            direct.DirectFileSystem() if direct_writes else writeback.EagerWritebackFileSystem()
+            direct.DirectFileSystem() if cfg.direct_writes else writeback.EagerWritebackFileSystem()
         )
         self.dist, self.meters = dist_info, meters
-        self.storage = catalog.LocalStorage(root)
+        self.storage = catalog.LocalStorage(cfg.root)
         self.lineage = catalog.Lineage(
             identity.attempt, identity.resumed_from_step, job_uid=identity.job_uid
         )
@@ -224,7 +229,9 @@ class CheckpointManager:
         )
 
     def _planner(self) -> layout.BandedSavePlanner:
-        return layout.BandedSavePlanner(bands=self.bands, min_band_bytes=self.min_band_bytes)
+        return layout.BandedSavePlanner(
+            bands=self.cfg.bands_per_rank, min_band_bytes=self.cfg.min_band_bytes
+        )
 
     def _finish_async(self, upload: cf.Future[Any], inflight: _InFlight) -> None:
         upload.result()  # re-raises a failed background write
@@ -341,6 +348,6 @@ class CheckpointManager:
         candidates = catalog.list_checkpoints(
             self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
         )
-        for victim in catalog.retention_victims(candidates, keep=self.keep):
+        for victim in catalog.retention_victims(candidates, keep=self.cfg.keep):
             log.info("retention: removing %s", victim.path)
             shutil.rmtree(self.storage.resolve(victim.path), ignore_errors=True)

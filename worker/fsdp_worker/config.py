@@ -295,15 +295,19 @@ class AutoIntervalConfig(_Model):
     """`checkpoint.autoInterval`: bounds and prior of `intervalSteps: auto`."""
 
     min_steps: int = Field(
-        10, ge=1, le=MAX_INTERVAL_STEPS,
+        10,
+        ge=1,
+        le=MAX_INTERVAL_STEPS,
         description="Floor, and the first interval of a job with no measured save cost yet.",
-    )  # fmt: skip
+    )
     max_steps: int = Field(100_000, ge=1, le=MAX_INTERVAL_STEPS, description="Ceiling.")
     prior_mtbf_seconds: float = Field(
-        21600.0, gt=0, le=1e9,
+        21600.0,
+        gt=0,
+        le=1e9,
         description="Mean time between failures assumed before the job has seen any: one "
         "failure-free prior period of this length joins the job's own uptime and failures.",
-    )  # fmt: skip
+    )
 
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> AutoIntervalConfig:

@@ -76,8 +76,12 @@ class Reliability:
     step_seconds: float | None = None
 
     def to_json(self) -> str:
-        doc = {"failures": self.failures, "uptimeSeconds": round(self.uptime_seconds, 3),
-               "saveSeconds": self.save_seconds, "stepSeconds": self.step_seconds}  # fmt: skip
+        doc = {
+            "failures": self.failures,
+            "uptimeSeconds": round(self.uptime_seconds, 3),
+            "saveSeconds": self.save_seconds,
+            "stepSeconds": self.step_seconds,
+        }
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -136,6 +140,10 @@ def choose(
         tau = daly_interval_seconds(save_seconds, mtbf_seconds)
         steps = min(ceiling, max(floor, round(tau / step_seconds)))
     return Choice(
-        steps=steps, auto=True, save_seconds=save_seconds, step_seconds=step_seconds,
-        mtbf_seconds=mtbf_seconds, failures=failures,
-    )  # fmt: skip
+        steps=steps,
+        auto=True,
+        save_seconds=save_seconds,
+        step_seconds=step_seconds,
+        mtbf_seconds=mtbf_seconds,
+        failures=failures,
+    )

@@ -45,8 +45,7 @@ log = logging.getLogger("fsdp_worker")
 
 @dataclass(frozen=True)
 class Settings:
-    cfg: config.WorkerConfig
-    root: str
+    cfg: config.WorkerConfig  # checkpoint.root already overridden by the environment
     attempt: int
     resume: str
     metrics_port: int
@@ -83,9 +82,13 @@ def load_settings() -> Settings:
         raise errors.ConfigError(f"{contract.ENV_CONFIG_FILE}={path!r}: {exc}") from exc
     except pydantic.ValidationError as exc:
         raise errors.ConfigError(_validation_message(exc)) from exc
+    root = os.environ.get(contract.ENV_CHECKPOINT_ROOT)
+    if root:  # the operator names the job's own directory under checkpoint.root
+        cfg = cfg.model_copy(
+            update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root})}
+        )
     return Settings(
         cfg=cfg,
-        root=os.environ.get(contract.ENV_CHECKPOINT_ROOT) or cfg.checkpoint.root,
         attempt=_int_env(contract.ENV_ATTEMPT, 1),
         resume=os.environ.get(contract.ENV_RESUME, ""),
         metrics_port=_int_env(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT),
@@ -150,17 +153,15 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
     if di.rank == 0:
         meters.serve(settings.metrics_port)
     meters.reached(contract.Milestone.RENDEZVOUS)
-    os.makedirs(settings.root, exist_ok=True)
+    ckcfg = settings.cfg.checkpoint
+    os.makedirs(ckcfg.root, exist_ok=True)
     run.st = st = _build_state(tcfg, di)
     point = resume.choose(
+        settings.cfg,
         resume=settings.resume,
-        root=settings.root,
         attempt=settings.attempt,
-        config_hash=tcfg.resume_hash(),
-        global_batch=tcfg.global_batch_size,
         dist_info=di,
         job_uid=settings.job_uid,
-        other_jobs=settings.cfg.checkpoint.resume_from_previous_jobs,
     )
     if point is not None:
         resume.load(point, st, dist_info=di, seed=tcfg.seed)
@@ -172,17 +173,8 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         global_batch_size=tcfg.global_batch_size,
         job_uid=settings.job_uid,
     )
-    ckcfg = settings.cfg.checkpoint
     run.manager = checkpoint.CheckpointManager(
-        root=settings.root,
-        keep=ckcfg.keep,
-        mode=checkpoint.SaveMode.ASYNC if ckcfg.async_ else checkpoint.SaveMode.SYNC,
-        identity=identity,
-        dist_info=di,
-        meters=meters,
-        bands=ckcfg.bands_per_rank,
-        min_band_bytes=ckcfg.min_band_bytes,
-        direct_writes=ckcfg.direct_writes,
+        ckcfg, identity=identity, dist_info=di, meters=meters
     )
     run.manager.remove_abandoned()
     sched = schedule.Schedule.of(

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from fsdp_worker import catalog, checkpoint, contract, errors, reader, state
+from fsdp_worker import catalog, checkpoint, config, contract, errors, reader, state
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -33,20 +33,19 @@ class ResumePoint:
     global_batch_size: int
 
 
-def _config_refusal(
-    c: catalog.Candidate, *, config_hash: str, global_batch: int
-) -> errors.ConfigError:
+def _config_refusal(c: catalog.Candidate, training: config.TrainingConfig) -> errors.ConfigError:
     assert c.marker is not None
     m = c.marker
     batch = (
-        f"training.globalBatchSize was {m.global_batch_size}, the config now says {global_batch}"
-        if m.global_batch_size != global_batch
+        f"training.globalBatchSize was {m.global_batch_size}, "
+        f"the config now says {training.global_batch_size}"
+        if m.global_batch_size != training.global_batch_size
         else "the training config differs (model, data, optimizer, precision or seed)"
     )
     return errors.ConfigError(
         f"refusing to resume from {c.path}: it was written with config hash {m.config_hash}, "
-        f"the running config hashes to {config_hash}; {batch}. Restore the original config, "
-        "or start a new run in an empty checkpoint root."
+        f"the running config hashes to {training.resume_hash()}; {batch}. Restore the original "
+        "config, or start a new run in an empty checkpoint root."
     )
 
 
@@ -56,47 +55,48 @@ def _point(c: catalog.Candidate) -> ResumePoint:
     return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
 
 
-def _choose(
-    *,
-    resume: str,
-    root: str,
-    attempt: int,
-    config_hash: str,
-    global_batch: int,
-    job_uid: str | None = None,
-    other_jobs: bool = False,
+def _choose_auto(
+    cfg: config.WorkerConfig, *, attempt: int, job_uid: str | None
 ) -> ResumePoint | None:
-    storage = catalog.LocalStorage(root)
-    if resume == contract.RESUME_AUTO:
-        # The worker does not know the operator's restart chain; it refuses only checkpoints of
-        # later attempts. The operator, which knows the chain, names the path explicitly.
-        lineage = catalog.Lineage(
-            attempt=attempt, resumed_from_step=sys.maxsize, job_uid=job_uid, other_jobs=other_jobs
-        )
-        chosen, rejected = catalog.select(storage, root, config_hash=config_hash, lineage=lineage)
-        for c in rejected:
-            log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
-        if chosen is None:
-            mismatched = [
-                c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH
-            ]
-            if mismatched:
-                raise _config_refusal(
-                    mismatched[0], config_hash=config_hash, global_batch=global_batch
-                )
-            others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
-            if others:
-                raise errors.ConfigError(
-                    f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
-                    f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
-                    " from them, or use another checkpoint.root"
-                )
-            log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
-            return None
+    root = cfg.checkpoint.root
+    # The worker does not know the operator's restart chain; it refuses only checkpoints of
+    # later attempts. The operator, which knows the chain, names the path explicitly.
+    lineage = catalog.Lineage(
+        attempt=attempt,
+        resumed_from_step=sys.maxsize,
+        job_uid=job_uid,
+        other_jobs=cfg.checkpoint.resume_from_previous_jobs,
+    )
+    chosen, rejected = catalog.select(
+        catalog.LocalStorage(root), root, config_hash=cfg.training.resume_hash(), lineage=lineage
+    )
+    for c in rejected:
+        log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
+    if chosen is not None:
         return _point(chosen)
-    candidate = catalog.verify(storage, resume, config_hash=config_hash)
+    mismatched = [c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH]
+    if mismatched:
+        raise _config_refusal(mismatched[0], cfg.training)
+    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+    if others:
+        raise errors.ConfigError(
+            f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
+            f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
+            " from them, or use another checkpoint.root"
+        )
+    log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
+    return None
+
+
+def _choose(
+    cfg: config.WorkerConfig, *, resume: str, attempt: int, job_uid: str | None
+) -> ResumePoint | None:
+    if resume == contract.RESUME_AUTO:
+        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid)
+    storage = catalog.LocalStorage(cfg.checkpoint.root)
+    candidate = catalog.verify(storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
-        raise _config_refusal(candidate, config_hash=config_hash, global_batch=global_batch)
+        raise _config_refusal(candidate, cfg.training)
     if not candidate.ok:
         raise errors.CheckpointError(
             f"checkpoint {resume} is unusable: {candidate.reason}: {candidate.detail}"
@@ -105,31 +105,23 @@ def _choose(
 
 
 def choose(
+    cfg: config.WorkerConfig,
     *,
     resume: str,
-    root: str,
     attempt: int,
-    config_hash: str,
-    global_batch: int,
     dist_info: DistInfo,
     job_uid: str | None = None,
-    other_jobs: bool = False,
 ) -> ResumePoint | None:
-    """Collective: rank 0 decides, every rank gets the same answer (or the same error)."""
+    """Collective: rank 0 decides, every rank gets the same answer (or the same error).
+
+    `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path.
+    """
     if not resume:
         return None
     box: list[object] = [None]
     if dist_info.rank == 0:
         try:
-            box[0] = _choose(
-                resume=resume,
-                root=root,
-                attempt=attempt,
-                config_hash=config_hash,
-                global_batch=global_batch,
-                job_uid=job_uid,
-                other_jobs=other_jobs,
-            )
+            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid)
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc
     dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)

@@ -37,10 +37,14 @@ def _agree(r: interval.Reliability, dist_info: DistInfo | None) -> interval.Reli
     a later pass (after a restart of its own): the ranks agree on the larger figures."""
     unknown = -1.0
     got = _max(
-        [float(r.failures), r.uptime_seconds, r.save_seconds if r.save_seconds is not None else
-         unknown, r.step_seconds if r.step_seconds is not None else unknown],
+        [
+            float(r.failures),
+            r.uptime_seconds,
+            r.save_seconds if r.save_seconds is not None else unknown,
+            r.step_seconds if r.step_seconds is not None else unknown,
+        ],
         dist_info,
-    )  # fmt: skip
+    )
     return interval.Reliability(
         failures=int(got[0]),
         uptime_seconds=got[1],
@@ -108,8 +112,9 @@ class Schedule:
         save_s, step_s, elapsed = _max([blocking, mean, time.monotonic() - self.started], self.dist)
         if step_s <= 0:  # no step since the last boundary: keep what was known
             step_s = self.choice.step_seconds if self.choice and self.choice.step_seconds else -1.0
-        self._choose(step, save_seconds=save_s, step_seconds=step_s if step_s > 0 else None,
-                     elapsed=elapsed)  # fmt: skip
+        self._choose(
+            step, save_seconds=save_s, step_seconds=step_s if step_s > 0 else None, elapsed=elapsed
+        )
 
     def _choose(
         self,
@@ -131,7 +136,12 @@ class Schedule:
         self.meters.chose(self.choice)
         if self.dist is None or self.dist.rank == 0:  # once per checkpoint: not noisy
             c = self.choice
-            doc = {"steps": c.steps, "saveSeconds": c.save_seconds, "stepSeconds": c.step_seconds,
-                   "mtbfSeconds": c.mtbf_seconds, "failures": c.failures,
-                   "nextCheckpoint": self.next_step}  # fmt: skip
+            doc = {
+                "steps": c.steps,
+                "saveSeconds": c.save_seconds,
+                "stepSeconds": c.step_seconds,
+                "mtbfSeconds": c.mtbf_seconds,
+                "failures": c.failures,
+                "nextCheckpoint": self.next_step,
+            }
             log.info("checkpoint interval %s", json.dumps(doc))

@@ -33,8 +33,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from fsdp_worker import catalog, contract, interval
-from fsdp_worker import config as wconfig
+from fsdp_worker import catalog, config, contract, interval
 
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
@@ -59,7 +58,7 @@ def _terminate(*, rank: int, step: int, code: int, cls: str, message: str) -> No
 
 
 class StandIn:
-    def __init__(self, cfg: wconfig.WorkerConfig) -> None:
+    def __init__(self, cfg: config.WorkerConfig) -> None:
         self.cfg = cfg
         self.rank = _env_int("RANK", 0)
         self.world = _env_int("WORLD_SIZE", 1)
@@ -103,13 +102,18 @@ class StandIn:
             catalog.quarantine(self.storage, ".", step)
         self.storage.rename(partial, final)
         marker = catalog.Marker(
-            step=step, attempt=self.attempt, world_size=self.world,
+            step=step,
+            attempt=self.attempt,
+            world_size=self.world,
             global_batch_size=self.cfg.training.global_batch_size,
             samples_consumed=step * self.cfg.training.global_batch_size,
-            resumed_from_step=self.resumed_from, time=time.time(), torch_version="standin",
-            config_hash=self.hash, job_uid=self.job_uid,
+            resumed_from_step=self.resumed_from,
+            time=time.time(),
+            torch_version="standin",
+            config_hash=self.hash,
+            job_uid=self.job_uid,
             files=catalog.build_manifest(self.storage, final, checksums=True),
-        )  # fmt: skip
+        )
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
         log.info("checkpoint step %d complete", step)
         stop = self.storage.resolve(STOP_FILE.format(attempt=self.attempt))
@@ -148,18 +152,22 @@ class StandIn:
 
     def _interval(self, steps_run: int) -> interval.Choice:
         ck = self.cfg.checkpoint
-        if ck.interval_steps != wconfig.AUTO:
+        if ck.interval_steps != config.AUTO:
             return interval.Choice(steps=int(ck.interval_steps), auto=False)
         r = interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, ""))
         mtbf = interval.mtbf_estimate(
-            failures=r.failures, uptime_seconds=r.uptime_seconds + steps_run * self.step_time,
-            prior_seconds=ck.auto_interval.prior_mtbf_seconds,
-        )  # fmt: skip
-        return interval.choose(
-            save_seconds=self.save_time, step_seconds=self.step_time, mtbf_seconds=mtbf,
-            floor=ck.auto_interval.min_steps, ceiling=ck.auto_interval.max_steps,
             failures=r.failures,
-        )  # fmt: skip
+            uptime_seconds=r.uptime_seconds + steps_run * self.step_time,
+            prior_seconds=ck.auto_interval.prior_mtbf_seconds,
+        )
+        return interval.choose(
+            save_seconds=self.save_time,
+            step_seconds=self.step_time,
+            mtbf_seconds=mtbf,
+            floor=ck.auto_interval.min_steps,
+            ceiling=ck.auto_interval.max_steps,
+            failures=r.failures,
+        )
 
     def run(self) -> int:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> prom.Gauge:
@@ -176,10 +184,12 @@ class StandIn:
 
         def chose(choice: interval.Choice) -> None:
             every.set(choice.steps)
-            pairs = ((contract.IntervalInput.SAVE_SECONDS, choice.save_seconds),
-                     (contract.IntervalInput.STEP_SECONDS, choice.step_seconds),
-                     (contract.IntervalInput.MTBF_SECONDS, choice.mtbf_seconds),
-                     (contract.IntervalInput.FAILURES, choice.failures))  # fmt: skip
+            pairs = (
+                (contract.IntervalInput.SAVE_SECONDS, choice.save_seconds),
+                (contract.IntervalInput.STEP_SECONDS, choice.step_seconds),
+                (contract.IntervalInput.MTBF_SECONDS, choice.mtbf_seconds),
+                (contract.IntervalInput.FAILURES, choice.failures),
+            )
             for key, value in pairs:
                 if value is not None:
                     inputs.labels(input=key.value).set(value)
@@ -239,17 +249,27 @@ def main() -> int:
     )
     raw = os.environ.get(contract.ENV_CONFIG, "{}")
     try:
-        cfg = wconfig.WorkerConfig.parse(raw)
+        cfg = config.WorkerConfig.parse(raw)
     except ValueError as exc:
-        _terminate(rank=_env_int("RANK", 0), step=0, code=78, cls=contract.FailureClass.CONFIG,
-                   message=str(exc)[:1000])  # fmt: skip
+        _terminate(
+            rank=_env_int("RANK", 0),
+            step=0,
+            code=78,
+            cls=contract.FailureClass.CONFIG,
+            message=str(exc)[:1000],
+        )
         return int(contract.ExitCode.CONFIG_ERROR)
     signal.signal(signal.SIGTERM, _on_term)
     try:
         return StandIn(cfg).run()
     except Exception as exc:
-        _terminate(rank=_env_int("RANK", 0), step=-1, code=1, cls=contract.FailureClass.RUNTIME,
-                   message=str(exc)[:1000])  # fmt: skip
+        _terminate(
+            rank=_env_int("RANK", 0),
+            step=-1,
+            code=1,
+            cls=contract.FailureClass.RUNTIME,
+            message=str(exc)[:1000],
+        )
         raise
 
 

@@ -145,8 +145,12 @@ def run(loop: Loop) -> None:
         if stop or loop.schedule.due(step) or step == loop.cfg.steps:
             _save(loop)
             if not stop and step < loop.cfg.steps:
-                loop.schedule.saved(step, blocking=loop.last_blocking, steps_run=loop.steps_run,
-                                    step_seconds=loop.step_seconds)  # fmt: skip
+                loop.schedule.saved(
+                    step,
+                    blocking=loop.last_blocking,
+                    steps_run=loop.steps_run,
+                    step_seconds=loop.step_seconds,
+                )
         if stop:
             loop.ckpt.wait()
             raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")
