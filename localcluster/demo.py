@@ -26,8 +26,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from localcluster import controlplane, images, stack
-from localcluster import faults as lf
+from localcluster import controlplane, faults, images, stack
 
 console = Console()
 NS = "demo"
@@ -76,10 +75,10 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         jobs.apply(_job())
         _await(jobs, "training to pass step 25", lambda: _step(jobs) >= 25)
         _show(cluster)
-        faults = lf.Faults.for_cluster(cluster.state_dir)
+        injector = faults.Faults.for_cluster(cluster.state_dir)
         pod = jobs.running_pods("tiny-cpu", 1)[1]["metadata"]["name"]
         _say(f"fault 1: SIGKILL training rank 2 inside {pod} (torchrun sees a crashed rank)")
-        faults.kill_rank(NS, pod, rank=2)
+        injector.kill_rank(NS, pod, rank=2)
         s = _await(jobs, "attempt 2 running", lambda: (s := jobs.status("tiny-cpu")).get(
             "attempt") == 2 and s.get("phase") == "Running" and s)  # fmt: skip
         console.print(
@@ -90,13 +89,13 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         )
         node = jobs.running_pods("tiny-cpu", 2)[1]["spec"]["nodeName"]
         _say(f"fault 2: lose node {node} (its kubelet stops; its containers keep running)")
-        faults.lose_node(node)
+        injector.lose_node(node)
         s = _await(jobs, "shrunk attempt running", lambda: (s := jobs.status("tiny-cpu")).get(
             "attempt") == 3 and s.get("phase") == "Running" and s)  # fmt: skip
         console.print(f"cause {s['lastFailure']['cause']}; world size now {s['worldSize']} ranks")
         _show(cluster)
         _say(f"node {node} comes back: the operator grows the job back after a checkpoint")
-        faults.restore_node(node)
+        injector.restore_node(node)
         _await(jobs, "back at full size", lambda: _full(jobs.status("tiny-cpu")))
         _show(cluster)
         _say("letting the job finish")

@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_operator import (
         handlers,  # noqa: F401  (registers the handlers)
         heap,
+        settings,
     )
-    from fsdp_operator import settings as cfg
 
-    conf = cfg.Settings.from_env()
+    conf = settings.Settings.from_env()
     _two_malloc_arenas()  # before any thread starts
     heap.install(conf.heap_report, conf.heap_frames)
     asyncio.run(

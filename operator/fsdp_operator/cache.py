@@ -22,9 +22,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator import names
-from fsdp_operator import observed as ob
-from fsdp_operator import spec as api
+from fsdp_operator import api, names, observed
 
 _ACTIVE = ("Pending", "Running", "Unknown")
 # What observe.pod_view reads of a pod's conditions and container states. The rest (Ready,
@@ -148,7 +146,7 @@ class View:
     """Shared between views (Store.nodes): not to be changed."""
     used: Mapping[str, Mapping[str, float]]
     """Per node, requests of the active pods bound there (this job's own included)."""
-    progress: ob.Progress | None = None
+    progress: observed.Progress | None = None
     """Rank 0's newest scrape not yet seen by a pass (probe.Prober.take), of `progress_pod`."""
     progress_pod: str = ""
 
@@ -270,7 +268,7 @@ class Store:
         return found
 
     def view(
-        self, namespace: str, name: str, latest: tuple[str, ob.Progress] | None = None
+        self, namespace: str, name: str, latest: tuple[str, observed.Progress] | None = None
     ) -> View:
         """A copy of what the store holds for one pass of one job; `latest` is rank 0's newest
         scrape (pod name, progress) not yet seen by a pass."""

@@ -16,9 +16,7 @@ import kubernetes
 from rich.console import Console
 from rich.table import Table
 
-from fsdp_operator import kube as k8s
-from fsdp_operator import spec as api
-from fsdp_operator import status as st
+from fsdp_operator import api, kube, status
 
 
 def _age(ts: float | None, now: float) -> str:
@@ -119,16 +117,16 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
 def _resume_table(history: list[dict[str, Any]]) -> Table:
     """Each attempt's way back to training, phase by phase (status.history[].timeline)."""
     table = Table(title="time to resume: failure -> first step, by phase (seconds)")
-    phases = [phase for phase, _ in st.PHASES]
+    phases = [phase for phase, _ in status.PHASES]
     for col in ("attempt", "after", *phases, "total"):
         table.add_column(col)
     for h in history:
         raw = h.get("timeline")
         if not raw:
             continue
-        tl = st.Timeline.model_validate(raw)
-        secs = dict(st.breakdown(tl))
-        total = st.time_to_resume(tl)
+        tl = status.Timeline.model_validate(raw)
+        secs = dict(status.breakdown(tl))
+        total = status.time_to_resume(tl)
         table.add_row(
             str(h.get("attempt")), tl.cause.value if tl.cause else "(start)",
             *(_fmt(secs.get(p)) for p in phases), _fmt(total),
@@ -171,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for verb in ("describe", "suspend", "resume"):
         sub.add_parser(verb).add_argument("name")
     args = parser.parse_args(argv)
-    client = k8s.load_client()
+    client = kube.load_client()
     custom = kubernetes.client.CustomObjectsApi(client)
     console = Console()
     if args.command == "list":

@@ -12,9 +12,7 @@ import dataclasses
 import datetime
 import enum
 
-from fsdp_operator import detect, goodput, policy
-from fsdp_operator import observed as ob
-from fsdp_operator import status as st
+from fsdp_operator import detect, goodput, observed, policy, status
 from fsdp_worker import interval
 from fsdp_worker.config import AUTO
 
@@ -31,7 +29,7 @@ CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks aga
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
 GOODPUT_REFRESH_SECONDS = 30.0  # goodput alone changes every pass: write it at most this often
-PLANNED = frozenset({st.Cause.RESIZE, st.Cause.SUSPENDED})  # ends that are not failures
+PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED})  # ends that are not failures
 
 
 class EventType(enum.StrEnum):
@@ -70,16 +68,18 @@ class Launch:
 
 @dataclasses.dataclass
 class Decision:
-    status: st.FSDPJobStatus
     delete: list[PodDelete] = dataclasses.field(default_factory=list)
     launch: Launch | None = None
     events: list[Event] = dataclasses.field(default_factory=list)
     quarantine: list[str] = dataclasses.field(default_factory=list)
     delete_job: bool = False
     requeue_after: float | None = None
-    failure: st.Failure | None = None  # detected in this pass (for metrics)
-    recovered: st.HistoryEntry | None = None  # an attempt launched after a failure
-    resumed: st.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
+    failure: status.Failure | None = None  # detected in this pass (for metrics)
+    recovered: status.HistoryEntry | None = None  # an attempt launched after a failure
+    resumed: status.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
+    # Last, and keyword-only: a field named like the status module hides it from the
+    # annotations after it.
+    status: status.FSDPJobStatus = dataclasses.field(kw_only=True)
 
     def emit(self, reason: str, message: str, *, warning: bool = False) -> None:
         kind = EventType.WARNING if warning else EventType.NORMAL
@@ -104,26 +104,32 @@ def _set_condition(
     old = next((c for c in d.status.conditions if c.type == kind), None)
     when = old.last_transition_time if old and old.status == value else stamp(now)
     conds.append(
-        st.Condition(type=kind, status=value, reason=reason, message=msg, last_transition_time=when)
+        status.Condition(
+            type=kind, status=value, reason=reason, message=msg, last_transition_time=when
+        )
     )
     d.status.conditions = sorted(conds, key=lambda c: c.type)
 
 
-def _phase(d: Decision, obs: ob.Observed, phase: st.Phase, reason: str, msg: str = "") -> None:
+def _phase(
+    d: Decision, obs: observed.Observed, phase: status.Phase, reason: str, msg: str = ""
+) -> None:
     s = d.status
     s.phase, s.reason, s.message = phase, reason, msg
-    progressing = phase in (st.Phase.PENDING, st.Phase.RUNNING, st.Phase.RESTARTING)
+    progressing = phase in (status.Phase.PENDING, status.Phase.RUNNING, status.Phase.RESTARTING)
     _set_condition(d, obs.now, kind="Progressing", true=progressing, reason=reason, msg=msg)
     _set_condition(
-        d, obs.now, kind="Suspended", true=phase is st.Phase.SUSPENDED, reason=reason, msg=msg
+        d, obs.now, kind="Suspended", true=phase is status.Phase.SUSPENDED, reason=reason, msg=msg
     )
     _set_condition(
-        d, obs.now, kind="Complete", true=phase is st.Phase.SUCCEEDED, reason=reason, msg=msg
+        d, obs.now, kind="Complete", true=phase is status.Phase.SUCCEEDED, reason=reason, msg=msg
     )
-    _set_condition(d, obs.now, kind="Failed", true=phase is st.Phase.FAILED, reason=reason, msg=msg)
+    _set_condition(
+        d, obs.now, kind="Failed", true=phase is status.Phase.FAILED, reason=reason, msg=msg
+    )
 
 
-def _track(d: Decision, obs: ob.Observed) -> None:
+def _track(d: Decision, obs: observed.Observed) -> None:
     """Record the newest checkpoint and rank 0's step; queue corrupt checkpoints."""
     s, ck = d.status, obs.checkpoint
     for path in obs.corrupt_checkpoints:
@@ -143,12 +149,12 @@ def _track(d: Decision, obs: ob.Observed) -> None:
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
 
 
-def _current(s: st.FSDPJobStatus) -> st.HistoryEntry | None:
+def _current(s: status.FSDPJobStatus) -> status.HistoryEntry | None:
     entry = s.history[-1] if s.history else None
     return entry if entry is not None and entry.attempt == s.attempt else None
 
 
-def _worker_report(d: Decision, prog: ob.Progress, now: float) -> None:
+def _worker_report(d: Decision, prog: observed.Progress, now: float) -> None:
     """Rank 0's own figures: its milestones, step and save seconds, and checkpoint interval."""
     s = d.status
     entry = _current(s)
@@ -176,7 +182,7 @@ def _worker_report(d: Decision, prog: ob.Progress, now: float) -> None:
         d.emit("CheckpointInterval", _interval_message(new))
 
 
-def _interval_message(c: st.CheckpointInterval) -> str:
+def _interval_message(c: status.CheckpointInterval) -> str:
     def secs(v: float | None) -> str:
         return "unmeasured" if v is None else f"{v:.3g}s"
 
@@ -188,7 +194,7 @@ def _interval_message(c: st.CheckpointInterval) -> str:
     )
 
 
-def _milestones(d: Decision, obs: ob.Observed) -> None:
+def _milestones(d: Decision, obs: observed.Observed) -> None:
     """Teardown and start milestones the operator sees on pods: gang gone, bound, running."""
     s = d.status
     older = [p for p in obs.pods if p.attempt < s.attempt]
@@ -205,28 +211,30 @@ def _milestones(d: Decision, obs: ob.Observed) -> None:
     complete = s.pods_created and len(pods) >= (s.replicas or 0) > 0
     if complete and tl.scheduled is None and all(p.node for p in pods):
         tl.scheduled = obs.now
-    if complete and tl.running is None and all(p.phase is ob.PodPhase.RUNNING for p in pods):
+    if complete and tl.running is None and all(p.phase is observed.PodPhase.RUNNING for p in pods):
         tl.running = obs.now
 
 
 def _delete_all(
-    d: Decision, obs: ob.Observed, *, keep_finished: bool = False, grace: int | None = None
+    d: Decision, obs: observed.Observed, *, keep_finished: bool = False, grace: int | None = None
 ) -> None:
     """Delete the gang; force pods whose node is gone. Exited pods of a failed job stay (logs)."""
     for pod in obs.pods:
         if pod.deleting and not _node_gone(obs, pod):
             continue
-        if keep_finished and pod.phase in (ob.PodPhase.SUCCEEDED, ob.PodPhase.FAILED):
+        if keep_finished and pod.phase in (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED):
             continue
         d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod), grace=grace))
 
 
-def _node_gone(obs: ob.Observed, pod: ob.PodView) -> bool:
+def _node_gone(obs: observed.Observed, pod: observed.PodView) -> bool:
     node = obs.node(pod.node) if pod.node else None
     return bool(pod.node) and (node is None or not node.ready)
 
 
-def _close_history(d: Decision, obs: ob.Observed, cause: st.Cause, detect_s: float | None) -> None:
+def _close_history(
+    d: Decision, obs: observed.Observed, cause: status.Cause, detect_s: float | None
+) -> None:
     """End the current attempt's entry; count its uptime (and a failure unless planned); start
     the timeline of the attempt that will follow it."""
     s = d.status
@@ -236,22 +244,22 @@ def _close_history(d: Decision, obs: ob.Observed, cause: st.Cause, detect_s: flo
     last.ended, last.cause, last.detect_seconds = obs.now, cause, detect_s
     failed = obs.now - (detect_s or 0.0)
     rel = s.reliability
-    s.reliability = st.Reliability(
+    s.reliability = status.Reliability(
         failures=rel.failures + (cause not in PLANNED),
         uptime_seconds=round(rel.uptime_seconds + max(0.0, failed - (last.started or failed)), 3),
     )
-    s.next_timeline = st.Timeline(cause=cause, failed=failed, detected=obs.now)
+    s.next_timeline = status.Timeline(cause=cause, failed=failed, detected=obs.now)
 
 
-def _finish(d: Decision, obs: ob.Observed, cause: st.Cause | None, msg: str) -> Decision:
+def _finish(d: Decision, obs: observed.Observed, cause: status.Cause | None, msg: str) -> Decision:
     s = d.status
     s.finished = obs.now
     if cause is None:
-        _phase(d, obs, st.Phase.SUCCEEDED, "Succeeded", msg)
+        _phase(d, obs, status.Phase.SUCCEEDED, "Succeeded", msg)
         d.emit("Succeeded", msg)
     else:
         _close_history(d, obs, cause, None)
-        _phase(d, obs, st.Phase.FAILED, cause.value, msg)
+        _phase(d, obs, status.Phase.FAILED, cause.value, msg)
         d.emit(cause.value, msg, warning=True)
         _delete_all(d, obs, keep_finished=True)
     ttl = obs.spec.ttl_seconds_after_finished
@@ -260,7 +268,7 @@ def _finish(d: Decision, obs: ob.Observed, cause: st.Cause | None, msg: str) -> 
     return d
 
 
-def _finished(d: Decision, obs: ob.Observed) -> Decision:
+def _finished(d: Decision, obs: observed.Observed) -> Decision:
     ttl = obs.spec.ttl_seconds_after_finished
     done = d.status.finished or obs.now
     if ttl is not None and obs.now >= done + ttl:
@@ -272,7 +280,7 @@ def _finished(d: Decision, obs: ob.Observed) -> Decision:
 
 
 def _on_failure(
-    d: Decision, obs: ob.Observed, failure: st.Failure, tun: policy.Tunables
+    d: Decision, obs: observed.Observed, failure: status.Failure, tun: policy.Tunables
 ) -> Decision:
     s = d.status
     d.failure, s.last_failure = failure, failure
@@ -282,7 +290,7 @@ def _on_failure(
     where = f" rank {failure.rank} pod {failure.pod} node {failure.node}" if failure.pod else ""
     d.emit("FailureDetected", f"{failure.cause.value}:{where} {failure.message}", warning=True)
     counters = policy.charge(s.restarts, failure.cause)
-    app = st.budget_of(failure.cause) is st.Budget.APPLICATION
+    app = status.budget_of(failure.cause) is status.Budget.APPLICATION
     stalled = app and not policy.made_progress(s, obs.checkpoint)
     counters.without_progress = counters.without_progress + 1 if stalled else 0
     stop = policy.stop_reason(spec=obs.spec, restarts=counters, cause=failure.cause)
@@ -290,13 +298,13 @@ def _on_failure(
         return _finish(d, obs, stop[0], stop[1])
     s.restarts = counters
     _close_history(d, obs, failure.cause, detect_s)
-    blame = failure.node if failure.cause is st.Cause.NODE_LOST else None
+    blame = failure.node if failure.cause is status.Cause.NODE_LOST else None
     s.excluded_nodes = policy.active_exclusions(s, now=obs.now, blame=blame, tun=tun)
     if blame:
         d.emit("NodeExcluded", f"node {blame} excluded for {tun.node_exclusion_seconds:.0f}s")
     delay = policy.backoff_seconds(obs.spec, counters)
     s.next_attempt_at, s.failure_observed, s.drain = obs.now + delay, obs.now, False
-    _phase(d, obs, st.Phase.RESTARTING, failure.cause.value, failure.message)
+    _phase(d, obs, status.Phase.RESTARTING, failure.cause.value, failure.message)
     d.emit("Restarting", f"tearing down attempt {s.attempt}; next attempt in {delay:.0f}s")
     # A gang with a failed rank cannot finish a collective save: a short grace frees its
     # accelerators for the next attempt instead of holding them for the full save window.
@@ -304,12 +312,12 @@ def _on_failure(
     return _launch(d, obs, tun, cause=failure.cause)
 
 
-def _planned_stop(d: Decision, obs: ob.Observed, cause: st.Cause, msg: str) -> Decision:
+def _planned_stop(d: Decision, obs: observed.Observed, cause: status.Cause, msg: str) -> Decision:
     """Tear down gracefully: workers save a checkpoint on SIGTERM before they exit."""
     s = d.status
     _close_history(d, obs, cause, None)
     s.failure_observed, s.drain, s.next_attempt_at = obs.now, True, obs.now
-    phase = st.Phase.SUSPENDED if cause is st.Cause.SUSPENDED else st.Phase.RESTARTING
+    phase = status.Phase.SUSPENDED if cause is status.Cause.SUSPENDED else status.Phase.RESTARTING
     _phase(d, obs, phase, cause.value, msg)
     d.emit(cause.value, msg)
     _delete_all(d, obs)
@@ -317,7 +325,7 @@ def _planned_stop(d: Decision, obs: ob.Observed, cause: st.Cause, msg: str) -> D
     return d
 
 
-def _conflicts(d: Decision, obs: ob.Observed) -> None:
+def _conflicts(d: Decision, obs: observed.Observed) -> None:
     """Say in a condition (and once in an Event) what the job will not adopt, or that it is over.
 
     The objects are never touched: they are not the job's to delete.
@@ -330,7 +338,7 @@ def _conflicts(d: Decision, obs: ob.Observed) -> None:
     first = obs.conflicts[0]
     more = f" (and {len(obs.conflicts) - 1} more)" if len(obs.conflicts) > 1 else ""
     msg = f"{first.describe()}{more}; the job does not adopt it and waits until it is gone"
-    if first.kind is ob.ConflictKind.CHECKPOINTS:
+    if first.kind is observed.ConflictKind.CHECKPOINTS:
         msg = (
             f"{first.describe()}; set spec.checkpoint.resumeFromPreviousJobs: true to resume from"
             " it, or remove those checkpoints or use another checkpoint.root"
@@ -340,7 +348,7 @@ def _conflicts(d: Decision, obs: ob.Observed) -> None:
     _set_condition(d, obs.now, kind=CONFLICT, true=True, reason=first.kind.value, msg=msg)
 
 
-def _blocked(d: Decision, obs: ob.Observed) -> bool:
+def _blocked(d: Decision, obs: observed.Observed) -> bool:
     """No pods are created while anything conflicts; look again soon."""
     if obs.conflicts:
         d.again(CONFLICT_POLL_SECONDS)
@@ -348,7 +356,7 @@ def _blocked(d: Decision, obs: ob.Observed) -> bool:
 
 
 def _launch(
-    d: Decision, obs: ob.Observed, tun: policy.Tunables, *, cause: st.Cause | None
+    d: Decision, obs: observed.Observed, tun: policy.Tunables, *, cause: status.Cause | None
 ) -> Decision:
     """Start the next attempt when backoff and draining allow; otherwise say when to look."""
     s = d.status
@@ -378,11 +386,11 @@ def _launch(
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else None
     s.step = ck.step if ck else None
-    timeline = (s.next_timeline or st.Timeline()).model_copy(update={"launched": obs.now})
+    timeline = (s.next_timeline or status.Timeline()).model_copy(update={"launched": obs.now})
     if timeline.failed is not None and timeline.gang_gone is None and not obs.pods:
         timeline.gang_gone = obs.now
     s.next_timeline = None
-    entry = st.HistoryEntry(
+    entry = status.HistoryEntry(
         attempt=s.attempt,
         started=obs.now,
         resumed_from_step=s.resumed_from_step,
@@ -390,9 +398,9 @@ def _launch(
         timeline=timeline,
     )
     history = [*s.history, entry]
-    dropped = history[: -st.HISTORY_LIMIT]
+    dropped = history[: -status.HISTORY_LIMIT]
     s.goodput = goodput.fold(s.goodput, dropped, now=obs.now)
-    s.history = history[-st.HISTORY_LIMIT :]
+    s.history = history[-status.HISTORY_LIMIT :]
     d.launch = Launch(
         s.attempt, replicas, s.resume_path or "", tuple(excluded), reliability=_reliability(obs, s)
     )
@@ -402,7 +410,7 @@ def _launch(
     return d
 
 
-def _reliability(obs: ob.Observed, s: st.FSDPJobStatus) -> str:
+def _reliability(obs: observed.Observed, s: status.FSDPJobStatus) -> str:
     """FSDP_RELIABILITY for `intervalSteps: auto` ("" otherwise): the failure record and the
     last measured costs, so the new attempt's first interval is already the informed one."""
     if obs.spec.checkpoint.interval_steps != AUTO:
@@ -416,7 +424,7 @@ def _reliability(obs: ob.Observed, s: st.FSDPJobStatus) -> str:
     ).to_json()
 
 
-def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) -> None:
+def _complete_creation(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -> None:
     """Every pod of the attempt seen once; or create the missing ones (the operator may have
     stopped between the status write and the creates), unless someone else holds a name, or
     this operator just created them and its watch has not shown them yet."""
@@ -432,7 +440,7 @@ def _complete_creation(d: Decision, obs: ob.Observed, pods: list[ob.PodView]) ->
         )
 
 
-def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
+def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decision:
     s = d.status
     pods = obs.attempt_pods(s.attempt)
     if not s.pods_created:
@@ -451,9 +459,9 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
     for pod in stale:
         if not pod.deleting or _node_gone(obs, pod):
             d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
-    if pods and all(p.phase is ob.PodPhase.RUNNING for p in pods) and s.pods_created:
-        if s.phase is not st.Phase.RUNNING:
-            _phase(d, obs, st.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")
+    if pods and all(p.phase is observed.PodPhase.RUNNING for p in pods) and s.pods_created:
+        if s.phase is not status.Phase.RUNNING:
+            _phase(d, obs, status.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")
             if s.failure_observed is not None and s.history:
                 s.history[-1].recover_seconds = obs.now - s.failure_observed
                 d.recovered = s.history[-1]
@@ -462,7 +470,7 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
         target = policy.grow_target(obs, excluded)
         if target is not None:
             return _planned_stop(
-                d, obs, st.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
+                d, obs, status.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"
             )
     d.again(RESYNC_SECONDS)
     wake = detect.next_deadline(now_seen)
@@ -471,14 +479,14 @@ def _running(d: Decision, obs: ob.Observed, tun: policy.Tunables) -> Decision:
     return d
 
 
-def decide(obs: ob.Observed, tun: policy.Tunables | None = None) -> Decision:
+def decide(obs: observed.Observed, tun: policy.Tunables | None = None) -> Decision:
     """What to do about one FSDPJob, given everything observed in this pass."""
     d = _decide(obs, tun or policy.Tunables())
     _account(d, obs)
     return d
 
 
-def _account(d: Decision, obs: ob.Observed) -> None:
+def _account(d: Decision, obs: observed.Observed) -> None:
     """Goodput, and the attempt whose time to resume became known in this pass."""
     s, before = d.status, obs.status
     entry = _current(s)
@@ -486,8 +494,8 @@ def _account(d: Decision, obs: ob.Observed) -> None:
     if (
         entry is not None
         and entry.timeline is not None
-        and st.complete(entry.timeline)
-        and (old is None or old.timeline is None or not st.complete(old.timeline))
+        and status.complete(entry.timeline)
+        and (old is None or old.timeline is None or not status.complete(old.timeline))
     ):
         d.resumed = entry
         if entry.timeline.failed is not None:
@@ -500,60 +508,60 @@ def _account(d: Decision, obs: ob.Observed) -> None:
         or fresh is None
         or (fresh.wall_seconds - kept.wall_seconds >= GOODPUT_REFRESH_SECONDS)
     )
-    if not unchanged or stale or s.phase in st.TERMINAL_PHASES:
+    if not unchanged or stale or s.phase in status.TERMINAL_PHASES:
         s.goodput = fresh
 
 
-def _resumed_message(entry: st.HistoryEntry) -> str:
+def _resumed_message(entry: status.HistoryEntry) -> str:
     assert entry.timeline is not None
     tl = entry.timeline
     parts = ", ".join(
-        f"{phase} {secs:.1f}s" for phase, secs in st.breakdown(tl) if secs is not None
+        f"{phase} {secs:.1f}s" for phase, secs in status.breakdown(tl) if secs is not None
     )
-    total = st.time_to_resume(tl) or 0.0
+    total = status.time_to_resume(tl) or 0.0
     cause = tl.cause.value if tl.cause else "-"
     return f"attempt {entry.attempt} training {total:.1f}s after {cause} ({parts})"
 
 
-def _decide(obs: ob.Observed, tun: policy.Tunables) -> Decision:
+def _decide(obs: observed.Observed, tun: policy.Tunables) -> Decision:
     d = Decision(status=obs.status.model_copy(deep=True))
     s = d.status
     s.observed_generation = obs.generation
     s.conditions = [c for c in s.conditions if c.type != RECONCILE_ERROR]  # this pass works
     _track(d, obs)
-    if s.phase in st.TERMINAL_PHASES:
+    if s.phase in status.TERMINAL_PHASES:
         return _finished(d, obs)
     _milestones(d, obs)
     if obs.validated_generation is not None:
         s.validated_generation = obs.validated_generation
     _conflicts(d, obs)
     if obs.spec_error:
-        return _finish(d, obs, st.Cause.INVALID_SPEC, obs.spec_error)
-    if s.started is None or (s.phase is st.Phase.SUSPENDED and not obs.spec.suspend):
+        return _finish(d, obs, status.Cause.INVALID_SPEC, obs.spec_error)
+    if s.started is None or (s.phase is status.Phase.SUSPENDED and not obs.spec.suspend):
         s.started = obs.now  # the active deadline counts from (re)start, like a Job's
     if obs.spec.suspend:
         return _suspend(d, obs)
     deadline = obs.spec.active_deadline_seconds
     if deadline is not None and obs.now - s.started >= deadline:
-        return _finish(d, obs, st.Cause.DEADLINE, f"activeDeadlineSeconds={deadline} passed")
+        return _finish(d, obs, status.Cause.DEADLINE, f"activeDeadlineSeconds={deadline} passed")
     if deadline is not None:
         d.again(s.started + deadline - obs.now)
-    if s.phase is st.Phase.SUSPENDED:
-        _phase(d, obs, st.Phase.PENDING, "Resumed", "spec.suspend cleared")
+    if s.phase is status.Phase.SUSPENDED:
+        _phase(d, obs, status.Phase.PENDING, "Resumed", "spec.suspend cleared")
         d.emit("Resumed", "spec.suspend cleared; starting from the newest checkpoint")
         return _launch(d, obs, tun, cause=None)
-    if s.attempt == 0 or (s.phase is st.Phase.RESTARTING and s.next_attempt_at is not None):
+    if s.attempt == 0 or (s.phase is status.Phase.RESTARTING and s.next_attempt_at is not None):
         if s.attempt == 0:
-            _phase(d, obs, st.Phase.PENDING, "Created", "")
+            _phase(d, obs, status.Phase.PENDING, "Created", "")
         return _launch(d, obs, tun, cause=s.last_failure.cause if s.last_failure else None)
     return _running(d, obs, tun)
 
 
-def _suspend(d: Decision, obs: ob.Observed) -> Decision:
+def _suspend(d: Decision, obs: observed.Observed) -> Decision:
     s = d.status
-    if s.phase is st.Phase.SUSPENDED:
+    if s.phase is status.Phase.SUSPENDED:
         _delete_all(d, obs)  # stragglers from a pass that stopped half-way
         if d.delete:
             d.again(1.0)
         return d
-    return _planned_stop(d, obs, st.Cause.SUSPENDED, "spec.suspend set; pods stop after a save")
+    return _planned_stop(d, obs, status.Cause.SUSPENDED, "spec.suspend set; pods stop after a save")

@@ -7,36 +7,35 @@ pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 
 from __future__ import annotations
 
-from fsdp_operator import observed as ob
-from fsdp_operator import status as st
+from fsdp_operator import observed, status
 from fsdp_worker import contract
 
 _PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
 
 
-def classify(pod: ob.PodView, *, non_retryable: frozenset[int]) -> st.Cause:
+def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.Cause:
     """Cause of one Failed pod, from its reason, exit code and the worker's JSON message."""
     doc = pod.worker_cause()
     cls = doc.get("class")
     worker_code = doc.get("exitCode") if isinstance(doc.get("exitCode"), int) else None
     codes = {c for c in (pod.exit_code, worker_code) if c is not None}
     if pod.reason == "OOMKilled" or cls == contract.FailureClass.OOM.value:
-        return st.Cause.OOM
+        return status.Cause.OOM
     if cls in _PERMANENT_CLASSES or int(contract.ExitCode.CONFIG_ERROR) in codes:
-        return st.Cause.CONFIG_ERROR
+        return status.Cause.CONFIG_ERROR
     if codes & non_retryable:
-        return st.Cause.NON_RETRYABLE
+        return status.Cause.NON_RETRYABLE
     if pod.disrupted or cls == contract.FailureClass.PREEMPTED.value:
-        return st.Cause.EVICTED
-    return st.Cause.CRASH
+        return status.Cause.EVICTED
+    return status.Cause.CRASH
 
 
 def _failure(
-    cause: st.Cause, pod: ob.PodView | None, *, at: float, message: str = ""
-) -> st.Failure:
+    cause: status.Cause, pod: observed.PodView | None, *, at: float, message: str = ""
+) -> status.Failure:
     doc = pod.worker_cause() if pod else {}
     text = message or str(doc.get("message") or (pod.message if pod else ""))
-    return st.Failure(
+    return status.Failure(
         cause=cause,
         rank=pod.rank if pod else None,
         pod=pod.name if pod else None,
@@ -48,32 +47,32 @@ def _failure(
     )
 
 
-def _evicted(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+def _evicted(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     for pod in pods:
-        if pod.disrupted or (pod.deleting and pod.phase is not ob.PodPhase.SUCCEEDED):
+        if pod.disrupted or (pod.deleting and pod.phase is not observed.PodPhase.SUCCEEDED):
             how = "evicted (DisruptionTarget)" if pod.disrupted else "deleted by someone else"
-            return _failure(st.Cause.EVICTED, pod, at=obs.now, message=f"pod {pod.name} {how}")
+            return _failure(status.Cause.EVICTED, pod, at=obs.now, message=f"pod {pod.name} {how}")
     return None
 
 
-def _node_lost(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     grace = obs.spec.failure_policy.node_loss_grace_seconds
     for pod in pods:
-        if not pod.node or pod.phase in (ob.PodPhase.SUCCEEDED, ob.PodPhase.FAILED):
+        if not pod.node or pod.phase in (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED):
             continue
         node = obs.node(pod.node)
         if node is None:
             msg = f"node {pod.node} of pod {pod.name} no longer exists"
-            return _failure(st.Cause.NODE_LOST, pod, at=obs.now, message=msg)
+            return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
             msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"
-            return _failure(st.Cause.NODE_LOST, pod, at=since, message=msg)
+            return _failure(status.Cause.NODE_LOST, pod, at=since, message=msg)
     return None
 
 
-def _crashed(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
-    failed = [p for p in pods if p.phase is ob.PodPhase.FAILED]
+def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    failed = [p for p in pods if p.phase is observed.PodPhase.FAILED]
     if not failed:
         return None
     first = min(failed, key=lambda p: (p.finished if p.finished is not None else obs.now, p.rank))
@@ -82,35 +81,35 @@ def _crashed(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
     return _failure(classify(first, non_retryable=codes), first, at=at)
 
 
-def _vanished(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     if not obs.status.pods_created:
         return None
     present = {p.rank for p in pods}
     missing = [r for r in range(obs.status.replicas or 0) if r not in present]
     if not missing:
         return None
-    failure = _failure(st.Cause.EVICTED, None, at=obs.now, message=f"ranks {missing} vanished")
+    failure = _failure(status.Cause.EVICTED, None, at=obs.now, message=f"ranks {missing} vanished")
     return failure.model_copy(update={"rank": missing[0]})
 
 
-def _stuck_pending(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
+def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     started = obs.status.attempt_started
     timeout = obs.spec.failure_policy.pending_timeout_seconds
     if started is None or obs.now - started < timeout:
         return None
-    pending = [p for p in pods if p.phase is ob.PodPhase.PENDING]
+    pending = [p for p in pods if p.phase is observed.PodPhase.PENDING]
     for pod in pending:
         if pod.image_error:
             msg = f"pod {pod.name}: {pod.image_error} for over {timeout}s"
-            return _failure(st.Cause.IMAGE_PULL, pod, at=started + timeout, message=msg)
+            return _failure(status.Cause.IMAGE_PULL, pod, at=started + timeout, message=msg)
     stuck = [p for p in pending if p.unschedulable or not p.node]
     if stuck:
         msg = f"{len(stuck)} pod(s) unschedulable for over {timeout}s"
-        return _failure(st.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
+        return _failure(status.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
     return None
 
 
-def _progress_baseline(s: st.FSDPJobStatus) -> float | None:
+def _progress_baseline(s: status.FSDPJobStatus) -> float | None:
     """Since when a step is due: the last progress, else the moment every pod ran (time spent
     Pending, pulling a large image, is not a hang), else the attempt's launch."""
     if s.last_progress_time is not None:
@@ -120,8 +119,8 @@ def _progress_baseline(s: st.FSDPJobStatus) -> float | None:
     return running if running is not None else s.attempt_started
 
 
-def _hung(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
-    if not pods or any(p.phase is not ob.PodPhase.RUNNING for p in pods):
+def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
@@ -130,13 +129,13 @@ def _hung(obs: ob.Observed, pods: list[ob.PodView]) -> st.Failure | None:
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     msg = f"no step progress on rank 0 for {obs.now - baseline:.0f}s (step {obs.status.step})"
     # The job stopped being useful at its last progress; the deadline is the detection time.
-    return _failure(st.Cause.HANG, rank0, at=baseline, message=msg)
+    return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
 
 
 _CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _hung)
 
 
-def detect(obs: ob.Observed) -> st.Failure | None:
+def detect(obs: observed.Observed) -> status.Failure | None:
     """The failure of the current attempt, or None while it is healthy (or finished well)."""
     pods = obs.attempt_pods(obs.status.attempt)
     for check in _CHECKS:
@@ -146,13 +145,13 @@ def detect(obs: ob.Observed) -> st.Failure | None:
     return None
 
 
-def succeeded(obs: ob.Observed) -> bool:
+def succeeded(obs: observed.Observed) -> bool:
     pods = obs.attempt_pods(obs.status.attempt)
     expected = obs.status.replicas or 0
-    return len(pods) == expected > 0 and all(p.phase is ob.PodPhase.SUCCEEDED for p in pods)
+    return len(pods) == expected > 0 and all(p.phase is observed.PodPhase.SUCCEEDED for p in pods)
 
 
-def next_deadline(obs: ob.Observed) -> float | None:
+def next_deadline(obs: observed.Observed) -> float | None:
     """The earliest future moment a check above could fire, so the loop wakes right then."""
     fp, s = obs.spec.failure_policy, obs.status
     pods = obs.attempt_pods(s.attempt)
@@ -161,10 +160,10 @@ def next_deadline(obs: ob.Observed) -> float | None:
         node = obs.node(pod.node) if pod.node else None
         if node is not None and not node.ready and node.not_ready_since is not None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
-    if s.attempt_started is not None and any(p.phase is ob.PodPhase.PENDING for p in pods):
+    if s.attempt_started is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
         times.append(s.attempt_started + fp.pending_timeout_seconds)
     baseline = _progress_baseline(s)
-    if baseline is not None and pods and all(p.phase is ob.PodPhase.RUNNING for p in pods):
+    if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
         times.append(baseline + fp.progress_deadline_seconds)
     future = [t for t in times if t > obs.now]
     return min(future) if future else None

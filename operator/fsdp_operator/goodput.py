@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from fsdp_operator import status as st
+from fsdp_operator import status
 
 STARTUP = "Startup"
 CHECKPOINT_SAVE = "CheckpointSave"
@@ -42,14 +42,14 @@ class Part:
             self.charge(cause, seconds)
 
 
-def _stopped_at(entry: st.HistoryEntry) -> float | None:
+def _stopped_at(entry: status.HistoryEntry) -> float | None:
     """When the attempt stopped being useful: its failure time (ended less detection)."""
     if entry.ended is None:
         return None
     return entry.ended - (entry.detect_seconds or 0.0)
 
 
-def contribution(entry: st.HistoryEntry, *, now: float, mean_step: float | None = None) -> Part:
+def contribution(entry: status.HistoryEntry, *, now: float, mean_step: float | None = None) -> Part:
     """`mean_step`: the job's seconds per step, for an attempt that died before rank 0's
     figures were scraped (its lost steps still cost their time)."""
     part = Part()
@@ -77,13 +77,13 @@ def contribution(entry: st.HistoryEntry, *, now: float, mean_step: float | None 
     return part
 
 
-def mean_step(history: Iterable[st.HistoryEntry]) -> float | None:
+def mean_step(history: Iterable[status.HistoryEntry]) -> float | None:
     entries = [e for e in history if (e.steps_run or 0) > 0 and e.train_seconds is not None]
     steps = sum(e.steps_run or 0 for e in entries)
     return sum(e.train_seconds or 0.0 for e in entries) / steps if steps else None
 
 
-def since(history: Iterable[st.HistoryEntry]) -> float | None:
+def since(history: Iterable[status.HistoryEntry]) -> float | None:
     for entry in history:
         tl = entry.timeline
         return tl.launched if tl is not None and tl.launched is not None else entry.started
@@ -91,8 +91,8 @@ def since(history: Iterable[st.HistoryEntry]) -> float | None:
 
 
 def fold(
-    old: st.Goodput | None, dropped: Iterable[st.HistoryEntry], *, now: float
-) -> st.Goodput | None:
+    old: status.Goodput | None, dropped: Iterable[status.HistoryEntry], *, now: float
+) -> status.Goodput | None:
     """Totals of attempts about to leave the history, added to what was folded before."""
     dropped = list(dropped)
     if not dropped:
@@ -104,7 +104,7 @@ def fold(
     mean = mean_step(dropped)
     for entry in dropped:
         total.add(contribution(entry, now=now, mean_step=mean))
-    base = old or st.Goodput(since=start)
+    base = old or status.Goodput(since=start)
     return base.model_copy(
         update={
             "folded_productive_seconds": total.productive,
@@ -114,26 +114,28 @@ def fold(
     )
 
 
-def _folded(g: st.Goodput | None) -> Part:
+def _folded(g: status.Goodput | None) -> Part:
     if g is None:
         return Part()
     return Part(g.folded_productive_seconds, g.folded_redone_seconds, dict(g.folded_lost_seconds))
 
 
-def account(status: st.FSDPJobStatus, *, now: float) -> st.Goodput | None:
+def account(job_status: status.FSDPJobStatus, *, now: float) -> status.Goodput | None:
     """Goodput as of `now` (or the job's finish): None before the first launch."""
-    start = status.goodput.since if status.goodput is not None else since(status.history)
+    start = (
+        job_status.goodput.since if job_status.goodput is not None else since(job_status.history)
+    )
     if start is None:
         return None
-    end = status.finished if status.finished is not None else now
-    total = _folded(status.goodput)
-    mean = mean_step(status.history)
-    for entry in status.history:
+    end = job_status.finished if job_status.finished is not None else now
+    total = _folded(job_status.goodput)
+    mean = mean_step(job_status.history)
+    for entry in job_status.history:
         total.add(contribution(entry, now=end, mean_step=mean))
     wall = max(0.0, end - start)
     explained = total.productive + sum(total.lost.values())
     total.charge(OTHER, wall - explained)
-    folded = status.goodput or st.Goodput(since=start)
+    folded = job_status.goodput or status.Goodput(since=start)
     return folded.model_copy(
         update={
             "since": start,

@@ -24,8 +24,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from fsdp_operator import cache, manager, names, observe, settings
-from fsdp_operator import spec as api
+from fsdp_operator import api, cache, manager, names, observe, settings
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

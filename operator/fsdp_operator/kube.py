@@ -24,8 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 from prometheus_client.parser import text_string_to_metric_families
 
-from fsdp_operator import metrics, names
-from fsdp_operator import spec as api
+from fsdp_operator import api, metrics, names
 
 log = logging.getLogger(__name__)
 

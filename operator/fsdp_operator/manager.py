@@ -21,8 +21,7 @@ import concurrent.futures
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
-from fsdp_operator import cache, heap, kube, leader, loops, metrics, probe, reconcile, settings
-from fsdp_operator import spec as api
+from fsdp_operator import api, cache, heap, kube, leader, loops, metrics, probe, reconcile, settings
 
 Key = tuple[str, str]
 TRIM_SECONDS = 30.0  # free memory glibc keeps goes back to the kernel this often (heap.trim)

@@ -23,7 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import spec as api
+from fsdp_operator import api
 from fsdp_worker import contract
 
 DNS_LABEL_MAX = 63

@@ -13,10 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator import cache, kubetypes, names
-from fsdp_operator import observed as ob
-from fsdp_operator import spec as api
-from fsdp_operator import status as st
+from fsdp_operator import api, cache, kubetypes, names, observed, status
 from fsdp_worker import contract
 
 IMAGE_ERRORS = frozenset(
@@ -56,7 +53,7 @@ def _condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
-def pod_view(pod: Mapping[str, Any]) -> ob.PodView | None:
+def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     """None for pods without the operator's attempt/rank labels (not ours to judge)."""
     meta = pod.get("metadata", {})
     attempt = names.parse_attempt(meta.get("labels"))
@@ -66,13 +63,13 @@ def pod_view(pod: Mapping[str, Any]) -> ob.PodView | None:
     term = _terminated(pod)
     phase = pod.get("status", {}).get("phase", "Pending")
     scheduled = _condition(pod, "PodScheduled")
-    return ob.PodView(
+    return observed.PodView(
         name=meta["name"],
         attempt=attempt,
         rank=rank,
-        phase=ob.PodPhase(phase)
-        if phase in ob.PodPhase.__members__.values()
-        else ob.PodPhase.UNKNOWN,
+        phase=observed.PodPhase(phase)
+        if phase in observed.PodPhase.__members__.values()
+        else observed.PodPhase.UNKNOWN,
         node=pod.get("spec", {}).get("nodeName"),
         deleting=bool(meta.get("deletionTimestamp")),
         exit_code=term.get("exitCode"),
@@ -135,7 +132,7 @@ def node_views(
     *,
     spec: api.FSDPJobSpec,
     used: Mapping[str, Mapping[str, float]],
-) -> ob.NodeIndex:
+) -> observed.NodeIndex:
     """Nodes with readiness and whether one more worker of this job would fit there, each
     worked out when first read.
 
@@ -145,9 +142,9 @@ def node_views(
     needs, nothing = _Needs.of(spec), dict[str, float]()
     records = {n.name: n for n in nodes}
 
-    def view(name: str) -> ob.NodeView:
+    def view(name: str) -> observed.NodeView:
         n = records[name]
-        return ob.NodeView(
+        return observed.NodeView(
             name=n.name,
             ready=n.ready,
             not_ready_since=n.not_ready_since,
@@ -155,7 +152,7 @@ def node_views(
             fits=_fits(n, needs, used.get(n.name, nothing)),
         )
 
-    return ob.NodeIndex(list(records), view)
+    return observed.NodeIndex(list(records), view)
 
 
 def controller(obj: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -172,30 +169,32 @@ def owned_by(obj: Mapping[str, Any], job: names.JobRef) -> bool:
     return ref is not None and ref.get("uid") == job.uid
 
 
-def conflict(obj: Mapping[str, Any], job: names.JobRef) -> ob.Conflict:
+def conflict(obj: Mapping[str, Any], job: names.JobRef) -> observed.Conflict:
     """Why `obj`, which carries this job's name or labels, is not the job's."""
     kind = str(obj.get("kind") or "object").lower()
     what = f"{kind} {obj.get('metadata', {}).get('name')}"
     ref = controller(obj)
     if ref is None:
-        return ob.Conflict(ob.ConflictKind.FOREIGN, what, "no controller")
+        return observed.Conflict(observed.ConflictKind.FOREIGN, what, "no controller")
     owner = f"{ref.get('kind')} {ref.get('name')} uid {ref.get('uid')}"
     earlier = ref.get("kind") == job.kind and ref.get("name") == job.name
-    kind_of = ob.ConflictKind.PREVIOUS_JOB if earlier else ob.ConflictKind.FOREIGN
-    return ob.Conflict(kind_of, what, owner + (" (deleted: a same-named earlier job)" * earlier))
+    kind_of = observed.ConflictKind.PREVIOUS_JOB if earlier else observed.ConflictKind.FOREIGN
+    return observed.Conflict(
+        kind_of, what, owner + (" (deleted: a same-named earlier job)" * earlier)
+    )
 
 
-def status_of(raw: Mapping[str, Any] | None) -> st.FSDPJobStatus:
+def status_of(raw: Mapping[str, Any] | None) -> status.FSDPJobStatus:
     """Parse status leniently: fields we do not know (e.g. other tools') are ignored."""
-    known = {f.alias or k for k, f in st.FSDPJobStatus.model_fields.items()}
-    return st.FSDPJobStatus.model_validate({k: v for k, v in (raw or {}).items() if k in known})
+    known = {f.alias or k for k, f in status.FSDPJobStatus.model_fields.items()}
+    return status.FSDPJobStatus.model_validate({k: v for k, v in (raw or {}).items() if k in known})
 
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def progress_of(samples: Mapping[str, float]) -> ob.Progress:
+def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     """Rank 0's scraped samples (kube.scrape_metrics) -> what decisions read. Lenient: what a
     worker does not report (an older image) is None, never an error."""
 
@@ -220,7 +219,7 @@ def progress_of(samples: Mapping[str, float]) -> ob.Progress:
 
         failures = given(contract.IntervalInput.FAILURES)
         mtbf = given(contract.IntervalInput.MTBF_SECONDS)
-        interval = st.CheckpointInterval(
+        interval = status.CheckpointInterval(
             steps=steps,
             auto=mtbf is not None,
             save_seconds=given(contract.IntervalInput.SAVE_SECONDS),
@@ -228,7 +227,7 @@ def progress_of(samples: Mapping[str, float]) -> ob.Progress:
             mtbf_seconds=mtbf,
             failures=int(failures) if failures is not None else None,
         )
-    return ob.Progress(
+    return observed.Progress(
         step=whole(contract.METRIC_STEP),
         last_step_time=num(contract.METRIC_LAST_STEP_TIME),
         milestones=milestones,

@@ -12,8 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
-from fsdp_operator import spec as api
-from fsdp_operator import status as st
+from fsdp_operator import api, status
 
 
 class PodPhase(enum.StrEnum):
@@ -124,7 +123,7 @@ class Progress:
     steps_run: int | None = None
     train_seconds: float | None = None
     blocked_seconds: float | None = None
-    interval: st.CheckpointInterval | None = None
+    interval: status.CheckpointInterval | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,12 +131,11 @@ class Observed:
     """Everything one reconcile pass knows. `now` is passed in: decisions never read a clock."""
 
     spec: api.FSDPJobSpec
-    status: st.FSDPJobStatus
     generation: int
     now: float
     pods: Sequence[PodView] = ()
     nodes: Sequence[NodeView] = ()
-    checkpoint: st.CheckpointRef | None = None  # newest that passes catalog + lineage
+    checkpoint: status.CheckpointRef | None = None  # newest that passes catalog + lineage
     corrupt_checkpoints: Sequence[str] = ()  # failed verification: quarantine them
     progress: Progress | None = None
     spec_error: str = ""  # what only the operator can check (templating), "" when fine
@@ -145,6 +143,9 @@ class Observed:
     conflicts: Sequence[Conflict] = ()  # never adopted: the job waits while any exists
     validated_generation: int | None = None  # a server-side dry run passed for it this pass
     created_at: float | None = None  # this process created the current attempt's pods then
+    # Last, and keyword-only: a field named like the status module hides it from the
+    # annotations after it.
+    status: status.FSDPJobStatus = dataclasses.field(kw_only=True)
 
     def attempt_pods(self, attempt: int) -> list[PodView]:
         return sorted((p for p in self.pods if p.attempt == attempt), key=lambda p: p.rank)

@@ -18,8 +18,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from fsdp_operator import kubetypes, names
-from fsdp_operator import spec as api
+from fsdp_operator import api, kubetypes, names
 from fsdp_worker import contract
 
 CHECKPOINT_VOLUME = "fsdp-checkpoint"

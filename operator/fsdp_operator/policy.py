@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator import observed as ob
-from fsdp_operator import spec as api
-from fsdp_operator import status as st
+from fsdp_operator import api, observed, status
 
-PERMANENT_CAUSES = frozenset({st.Cause.CONFIG_ERROR, st.Cause.NON_RETRYABLE, st.Cause.IMAGE_PULL})
+PERMANENT_CAUSES = frozenset(
+    {status.Cause.CONFIG_ERROR, status.Cause.NON_RETRYABLE, status.Cause.IMAGE_PULL}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,47 +29,48 @@ class Tunables:
     """Grace period when tearing down a failed gang (planned stops use the pod's own)."""
 
 
-def charge(restarts: st.Restarts, cause: st.Cause) -> st.Restarts:
+def charge(restarts: status.Restarts, cause: status.Cause) -> status.Restarts:
     """Restart counters after one more restart for `cause`."""
-    budget = st.budget_of(cause)
+    budget = status.budget_of(cause)
     return restarts.model_copy(
         update={
-            "total": restarts.total + (budget is not st.Budget.NONE),
-            "application": restarts.application + (budget is st.Budget.APPLICATION),
-            "infrastructure": restarts.infrastructure + (budget is st.Budget.INFRASTRUCTURE),
+            "total": restarts.total + (budget is not status.Budget.NONE),
+            "application": restarts.application + (budget is status.Budget.APPLICATION),
+            "infrastructure": restarts.infrastructure + (budget is status.Budget.INFRASTRUCTURE),
         }
     )
 
 
-def made_progress(status: st.FSDPJobStatus, newest: st.CheckpointRef | None) -> bool:
+def made_progress(job_status: status.FSDPJobStatus, newest: status.CheckpointRef | None) -> bool:
     """Did the attempt that just ended write a checkpoint past where it resumed from?"""
-    if newest is None or newest.attempt != status.attempt:
+    if newest is None or newest.attempt != job_status.attempt:
         return False
-    return status.resumed_from_step is None or newest.step > status.resumed_from_step
+    resumed = job_status.resumed_from_step
+    return resumed is None or newest.step > resumed
 
 
 def stop_reason(
-    *, spec: api.FSDPJobSpec, restarts: st.Restarts, cause: st.Cause
-) -> tuple[st.Cause, str] | None:
+    *, spec: api.FSDPJobSpec, restarts: status.Restarts, cause: status.Cause
+) -> tuple[status.Cause, str] | None:
     """Why the job must fail instead of restarting, or None to restart."""
     fp = spec.failure_policy
     if cause in PERMANENT_CAUSES:
         return cause, f"{cause.value} is not retryable"
     if restarts.application > fp.max_restarts:
-        return st.Cause.BUDGET, f"application restarts exceed maxRestarts={fp.max_restarts}"
+        return status.Cause.BUDGET, f"application restarts exceed maxRestarts={fp.max_restarts}"
     if restarts.infrastructure > fp.max_infra_restarts:
         limit = fp.max_infra_restarts
-        return st.Cause.BUDGET, f"infrastructure restarts exceed maxInfraRestarts={limit}"
+        return status.Cause.BUDGET, f"infrastructure restarts exceed maxInfraRestarts={limit}"
     if restarts.without_progress >= fp.max_restarts_without_progress:
         return (
-            st.Cause.CIRCUIT_BREAKER,
+            status.Cause.CIRCUIT_BREAKER,
             f"{restarts.without_progress} failed attempts in a row wrote no new checkpoint "
             f"(maxRestartsWithoutProgress={fp.max_restarts_without_progress})",
         )
     return None
 
 
-def backoff_seconds(spec: api.FSDPJobSpec, restarts: st.Restarts) -> float:
+def backoff_seconds(spec: api.FSDPJobSpec, restarts: status.Restarts) -> float:
     """Delay before the next attempt.
 
     The first restart after progress is immediate (a crash mid-run should cost seconds); each
@@ -83,17 +84,17 @@ def backoff_seconds(spec: api.FSDPJobSpec, restarts: st.Restarts) -> float:
 
 
 def active_exclusions(
-    status: st.FSDPJobStatus, *, now: float, blame: str | None, tun: Tunables
-) -> list[st.ExcludedNode]:
+    job_status: status.FSDPJobStatus, *, now: float, blame: str | None, tun: Tunables
+) -> list[status.ExcludedNode]:
     """Excluded nodes still in force, plus `blame` (newest kept when over the cap)."""
-    kept = [e for e in status.excluded_nodes if e.until > now and e.node != blame]
+    kept = [e for e in job_status.excluded_nodes if e.until > now and e.node != blame]
     if blame:
-        kept.append(st.ExcludedNode(node=blame, until=now + tun.node_exclusion_seconds))
+        kept.append(status.ExcludedNode(node=blame, until=now + tun.node_exclusion_seconds))
     return kept[-tun.max_excluded_nodes :]
 
 
 def world_size(
-    *, obs: ob.Observed, excluded: list[str], cause: st.Cause | None, current: int | None
+    *, obs: observed.Observed, excluded: list[str], cause: status.Cause | None, current: int | None
 ) -> int:
     """Replica count for the next attempt.
 
@@ -107,13 +108,13 @@ def world_size(
     if current is None:
         return allowed[0]
     limit = max(obs.capacity(excluded, enough=allowed[0]), min(allowed))
-    if cause is st.Cause.UNSCHEDULABLE:
+    if cause is status.Cause.UNSCHEDULABLE:
         limit = min(limit, current - 1)
     fitting = [r for r in allowed if r <= limit]
     return fitting[0] if fitting else min(allowed)
 
 
-def grow_target(obs: ob.Observed, excluded: list[str]) -> int | None:
+def grow_target(obs: observed.Observed, excluded: list[str]) -> int | None:
     """A better replica count for a healthy running attempt, or None to keep it."""
     current = obs.status.replicas
     if current is None or current == obs.spec.replicas:

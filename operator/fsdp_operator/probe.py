@@ -23,9 +23,7 @@ from collections.abc import Awaitable, Callable, Hashable
 
 import aiohttp
 
-from fsdp_operator import kube as k8s
-from fsdp_operator import metrics, names, observe
-from fsdp_operator import observed as ob
+from fsdp_operator import kube, metrics, names, observe, observed
 
 log = logging.getLogger(__name__)
 Fetch = Callable[[str, float], Awaitable[str | None]]
@@ -51,12 +49,12 @@ class _Slot:
     target: Target
     due: float
     failures: int = 0
-    progress: ob.Progress | None = None
+    progress: observed.Progress | None = None
     fresh: bool = False  # not yet handed to a pass
     busy: bool = False
 
 
-def _key_facts(p: ob.Progress | None) -> object:
+def _key_facts(p: observed.Progress | None) -> object:
     """What a pass decides on: a change here wakes the job."""
     if p is None:
         return None
@@ -97,7 +95,7 @@ class Prober:
         else:
             slot.target = target
 
-    def take(self, key: Hashable) -> tuple[str, ob.Progress] | None:
+    def take(self, key: Hashable) -> tuple[str, observed.Progress] | None:
         """The job's newest good scrape, (rank 0's pod name, its progress), if no pass has had
         it yet. Once only: a pass must not read an old sample as news (a checkpoint's step, newer
         than that sample, would flip back and pass for progress)."""
@@ -159,7 +157,7 @@ class Prober:
                 slot.due = now + min(slot.target.every, 2.0 ** (slot.failures - 1))
                 return
             slot.failures = 0
-            progress = observe.progress_of(k8s.contract_samples(text))
+            progress = observe.progress_of(kube.contract_samples(text))
             changed = _key_facts(progress) != _key_facts(slot.progress)
             slot.progress, slot.fresh = progress, True
             starting = slot.target.starting

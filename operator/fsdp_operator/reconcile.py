@@ -23,6 +23,7 @@ from typing import Any
 import pydantic
 
 from fsdp_operator import (
+    api,
     cache,
     decide,
     kube,
@@ -36,7 +37,6 @@ from fsdp_operator import (
     status,
     templates,
 )
-from fsdp_operator import spec as api
 from fsdp_worker import catalog
 
 log = logging.getLogger(__name__)

@@ -11,11 +11,10 @@ import enum
 import pydantic
 from pydantic import Field
 
-from fsdp_worker import config as wconfig
-from fsdp_worker import interval
+from fsdp_worker import config, interval
 
 
-class _Model(wconfig._Model):
+class _Model(config._Model):
     """Status models are rebuilt each pass by decide(), so they are mutable copies."""
 
     model_config = pydantic.ConfigDict(frozen=False)

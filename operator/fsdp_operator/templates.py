@@ -26,8 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import decide, names, podmerge
-from fsdp_operator import spec as api
+from fsdp_operator import api, decide, names, podmerge
 from fsdp_worker import config, contract
 
 JobRef = names.JobRef

@@ -11,8 +11,7 @@ import json
 import pytest
 import yaml
 
-from fsdp_operator import decide, names, templates
-from fsdp_operator import spec as api
+from fsdp_operator import api, decide, names, templates
 from localcluster import controlplane, stack
 
 pytestmark = pytest.mark.cluster

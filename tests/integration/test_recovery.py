@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_operator import spec as api
+from fsdp_operator import api
 from fsdp_worker import catalog
 from localcluster import faults as lf
 from localcluster import stack

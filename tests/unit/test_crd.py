@@ -9,8 +9,7 @@ import pydantic
 import pytest
 import yaml
 
-from fsdp_operator import crd
-from fsdp_operator import spec as api
+from fsdp_operator import api, crd
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
+from fsdp_operator import api, policy
 from fsdp_operator import decide as dc
 from fsdp_operator import observed as ob
-from fsdp_operator import policy
-from fsdp_operator import spec as api
 from fsdp_operator import status as st
 
 NOW = 1_000_000.0

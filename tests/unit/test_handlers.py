@@ -19,8 +19,7 @@ from typing import Any
 import kopf
 import pytest
 
-from fsdp_operator import cache, handlers, loops, manager, observe, reconcile, settings
-from fsdp_operator import spec as api
+from fsdp_operator import api, cache, handlers, loops, manager, observe, reconcile, settings
 
 PassFn = Callable[[str, str, cache.View], "reconcile.Outcome | None"]
 

@@ -12,13 +12,13 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator import kube, metrics, names, spec
+from fsdp_operator import api, kube, metrics, names
 from tests import fakeapi
 
 PODS = "/api/v1/namespaces/ns/pods"
 POD = f"{PODS}/job-0"
 SERVICES = "/api/v1/namespaces/ns/services"
-JOB = f"/apis/{spec.GROUP}/{spec.VERSION}/namespaces/ns/{spec.PLURAL}/job"
+JOB = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/ns/{api.PLURAL}/job"
 EVENTS = "/api/v1/namespaces/ns/events"
 AN_EVENT = re.compile(r"/api/v1/namespaces/ns/events/[^/]+")
 JOB_REF = names.JobRef(name="job", namespace="ns", uid="u1")
@@ -34,8 +34,8 @@ def pod(controller: str = "u1") -> dict[str, Any]:
             "uid": f"pod-of-{controller}",
             "ownerReferences": [
                 {
-                    "apiVersion": f"{spec.GROUP}/{spec.VERSION}",
-                    "kind": spec.KIND,
+                    "apiVersion": f"{api.GROUP}/{api.VERSION}",
+                    "kind": api.KIND,
                     "name": "job",
                     "uid": controller,
                     "controller": True,
@@ -248,8 +248,8 @@ def test_a_first_event_is_posted(fake_api: fakeapi.FakeAPI, api_client: Any) -> 
     [sent] = fake_api.requests
     assert sent.url.path == EVENTS
     assert sent.data["involvedObject"] == {
-        "apiVersion": f"{spec.GROUP}/{spec.VERSION}",
-        "kind": spec.KIND,
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
         "name": "job",
         "namespace": "ns",
         "uid": "u1",
@@ -376,19 +376,19 @@ def test_a_write_times_out_before_the_window_closes(
         pytest.param(
             {f"patch {JOB}/status": {}},
             lambda k: k.patch_status("ns", "job", {}),
-            [("patch", f"{spec.PLURAL}/status")],
+            [("patch", f"{api.PLURAL}/status")],
             id="patch-status",
         ),
         pytest.param(
             {f"delete {JOB}": fakeapi.status(404, "gone")},
             lambda k: k.delete_job("ns", "job"),
-            [("delete", spec.PLURAL)],
+            [("delete", api.PLURAL)],
             id="delete-job-404",
         ),
         pytest.param(
             {f"get {JOB}": {}},
             lambda k: k.get_job("ns", "job"),
-            [("get", spec.PLURAL)],
+            [("get", api.PLURAL)],
             id="get-job",
         ),
         pytest.param({f"post {EVENTS}": fakeapi.echo}, warn, [("create", "events")], id="event"),

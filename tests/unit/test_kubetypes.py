@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fsdp_operator import kubegen, kubetypes
-from fsdp_operator import spec as api
+from fsdp_operator import api, kubegen, kubetypes
 
 ROOT = Path(__file__).resolve().parents[2]
 

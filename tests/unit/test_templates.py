@@ -16,8 +16,7 @@ import pydantic
 import pytest
 import yaml
 
-from fsdp_operator import decide, names, templates
-from fsdp_operator import spec as api
+from fsdp_operator import api, decide, names, templates
 from fsdp_worker import config as wconfig
 from fsdp_worker import contract
 

@@ -16,7 +16,7 @@ import pydantic
 from pydantic import Field
 
 from fsdp_operator import kubetypes
-from fsdp_worker import config as wconfig
+from fsdp_worker import config
 
 GROUP = "fsdpoperator.io"
 VERSION = "v1alpha1"
@@ -32,7 +32,7 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 NO_VAR_EXPANSION = "!self.contains('$(')"
 
 
-class _Model(wconfig._Model):
+class _Model(config._Model):
     """Spec models share the worker config's wire conventions (camelCase, extra=forbid)."""
 
 
@@ -96,7 +96,7 @@ class FailurePolicy(_Model):
         return codes
 
 
-class CheckpointSpec(wconfig.CheckpointConfig):
+class CheckpointSpec(config.CheckpointConfig):
     """`spec.checkpoint`: the worker's checkpoint config plus where the volume comes from."""
 
     claim_name: str | None = Field(
@@ -106,8 +106,8 @@ class CheckpointSpec(wconfig.CheckpointConfig):
         description="PersistentVolumeClaim (RWX) mounted at root in every worker pod.",
     )
 
-    def worker_config(self) -> wconfig.CheckpointConfig:
-        return wconfig.CheckpointConfig.model_validate(
+    def worker_config(self) -> config.CheckpointConfig:
+        return config.CheckpointConfig.model_validate(
             self.model_dump(by_alias=True, exclude={"claim_name"})
         )
 
@@ -355,7 +355,7 @@ class FSDPJobSpec(_Model):
         default_factory=kubetypes.ResourceRequirements,
         description="Per-pod resources, e.g. limits: {nvidia.com/gpu: 8}.",
     )
-    training: wconfig.TrainingConfig = Field(default_factory=wconfig.TrainingConfig)
+    training: config.TrainingConfig = Field(default_factory=config.TrainingConfig)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
     suspend: bool = False
