@@ -239,9 +239,11 @@ class PodOverrides(_Model):
     volume_mounts: list[kubetypes.VolumeMount] = Field(default_factory=list, max_length=64)
     env: list[EnvVar] = Field(default_factory=list, max_length=128)
     termination_grace_period_seconds: int = Field(
-        120, ge=1, le=86_400,
+        120,
+        ge=1,
+        le=86_400,
         description="Time a worker gets on SIGTERM to finish its step and save a checkpoint.",
-    )  # fmt: skip
+    )
     priority_class_name: str | None = Field(
         None,
         pattern=NAME_PATTERN,

@@ -44,8 +44,9 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
     if "labels" in meta:
         kept["labels"] = {_shared(k): _shared(v) for k, v in (meta["labels"] or {}).items()}
     if "ownerReferences" in meta:
-        kept["ownerReferences"] = [{k: _shared(v) for k, v in ref.items()}
-                                   for ref in meta["ownerReferences"] or []]  # fmt: skip
+        kept["ownerReferences"] = [
+            {k: _shared(v) for k, v in ref.items()} for ref in meta["ownerReferences"] or []
+        ]
     return {
         "kind": "Pod",
         "metadata": kept,

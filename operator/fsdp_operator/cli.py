@@ -53,19 +53,35 @@ def _jobs(custom: Any, namespace: str | None) -> list[dict[str, Any]]:
 def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
     now = datetime.datetime.now(datetime.UTC).timestamp()
     table = Table(title="FSDPJobs")
-    for col in ("namespace", "name", "phase", "world", "step", "ckpt", "ckpt age", "restarts",
-                "app/infra", "reason"):  # fmt: skip
+    for col in (
+        "namespace",
+        "name",
+        "phase",
+        "world",
+        "step",
+        "ckpt",
+        "ckpt age",
+        "restarts",
+        "app/infra",
+        "reason",
+    ):
         table.add_column(col)
     for job in _jobs(custom, namespace):
         s = job.get("status") or {}
         ck = s.get("lastCheckpoint") or {}
         r = s.get("restarts") or {}
         table.add_row(
-            job["metadata"]["namespace"], job["metadata"]["name"], s.get("phase", "-"),
-            _fmt(s.get("worldSize")), _fmt(s.get("step")), _fmt(ck.get("step")),
-            _age(ck.get("time"), now), _fmt(r.get("total", 0)),
-            f"{r.get('application', 0)}/{r.get('infrastructure', 0)}", s.get("reason", ""),
-        )  # fmt: skip
+            job["metadata"]["namespace"],
+            job["metadata"]["name"],
+            s.get("phase", "-"),
+            _fmt(s.get("worldSize")),
+            _fmt(s.get("step")),
+            _fmt(ck.get("step")),
+            _age(ck.get("time"), now),
+            _fmt(r.get("total", 0)),
+            f"{r.get('application', 0)}/{r.get('infrastructure', 0)}",
+            s.get("reason", ""),
+        )
     console.print(table)
 
 
@@ -91,11 +107,14 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     for h in s.get("history") or []:
         lost += h.get("stepsLost") or 0
         hist.add_row(
-            str(h.get("attempt")), _fmt(h.get("worldSize")), _fmt(h.get("resumedFromStep")),
+            str(h.get("attempt")),
+            _fmt(h.get("worldSize")),
+            _fmt(h.get("resumedFromStep")),
             h.get("cause") or ("running" if h.get("ended") is None else "-"),
-            _fmt(h.get("detectSeconds"), "s"), _fmt(h.get("recoverSeconds"), "s"),
+            _fmt(h.get("detectSeconds"), "s"),
+            _fmt(h.get("recoverSeconds"), "s"),
             _fmt(h.get("stepsLost")),
-        )  # fmt: skip
+        )
     console.print(hist)
     console.print(f"total steps redone after restarts: {lost}")
     console.print(_resume_table(s.get("history") or []))
@@ -109,8 +128,12 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     for col in ("time", "type", "reason", "message"):
         ev.add_column(col)
     for e in items[-20:]:
-        ev.add_row(e.get("firstTimestamp") or "", e.get("type", ""), e.get("reason", ""),
-                   e.get("message", ""))  # fmt: skip
+        ev.add_row(
+            e.get("firstTimestamp") or "",
+            e.get("type", ""),
+            e.get("reason", ""),
+            e.get("message", ""),
+        )
     console.print(ev)
 
 
@@ -128,9 +151,11 @@ def _resume_table(history: list[dict[str, Any]]) -> Table:
         secs = dict(status.breakdown(tl))
         total = status.time_to_resume(tl)
         table.add_row(
-            str(h.get("attempt")), tl.cause.value if tl.cause else "(start)",
-            *(_fmt(secs.get(p)) for p in phases), _fmt(total),
-        )  # fmt: skip
+            str(h.get("attempt")),
+            tl.cause.value if tl.cause else "(start)",
+            *(_fmt(secs.get(p)) for p in phases),
+            _fmt(total),
+        )
     return table
 
 
@@ -180,9 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         describe(custom, kubernetes.client.CoreV1Api(client), namespace, args.name, console)
         return 0
     custom.patch_namespaced_custom_object(
-        api.GROUP, api.VERSION, namespace, api.PLURAL, args.name,
+        api.GROUP,
+        api.VERSION,
+        namespace,
+        api.PLURAL,
+        args.name,
         {"spec": {"suspend": args.command == "suspend"}},
-    )  # fmt: skip
+    )
     console.print(f"{namespace}/{args.name}: {args.command}ed")
     return 0
 

@@ -147,9 +147,13 @@ def leader_probe(memo: kopf.Memo, **_: Any) -> bool:
 # --- events that wake loops --------------------------------------------------------------------
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 async def job_event(
-    namespace: str | None, name: str, body: kopf.Body, type: str | None, memo: kopf.Memo,
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    type: str | None,
+    memo: kopf.Memo,
     **_: Any,
-) -> None:  # fmt: skip
+) -> None:
     if namespace is None:
         return
     version = body.get("metadata", {}).get("resourceVersion")

@@ -114,15 +114,17 @@ class _Reporter:
             f"compared_with {'report ' + str(self.count - 1) if was else 'nothing'}",
             "",
             "== memory (KiB): now, growth ==",
-            *(f"{key:<26} {value // 1024:>10} {(value - before.get(key, 0)) // 1024:>10}"
-              for key, value in census.memory.items()),
+            *(
+                f"{key:<26} {value // 1024:>10} {(value - before.get(key, 0)) // 1024:>10}"
+                for key, value in census.memory.items()
+            ),
             "",
             "== objects by type: growth in KiB (own size), count; then now ==",
             *census.growth(was, "types"),
             "",
             "== dicts by keys: growth in KiB, count ==",
             *census.growth(was, "shapes"),
-        ]  # fmt: skip
+        ]
         if tracemalloc.is_tracing():
             snap = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(False, tracemalloc.__file__)]
@@ -136,8 +138,9 @@ class _Reporter:
         self.last_census = census
         log.info("heap report written to %s", out)
 
-    def _growth(self, snap: tracemalloc.Snapshot, key: str, *, by_package: bool = False,
-                top: int = _TOP) -> list[str]:  # fmt: skip
+    def _growth(
+        self, snap: tracemalloc.Snapshot, key: str, *, by_package: bool = False, top: int = _TOP
+    ) -> list[str]:
         rows: list[tuple[int, int, tracemalloc.Traceback]] = (
             [(d.size_diff, d.count_diff, d.traceback) for d in snap.compare_to(self.last, key)]
             if self.last
@@ -150,8 +153,10 @@ class _Reporter:
             for size, count, trace in rows:
                 sizes[package(trace[0].filename)] += size
                 blocks[package(trace[0].filename)] += count
-            return lines + [f"{size / 1024:>10.0f} {blocks[name]:>9} {name}"
-                            for name, size in sizes.most_common(_TOP)]  # fmt: skip
+            return lines + [
+                f"{size / 1024:>10.0f} {blocks[name]:>9} {name}"
+                for name, size in sizes.most_common(_TOP)
+            ]
         for size, count, trace in sorted(rows, key=lambda r: -r[0])[:top]:
             if key == "traceback":
                 lines.append(f"{size / 1024:>10.0f} {count:>9}")
@@ -204,11 +209,14 @@ class Census:
     def growth(self, was: Census | None, field: str) -> list[str]:
         now: _Tally = getattr(self, field)
         old: _Tally = getattr(was, field) if was else {}
-        diff = {k: (v[0] - old.get(k, [0, 0])[0], v[1] - old.get(k, [0, 0])[1])
-                for k, v in now.items()}  # fmt: skip
+        diff = {
+            k: (v[0] - old.get(k, [0, 0])[0], v[1] - old.get(k, [0, 0])[1]) for k, v in now.items()
+        }
         top = sorted(diff.items(), key=lambda kv: -kv[1][0])[:_TOP]
-        return [f"{b / 1024:>10.0f} {n:>9}   {now[k][0] / 1024:>10.0f} {now[k][1]:>9}  {k}"
-                for k, (b, n) in top]  # fmt: skip
+        return [
+            f"{b / 1024:>10.0f} {n:>9}   {now[k][0] / 1024:>10.0f} {now[k][1]:>9}  {k}"
+            for k, (b, n) in top
+        ]
 
 
 def _tally(into: _Tally, key: str, size: int) -> None:
@@ -260,9 +268,21 @@ def _pymalloc_stats() -> str:
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]  # fmt: skip
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _mallinfo() -> dict[str, int]:
@@ -272,8 +292,11 @@ def _mallinfo() -> dict[str, int]:
         return {}
     fn.restype = _MallInfo2
     got = fn()
-    return {"malloc in use": got.uordblks, "malloc free, kept": got.fordblks,
-            "malloc mmapped": got.hblkhd}  # fmt: skip
+    return {
+        "malloc in use": got.uordblks,
+        "malloc free, kept": got.fordblks,
+        "malloc mmapped": got.hblkhd,
+    }
 
 
 def _rss_kib() -> int:

@@ -62,8 +62,9 @@ def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
     client = kubernetes.client.ApiClient(conf)
     serialize = client.param_serialize  # once per request, with the path's template
 
-    def counted(method: str, resource_path: str, path_params: Any = None, *args: Any,
-                **kwargs: Any) -> Any:  # fmt: skip
+    def counted(
+        method: str, resource_path: str, path_params: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
         metrics.API_REQUESTS.labels(*request_kind(resource_path, method, path_params)).inc()
         return serialize(method, resource_path, path_params, *args, **kwargs)
 
@@ -131,9 +132,14 @@ class Kube:
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             resp = self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False,
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                name,
+                _preload_content=False,
                 _request_timeout=READ_TIMEOUT,
-            )  # fmt: skip
+            )
         except ApiException as exc:
             if _ok_statuses(exc, 404):
                 return None
@@ -144,17 +150,27 @@ class Kube:
         """One merge patch of the whole status (None values clear fields); returns the job's
         resourceVersion after it."""
         done = self.custom.patch_namespaced_custom_object_status(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status},
+            api.GROUP,
+            api.VERSION,
+            namespace,
+            api.PLURAL,
+            name,
+            {"status": status},
             _request_timeout=self._writing(),
-        )  # fmt: skip
+        )
         return str((done or {}).get("metadata", {}).get("resourceVersion", ""))
 
     def delete_job(self, namespace: str, name: str) -> None:
         try:
             self.custom.delete_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name,
-                propagation_policy="Background", _request_timeout=self._writing(),
-            )  # fmt: skip
+                api.GROUP,
+                api.VERSION,
+                namespace,
+                api.PLURAL,
+                name,
+                propagation_policy="Background",
+                _request_timeout=self._writing(),
+            )
         except ApiException as exc:
             if not _ok_statuses(exc, 404):
                 raise
@@ -259,9 +275,14 @@ class Kube:
                 self._events.popitem(last=False)
 
     def _post_event(
-        self, job: names.JobRef, *, type_: str, reason: str, message: str,
+        self,
+        job: names.JobRef,
+        *,
+        type_: str,
+        reason: str,
+        message: str,
         now: datetime.datetime,
-    ) -> str:  # fmt: skip
+    ) -> str:
         name = f"{job.name}.{uuid.uuid4().hex[:12]}"
         body = {
             "metadata": {"name": name, "namespace": job.namespace},

@@ -36,9 +36,15 @@ ROOTS = (
 )
 # Pod Security "restricted": the only volume sources a restricted pod may use.
 RESTRICTED_VOLUME_SOURCES = (
-    "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-    "projected", "secret",
-)  # fmt: skip
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+)
 KEEP_PROPERTIES: dict[str, tuple[str, ...]] = {
     "io.k8s.api.core.v1.Volume": ("name", *RESTRICTED_VOLUME_SOURCES),
     "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": ("labels", "annotations"),
@@ -106,8 +112,11 @@ def find_openapi(version: str = KUBE_VERSION) -> Path:
     """
     found = subprocess.run(
         ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
-        capture_output=True, text=True, check=True, env={**os.environ, "GOFLAGS": "-mod=mod"},
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "GOFLAGS": "-mod=mod"},
+    ).stdout
     return Path(json.loads(found)["Dir"]) / "api/openapi-spec/v3/api__v1_openapi.json"
 
 

@@ -123,8 +123,7 @@ class Elector:
                         self._leading = True
                         self.transitions += 1
                         metrics.LEADER.set(1)
-                        log.info("%s leads (lease %s/%s)", self.identity, self.namespace,
-                                 self.name)  # fmt: skip
+                        log.info("%s leads (lease %s/%s)", self.identity, self.namespace, self.name)
                         self._on_started()
                 await asyncio.sleep(max(0.0, self._next_try(sent) - self._clock()))
         finally:
@@ -256,8 +255,13 @@ class Elector:
                 if spec.get("holderIdentity") != self.identity:
                     return
                 now = _micro(time.time())
-                lease["spec"] = {**spec, "holderIdentity": "", "leaseDurationSeconds": 1,
-                                 "renewTime": now, "acquireTime": now}  # fmt: skip
+                lease["spec"] = {
+                    **spec,
+                    "holderIdentity": "",
+                    "leaseDurationSeconds": 1,
+                    "renewTime": now,
+                    "acquireTime": now,
+                }
                 try:
                     self.api.replace_namespaced_lease(
                         self.name, self.namespace, lease, _request_timeout=5

@@ -93,18 +93,23 @@ class Manager:
         elector = None
         if config.leader_election:
             elector = leader.Elector(
-                client, namespace=lease_namespace, name=config.lease_name, identity=identity,
-                on_started=started, on_stopped=stopped,
-            )  # fmt: skip
+                client,
+                namespace=lease_namespace,
+                name=config.lease_name,
+                identity=identity,
+                on_started=started,
+                on_stopped=stopped,
+            )
         else:
             metrics.LEADER.set(1)
         window = elector.write_timeout if elector is not None else None
         reconciler = reconcile.Reconciler(kube.Kube(client, write_window=window), config)
         manager = cls(reconciler, config=config, elector=elector)
         manager.prober = probe.Prober(
-            on_change=manager.on_progress, timeout=config.scrape_timeout_seconds,
+            on_change=manager.on_progress,
+            timeout=config.scrape_timeout_seconds,
             concurrency=config.scrape_concurrency,
-        )  # fmt: skip
+        )
         return manager
 
     # --- lifetime -------------------------------------------------------------------------------

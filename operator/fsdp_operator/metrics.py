@@ -22,35 +22,43 @@ RESTARTS = prom.Counter(
     "fsdpjob_restarts_total", "Attempts started after a failure or a planned stop", ["cause"]
 )
 DETECT = prom.Histogram(
-    "fsdpjob_failure_detection_seconds", "Failure happened -> operator observed it", ["cause"],
+    "fsdpjob_failure_detection_seconds",
+    "Failure happened -> operator observed it",
+    ["cause"],
     buckets=_BUCKETS,
-)  # fmt: skip
+)
 RECOVER = prom.Histogram(
-    "fsdpjob_recovery_seconds", "Failure observed -> all pods of the next attempt Running",
+    "fsdpjob_recovery_seconds",
+    "Failure observed -> all pods of the next attempt Running",
     buckets=_BUCKETS,
-)  # fmt: skip
+)
 STEPS_LOST = prom.Counter("fsdpjob_steps_lost_total", "Training steps redone after restarts")
 RESUME_PHASE = prom.Histogram(
     "fsdpjob_time_to_resume_phase_seconds",
     "Per restart: seconds of each phase from the failure to the first step after resuming "
-    "(detect, teardown, schedule, start, rendezvous, load, firstStep)", ["phase"],
+    "(detect, teardown, schedule, start, rendezvous, load, firstStep)",
+    ["phase"],
     buckets=_BUCKETS,
-)  # fmt: skip
+)
 RESUME = prom.Histogram(
-    "fsdpjob_time_to_resume_seconds", "Failure -> first step of the next attempt", ["cause"],
+    "fsdpjob_time_to_resume_seconds",
+    "Failure -> first step of the next attempt",
+    ["cause"],
     buckets=_BUCKETS,
-)  # fmt: skip
+)
 GOODPUT = prom.Gauge(
     "fsdpjob_goodput_ratio", "Share of wall time on steps that count", ["namespace", "job"]
 )
 LOST = prom.Gauge(
-    "fsdpjob_lost_seconds", "Wall time that did not advance training, by cause",
+    "fsdpjob_lost_seconds",
+    "Wall time that did not advance training, by cause",
     ["namespace", "job", "cause"],
-)  # fmt: skip
+)
 CHECKPOINT_INTERVAL = prom.Gauge(
-    "fsdpjob_checkpoint_interval_steps", "Steps between checkpoints the workers use now",
+    "fsdpjob_checkpoint_interval_steps",
+    "Steps between checkpoints the workers use now",
     ["namespace", "job"],
-)  # fmt: skip
+)
 CKPT_AGE = prom.Gauge(
     "fsdpjob_checkpoint_age_seconds", "Age of the newest complete checkpoint", ["namespace", "job"]
 )

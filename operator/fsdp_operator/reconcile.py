@@ -14,7 +14,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +24,7 @@ import pydantic
 from fsdp_operator import (
     api,
     cache,
+    checkpoints,
     decide,
     kube,
     metrics,
@@ -42,11 +42,6 @@ from fsdp_worker import catalog
 log = logging.getLogger(__name__)
 IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
 ERROR_EVENT_SECONDS = 60.0  # a failing pass says so in a Warning Event at most this often
-_QUARANTINE = {
-    catalog.RejectReason.BAD_MARKER,
-    catalog.RejectReason.MANIFEST_MISMATCH,
-    catalog.RejectReason.CHECKSUM_MISMATCH,
-}
 Key = tuple[str, str]
 
 
@@ -80,74 +75,6 @@ def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec
     except ValueError as exc:
         return spec, str(exc)
     return spec, ""
-
-
-def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, template: str) -> str | None:
-    """Local directory where the operator sees this job's checkpoints, if it can (`template`:
-    Settings.storage_template)."""
-    claim = spec.checkpoint.claim_name
-    if not template or not claim:
-        return None
-    volume = template.format(namespace=job.namespace, claim=claim)
-    return names.checkpoint_dir(volume, job.name)
-
-
-def _writer(cand: catalog.Candidate) -> str:
-    uid = cand.marker.job_uid if cand.marker else None
-    return f"FSDPJob uid {uid}" if uid else "an FSDPJob that recorded no uid (an older version)"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Catalog:
-    newest: status.CheckpointRef | None = None
-    corrupt: tuple[str, ...] = ()
-    conflicts: tuple[observed.Conflict, ...] = ()
-
-
-def _checkpoints(
-    job: names.JobRef,
-    spec: api.FSDPJobSpec,
-    job_status: status.FSDPJobStatus,
-    base: str | None,
-    *,
-    deep: bool,
-) -> _Catalog:
-    if base is None or not os.path.isdir(base):
-        return _Catalog()
-    storage = catalog.LocalStorage(base)
-    lineage = catalog.Lineage(
-        attempt=job_status.attempt,
-        resumed_from_step=job_status.resumed_from_step,
-        job_uid=job.uid,
-        other_jobs=spec.checkpoint.resume_from_previous_jobs,
-    )
-    chosen, rejected = catalog.select(
-        storage, ".", config_hash=spec.training.resume_hash(), lineage=lineage, deep=deep
-    )
-    for cand in rejected:
-        log.debug(
-            "%s/%s: checkpoint %s rejected: %s %s",
-            job.namespace, job.name, cand.path, cand.reason, cand.detail,
-        )  # fmt: skip
-    corrupt = tuple(c.path for c in rejected if c.reason in _QUARANTINE)
-    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
-    # Before the first attempt, another job's checkpoints mean the user re-used a name (or a
-    # directory): starting fresh there would mix two runs' steps, resuming would be a guess.
-    conflicts = tuple(
-        observed.Conflict(observed.ConflictKind.CHECKPOINTS, f"checkpoint {c.path}", _writer(c))
-        for c in others[:1]
-        if job_status.attempt == 0
-    )
-    if chosen is None or chosen.marker is None:
-        return _Catalog(None, corrupt, conflicts)
-    m = chosen.marker
-    in_pod = (
-        f"{names.checkpoint_dir(spec.checkpoint.root, job.name)}/{catalog.step_dir_name(m.step)}"
-    )
-    ref = status.CheckpointRef(
-        step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
-    )
-    return _Catalog(ref, corrupt, conflicts)
 
 
 def _rank0(
@@ -305,8 +232,8 @@ class Reconciler:
         pods, conflicts = self._owned_pods(job, job_status, view.pods, just_created=just)
         own = [p for p in view.pods if observe.owned_by(p, job)]
         nodes = observe.node_views(view.nodes, spec=spec, used=cache.without(view.used, own))
-        base = storage_for(job, spec, self.settings.storage_template)
-        found = _checkpoints(job, spec, job_status, base, deep=self.settings.deep_verify)
+        base = checkpoints.storage_for(job, spec, self.settings.storage_template)
+        found = checkpoints.newest(job, spec, job_status, base, deep=self.settings.deep_verify)
         return observed.Observed(
             spec=spec,
             status=job_status,
@@ -331,9 +258,12 @@ class Reconciler:
         the pod's own validation. A refusal there is the spec's fault; a full quota is not.
         """
         pod = templates.worker_pod(
-            job, spec, first_launch(spec, attempt), node_rank=0,
+            job,
+            spec,
+            first_launch(spec, attempt),
+            node_rank=0,
             worker_module=self.settings.worker_module,
-        )  # fmt: skip
+        )
         meta = pod["metadata"]
         meta["generateName"] = f"{meta.pop('name')}-dryrun-"
         refused = self.kube.dry_run_pod(pod)
@@ -386,7 +316,7 @@ class Reconciler:
             written = self.kube.patch_status(job.namespace, job.name, new_status)
             if written:
                 self._own_writes[(job.namespace, job.name)] = written
-        base = storage_for(job, obs.spec, self.settings.storage_template)
+        base = checkpoints.storage_for(job, obs.spec, self.settings.storage_template)
         for path in d.quarantine:
             if base is not None:
                 step = int(path.rsplit("-", 1)[-1])

@@ -124,7 +124,7 @@ def worker_pods(
             node_rank=rank,
             cluster_domain=cluster_domain,
             worker_module=worker_module,
-        )  # fmt: skip
+        )
         for rank in range(launch.replicas)
     ]
 
