@@ -71,7 +71,7 @@ worker-compat:
 		-o addopts= tests/worker
 
 demo: venv cluster-bin images
-	$(VPY) -m localcluster.demo
+	$(VPY) -m harness.demo
 
 # Both benchmarks; numbers land in bench/results/ (docs/operator.md and
 # docs/worker.md, "Benchmarks").

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from localcluster import controlplane, stack
+from harness import stack
+from localcluster import controlplane
 from tests.integration import harness
 
 OUT = Path(__file__).resolve().parent / "results" / "failover.json"

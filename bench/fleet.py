@@ -38,8 +38,9 @@ from typing import Any
 
 from bench import fleet_clock, fleet_plot
 from fsdp_operator import names
-from localcluster import components, controlplane, images, kubeclient, kwok, nodes, stack
-from localcluster.stack import wait_for
+from harness import stack
+from harness.stack import wait_for
+from localcluster import components, controlplane, images, kubeclient, kwok, nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "fleet.json"

@@ -40,7 +40,8 @@ import yaml
 
 from fsdp_operator import status as st
 from fsdp_worker import interval
-from localcluster import controlplane, images, stack
+from harness import stack
+from localcluster import controlplane, images
 from localcluster import faults as lf
 
 ROOT = Path(__file__).resolve().parents[1]

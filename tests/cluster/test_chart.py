@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from fsdp_operator import api, decide, names, templates
-from localcluster import controlplane, stack
+from harness import stack
+from localcluster import controlplane
 
 pytestmark = pytest.mark.cluster
 CHART = stack.ROOT / "charts" / "fsdp-operator"

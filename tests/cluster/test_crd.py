@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from localcluster import controlplane, stack
+from harness import stack
+from localcluster import controlplane
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.cluster

@@ -27,8 +27,9 @@ from typing import Any, Protocol
 
 import pytest
 
+from harness import stack
 from localcluster import faults as local_faults
-from localcluster import images, stack
+from localcluster import images
 
 NAMESPACE = "fsdp-e2e"
 RELEASE = "fsdp-e2e"

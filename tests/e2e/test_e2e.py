@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from fsdp_worker import catalog
-from localcluster import stack
+from harness import stack
 from tests.e2e.conftest import E2E, NAMESPACE, WORKER_UID
 
 # Longer than any one wait below, so a wait that runs out says why (status, Events, the

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from localcluster import stack
+from harness import stack
 
 NO_DOCKER = (
     "make kind-e2e needs a running Docker engine (kind runs its nodes as containers) and this "

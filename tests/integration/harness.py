@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from harness.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac, wait_for
 from localcluster import images
-from localcluster.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac, wait_for
 
 __all__ = ["ROOT", "Jobs", "Operator", "free_port", "install_crd", "install_rbac", "job_doc",
            "unique", "wait_for"]  # fmt: skip

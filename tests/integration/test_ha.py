@@ -19,7 +19,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import controlplane, network, stack
+from harness import stack
+from localcluster import controlplane, network
 from localcluster import faults as lf
 from tests.integration import harness, netcut
 

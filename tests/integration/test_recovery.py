@@ -18,8 +18,8 @@ import pytest
 
 from fsdp_operator import api
 from fsdp_worker import catalog
+from harness import stack
 from localcluster import faults as lf
-from localcluster import stack
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster

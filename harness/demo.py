@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from localcluster import controlplane, faults, images, stack
+from harness import stack
+from localcluster import controlplane, faults, images
 
 console = Console()
 NS = "demo"
@@ -111,7 +112,7 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="localcluster.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="harness.demo", description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="leave the cluster running")
     args = parser.parse_args(argv)
     state = Path(tempfile.mkdtemp(prefix="fsdp-demo-"))
