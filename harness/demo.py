@@ -80,8 +80,13 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         pod = jobs.running_pods("tiny-cpu", 1)[1]["metadata"]["name"]
         _say(f"fault 1: SIGKILL training rank 2 inside {pod} (torchrun sees a crashed rank)")
         injector.kill_rank(NS, pod, rank=2)
-        s = _await(jobs, "attempt 2 running", lambda: (s := jobs.status("tiny-cpu")).get(
-            "attempt") == 2 and s.get("phase") == "Running" and s)  # fmt: skip
+        s = _await(
+            jobs,
+            "attempt 2 running",
+            lambda: (s := jobs.status("tiny-cpu")).get("attempt") == 2
+            and s.get("phase") == "Running"
+            and s,
+        )
         console.print(
             f"restarted from step {s['resumedFromStep']}; cause {s['lastFailure']['cause']}"
         )
@@ -91,8 +96,13 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         node = jobs.running_pods("tiny-cpu", 2)[1]["spec"]["nodeName"]
         _say(f"fault 2: lose node {node} (its kubelet stops; its containers keep running)")
         injector.lose_node(node)
-        s = _await(jobs, "shrunk attempt running", lambda: (s := jobs.status("tiny-cpu")).get(
-            "attempt") == 3 and s.get("phase") == "Running" and s)  # fmt: skip
+        s = _await(
+            jobs,
+            "shrunk attempt running",
+            lambda: (s := jobs.status("tiny-cpu")).get("attempt") == 3
+            and s.get("phase") == "Running"
+            and s,
+        )
         console.print(f"cause {s['lastFailure']['cause']}; world size now {s['worldSize']} ranks")
         _show(cluster)
         _say(f"node {node} comes back: the operator grows the job back after a checkpoint")
@@ -100,13 +110,18 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         _await(jobs, "back at full size", lambda: _full(jobs.status("tiny-cpu")))
         _show(cluster)
         _say("letting the job finish")
-        _await(jobs, "Succeeded", lambda: jobs.status("tiny-cpu").get("phase") == "Succeeded",
-               timeout=600)  # fmt: skip
+        _await(
+            jobs,
+            "Succeeded",
+            lambda: jobs.status("tiny-cpu").get("phase") == "Succeeded",
+            timeout=600,
+        )
         _show(cluster)
         subprocess.run(
             [sys.executable, "-m", "fsdp_operator.cli", "-n", NS, "describe", "tiny-cpu"],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}, check=False,
-        )  # fmt: skip
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+            check=False,
+        )
     finally:
         op.stop()
 

@@ -51,25 +51,47 @@ def install_crd(cluster: controlplane.Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "fsdpjobs.yaml"))
     # Not `kubectl wait`: it fails outright while a new CRD has no status.conditions yet.
     query = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    wait_for("the FSDPJob CRD Established", lambda: cluster.kubectl(
-        "get", "crd", "fsdpjobs.fsdpoperator.io", "-o", query, check=False,
-    ).stdout == "True", timeout=60)  # fmt: skip
+    wait_for(
+        "the FSDPJob CRD Established",
+        lambda: cluster.kubectl(
+            "get",
+            "crd",
+            "fsdpjobs.fsdpoperator.io",
+            "-o",
+            query,
+            check=False,
+        ).stdout
+        == "True",
+        timeout=60,
+    )
 
 
 def helm() -> Path:
     """The helm binary (built from its Go module into the cache on first use)."""
-    out = subprocess.run(["bash", str(ROOT / "localcluster" / "build-helm.sh")],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["bash", str(ROOT / "localcluster" / "build-helm.sh")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return Path(out.stdout.strip().splitlines()[-1])
 
 
 def render_chart(*, namespace: str = OP_NS, release: str = OP_SA) -> list[dict[str, Any]]:
     """`helm template` of the chart: the objects a `helm install` would create."""
     rendered = subprocess.run(
-        [str(helm()), "template", release, str(ROOT / "charts" / "fsdp-operator"),
-         "--namespace", namespace],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            str(helm()),
+            "template",
+            release,
+            str(ROOT / "charts" / "fsdp-operator"),
+            "--namespace",
+            namespace,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [doc for doc in yaml.safe_load_all(rendered) if doc]
 
 
@@ -80,16 +102,26 @@ def install_rbac(cluster: controlplane.Cluster) -> Path:
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OP_NS}},
         *(d for d in render_chart() if d["kind"] != "Deployment"),
     ]
-    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
-                                                          "items": docs}))  # fmt: skip
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})
+    )
     return cluster.kubeconfig_for_serviceaccount(OP_NS, OP_SA)
 
 
-def uninstall_chart(cluster: controlplane.Cluster, *, namespace: str = OP_NS,
-                    release: str = OP_SA) -> None:  # fmt: skip
+def uninstall_chart(
+    cluster: controlplane.Cluster, *, namespace: str = OP_NS, release: str = OP_SA
+) -> None:
     """`helm uninstall --wait`: the operator's pods are gone when it returns."""
-    argv = [str(helm()), "uninstall", release, "--namespace", namespace, "--wait",
-            "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
+    argv = [
+        str(helm()),
+        "uninstall",
+        release,
+        "--namespace",
+        namespace,
+        "--wait",
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+    ]
     subprocess.run(argv, capture_output=True, check=False)
 
 
@@ -100,18 +132,29 @@ def hostpath_claim(*, namespace: str, name: str, path: str, pv_name: str) -> lis
     export: every node sees the same files.
     """
     pv = {
-        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv_name},
-        "spec": {"accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"},
-                 "storageClassName": "", "persistentVolumeReclaimPolicy": "Retain",
-                 "hostPath": {"path": path, "type": "Directory"},
-                 "claimRef": {"namespace": namespace, "name": name}},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "capacity": {"storage": "1Gi"},
+            "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": path, "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": name},
+        },
+    }
     pvc = {
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv_name,
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }  # fmt: skip
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
     return [pv, pvc]
 
 
@@ -120,13 +163,29 @@ def as_list(docs: list[dict[str, Any]]) -> str:
 
 
 def install_chart(
-    cluster: controlplane.Cluster, *, values: dict[str, str], namespace: str = OP_NS,
-    release: str = OP_SA, timeout: str = "240s",
-) -> None:  # fmt: skip
+    cluster: controlplane.Cluster,
+    *,
+    values: dict[str, str],
+    namespace: str = OP_NS,
+    release: str = OP_SA,
+    timeout: str = "240s",
+) -> None:
     """`helm upgrade --install` of the chart, waiting until its Deployment is available."""
-    argv = [str(helm()), "upgrade", "--install", release, str(ROOT / "charts" / "fsdp-operator"),
-            "--namespace", namespace, "--create-namespace", "--wait", "--timeout", timeout,
-            "--kubeconfig", str(cluster.kubeconfig)]  # fmt: skip
+    argv = [
+        str(helm()),
+        "upgrade",
+        "--install",
+        release,
+        str(ROOT / "charts" / "fsdp-operator"),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        timeout,
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+    ]
     for key, value in values.items():
         argv += ["--set", f"{key}={value}"]
     done = subprocess.run(argv, capture_output=True, text=True)
@@ -138,8 +197,9 @@ def install_chart(
 class ChartOperator:
     """The operator as the chart's Deployment: its pod, logs and metrics, as a user sees them."""
 
-    def __init__(self, cluster: controlplane.Cluster, *, namespace: str = OP_NS,
-                 release: str = OP_SA) -> None:  # fmt: skip
+    def __init__(
+        self, cluster: controlplane.Cluster, *, namespace: str = OP_NS, release: str = OP_SA
+    ) -> None:
         self.cluster = cluster
         self.namespace = namespace
         self.release = release
@@ -150,13 +210,17 @@ class ChartOperator:
         return list(found["items"])
 
     def running_pods(self) -> list[dict[str, Any]]:
-        return [p for p in self.pods() if p["status"].get("phase") == "Running"
-                and not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        return [
+            p
+            for p in self.pods()
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def lease_holder(self) -> str:
         """The replica (pod name) holding the leader Lease, "" when none does."""
-        done = self.cluster.kubectl("get", "lease", self.release, "-n", self.namespace,
-                                    "-o", "json", check=False)  # fmt: skip
+        done = self.cluster.kubectl(
+            "get", "lease", self.release, "-n", self.namespace, "-o", "json", check=False
+        )
         if done.returncode != 0:
             return ""
         return str(json.loads(done.stdout).get("spec", {}).get("holderIdentity") or "")
@@ -174,8 +238,9 @@ class ChartOperator:
         return f"http://{self.running_pod()['status']['podIP']}:{port}/metrics"
 
     def log_tail(self, lines: int = 80) -> str:
-        done = self.cluster.kubectl("logs", "-n", self.namespace, "-l", self.selector,
-                                    f"--tail={lines}", check=False)  # fmt: skip
+        done = self.cluster.kubectl(
+            "logs", "-n", self.namespace, "-l", self.selector, f"--tail={lines}", check=False
+        )
         return done.stdout + done.stderr
 
 
@@ -229,9 +294,12 @@ class Operator:
         log = open(self.log_dir / f"operator-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "fsdp_operator", "run"],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
             preexec_fn=_die_with_parent,
-        )  # fmt: skip
+        )
 
     def kill(self) -> None:
         """SIGKILL: the operator gets no chance to finish anything."""
@@ -284,8 +352,16 @@ class Jobs:
         self.cluster.kubectl("apply", "-n", self.ns, "-f", "-", input=json.dumps(doc))
 
     def patch(self, name: str, spec: dict[str, Any]) -> None:
-        self.cluster.kubectl("patch", "fsdpjob", name, "-n", self.ns, "--type=merge",
-                             "-p", json.dumps({"spec": spec}))  # fmt: skip
+        self.cluster.kubectl(
+            "patch",
+            "fsdpjob",
+            name,
+            "-n",
+            self.ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": spec}),
+        )
 
     def get(self, name: str) -> dict[str, Any] | None:
         done = self.cluster.kubectl(
@@ -304,10 +380,12 @@ class Jobs:
 
     def running_pods(self, name: str, attempt: int) -> list[dict[str, Any]]:
         return [
-            p for p in self.pods(name)
+            p
+            for p in self.pods(name)
             if p["metadata"]["labels"].get("fsdpoperator.io/attempt") == str(attempt)
-            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-        ]  # fmt: skip
+            and p["status"].get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def events(self, name: str) -> list[str]:
         items = self.cluster.get_json(
@@ -321,8 +399,9 @@ class Jobs:
         does not apply fsGroup to hostPath volumes, so the directory is made theirs."""
         directory = self.ckpt_dir()
         make_worker_dir(directory)
-        docs = hostpath_claim(namespace=self.ns, name="ckpt", path=str(directory),
-                              pv_name=f"ckpt-{self.ns}")  # fmt: skip
+        docs = hostpath_claim(
+            namespace=self.ns, name="ckpt", path=str(directory), pv_name=f"ckpt-{self.ns}"
+        )
         self.cluster.kubectl("apply", "-f", "-", input=as_list(docs))
 
     def ckpt_dir(self, job: str | None = None) -> Path:
@@ -342,8 +421,14 @@ def volumes_root(cluster: controlplane.Cluster) -> Path:
     return cluster.state_dir / "volumes"
 
 
-def wait_for(what: str, probe: Callable[[], T | None], *, timeout: float = 60.0,
-             every: float = 0.25, context: Callable[[], str] | None = None) -> T:  # fmt: skip
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 60.0,
+    every: float = 0.25,
+    context: Callable[[], str] | None = None,
+) -> T:
     """Poll until probe() returns something truthy; fail with `what` and context."""
     deadline = time.monotonic() + timeout
     last: T | None = None

@@ -30,9 +30,15 @@ OWNED = (
     "flexvolume",
 )
 SERVER_NAMES = (
-    "127.0.0.1", "localhost", network.GATEWAY, pki.SERVICE_CLUSTER_IP, "kubernetes",
-    "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local",
-)  # fmt: skip
+    "127.0.0.1",
+    "localhost",
+    network.GATEWAY,
+    pki.SERVICE_CLUSTER_IP,
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+)
 
 
 @dataclasses.dataclass
@@ -101,17 +107,42 @@ def etcd_args(layout: Layout, ports: dict[str, int]) -> list[str]:
     client, peer = f"https://127.0.0.1:{ports['etcd']}", f"https://127.0.0.1:{ports['etcd-peer']}"
     p = layout.pki
     return [
-        "etcd", "--name", "local", "--data-dir", str(layout.root / "etcd"),
-        "--listen-client-urls", client, "--advertise-client-urls", client,
-        "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", f"local={peer}", "--initial-cluster-state", "new",
-        "--cert-file", str(p / "etcd.crt"), "--key-file", str(p / "etcd.key"),
-        "--trusted-ca-file", str(p / "ca.crt"), "--client-cert-auth",
-        "--peer-cert-file", str(p / "etcd.crt"), "--peer-key-file", str(p / "etcd.key"),
-        "--peer-trusted-ca-file", str(p / "ca.crt"), "--peer-client-cert-auth",
+        "etcd",
+        "--name",
+        "local",
+        "--data-dir",
+        str(layout.root / "etcd"),
+        "--listen-client-urls",
+        client,
+        "--advertise-client-urls",
+        client,
+        "--listen-peer-urls",
+        peer,
+        "--initial-advertise-peer-urls",
+        peer,
+        "--initial-cluster",
+        f"local={peer}",
+        "--initial-cluster-state",
+        "new",
+        "--cert-file",
+        str(p / "etcd.crt"),
+        "--key-file",
+        str(p / "etcd.key"),
+        "--trusted-ca-file",
+        str(p / "ca.crt"),
+        "--client-cert-auth",
+        "--peer-cert-file",
+        str(p / "etcd.crt"),
+        "--peer-key-file",
+        str(p / "etcd.key"),
+        "--peer-trusted-ca-file",
+        str(p / "ca.crt"),
+        "--peer-client-cert-auth",
         # A throwaway test cluster: durability across power loss buys nothing, fsync costs seconds.
-        "--unsafe-no-fsync", "--log-level", "warn",
-    ]  # fmt: skip
+        "--unsafe-no-fsync",
+        "--log-level",
+        "warn",
+    ]
 
 
 def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
@@ -120,59 +151,98 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         "kube-apiserver",
         # On the cluster bridge: pods reach it through the `kubernetes` Service (kube-proxy),
         # host processes directly; nothing else on the machine's network sees it.
-        "--bind-address", network.GATEWAY, "--advertise-address", network.GATEWAY,
-        "--secure-port", str(ports["apiserver"]),
-        "--etcd-servers", f"https://127.0.0.1:{ports['etcd']}",
-        "--etcd-cafile", str(p / "ca.crt"),
-        "--etcd-certfile", str(p / "apiserver-etcd-client.crt"),
-        "--etcd-keyfile", str(p / "apiserver-etcd-client.key"),
-        "--tls-cert-file", str(p / "apiserver.crt"),
-        "--tls-private-key-file", str(p / "apiserver.key"),
-        "--client-ca-file", str(p / "ca.crt"),
-        "--authorization-mode", "Node,RBAC",
-        "--enable-admission-plugins", "NodeRestriction,PodSecurity",
+        "--bind-address",
+        network.GATEWAY,
+        "--advertise-address",
+        network.GATEWAY,
+        "--secure-port",
+        str(ports["apiserver"]),
+        "--etcd-servers",
+        f"https://127.0.0.1:{ports['etcd']}",
+        "--etcd-cafile",
+        str(p / "ca.crt"),
+        "--etcd-certfile",
+        str(p / "apiserver-etcd-client.crt"),
+        "--etcd-keyfile",
+        str(p / "apiserver-etcd-client.key"),
+        "--tls-cert-file",
+        str(p / "apiserver.crt"),
+        "--tls-private-key-file",
+        str(p / "apiserver.key"),
+        "--client-ca-file",
+        str(p / "ca.crt"),
+        "--authorization-mode",
+        "Node,RBAC",
+        "--enable-admission-plugins",
+        "NodeRestriction,PodSecurity",
         "--allow-privileged=true",  # so that PodSecurity, not this flag, is what rejects pods
-        "--service-account-issuer", SA_ISSUER,
-        "--service-account-key-file", str(p / "sa.pub"),
-        "--service-account-signing-key-file", str(p / "sa.key"),
-        "--service-cluster-ip-range", SERVICE_CIDR,
-        "--kubelet-client-certificate", str(p / "apiserver-kubelet-client.crt"),
-        "--kubelet-client-key", str(p / "apiserver-kubelet-client.key"),
-        "--kubelet-certificate-authority", str(p / "ca.crt"),
-        "--kubelet-preferred-address-types", "InternalIP",
+        "--service-account-issuer",
+        SA_ISSUER,
+        "--service-account-key-file",
+        str(p / "sa.pub"),
+        "--service-account-signing-key-file",
+        str(p / "sa.key"),
+        "--service-cluster-ip-range",
+        SERVICE_CIDR,
+        "--kubelet-client-certificate",
+        str(p / "apiserver-kubelet-client.crt"),
+        "--kubelet-client-key",
+        str(p / "apiserver-kubelet-client.key"),
+        "--kubelet-certificate-authority",
+        str(p / "ca.crt"),
+        "--kubelet-preferred-address-types",
+        "InternalIP",
         "--profiling=false",
-    ]  # fmt: skip
+    ]
 
 
 def _component_serving(layout: Layout, name: str, port: int) -> list[str]:
     kubeconfig = str(layout.kubeconfigs / f"{name}.kubeconfig")
     return [
-        "--authentication-kubeconfig", kubeconfig, "--authorization-kubeconfig", kubeconfig,
-        "--bind-address", "127.0.0.1", "--secure-port", str(port),
-        "--tls-cert-file", str(layout.pki / f"{name}.crt"),
-        "--tls-private-key-file", str(layout.pki / f"{name}.key"),
+        "--authentication-kubeconfig",
+        kubeconfig,
+        "--authorization-kubeconfig",
+        kubeconfig,
+        "--bind-address",
+        "127.0.0.1",
+        "--secure-port",
+        str(port),
+        "--tls-cert-file",
+        str(layout.pki / f"{name}.crt"),
+        "--tls-private-key-file",
+        str(layout.pki / f"{name}.key"),
         "--profiling=false",
-    ]  # fmt: skip
+    ]
 
 
 def controller_manager_args(layout: Layout, ports: dict[str, int]) -> list[str]:
     name = "controller-manager"
     return [
         "kube-controller-manager",
-        "--kubeconfig", str(layout.kubeconfigs / f"{name}.kubeconfig"),
+        "--kubeconfig",
+        str(layout.kubeconfigs / f"{name}.kubeconfig"),
         *_component_serving(layout, name, ports[name]),
-        "--controllers", "*",
+        "--controllers",
+        "*",
         "--use-service-account-credentials=true",
-        "--service-account-private-key-file", str(layout.pki / "sa.key"),
-        "--root-ca-file", str(layout.pki / "ca.crt"),
-        "--node-monitor-grace-period", NODE_MONITOR_GRACE,
-        "--node-monitor-period", "2s",
+        "--service-account-private-key-file",
+        str(layout.pki / "sa.key"),
+        "--root-ca-file",
+        str(layout.pki / "ca.crt"),
+        "--node-monitor-grace-period",
+        NODE_MONITOR_GRACE,
+        "--node-monitor-period",
+        "2s",
         "--leader-elect=false",
         # The default 20 qps throttles start-up, when every controller gets its own account.
-        "--kube-api-qps", "200", "--kube-api-burst", "400",
+        "--kube-api-qps",
+        "200",
+        "--kube-api-burst",
+        "400",
         # Its default is under /usr/libexec, which it would create on the host.
-        "--flex-volume-plugin-dir", str(layout.root / "flexvolume"),
-    ]  # fmt: skip
+        "--flex-volume-plugin-dir",
+        str(layout.root / "flexvolume"),
+    ]
 
 
 def scheduler_args(layout: Layout, ports: dict[str, int]) -> list[str]:
@@ -191,6 +261,7 @@ def scheduler_args(layout: Layout, ports: dict[str, int]) -> list[str]:
     )
     return [
         "kube-scheduler",
-        "--config", str(config),
+        "--config",
+        str(config),
         *_component_serving(layout, "scheduler", ports["scheduler"]),
-    ]  # fmt: skip
+    ]

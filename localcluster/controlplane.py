@@ -172,8 +172,9 @@ class Cluster:
             nodes.remove_state(node)
             nodes.remove_cgroup_root(node.cgroup_root)
         if count:  # kube-proxy's own way to remove the iptables rules it made
-            subprocess.run([str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True,
-                           check=False)  # fmt: skip
+            subprocess.run(
+                [str(self.bin_dir / "kube-proxy"), "--cleanup"], capture_output=True, check=False
+            )
         if network.release(str(self.state_dir)):
             network.down()
 
@@ -182,8 +183,10 @@ class Cluster:
         lines = [f"{name:28} pid {self._procs.pid(name) or '-'}" for name in self._procs.status()]
         for i in range(int(self._procs.meta.get("nodes", 0))):
             node = nodes.layout(self.state_dir, i)
-            lines.append(f"{node.name}: InternalIP {node.net.ip}, pods {node.net.pod_cidr}, "
-                         f"containerd {node.socket}, image store {node.store}")  # fmt: skip
+            lines.append(
+                f"{node.name}: InternalIP {node.net.ip}, pods {node.net.pod_cidr}, "
+                f"containerd {node.socket}, image store {node.store}"
+            )
         return lines
 
     def component_status(self) -> dict[str, bool]:
@@ -191,8 +194,11 @@ class Cluster:
         return self._procs.status()
 
     def _start(self, wanted: NodeOptions, *, deadline: float) -> None:
-        self._procs.meta = {"bin_dir": str(self.bin_dir), "ports": self.ports,
-                            "nodes": wanted.nodes}  # fmt: skip
+        self._procs.meta = {
+            "bin_dir": str(self.bin_dir),
+            "ports": self.ports,
+            "nodes": wanted.nodes,
+        }
         network.claim(str(self.state_dir), nodes=wanted.nodes, pid=os.getpid())
         network.up(wanted.nodes)
         certs = components.make_pki(self._layout)
@@ -210,9 +216,18 @@ class Cluster:
         self._wait("controller-manager", self._health_url("controller-manager"), deadline)
         self._wait("scheduler", self._health_url("scheduler"), deadline)
         self._wait("controller-manager", f"{self.server}{_DEFAULT_SA}", deadline)
-        self._spawn("cluster-dns", [sys.executable, "-m", "localcluster.clusterdns",
-                                    "--kubeconfig", str(self.kubeconfig),
-                                    "--address", network.GATEWAY])  # fmt: skip
+        self._spawn(
+            "cluster-dns",
+            [
+                sys.executable,
+                "-m",
+                "localcluster.clusterdns",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--address",
+                network.GATEWAY,
+            ],
+        )
         if wanted.nodes:
             self._start_nodes(wanted, deadline=deadline)
 
@@ -256,12 +271,15 @@ class Cluster:
     def _start_kube_proxy(self, *, certs_dir: Path, hostname: str) -> None:
         user = pki.client_user(components.pair(self._layout, "kube-proxy"))
         kubeconfig = pki.write_kubeconfig(
-            self._layout.kubeconfigs / "kube-proxy.kubeconfig", server=self.server,
-            ca=certs_dir / "ca.crt", user=user,
-        )  # fmt: skip
+            self._layout.kubeconfigs / "kube-proxy.kubeconfig",
+            server=self.server,
+            ca=certs_dir / "ca.crt",
+            user=user,
+        )
         config = self.state_dir / "kube-proxy.yaml"
-        config.write_text(json.dumps(nodeconf.kube_proxy_config(kubeconfig=kubeconfig,
-                                                                hostname=hostname)))  # fmt: skip
+        config.write_text(
+            json.dumps(nodeconf.kube_proxy_config(kubeconfig=kubeconfig, hostname=hostname))
+        )
         self._spawn("kube-proxy", ["kube-proxy", "--config", str(config)])
 
     def _alive(self, name: str) -> bool:
@@ -277,8 +295,9 @@ class Cluster:
 
     def _wait(self, name: str, url: str, deadline: float) -> None:
         ca, client = self._layout.pki / "ca.crt", components.pair(self._layout, "admin")
-        self._poll(name, lambda: procs.https_ok(url, ca=ca, cert=client.cert, key=client.key),
-                   deadline)  # fmt: skip
+        self._poll(
+            name, lambda: procs.https_ok(url, ca=ca, cert=client.cert, key=client.key), deadline
+        )
 
     def _poll(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
         while not ready():
@@ -305,10 +324,12 @@ class Cluster:
         """
         argv = [
             str(self.bin_dir / "kubectl"),
-            "--kubeconfig", str(kubeconfig or self.kubeconfig),
-            "--cache-dir", str(self.state_dir / "kubectl-cache"),
+            "--kubeconfig",
+            str(kubeconfig or self.kubeconfig),
+            "--cache-dir",
+            str(self.state_dir / "kubectl-cache"),
             *args,
-        ]  # fmt: skip
+        ]
         done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
             raise KubectlError(args, done.returncode, done.stderr)

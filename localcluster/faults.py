@@ -88,8 +88,9 @@ class Faults:
             raise FaultError(f"pod {namespace}/{pod} does not exist")
         return found
 
-    def _container_dirs(self, namespace: str, pod: str, *, hierarchy: str = "pids",
-                        container: str | None = None) -> list[Path]:  # fmt: skip
+    def _container_dirs(
+        self, namespace: str, pod: str, *, hierarchy: str = "pids", container: str | None = None
+    ) -> list[Path]:
         obj = self._pod(namespace, pod)
         pod_dir = self._pod_dir(obj, hierarchy)
         dirs = []
@@ -136,8 +137,15 @@ class Faults:
         return None
 
     # --- faults --------------------------------------------------------------------------
-    def crash(self, namespace: str, pod: str, *, signal: int = 9, message: str = "",
-              container: str | None = None) -> None:  # fmt: skip
+    def crash(
+        self,
+        namespace: str,
+        pod: str,
+        *,
+        signal: int = 9,
+        message: str = "",
+        container: str | None = None,
+    ) -> None:
         """Signal every process of the container; ``message`` becomes its termination message."""
         if message:
             self._write_termination_message(namespace, pod, message, container)
@@ -151,8 +159,9 @@ class Faults:
                     found.update(int(p) for p in procs_file.read_text().split())
         return sorted(found)
 
-    def _write_termination_message(self, namespace: str, pod: str, message: str,
-                                   container: str | None) -> None:  # fmt: skip
+    def _write_termination_message(
+        self, namespace: str, pod: str, message: str, container: str | None
+    ) -> None:
         pid = self._container_pids(namespace, pod, container)[0]
         obj = self._pod(namespace, pod)
         spec = next(c for c in obj["spec"]["containers"] if container in (None, c["name"]))
@@ -229,17 +238,24 @@ class Faults:
 
     def _link(self, namespace: str, pod: str, state: str) -> None:
         pid = self.pids(namespace, pod)[0]
-        done = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set",
-                               "eth0", state], capture_output=True, text=True)  # fmt: skip
+        done = subprocess.run(
+            ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "link", "set", "eth0", state],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise FaultError(f"eth0 {state} in pod {namespace}/{pod}: {done.stderr.strip()}")
 
     def evict(self, namespace: str, pod: str) -> None:
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": pod, "namespace": namespace}}  # fmt: skip
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": pod, "namespace": namespace},
+        }
         try:
-            self.kube.request("POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction",
-                              body=body)  # fmt: skip
+            self.kube.request(
+                "POST", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", body=body
+            )
         except kubeclient.KubeError as err:
             raise FaultError(f"evict {namespace}/{pod}: {err}") from err
 
@@ -252,8 +268,7 @@ class Faults:
 
 def _allocate_in(cgroup: Path, *, watch: int) -> None:
     """Run a helper in ``cgroup`` that allocates until the kernel kills something there."""
-    helper = subprocess.Popen([sys.executable, "-c", OOM_HELPER, str(watch)],
-                              stdin=subprocess.PIPE)  # fmt: skip
+    helper = subprocess.Popen([sys.executable, "-c", OOM_HELPER, str(watch)], stdin=subprocess.PIPE)
     (cgroup / "cgroup.procs").write_text(str(helper.pid))
     assert helper.stdin is not None
     helper.stdin.write(b"go\n")
@@ -302,8 +317,12 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--state-dir", type=Path, default=Path(".cluster"),
-                        help="the cluster's state dir (default ./.cluster)")  # fmt: skip
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".cluster"),
+        help="the cluster's state dir (default ./.cluster)",
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
     for verb in ("crash", "oom", "freeze", "thaw", "cut-link", "restore-link", "evict", "pids"):
         sub = verbs.add_parser(verb)

@@ -57,8 +57,9 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         try:
-            resp = self._api.call_api(method, url, header_params=headers, body=body,
-                                      _request_timeout=timeout)  # fmt: skip
+            resp = self._api.call_api(
+                method, url, header_params=headers, body=body, _request_timeout=timeout
+            )
         except (urllib3.exceptions.HTTPError, OSError, ApiException) as exc:
             # Transport trouble (API server restarting, timeouts) is one more API error to the
             # callers, who all retry on their own schedule.

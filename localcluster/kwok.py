@@ -49,10 +49,13 @@ ROUTE_USERS = Path("/run/fsdplc/kwok-route")
 """One file per running fleet (its state dir and a live process of it), and ``added`` when a
 fleet added the blackhole route (so the last fleet to stop removes only what a fleet added)."""
 _STAGE_NAMES = (
-    "node-fast-node-initialize", "node-heartbeat-with-lease-node-heartbeat-with-lease",
-    "pod-fast-pod-ready", "pod-fast-pod-complete", "pod-fast-pod-delete",
+    "node-fast-node-initialize",
+    "node-heartbeat-with-lease-node-heartbeat-with-lease",
+    "pod-fast-pod-ready",
+    "pod-fast-pod-complete",
+    "pod-fast-pod-delete",
     "pod-chaos-pod-container-running-failed",
-)  # fmt: skip
+)
 _ROUTE_TYPES = {"unicast", "local", "broadcast", "blackhole", "unreachable", "prohibit", "throw"}
 
 
@@ -119,26 +122,40 @@ def fail_patch(exit_code: int, *, reason: str = "Error") -> dict[str, Any]:
 
 def node_doc(name: str, *, index: int, options: FleetOptions) -> dict[str, Any]:
     """One fake node: labels, the taint, and capacity = allocatable (kwok keeps both)."""
-    resources = {"cpu": options.cpu, "memory": options.memory, "pods": str(options.max_pods),
-                 nodes.GPU_RESOURCE: str(options.gpus_per_node)}  # fmt: skip
-    labels = {FAKE_LABEL: "true", "type": "kwok", "kubernetes.io/hostname": name,
-              "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
-              "topology.kubernetes.io/zone": f"zone-{index % options.zones}"}  # fmt: skip
+    resources = {
+        "cpu": options.cpu,
+        "memory": options.memory,
+        "pods": str(options.max_pods),
+        nodes.GPU_RESOURCE: str(options.gpus_per_node),
+    }
+    labels = {
+        FAKE_LABEL: "true",
+        "type": "kwok",
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "topology.kubernetes.io/zone": f"zone-{index % options.zones}",
+    }
     annotations = {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}
     return {
-        "apiVersion": "v1", "kind": "Node",
+        "apiVersion": "v1",
+        "kind": "Node",
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {"taints": [{"key": FAKE_LABEL, "value": "true", "effect": "NoSchedule"}]},
         "status": {"capacity": resources, "allocatable": resources},
-    }  # fmt: skip
+    }
 
 
 def route_kind(ip: str) -> str:
     """The type of the main table's most specific route to ``ip`` ("blackhole", "unicast"...)."""
     address = ipaddress.ip_address(ip)
     best: tuple[int, str] | None = None
-    listing = subprocess.run(["ip", "-o", "-4", "route", "show", "table", "main"],
-                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    listing = subprocess.run(
+        ["ip", "-o", "-4", "route", "show", "table", "main"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for line in listing.splitlines():
         words = line.split()
         kind, dest = (words[0], words[1]) if words[0] in _ROUTE_TYPES else ("unicast", words[0])
@@ -152,9 +169,12 @@ class Fleet:
     """kwok and its nodes on one cluster; ``start``/``stop`` or use it as a context manager."""
 
     def __init__(
-        self, cluster: controlplane.Cluster, options: FleetOptions | None = None,
-        *, kwok_dir: Path | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cluster: controlplane.Cluster,
+        options: FleetOptions | None = None,
+        *,
+        kwok_dir: Path | None = None,
+    ) -> None:
         self.cluster = cluster
         self.options = options or FleetOptions()
         self._kwok_dir = kwok_dir
@@ -208,13 +228,19 @@ class Fleet:
         config.write_text("\n---\n".join(doc.strip() for doc in docs) + "\n")
         return [
             str(kwok_dir / "bin" / "kwok"),
-            "--kubeconfig", str(self.cluster.kubeconfig),
-            "--config", str(config),
-            "--manage-nodes-with-label-selector", f"{FAKE_LABEL}=true",
-            "--cidr", str(FAKE_POD_RANGE),
-            "--node-ip", FAKE_NODE_IP,
-            "--node-lease-duration-seconds", str(self.options.lease_seconds),
-        ]  # fmt: skip
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--config",
+            str(config),
+            "--manage-nodes-with-label-selector",
+            f"{FAKE_LABEL}=true",
+            "--cidr",
+            str(FAKE_POD_RANGE),
+            "--node-ip",
+            FAKE_NODE_IP,
+            "--node-lease-duration-seconds",
+            str(self.options.lease_seconds),
+        ]
 
     def stop(self) -> None:
         """Delete the nodes (pods bound to them go with them), stop kwok, release the route."""
@@ -223,8 +249,9 @@ class Fleet:
         # One collection delete (a kubectl delete of a thousand nodes takes a minute); nodes
         # have no finalizers, so they are gone when it answers.
         with contextlib.suppress(kubeclient.KubeError):
-            self.kube().request("DELETE", "/api/v1/nodes",
-                                query={"labelSelector": f"{FAKE_LABEL}=true"})  # fmt: skip
+            self.kube().request(
+                "DELETE", "/api/v1/nodes", query={"labelSelector": f"{FAKE_LABEL}=true"}
+            )
         self._procs.stop_all(grace=10.0)
         self._procs = None
         release_route(str(self._dir))
@@ -242,12 +269,17 @@ class Fleet:
         """The fleet's nodes that are Ready with their GPUs allocatable."""
         items = self.kube().get("/api/v1/nodes", labelSelector=f"{FAKE_LABEL}=true")["items"]
         gpus = str(self.options.gpus_per_node)
-        return [n["metadata"]["name"] for n in items
-                if _ready(n) and _allocatable(n, nodes.GPU_RESOURCE) == gpus]  # fmt: skip
+        return [
+            n["metadata"]["name"]
+            for n in items
+            if _ready(n) and _allocatable(n, nodes.GPU_RESOURCE) == gpus
+        ]
 
     def _create_nodes(self) -> None:
-        docs = [node_doc(name, index=i, options=self.options)
-                for i, name in enumerate(self.options.names())]  # fmt: skip
+        docs = [
+            node_doc(name, index=i, options=self.options)
+            for i, name in enumerate(self.options.names())
+        ]
         kube = self.kube()
         # One POST each; a handful in flight keeps a thousand nodes to seconds.
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -259,8 +291,10 @@ class Fleet:
                 raise FleetError(f"kwok exited:\n{procs.tail(self.log)}")
             if time.monotonic() > deadline:
                 ready = len(self.ready_nodes())
-                raise FleetError(f"{ready}/{self.options.nodes} fake nodes Ready in time:\n"
-                                 f"{procs.tail(self.log)}")  # fmt: skip
+                raise FleetError(
+                    f"{ready}/{self.options.nodes} fake nodes Ready in time:\n"
+                    f"{procs.tail(self.log)}"
+                )
             time.sleep(0.5)
 
 

@@ -140,8 +140,19 @@ def _fence() -> None:
     else:
         _run("iptables", "-w", "-N", FENCE_CHAIN)
     for direction in ("-s", "-d"):
-        _run("iptables", "-w", "-A", FENCE_CHAIN, direction, str(POD_RANGE),
-             "!", "-o", BRIDGE, "-j", "DROP")  # fmt: skip
+        _run(
+            "iptables",
+            "-w",
+            "-A",
+            FENCE_CHAIN,
+            direction,
+            str(POD_RANGE),
+            "!",
+            "-o",
+            BRIDGE,
+            "-j",
+            "DROP",
+        )
     jump = ("FORWARD", "-j", FENCE_CHAIN)
     if subprocess.run(["iptables", "-w", "-C", *jump], capture_output=True).returncode != 0:
         _run("iptables", "-w", "-I", *jump)

@@ -111,23 +111,31 @@ def containerd_config(node: NodeLayout, *, sandbox_image: str) -> str:
         "containerd": {
             "snapshotter": "overlayfs",
             "default_runtime_name": "runc",
-            "runtimes": {"runc": {
-                "runtime_type": "io.containerd.runc.v2",
-                "options": {"SystemdCgroup": False, "BinaryName": "runc",
-                            "Root": str(node.state / "runc")},
-            }},
+            "runtimes": {
+                "runc": {
+                    "runtime_type": "io.containerd.runc.v2",
+                    "options": {
+                        "SystemdCgroup": False,
+                        "BinaryName": "runc",
+                        "Root": str(node.state / "runc"),
+                    },
+                }
+            },
         },
         "cni": {"bin_dir": CNI_BIN, "conf_dir": str(node.cni_dir), "max_conf_num": 1},
         "registry": {"config_path": ""},
-    }  # fmt: skip
+    }
     doc = {
         "version": 2,
         "root": str(node.store / "containerd"),
         "state": str(node.state / "containerd"),
         "disabled_plugins": [
-            "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-            "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-            "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp",
+            "io.containerd.snapshotter.v1.btrfs",
+            "io.containerd.snapshotter.v1.zfs",
+            "io.containerd.snapshotter.v1.devmapper",
+            "io.containerd.snapshotter.v1.aufs",
+            "io.containerd.internal.v1.tracing",
+            "io.containerd.tracing.processor.v1.otlp",
         ],
         "grpc": {"address": str(node.socket)},
         "ttrpc": {"address": str(node.socket) + ".ttrpc"},
@@ -135,7 +143,7 @@ def containerd_config(node: NodeLayout, *, sandbox_image: str) -> str:
             '"io.containerd.grpc.v1.cri"': cri,
             '"io.containerd.internal.v1.opt"': {"path": str(node.store / "opt")},
         },
-    }  # fmt: skip
+    }
     return _toml(doc)
 
 
@@ -156,18 +164,22 @@ def cni_config(node: NodeLayout) -> dict[str, Any]:
                 "ipam": {
                     "type": "host-local",
                     "dataDir": str(node.state / "ipam"),
-                    "ranges": [[{
-                        "subnet": str(network.BRIDGE_NET),
-                        "rangeStart": node.net.pod_first,
-                        "rangeEnd": node.net.pod_last,
-                        "gateway": network.GATEWAY,
-                    }]],
+                    "ranges": [
+                        [
+                            {
+                                "subnet": str(network.BRIDGE_NET),
+                                "rangeStart": node.net.pod_first,
+                                "rangeEnd": node.net.pod_last,
+                                "gateway": network.GATEWAY,
+                            }
+                        ]
+                    ],
                     "routes": [{"dst": "0.0.0.0/0", "gw": network.GATEWAY}],
                 },
             },
             {"type": "portmap", "capabilities": {"portMappings": True}},
         ],
-    }  # fmt: skip
+    }
 
 
 def kubelet_config(node: NodeLayout, *, ca: Path, dns: str) -> dict[str, Any]:
@@ -175,49 +187,78 @@ def kubelet_config(node: NodeLayout, *, ca: Path, dns: str) -> dict[str, Any]:
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": ip, "port": KUBELET_PORT, "readOnlyPort": 0,
-        "healthzBindAddress": ip, "healthzPort": KUBELET_HEALTHZ_PORT,
-        "tlsCertFile": str(node.serving_cert), "tlsPrivateKeyFile": str(node.serving_key),
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
-                           "x509": {"clientCAFile": str(ca)}},
+        "address": ip,
+        "port": KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzBindAddress": ip,
+        "healthzPort": KUBELET_HEALTHZ_PORT,
+        "tlsCertFile": str(node.serving_cert),
+        "tlsPrivateKeyFile": str(node.serving_key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca)},
+        },
         "authorization": {"mode": "Webhook"},
         "containerRuntimeEndpoint": f"unix://{node.socket}",
         # This machine: hybrid cgroups with v1 controllers, no systemd.
-        "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": node.cgroup_root,
-        "cgroupsPerQOS": True, "enforceNodeAllocatable": ["pods"],
-        "clusterDNS": [network.GATEWAY if dns == "" else dns], "clusterDomain": CLUSTER_DOMAIN,
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        "cgroupRoot": node.cgroup_root,
+        "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": ["pods"],
+        "clusterDNS": [network.GATEWAY if dns == "" else dns],
+        "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": str(node.state / "resolv.conf"),
         "nodeLeaseDurationSeconds": NODE_LEASE_SECONDS,
-        "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "10s",
-        "syncFrequency": "10s", "fileCheckFrequency": "20s",
-        "serializeImagePulls": False, "failSwapOn": False, "rotateCertificates": False,
-        "protectKernelDefaults": False, "makeIPTablesUtilChains": False,
+        "nodeStatusUpdateFrequency": "2s",
+        "nodeStatusReportFrequency": "10s",
+        "syncFrequency": "10s",
+        "fileCheckFrequency": "20s",
+        "serializeImagePulls": False,
+        "failSwapOn": False,
+        "rotateCertificates": False,
+        "protectKernelDefaults": False,
+        "makeIPTablesUtilChains": False,
         # No registry can refill an image the kubelet collects: never collect them here.
-        "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%",
-                         "imagefs.available": "2%", "nodefs.inodesFree": "2%"},
-        "maxPods": 110, "podPidsLimit": -1,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "2%",
+            "imagefs.available": "2%",
+            "nodefs.inodesFree": "2%",
+        },
+        "maxPods": 110,
+        "podPidsLimit": -1,
         "shutdownGracePeriod": "0s",
         "volumePluginDir": str(node.state / "volume-plugins"),
         # Not the shared /var/log/pods: each kubelet's container GC deletes the log directory
         # of every pod it does not know, which includes all pods of the other nodes.
         "podLogsDir": str(node.state / "pod-logs"),
         "logging": {"verbosity": 1},
-    }  # fmt: skip
+    }
 
 
 def kubelet_args(node: NodeLayout, *, zone: str) -> list[str]:
     return [
         "kubelet",
-        "--config", str(node.kubelet_config),
-        "--kubeconfig", str(node.kubeconfig),
-        "--root-dir", str(node.kubelet_root),
-        "--cert-dir", str(node.state / "pki"),
-        "--hostname-override", node.name,
-        "--node-ip", node.net.ip,
-        "--node-labels", f"topology.kubernetes.io/zone={zone}",
+        "--config",
+        str(node.kubelet_config),
+        "--kubeconfig",
+        str(node.kubeconfig),
+        "--root-dir",
+        str(node.kubelet_root),
+        "--cert-dir",
+        str(node.state / "pki"),
+        "--hostname-override",
+        node.name,
+        "--node-ip",
+        node.net.ip,
+        "--node-labels",
+        f"topology.kubernetes.io/zone={zone}",
         "--register-node=true",
-    ]  # fmt: skip
+    ]
 
 
 def containerd_args(node: NodeLayout) -> list[str]:
@@ -237,7 +278,11 @@ def kube_proxy_config(*, kubeconfig: Path, hostname: str) -> dict[str, Any]:
         "healthzBindAddress": "127.0.0.1:10256",
         "metricsBindAddress": "127.0.0.1:10249",
         # Setting nf_conntrack_max is not permitted in this sandbox; keep the kernel's.
-        "conntrack": {"maxPerCore": 0, "min": 0,
-                      "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+        },
         "nodePortAddresses": ["primary"],
-    }  # fmt: skip
+    }

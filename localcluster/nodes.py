@@ -29,8 +29,18 @@ import yaml
 
 from localcluster import network, nodeconf, pki
 
-V1_HIERARCHIES = ("cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
-                  "systemd", "unified")  # fmt: skip
+V1_HIERARCHIES = (
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "blkio",
+    "pids",
+    "systemd",
+    "unified",
+)
 CGROUP_FS = Path("/sys/fs/cgroup")
 GPU_RESOURCE = "nvidia.com/gpu"
 # The kubelet's device-plugin registry: a constant in the kubelet, not under its --root-dir.
@@ -59,8 +69,11 @@ def prepare(*, node: nodeconf.NodeLayout, ca: pki.Pair, server: str, sandbox_ima
     """Every file one node needs, and its cgroup root."""
     for path in (node.state, node.store, node.cni_dir, node.kubelet_root, node.state / "pki"):
         path.mkdir(parents=True, exist_ok=True)
-    client = pki.issue(ca, node.state, pki.Leaf(f"client-{node.name}", f"system:node:{node.name}",
-                                                organization="system:nodes"))  # fmt: skip
+    client = pki.issue(
+        ca,
+        node.state,
+        pki.Leaf(f"client-{node.name}", f"system:node:{node.name}", organization="system:nodes"),
+    )
     pki.write_kubeconfig(node.kubeconfig, server=server, ca=ca.cert, user=pki.client_user(client))
     names = (node.net.ip, node.name)
     serving = pki.issue(ca, node.state, pki.Leaf("serving", node.name, server_names=names))
@@ -101,8 +114,13 @@ def wait_socket(path: Path, alive: Callable[[], bool], *, timeout: float = 30.0)
 
 def advertise_gpus(kubectl: Callable[..., object], name: str, count: int) -> None:
     """Extended resources are patched onto node status; the kubelet then adds allocatable."""
-    patch = [{"op": "add", "path": f"/status/capacity/{GPU_RESOURCE.replace('/', '~1')}",
-              "value": str(count)}]  # fmt: skip
+    patch = [
+        {
+            "op": "add",
+            "path": f"/status/capacity/{GPU_RESOURCE.replace('/', '~1')}",
+            "value": str(count),
+        }
+    ]
     kubectl("patch", "node", name, "--subresource=status", "--type=json", "-p", json.dumps(patch))
 
 
@@ -187,15 +205,20 @@ def discard_layers(ctr: Sequence[str], ref: str) -> int:
     from the snapshots, so each node holds the 7 GB worker image once, not twice. Returns the
     bytes freed.
     """
-    listed = subprocess.run([*ctr, "images", "ls", f"name=={ref}"], capture_output=True,
-                            text=True, check=True).stdout.splitlines()  # fmt: skip
+    listed = subprocess.run(
+        [*ctr, "images", "ls", f"name=={ref}"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     if len(listed) < 2:
         return 0
-    manifest = json.loads(subprocess.run([*ctr, "content", "get", listed[1].split()[2]],
-                                         capture_output=True, check=True).stdout)  # fmt: skip
+    manifest = json.loads(
+        subprocess.run(
+            [*ctr, "content", "get", listed[1].split()[2]], capture_output=True, check=True
+        ).stdout
+    )
     layers = [layer["digest"] for layer in manifest.get("layers", [])]
-    present = subprocess.run([*ctr, "content", "ls", "-q"], capture_output=True, text=True,
-                             check=True).stdout.split()  # fmt: skip
+    present = subprocess.run(
+        [*ctr, "content", "ls", "-q"], capture_output=True, text=True, check=True
+    ).stdout.split()
     doomed = [d for d in layers if d in present]
     if doomed:
         subprocess.run([*ctr, "content", "rm", *doomed], capture_output=True, check=True)

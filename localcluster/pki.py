@@ -98,10 +98,22 @@ def make_ca(directory: Path) -> Pair:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = _config(Path(tmp))
         _openssl(
-            "req", "-x509", "-new", "-key", str(pair.key), "-subj", "/CN=fsdp-operator-local-ca",
-            "-days", str(VALID_DAYS * 10), "-config", str(cfg), "-extensions", "ca",
-            "-out", str(pair.cert),
-        )  # fmt: skip
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            str(pair.key),
+            "-subj",
+            "/CN=fsdp-operator-local-ca",
+            "-days",
+            str(VALID_DAYS * 10),
+            "-config",
+            str(cfg),
+            "-extensions",
+            "ca",
+            "-out",
+            str(pair.cert),
+        )
     return pair
 
 
@@ -114,13 +126,38 @@ def issue(ca: Pair, directory: Path, leaf: Leaf) -> Pair:
         cfg = _config(Path(tmp), usages=usages, names=leaf.server_names)
         csr = Path(tmp) / "req.csr"
         subject = _subject(leaf.common_name, leaf.organization)
-        _openssl("req", "-new", "-key", str(pair.key), "-subj", subject, "-config", str(cfg),
-                 "-out", str(csr))  # fmt: skip
         _openssl(
-            "x509", "-req", "-in", str(csr), "-CA", str(ca.cert), "-CAkey", str(ca.key),
-            "-set_serial", str(secrets.randbits(63)), "-days", str(VALID_DAYS),
-            "-extfile", str(cfg), "-extensions", "leaf", "-out", str(pair.cert),
-        )  # fmt: skip
+            "req",
+            "-new",
+            "-key",
+            str(pair.key),
+            "-subj",
+            subject,
+            "-config",
+            str(cfg),
+            "-out",
+            str(csr),
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(ca.cert),
+            "-CAkey",
+            str(ca.key),
+            "-set_serial",
+            str(secrets.randbits(63)),
+            "-days",
+            str(VALID_DAYS),
+            "-extfile",
+            str(cfg),
+            "-extensions",
+            "leaf",
+            "-out",
+            str(pair.cert),
+        )
     return pair
 
 

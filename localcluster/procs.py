@@ -50,9 +50,13 @@ class Registry:
         """Start ``argv`` in the background and record it under ``name``; returns the PID."""
         with log.open("ab") as out:
             child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                cwd=cwd, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+            )
         self._children[child.pid] = child
         _await_exec(child.pid, argv)
         self._records.append({"name": name, "pid": child.pid, "argv": argv})

@@ -48,8 +48,11 @@ def _start(config: pytest.Config) -> controlplane.Cluster:
         images=images.TEST_IMAGES,
     )
     factory = getattr(config, "_tmp_path_factory", None)  # pytest's own, as tmp_path_factory
-    state = (factory.mktemp("cluster") if isinstance(factory, pytest.TempPathFactory)
-             else Path(tempfile.mkdtemp(prefix="fsdpop-cluster-")))  # fmt: skip
+    state = (
+        factory.mktemp("cluster")
+        if isinstance(factory, pytest.TempPathFactory)
+        else Path(tempfile.mkdtemp(prefix="fsdpop-cluster-"))
+    )
     return controlplane.Cluster.up(state, nodes=nodes)
 
 
