@@ -100,6 +100,11 @@ def _progress(
     return view.progress
 
 
+# Refusals of a worker pod's dry run that a fixed cluster clears: the spec is not at fault, so
+# the pass fails (and is retried, backing off) instead of failing the job as InvalidSpec. A
+# ResourceQuota that is full; the operator's own RBAC missing a verb; a namespace being deleted.
+_NOT_THE_SPECS_FAULT = ("exceeded quota", "cannot create resource", "being terminated")
+
 # The pod's fields that come straight from the FSDPJob, so a refusal names the job's field.
 _POD_TO_JOB_FIELDS = (
     ("spec.containers[0].resources", "spec.resources"),
@@ -160,6 +165,9 @@ class Reconciler:
         self._created_lock = threading.Lock()
         self._error_events: dict[Key, float] = {}
         """(namespace, job) -> when a failed pass of it last posted a Warning Event."""
+        self._written: dict[Key, status.FSDPJobStatus] = {}
+        """(namespace, job) -> the status the pass under way wrote (until it ends): a failure
+        after that write is reported on top of it, not of the status the pass read."""
 
     # --- what the loops call ----------------------------------------------------------------
     def run_pass(self, namespace: str, name: str, view: cache.View) -> Outcome | None:
@@ -176,10 +184,11 @@ class Reconciler:
             raise  # not this job's failure: nothing to report (and no right to write it)
         except Exception as exc:
             try:
-                self._report_error(body, exc)
+                self._report_error(body, exc, written=self._written.pop((namespace, name), None))
             except Exception:  # the report is advice; the pass's own error is what is raised
                 log.exception("could not report the failed pass of %s/%s", namespace, name)
             raise
+        self._written.pop((namespace, name), None)
         self._error_events.pop((namespace, name), None)
         if decision.delete_job:
             return None
@@ -270,7 +279,7 @@ class Reconciler:
         if refused is None:
             return ""
         code, message = refused
-        if code in (400, 403, 422) and "exceeded quota" not in message:
+        if code in (400, 403, 422) and not any(n in message for n in _NOT_THE_SPECS_FAULT):
             for pod_field, job_field in _POD_TO_JOB_FIELDS:
                 message = message.replace(pod_field, job_field)
             return f"the API server refuses the worker pod ({code}): {message}"
@@ -314,6 +323,7 @@ class Reconciler:
         new_status = d.status.model_dump(mode="json", by_alias=True)
         if new_status != obs.status.model_dump(mode="json", by_alias=True):  # only what changed
             written = self.kube.patch_status(job.namespace, job.name, new_status)
+            self._written[(job.namespace, job.name)] = d.status
             if written:
                 self._own_writes[(job.namespace, job.name)] = written
         base = checkpoints.storage_for(job, obs.spec, self.settings.storage_template)
@@ -382,9 +392,12 @@ class Reconciler:
         )
         return True
 
-    def _report_error(self, body: dict[str, Any], exc: Exception) -> None:
+    def _report_error(
+        self, body: dict[str, Any], exc: Exception, *, written: status.FSDPJobStatus | None
+    ) -> None:
         """A pass that raised: a Warning Event (at most one a minute) and a condition saying
-        why."""
+        why, added to the conditions the job has now (`written`: what this pass wrote before it
+        failed; else what it read)."""
         job = names.JobRef.of(body)
         now = self._clock()
         message = kube.describe_error(exc)
@@ -392,7 +405,7 @@ class Reconciler:
         if now - self._error_events.get(key, float("-inf")) >= ERROR_EVENT_SECONDS:
             self._error_events[key] = now
             self.kube.event(job, type_="Warning", reason=decide.RECONCILE_ERROR, message=message)
-        job_status = observe.status_of(body.get("status"))
+        job_status = written if written is not None else observe.status_of(body.get("status"))
         if any(
             c.type == decide.RECONCILE_ERROR and c.message == message for c in job_status.conditions
         ):
