@@ -15,6 +15,7 @@ from typing import Any
 import kubernetes
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fsdp_operator import api, kube, status
 
@@ -71,16 +72,16 @@ def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
         ck = s.get("lastCheckpoint") or {}
         r = s.get("restarts") or {}
         table.add_row(
-            job["metadata"]["namespace"],
-            job["metadata"]["name"],
-            s.get("phase", "-"),
+            Text(job["metadata"]["namespace"]),
+            Text(job["metadata"]["name"]),
+            Text(s.get("phase", "-")),
             _fmt(s.get("worldSize")),
             _fmt(s.get("step")),
             _fmt(ck.get("step")),
             _age(ck.get("time"), now),
             _fmt(r.get("total", 0)),
             f"{r.get('application', 0)}/{r.get('infrastructure', 0)}",
-            s.get("reason", ""),
+            Text(s.get("reason", "")),
         )
     console.print(table)
 
@@ -91,14 +92,19 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     )
     job = json.loads(resp.data)
     s = job.get("status") or {}
-    console.print(
-        f"[bold]{namespace}/{name}[/bold]  phase={s.get('phase')}  attempt={s.get('attempt')}  "
-        f"world={s.get('worldSize')}  step={s.get('step')}"
+    head = Text(f"{namespace}/{name}", style="bold")
+    head.append(
+        f"  phase={s.get('phase')}  attempt={s.get('attempt')}  world={s.get('worldSize')}  "
+        f"step={s.get('step')}"
     )
+    console.print(head)
     if lf := s.get("lastFailure"):
+        # Text, not markup: a worker's message (say gloo's "[/pytorch/...]") is not rich markup.
         console.print(
-            f"last failure: {lf.get('cause')} rank={lf.get('rank')} pod={lf.get('pod')} "
-            f"node={lf.get('node')} exit={lf.get('exitCode')}: {lf.get('message')}"
+            Text(
+                f"last failure: {lf.get('cause')} rank={lf.get('rank')} pod={lf.get('pod')} "
+                f"node={lf.get('node')} exit={lf.get('exitCode')}: {lf.get('message')}"
+            )
         )
     hist = Table(title="attempts: what each failure cost")
     for col in ("attempt", "world", "resumed from", "ended by", "detect", "recover", "steps lost"):
@@ -119,7 +125,7 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     console.print(f"total steps redone after restarts: {lost}")
     console.print(_resume_table(s.get("history") or []))
     for line in _cost_lines(s):
-        console.print(line)
+        console.print(Text(line))
     events = core.list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
     )
@@ -130,9 +136,9 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     for e in items[-20:]:
         ev.add_row(
             e.get("firstTimestamp") or "",
-            e.get("type", ""),
-            e.get("reason", ""),
-            e.get("message", ""),
+            Text(e.get("type", "")),
+            Text(e.get("reason", "")),
+            Text(e.get("message", "")),
         )
     console.print(ev)
 

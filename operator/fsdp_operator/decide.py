@@ -141,7 +141,10 @@ def _track(d: Decision, obs: observed.Observed) -> None:
         s.last_checkpoint = ck
         d.emit("CheckpointComplete", f"step {ck.step} at {ck.path} (attempt {ck.attempt})")
     prog = obs.progress
-    if prog is not None and prog.step is not None and prog.step != s.step:
+    # A rank 0 that has not loaded its checkpoint yet may report step 0: the job is not back
+    # there (seen: a Succeeded job showing step 0 after a last attempt that resumed at the end).
+    behind = prog is not None and prog.step is not None and prog.step < (s.resumed_from_step or 0)
+    if prog is not None and prog.step is not None and prog.step != s.step and not behind:
         s.step, s.last_progress_time = prog.step, obs.now
     if prog is not None:
         _worker_report(d, prog, obs.now)

@@ -216,6 +216,25 @@ def test_vanished_pod_is_eviction() -> None:
     assert d.failure is not None and d.failure.cause is st.Cause.EVICTED and d.failure.rank == 3
 
 
+@pytest.mark.parametrize(
+    ("reported", "shown", "progress_time"),
+    [
+        pytest.param(0, 400, NOW - 10, id="not-loaded-yet-reports-0"),
+        pytest.param(399, 400, NOW - 10, id="below-the-resume-step"),
+        pytest.param(401, 401, NOW, id="past-it-counts"),
+    ],
+)
+def test_a_rank_0_that_has_not_loaded_does_not_take_the_step_back(
+    reported: int, shown: int, progress_time: float
+) -> None:
+    """An attempt resumed at step 400: rank 0's gauge may read 0 until it has loaded."""
+    resumed = running_status(attempt=2, step=400, resumed_from_step=400)
+    d = dc.decide(
+        observe(status=resumed, pods=pods(attempt=2), progress=ob.Progress(step=reported))
+    )
+    assert d.status.step == shown and d.status.last_progress_time == progress_time
+
+
 def test_hang_after_progress_deadline() -> None:
     status = running_status(last_progress_time=NOW - 101)
     d = dc.decide(observe(status=status, progress=None))
