@@ -176,6 +176,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             return None
         metrics.PASSES.inc()
+        self._written.pop((namespace, name), None)  # a pass that ended NotLeader left its own
         try:
             obs = self.gather(body, self._clock(), view)
             decision = decide.decide(obs, self.settings.tunables)
