@@ -4,18 +4,21 @@
 #
 #   KUBE_VERSION  pinned Kubernetes release (staging modules follow as v0.<minor>.<patch>)
 #   ETCD_VERSION  pinned etcd release
+#   COREDNS_VERSION  pinned CoreDNS release (built with only the plugins the Corefile names)
 #   FSDPOP_CACHE  cache root (default ~/.cache/fsdp-operator)
 set -euo pipefail
 
 KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${FSDPOP_CACHE:-$HOME/.cache/fsdp-operator}"
 OUT="$CACHE/k8s-$KUBE_VERSION/bin"
 WORK="$CACHE/k8s-$KUBE_VERSION/src"
-# The node side (kubelet, kube-proxy) builds from the same module graph: ~40 s more each.
-KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+# The node side (kubelet, kube-proxy) and kubeadm (certificates, kubeconfigs) build from the same
+# module graph: ~40 s more each.
+KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm)
 
-mkdir -p "$OUT" "$WORK/kube" "$WORK/etcd"
+mkdir -p "$OUT" "$WORK/kube" "$WORK/etcd" "$WORK/coredns"
 export GOFLAGS="-mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local
 
 missing=()
@@ -63,5 +66,37 @@ if [ ! -x "$OUT/etcd" ]; then
   echo "building etcd ($ETCD_VERSION)..." >&2
   go build -trimpath -ldflags "-s -w" -o "$OUT/etcd.tmp" go.etcd.io/etcd/server/v3
   mv "$OUT/etcd.tmp" "$OUT/etcd"
+fi
+if [ ! -x "$OUT/coredns" ]; then
+  cd "$WORK/coredns"
+  if [ ! -f go.mod ]; then
+    go mod init fsdpop.local/corednsbuild >/dev/null 2>&1
+    # CoreDNS's own main links every plugin (cloud DNS APIs, tracing agents: minutes more to
+    # fetch and build); its documented alternative is a main that sets the directive list.
+    cat > main.go <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/ready"
+	_ "github.com/coredns/coredns/plugin/template"
+)
+
+// In CoreDNS's plugin.cfg order: the order plugins see a query in.
+func init() { dnsserver.Directives = []string{"bind", "ready", "errors", "template", "kubernetes"} }
+
+func main() { coremain.Run() }
+GO
+    go get "github.com/coredns/coredns@$COREDNS_VERSION"
+    go mod tidy
+  fi
+  echo "building coredns ($COREDNS_VERSION)..." >&2
+  go build -trimpath -ldflags "-s -w" -o "$OUT/coredns.tmp" .
+  mv "$OUT/coredns.tmp" "$OUT/coredns"
 fi
 echo "$OUT"

@@ -1,7 +1,8 @@
 """Command lines and files for the control-plane components: pure paths-and-ports in, argv out.
 
-Also creates the PKI the command lines point at. Starting, waiting for and stopping the
-processes is ``controlplane``'s job; nothing here spawns a process.
+The certificates and kubeconfigs they point at are kubeadm's (``kubeadm``), in kubeadm's layout.
+Starting, waiting for and stopping the processes is ``controlplane``'s job; nothing here spawns a
+process.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import json
 import shutil
 from pathlib import Path
 
-from localcluster import network, nodes, pki
+from localcluster import kubeadm, network, nodes
 
-SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_CIDR = kubeadm.SERVICE_CIDR
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
 NODE_MONITOR_GRACE = "8s"
 """Node lifecycle grace: a node whose lease stops renewing turns NotReady after this."""
@@ -28,17 +29,12 @@ OWNED = (
     "kube-proxy.yaml",
     "volumes",
     "flexvolume",
+    "kubeadm.yaml",
+    "Corefile",
 )
-SERVER_NAMES = (
-    "127.0.0.1",
-    "localhost",
-    network.GATEWAY,
-    pki.SERVICE_CLUSTER_IP,
-    "kubernetes",
-    "kubernetes.default",
-    "kubernetes.default.svc",
-    "kubernetes.default.svc.cluster.local",
-)
+SERVER_NAMES = ("127.0.0.1", "localhost")
+"""Names on the API server's certificate besides kubeadm's own (its address, the kubernetes
+Service's IP and names)."""
 
 
 @dataclasses.dataclass
@@ -54,6 +50,19 @@ class Layout:
         self.kubeconfigs = self.root / "kubeconfigs"
         self.admin = self.root / "kubeconfig"
         self.state = self.root / "cluster.json"
+
+    def kubeadm(self, bin_dir: Path) -> kubeadm.Kubeadm:
+        return kubeadm.Kubeadm(
+            bin_dir / "kubeadm",
+            config=self.root / "kubeadm.yaml",
+            certificates=self.pki,
+            kubeconfigs=self.kubeconfigs,
+        )
+
+    def self_signed(self, component: str) -> Path:
+        """Where ``component`` (controller-manager, scheduler) writes the certificate it signs
+        itself and serves with: kubeadm issues none for them."""
+        return self.pki / component / f"kube-{component}.crt"
 
 
 def reset(layout: Layout) -> None:
@@ -72,35 +81,6 @@ def reset(layout: Layout) -> None:
     layout.root.mkdir(parents=True, exist_ok=True, mode=0o700)
     for sub in (layout.pki, layout.logs, layout.kubeconfigs):
         sub.mkdir(mode=0o700)
-
-
-def pair(layout: Layout, name: str) -> pki.Pair:
-    return pki.Pair(layout.pki / f"{name}.crt", layout.pki / f"{name}.key")
-
-
-def make_pki(layout: Layout) -> dict[str, pki.Pair]:
-    ca = pki.make_ca(layout.pki)
-    loopback = ("127.0.0.1", "localhost")
-    leaves = [
-        pki.Leaf("etcd", "etcd", server_names=loopback),
-        pki.Leaf("apiserver-etcd-client", "kube-apiserver-etcd-client"),
-        pki.Leaf("apiserver", "kube-apiserver", server_names=SERVER_NAMES),
-        pki.Leaf("admin", "kubernetes-admin", organization="system:masters"),
-        # The API server's identity towards kubelets (logs, exec): kubeadm's arrangement.
-        pki.Leaf(
-            "apiserver-kubelet-client",
-            "kube-apiserver-kubelet-client",
-            organization="system:masters",
-        ),
-        pki.Leaf("kube-proxy", "system:kube-proxy"),
-        pki.Leaf("controller-manager-client", "system:kube-controller-manager"),
-        pki.Leaf("scheduler-client", "system:kube-scheduler"),
-        pki.Leaf("controller-manager", "kube-controller-manager", server_names=loopback),
-        pki.Leaf("scheduler", "kube-scheduler", server_names=loopback),
-    ]
-    certs = {leaf.name: pki.issue(ca, layout.pki, leaf) for leaf in leaves}
-    certs["sa"] = pki.make_signing_key(layout.pki)
-    return certs
 
 
 def etcd_args(layout: Layout, ports: dict[str, int]) -> list[str]:
@@ -125,18 +105,18 @@ def etcd_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         "--initial-cluster-state",
         "new",
         "--cert-file",
-        str(p / "etcd.crt"),
+        str(p / "etcd" / "server.crt"),
         "--key-file",
-        str(p / "etcd.key"),
+        str(p / "etcd" / "server.key"),
         "--trusted-ca-file",
-        str(p / "ca.crt"),
+        str(p / "etcd" / "ca.crt"),
         "--client-cert-auth",
         "--peer-cert-file",
-        str(p / "etcd.crt"),
+        str(p / "etcd" / "peer.crt"),
         "--peer-key-file",
-        str(p / "etcd.key"),
+        str(p / "etcd" / "peer.key"),
         "--peer-trusted-ca-file",
-        str(p / "ca.crt"),
+        str(p / "etcd" / "ca.crt"),
         "--peer-client-cert-auth",
         # A throwaway test cluster: durability across power loss buys nothing, fsync costs seconds.
         "--unsafe-no-fsync",
@@ -160,7 +140,7 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         "--etcd-servers",
         f"https://127.0.0.1:{ports['etcd']}",
         "--etcd-cafile",
-        str(p / "ca.crt"),
+        str(p / "etcd" / "ca.crt"),
         "--etcd-certfile",
         str(p / "apiserver-etcd-client.crt"),
         "--etcd-keyfile",
@@ -188,8 +168,6 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         str(p / "apiserver-kubelet-client.crt"),
         "--kubelet-client-key",
         str(p / "apiserver-kubelet-client.key"),
-        "--kubelet-certificate-authority",
-        str(p / "ca.crt"),
         "--kubelet-preferred-address-types",
         "InternalIP",
         "--profiling=false",
@@ -197,7 +175,7 @@ def apiserver_args(layout: Layout, ports: dict[str, int]) -> list[str]:
 
 
 def _component_serving(layout: Layout, name: str, port: int) -> list[str]:
-    kubeconfig = str(layout.kubeconfigs / f"{name}.kubeconfig")
+    kubeconfig = str(layout.kubeconfigs / f"{name}.conf")
     return [
         "--authentication-kubeconfig",
         kubeconfig,
@@ -207,10 +185,9 @@ def _component_serving(layout: Layout, name: str, port: int) -> list[str]:
         "127.0.0.1",
         "--secure-port",
         str(port),
-        "--tls-cert-file",
-        str(layout.pki / f"{name}.crt"),
-        "--tls-private-key-file",
-        str(layout.pki / f"{name}.key"),
+        # No --tls-cert-file: it signs its own, here (kubeadm's arrangement).
+        "--cert-dir",
+        str(layout.self_signed(name).parent),
         "--profiling=false",
     ]
 
@@ -220,7 +197,7 @@ def controller_manager_args(layout: Layout, ports: dict[str, int]) -> list[str]:
     return [
         "kube-controller-manager",
         "--kubeconfig",
-        str(layout.kubeconfigs / f"{name}.kubeconfig"),
+        str(layout.kubeconfigs / f"{name}.conf"),
         *_component_serving(layout, name, ports[name]),
         "--controllers",
         "*",
@@ -252,9 +229,7 @@ def scheduler_args(layout: Layout, ports: dict[str, int]) -> list[str]:
             {
                 "apiVersion": "kubescheduler.config.k8s.io/v1",
                 "kind": "KubeSchedulerConfiguration",
-                "clientConnection": {
-                    "kubeconfig": str(layout.kubeconfigs / "scheduler.kubeconfig")
-                },
+                "clientConnection": {"kubeconfig": str(layout.kubeconfigs / "scheduler.conf")},
                 "leaderElection": {"leaderElect": False},
             }
         )
@@ -265,3 +240,41 @@ def scheduler_args(layout: Layout, ports: dict[str, int]) -> list[str]:
         str(config),
         *_component_serving(layout, "scheduler", ports["scheduler"]),
     ]
+
+
+COREFILE = """\
+{domain}:53 in-addr.arpa:53 {{
+    bind {address}
+    ready 127.0.0.1:{ready}
+    errors
+    kubernetes {domain} in-addr.arpa {{
+        kubeconfig {kubeconfig}
+        ttl 5
+    }}
+}}
+.:53 {{
+    bind {address}
+    template ANY ANY {{
+        rcode NXDOMAIN
+    }}
+}}
+"""
+
+
+def coredns_args(layout: Layout, ports: dict[str, int], *, kubeconfig: Path) -> list[str]:
+    """CoreDNS on the bridge's gateway, which every kubelet names as ``clusterDNS``.
+
+    It answers for the cluster domain and reverse lookups from the API server's Services and
+    EndpointSlices, and NXDOMAIN for every other name: it forwards nothing, so the host's
+    resolver is never involved. ``/ready`` on loopback turns 200 once it has synced.
+    """
+    corefile = layout.root / "Corefile"
+    corefile.write_text(
+        COREFILE.format(
+            domain=kubeadm.CLUSTER_DOMAIN,
+            address=network.GATEWAY,
+            ready=ports["dns-ready"],
+            kubeconfig=kubeconfig,
+        )
+    )
+    return ["coredns", "-conf", str(corefile)]

@@ -1,10 +1,12 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, controller-manager, scheduler.
 
-``Cluster.up`` generates certificates, starts each component as a plain subprocess (no shell) on
-ports picked at run time, waits until it is healthy, and records what it started in
-``<state_dir>/cluster.json`` so another process (the CLI's ``down``/``status``) can find it.
+``Cluster.up`` has kubeadm's phases write certificates and kubeconfigs, starts each component
+as a plain subprocess (no shell) on ports picked at run time, waits until it is healthy, and
+records what it started in ``<state_dir>/cluster.json`` so another process (the CLI's
+``down``/``status``) can find it.
 The cluster's network (``network``: one bridge, fenced) comes first, so the API server can
-listen on the bridge; cluster DNS and then kubelet nodes (``nodes``, ``nodeconf``) come last.
+listen on the bridge; cluster DNS (CoreDNS) and then kubelet nodes (``nodes``, ``nodeconf``)
+come last.
 
 Component command lines live in ``components``. This module does not build binaries
 (``build-binaries.sh`` does) or images (``images`` does).
@@ -18,15 +20,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcluster import components, images, network, nodeconf, nodes, pki, procs
-
-_DEFAULT_SA = "/api/v1/namespaces/default/serviceaccounts/default"
+from localcluster import components, images, network, nodeconf, nodes, procs
 
 
 class ControlPlaneError(RuntimeError):
@@ -94,6 +93,7 @@ class Cluster:
         self.bin_dir = Path(bin_dir)
         self.ports = dict(ports)
         self._procs = procs.Registry(self._layout.state)
+        self._kubeadm = self._layout.kubeadm(self.bin_dir)
 
     # --- paths ---------------------------------------------------------------------------
     @property
@@ -134,7 +134,7 @@ class Cluster:
         if procs.Registry(layout.state).alive():
             raise ControlPlaneError(f"a cluster is already running in {layout.root}; run down")
         components.reset(layout)
-        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler")
+        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "dns-ready")
         cluster = cls(layout.root, bin_dir=bin_dir or find_bin_dir(), ports={})
         cluster.ports = {name: _free_port() for name in names}
         try:
@@ -201,44 +201,44 @@ class Cluster:
         }
         network.claim(str(self.state_dir), nodes=wanted.nodes, pid=os.getpid())
         network.up(wanted.nodes)
-        certs = components.make_pki(self._layout)
-        self._write_kubeconfigs(certs)
+        self._write_pki()
         self._spawn("etcd", components.etcd_args(self._layout, self.ports))
         etcd = self._procs.pid("etcd")
         network.claim(str(self.state_dir), nodes=wanted.nodes, pid=etcd or os.getpid())
-        self._wait("etcd", f"https://127.0.0.1:{self.ports['etcd']}/health", deadline)
+        self._wait_etcd(deadline)
         self._spawn("apiserver", components.apiserver_args(self._layout, self.ports))
         self._wait("apiserver", f"{self.server}/readyz", deadline)
+        # What `kubeadm init phase bootstrap-token` grants the API server's kubelet client (that
+        # phase also makes join tokens, which nothing here uses): logs, exec, port-forward.
+        self.kubectl(
+            "create",
+            "clusterrolebinding",
+            "kubeadm:apiserver-kubelet-client",
+            "--clusterrole=system:kubelet-api-admin",
+            "--user=kube-apiserver-kubelet-client",
+        )
         self._spawn(
             "controller-manager", components.controller_manager_args(self._layout, self.ports)
         )
         self._spawn("scheduler", components.scheduler_args(self._layout, self.ports))
-        self._wait("controller-manager", self._health_url("controller-manager"), deadline)
-        self._wait("scheduler", self._health_url("scheduler"), deadline)
-        self._wait("controller-manager", f"{self.server}{_DEFAULT_SA}", deadline)
-        self._spawn(
-            "cluster-dns",
-            [
-                sys.executable,
-                "-m",
-                "localcluster.clusterdns",
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--address",
-                network.GATEWAY,
-            ],
-        )
+        for name in ("controller-manager", "scheduler"):
+            ca = self._layout.self_signed(name)
+            self._wait(name, self._health_url(name), deadline, ca=ca)
+        self._poll("controller-manager", self._default_account_exists, deadline)
+        dns = components.coredns_args(self._layout, self.ports, kubeconfig=self.kubeconfig)
+        self._spawn("cluster-dns", dns)
+        ready = f"http://127.0.0.1:{self.ports['dns-ready']}/ready"
+        self._poll("cluster-dns", functools.partial(procs.http_ok, ready), deadline)
         if wanted.nodes:
             self._start_nodes(wanted, deadline=deadline)
 
     def _start_nodes(self, wanted: NodeOptions, *, deadline: float) -> None:
-        ca = pki.Pair(self._layout.pki / "ca.crt", self._layout.pki / "ca.key")
         refs = (images.PAUSE, *(r for r in wanted.images if r != images.PAUSE))
         layouts = [nodes.layout(self.state_dir, i) for i in range(wanted.nodes)]
         for node in layouts:
             # Containers a cluster killed without `down` left in this node's cgroup root.
             nodes.kill_containers(node.cgroup_root)
-            nodes.prepare(node=node, ca=ca, server=self.server, sandbox_image=images.PAUSE)
+            nodes.prepare(node=node, pki=self._kubeadm, sandbox_image=images.PAUSE)
             self._spawn(f"containerd-{node.name}", nodeconf.containerd_args(node))
             name = f"containerd-{node.name}"
             nodes.wait_socket(node.socket, functools.partial(self._alive, name))
@@ -257,7 +257,7 @@ class Cluster:
             nodes.DEVICE_PLUGIN_SOCKET.unlink(missing_ok=True)
             self._spawn(f"kubelet-{node.name}", nodeconf.kubelet_args(node, zone=zone))
             self._poll(f"kubelet-{node.name}", nodes.DEVICE_PLUGIN_SOCKET.exists, deadline)
-        self._start_kube_proxy(certs_dir=self._layout.pki, hostname=layouts[0].name)
+        self._start_kube_proxy(hostname=layouts[0].name)
         for node in layouts:
             ready = functools.partial(self.node_ready, node.name)
             self._poll(f"kubelet-{node.name}", ready, deadline)
@@ -268,19 +268,19 @@ class Cluster:
             gpus = functools.partial(self._allocatable_gpus, node.name, wanted.gpus_per_node)
             self._poll(f"kubelet-{node.name}", gpus, deadline)
 
-    def _start_kube_proxy(self, *, certs_dir: Path, hostname: str) -> None:
-        user = pki.client_user(components.pair(self._layout, "kube-proxy"))
-        kubeconfig = pki.write_kubeconfig(
-            self._layout.kubeconfigs / "kube-proxy.kubeconfig",
-            server=self.server,
-            ca=certs_dir / "ca.crt",
-            user=user,
+    def _start_kube_proxy(self, *, hostname: str) -> None:
+        kubeconfig = self._kubeadm.user(
+            self._layout.kubeconfigs / "kube-proxy.conf", client="system:kube-proxy"
         )
         config = self.state_dir / "kube-proxy.yaml"
         config.write_text(
             json.dumps(nodeconf.kube_proxy_config(kubeconfig=kubeconfig, hostname=hostname))
         )
         self._spawn("kube-proxy", ["kube-proxy", "--config", str(config)])
+
+    def _default_account_exists(self) -> bool:
+        done = self.kubectl("get", "serviceaccount", "default", "--namespace=default", check=False)
+        return done.returncode == 0
 
     def _alive(self, name: str) -> bool:
         return self._procs.status().get(name, False)
@@ -293,11 +293,17 @@ class Cluster:
     def _health_url(self, name: str) -> str:
         return f"https://127.0.0.1:{self.ports[name]}/healthz"
 
-    def _wait(self, name: str, url: str, deadline: float) -> None:
-        ca, client = self._layout.pki / "ca.crt", components.pair(self._layout, "admin")
-        self._poll(
-            name, lambda: procs.https_ok(url, ca=ca, cert=client.cert, key=client.key), deadline
-        )
+    def _wait(self, name: str, url: str, deadline: float, *, ca: Path | None = None) -> None:
+        """Poll ``url`` (anonymous, verified against ``ca``, the cluster CA by default)."""
+        trusted = ca or self._kubeadm.ca
+        self._poll(name, lambda: procs.https_ok(url, ca=trusted), deadline)
+
+    def _wait_etcd(self, deadline: float) -> None:
+        pki = self._layout.pki / "etcd"
+        client = (pki / "healthcheck-client.crt", pki / "healthcheck-client.key")
+        url = f"https://127.0.0.1:{self.ports['etcd']}/health"
+        ready = functools.partial(procs.https_ok, url, ca=pki / "ca.crt", client=client)
+        self._poll("etcd", ready, deadline)
 
     def _poll(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
         while not ready():
@@ -350,10 +356,9 @@ class Cluster:
         token = self.kubectl(
             "create", "token", name, "--namespace", namespace, "--duration", duration
         ).stdout.strip()
-        path = self._layout.kubeconfigs / f"sa-{namespace}-{name}.kubeconfig"
-        return pki.write_kubeconfig(
-            path, server=self.server, ca=self._layout.pki / "ca.crt", user={"token": token}
-        )
+        path = self._layout.kubeconfigs / f"sa-{namespace}-{name}.conf"
+        client = f"system:serviceaccount:{namespace}:{name}"
+        return self._kubeadm.user(path, client=client, token=token)
 
     def node_ready(self, name: str) -> bool:
         done = self.kubectl("get", "node", name, "-o", "json", check=False)
@@ -378,15 +383,19 @@ class Cluster:
             if n.get("status", {}).get("conditions")
         )
 
-    def _write_kubeconfigs(self, certs: dict[str, pki.Pair]) -> None:
-        ca = self._layout.pki / "ca.crt"
-        pki.write_kubeconfig(
-            self.kubeconfig, server=self.server, ca=ca, user=pki.client_user(certs["admin"])
+    def _write_pki(self) -> None:
+        """kubeadm's certificates and component kubeconfigs, and the admin kubeconfig."""
+        version = subprocess.run(
+            [str(self._kubeadm.binary), "version", "-o", "short"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        self._kubeadm.write_config(
+            address=network.GATEWAY,
+            port=self.ports["apiserver"],
+            kubernetes_version=version,
+            server_names=components.SERVER_NAMES,
         )
-        for name in ("controller-manager", "scheduler"):
-            pki.write_kubeconfig(
-                self._layout.kubeconfigs / f"{name}.kubeconfig",
-                server=self.server,
-                ca=ca,
-                user=pki.client_user(certs[f"{name}-client"]),
-            )
+        self._kubeadm.init_phases()
+        self._kubeadm.user(self.kubeconfig, client="kubernetes-admin", groups=("system:masters",))

@@ -67,14 +67,6 @@ class NodeLayout:
     def cgroup_root(self) -> str:
         return f"/{CGROUP_PARENT}/{self.name}"
 
-    @property
-    def serving_cert(self) -> Path:
-        return self.state / "kubelet.crt"
-
-    @property
-    def serving_key(self) -> Path:
-        return self.state / "kubelet.key"
-
 
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
@@ -192,8 +184,6 @@ def kubelet_config(node: NodeLayout, *, ca: Path, dns: str) -> dict[str, Any]:
         "readOnlyPort": 0,
         "healthzBindAddress": ip,
         "healthzPort": KUBELET_HEALTHZ_PORT,
-        "tlsCertFile": str(node.serving_cert),
-        "tlsPrivateKeyFile": str(node.serving_key),
         "authentication": {
             "anonymous": {"enabled": False},
             "webhook": {"enabled": True},

@@ -1,8 +1,8 @@
 """Kubelet nodes on this machine: per node a containerd, a kubelet and a cgroup root.
 
 ``start`` brings up N nodes against a running control plane: it writes each node's files
-(``nodeconf``), issues its certificates (a node client certificate for the Node authorizer, a
-serving certificate with its IP), creates its cgroup root in every v1 hierarchy, starts its
+(``nodeconf``) and its kubeadm-issued client certificate for the Node authorizer (the kubelet
+signs its serving certificate itself), creates its cgroup root in every v1 hierarchy, starts its
 containerd, loads the images it is asked to hold (by digest, through ``images``), starts its
 kubelet, and, once the node is Ready, advertises GPU capacity the documented way (an extended
 resource patched onto the node's status). One kube-proxy serves the machine. ``stop`` takes it
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from localcluster import network, nodeconf, pki
+from localcluster import kubeadm, network, nodeconf
 
 V1_HIERARCHIES = (
     "cpu",
@@ -65,25 +65,20 @@ def layout(state_dir: Path, index: int) -> nodeconf.NodeLayout:
     )
 
 
-def prepare(*, node: nodeconf.NodeLayout, ca: pki.Pair, server: str, sandbox_image: str) -> None:
-    """Every file one node needs, and its cgroup root."""
+def prepare(*, node: nodeconf.NodeLayout, pki: kubeadm.Kubeadm, sandbox_image: str) -> None:
+    """Every file one node needs, and its cgroup root.
+
+    The kubelet's client certificate is kubeadm's; it signs its serving one itself (``pki/``).
+    """
     for path in (node.state, node.store, node.cni_dir, node.kubelet_root, node.state / "pki"):
         path.mkdir(parents=True, exist_ok=True)
-    client = pki.issue(
-        ca,
-        node.state,
-        pki.Leaf(f"client-{node.name}", f"system:node:{node.name}", organization="system:nodes"),
-    )
-    pki.write_kubeconfig(node.kubeconfig, server=server, ca=ca.cert, user=pki.client_user(client))
-    names = (node.net.ip, node.name)
-    serving = pki.issue(ca, node.state, pki.Leaf("serving", node.name, server_names=names))
-    serving.cert.rename(node.serving_cert)
-    serving.key.rename(node.serving_key)
+    client = f"system:node:{node.name}"
+    pki.user(node.kubeconfig, client=client, groups=("system:nodes",))
     node.containerd_config.write_text(nodeconf.containerd_config(node, sandbox_image=sandbox_image))
     (node.cni_dir / "10-fsdplc.conflist").write_text(json.dumps(nodeconf.cni_config(node)))
     (node.state / "resolv.conf").write_text("")
     node.kubelet_config.write_text(
-        yaml.safe_dump(nodeconf.kubelet_config(node, ca=ca.cert, dns=network.GATEWAY))
+        yaml.safe_dump(nodeconf.kubelet_config(node, ca=pki.ca, dns=network.GATEWAY))
     )
     make_cgroup_root(node.cgroup_root)
 

@@ -144,17 +144,36 @@ def _await_exec(pid: int, argv: list[str], timeout: float = 2.0) -> None:
         time.sleep(0.01)
 
 
-def https_ok(url: str, *, ca: Path, cert: Path, key: Path, timeout: float = 2.0) -> bool:
-    """Whether a GET of ``url`` with this client certificate answers 200."""
+def https_ok(
+    url: str, *, ca: Path, client: tuple[Path, Path] | None = None, timeout: float = 2.0
+) -> bool:
+    """Whether a GET of ``url``, verified against ``ca`` and with the ``client`` certificate and
+    key if given, answers 200. A ``ca`` not written yet (a self-signing server still starting)
+    is a no."""
     if not url.startswith("https://"):
         raise ValueError(f"https_ok wants an https:// URL, got {url!r}")
+    if not ca.exists():
+        return False
     context = ssl.create_default_context(cafile=str(ca))
-    context.load_cert_chain(str(cert), str(key))
+    if client is not None:
+        context.load_cert_chain(str(client[0]), str(client[1]))
     try:
         # The scheme is checked above: no file:// or custom handlers.
         with urllib.request.urlopen(url, context=context, timeout=timeout) as response:  # noqa: S310
             return int(response.status) == 200
     except (urllib.error.URLError, OSError, ssl.SSLError):
+        return False
+
+
+def http_ok(url: str, *, timeout: float = 2.0) -> bool:
+    """Whether a plain GET of a loopback ``url`` answers 200 (a readiness endpoint)."""
+    if not url.startswith("http://127.0.0.1:"):
+        raise ValueError(f"http_ok wants an http://127.0.0.1: URL, got {url!r}")
+    try:
+        # The scheme and host are checked above.
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310
+            return int(response.status) == 200
+    except (urllib.error.URLError, OSError):
         return False
 
 

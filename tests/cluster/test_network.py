@@ -1,8 +1,9 @@
 """Pod networking on process nodes: own addresses, cluster DNS inside the namespaces, TCP.
 
 Two pods behind a headless Service find each other by DNS name (the short name through the
-search path, and the full name) and talk TCP both ways; the host, where the operator runs,
-reaches a pod's address directly.
+search path, and the full name) and talk TCP both ways; a ClusterIP Service's name gives its
+virtual IP and an outside name does not resolve (cluster DNS forwards nothing); the host,
+where the operator runs, reaches a pod's address directly.
 """
 
 from __future__ import annotations
@@ -44,11 +45,16 @@ else:
     sys.exit(f"cannot reach {peer}.peers: {last}")
 full = socket.gethostbyname(f"{peer}.peers.{ns}.svc.cluster.local")
 service = sorted({a[4][0] for a in socket.getaddrinfo(f"peers.{ns}.svc.cluster.local", None)})
+virtual = socket.gethostbyname(f"peers-vip.{ns}.svc.cluster.local")
+try:
+    outside = socket.gethostbyname("example.com")
+except socket.gaierror as exc:
+    outside = f"not resolved: {exc.errno}"
 served.wait(60)
 # Stay up a little so the peer's last connection finds us.
 time.sleep(3)
 open("/dev/termination-log", "w").write(json.dumps(
-    {"reply": reply, "full": full, "service": service}))
+    {"reply": reply, "full": full, "service": service, "virtual": virtual, "outside": outside}))
 """.replace("PORT_NUMBER", str(PORT))
 
 
@@ -63,15 +69,19 @@ def _peer(name: str, other: str, namespace: str) -> dict[str, object]:
 
 
 def test_pods_reach_each_other_by_dns_name_over_tcp(cluster: Cluster, kube_namespace: str) -> None:
+    spec: dict[str, object] = {
+        "selector": {"app": "peer"},
+        "ports": [{"name": "tcp", "port": PORT}],
+    }
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "peers"},
-        "spec": {"clusterIP": "None", "selector": {"app": "peer"},
-                 "ports": [{"name": "tcp", "port": PORT}]},
-    }  # fmt: skip
-    apply(cluster, kube_namespace, service, _peer("a", "b", kube_namespace),
-          _peer("b", "a", kube_namespace))  # fmt: skip
+        "spec": {**spec, "clusterIP": "None"},
+    }
+    vip = {**service, "metadata": {"name": "peers-vip"}, "spec": spec}
+    peers = (_peer("a", "b", kube_namespace), _peer("b", "a", kube_namespace))
+    apply(cluster, kube_namespace, service, vip, *peers)
     a = wait_phase(cluster, kube_namespace, "a", ("Succeeded", "Failed"), timeout=120)
     b = wait_phase(cluster, kube_namespace, "b", ("Succeeded", "Failed"), timeout=120)
     for pod in (a, b):
@@ -85,6 +95,11 @@ def test_pods_reach_each_other_by_dns_name_over_tcp(cluster: Cluster, kube_names
     assert a["status"]["podIP"] != b["status"]["podIP"]
     both = sorted([a["status"]["podIP"], b["status"]["podIP"]])
     assert both in (seen_a["service"], seen_b["service"])
+    # A ClusterIP Service resolves to its virtual IP (kube-proxy serves it); nothing is
+    # forwarded off the cluster, so an outside name does not resolve.
+    cluster_ip = cluster.get_json("service", "peers-vip", "-n", kube_namespace)["spec"]["clusterIP"]
+    assert seen_a["virtual"] == seen_b["virtual"] == cluster_ip
+    assert seen_a["outside"].startswith("not resolved"), seen_a["outside"]
 
 
 def test_host_reaches_pod_address(cluster: Cluster, kube_namespace: str) -> None:
