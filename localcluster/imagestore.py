@@ -209,8 +209,9 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % tarfile.BLOCKSIZE)
 
 
-def send(node: Containerd, *, layout: Path, ref: str) -> None:
-    """Import ``ref`` from ``layout``: its manifest, its config and the layers ``node`` lacks.
+def send(node: Containerd, *, layout: Path, ref: str, name: str | None = None) -> int:
+    """Import ``ref`` from ``layout`` (as ``name``, ``ref`` by default): its manifest, its
+    config and the layers ``node`` lacks. Returns how many layers were sent.
 
     A layer left out is one the containerd already holds; unpacking finds it there, or finds
     its snapshot and needs no blob at all.
@@ -227,6 +228,8 @@ def send(node: Containerd, *, layout: Path, ref: str) -> None:
             # A node keeps a layer's snapshot and may drop its blob (nodes.discard_layers).
             if layer["digest"] not in held and not node.has_snapshot(chain_id(diff_ids[: i + 1])):
                 digests.append(layer["digest"])
-        named = {**descriptor, "annotations": {IMAGE_NAME: ref, REF_NAME: ref}}
+        target = name or ref
+        named = {**descriptor, "annotations": {IMAGE_NAME: target, REF_NAME: target}}
         index = json.dumps({"schemaVersion": 2, "manifests": [named]}).encode()
         node.import_tar(layout, index=index, digests=digests)
+        return len(digests) - 2
