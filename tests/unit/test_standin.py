@@ -14,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from fsdp_worker import catalog, contract
 
 REPO = Path(__file__).resolve().parents[2]
@@ -108,3 +110,74 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
     # rank 1 was behind when its SIGTERM came; both saved rank 0's (later) step
     assert at1 < at0 == marker.step and set(marker.files) == {"rank-0.bin", "rank-1.bin"}
     assert not any(p.name.startswith(".standin-stop") for p in tmp_path.iterdir())
+
+
+def _run_once(
+    root: Path, *, attempt: int, resume: str = "", rules: str = "", fail_at: int = 0
+) -> subprocess.CompletedProcess[str]:
+    """One rank (world 1) to step 6, saving every 3 steps; optionally failing at `fail_at`."""
+    config = {
+        "training": {"steps": 6, "globalBatchSize": 1, "microBatchSize": 1},
+        "checkpoint": {"root": str(root), "intervalSteps": 3},
+    }
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        STANDIN_STEP_SECONDS="0.01",
+        PYTHONPATH=str(REPO / "worker"),
+        **{
+            contract.ENV_CONFIG: json.dumps(config),
+            contract.ENV_METRICS_PORT: str(_free_port()),
+            contract.ENV_TERMINATION_LOG: str(root.parent / f"term-a{attempt}"),
+            contract.ENV_ATTEMPT: str(attempt),
+            contract.ENV_RESUME: resume,
+            contract.ENV_RESUME_RULES: rules,
+        },
+    )
+    if fail_at:
+        env.update(STANDIN_FAIL_AT_STEP=str(fail_at), STANDIN_FAIL_ATTEMPT=str(attempt))
+    argv = [sys.executable, "-m", "fsdp_worker.standin"]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_auto_resumes_the_sealed_step_under_rules_and_refuses_to_start_over(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "ckpt"
+    first = _run_once(root, attempt=1, fail_at=5)
+    assert first.returncode != 0 and (root / "step-3" / catalog.MARKER_NAME).exists()
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=3).to_json()
+    second = _run_once(root, attempt=2, resume="auto", rules=rules)
+    assert second.returncode == 0, second.stderr
+    assert "resume=auto: step 3" in second.stderr
+    storage = catalog.LocalStorage(str(root))
+    sealed = catalog.Marker.from_json(storage.read_bytes(f"step-6/{catalog.MARKER_NAME}"))
+    assert (sealed.attempt, sealed.resumed_from_step) == (2, 3)
+
+    elsewhere = tmp_path / "other" / "ckpt"  # an empty claim: not the one written to
+    elsewhere.mkdir(parents=True)
+    lost = _run_once(elsewhere, attempt=2, resume="auto", rules=rules)
+    assert lost.returncode == contract.ExitCode.CONFIG_ERROR
+    cause = json.loads((elsewhere.parent / "term-a2").read_text())
+    assert cause["class"] == contract.FailureClass.CONFIG
+    assert "step 3 was sealed" in cause["message"] and "from step 0" in cause["message"]
+    assert not (elsewhere / "step-3").exists()  # it trained nothing
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [
+        ("{", "is not JSON"),
+        ('{"attempt": -1}', "attempt=-1 must be a whole number >= 0"),
+        ('{"attempt": 1, "expectStep": "ten"}', "expectStep='ten' must be a whole number"),
+    ],
+)
+def test_malformed_resume_rules_are_a_config_error_naming_the_field(
+    tmp_path: Path, raw: str, named: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(named)):
+        contract.ResumeRules.parse(raw)
+    done = _run_once(tmp_path / "ckpt", attempt=2, resume="auto", rules=raw)
+    assert done.returncode == contract.ExitCode.CONFIG_ERROR
+    assert named in json.loads((tmp_path / "term-a2").read_text())["message"]

@@ -138,3 +138,32 @@ def test_auto_resume_takes_another_jobs_checkpoints_only_when_asked(tmp_path: Pa
     taken = launch(tmp_path, nproc=2, config=asked, resume="auto", name="asked", extra_env=new)
     assert taken.wait().rc == 0, taken.log[-3000:]
     assert "resumed from step-12" in taken.log
+
+
+def test_auto_resume_applies_the_operators_lineage_and_never_starts_over_silently(
+    reference: dict[str, Any], tmp_path: Path
+) -> None:
+    """The operator cannot read the job's checkpoints, so the pods choose under its rules: the
+    lineage it would apply, and the step a rank 0 reported sealed."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(reference["root"], root)  # steps 3, 6, 9, 12, all by attempt 1
+    # Attempt 2 resumed from step 6 and ended; attempt 1's steps 9 and 12 are then a
+    # superseded attempt's (a zombie's, as far as lineage knows) and must not be chosen.
+    rules = contract.ResumeRules(attempt=2, resumed_from_step=6, expect_step=6)
+    env = {contract.ENV_RESUME_RULES: rules.to_json()}
+    cfg = worker_config(root)
+    run = launch(tmp_path, nproc=2, config=cfg, attempt=3, resume="auto", extra_env=env)
+    assert run.wait().rc == 0, run.log[-3000:]
+    assert "resumed from step-6" in run.log
+    assert run.losses() == {s: reference["losses"][s] for s in range(7, 13)}
+
+    empty = worker_config(tmp_path / "elsewhere")  # e.g. not the claim they were written to
+    lost = launch(
+        tmp_path, nproc=2, config=empty, attempt=3, resume="auto", name="lost", extra_env=env
+    )
+    assert lost.wait().rc != 0
+    cause = lost.termination()
+    assert cause["class"] == "ConfigError" and cause["exitCode"] == contract.ExitCode.CONFIG_ERROR
+    assert "step 6 was sealed" in cause["message"]
+    assert "refusing to train again from step 0" in cause["message"]
+    assert not lost.losses()  # not one step trained from scratch

@@ -20,10 +20,13 @@ import os
 import posixpath
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from fsdp_worker import contract
 
 MARKER_NAME = "COMPLETE.json"
 MARKER_FORMAT = 1
@@ -425,6 +428,41 @@ def select(
     )
     chosen = next((c for c in candidates if c.ok), None)
     return chosen, [c for c in candidates if not c.ok]
+
+
+def auto_lineage(
+    rules: contract.ResumeRules | None, *, attempt: int, job_uid: str | None, other_jobs: bool
+) -> Lineage:
+    """The lineage a rank choosing its own resume point (``auto``) applies: the operator's
+    ``rules`` when it sent them, else only "no checkpoint of a later attempt" (without the
+    restart chain, nothing finer is known)."""
+    if rules is None:
+        return Lineage(
+            attempt=attempt, resumed_from_step=sys.maxsize, job_uid=job_uid, other_jobs=other_jobs
+        )
+    return Lineage(
+        attempt=rules.attempt,
+        resumed_from_step=rules.resumed_from_step,
+        job_uid=job_uid,
+        other_jobs=other_jobs,
+    )
+
+
+def fresh_start_refusal(
+    root: str, rules: contract.ResumeRules | None, rejected: Sequence[Candidate]
+) -> str | None:
+    """Why starting from step 0 would be wrong when nothing under ``root`` qualifies: a rank 0
+    reported a step sealed (``rules.expect_step``). None when a fresh start is what is left."""
+    if rules is None or rules.expect_step is None:
+        return None
+    seen = "; ".join(f"{c.path}: {c.reason} {c.detail}".strip() for c in rejected[:3])
+    return (
+        f"no checkpoint to resume from under {root}, but step {rules.expect_step} was sealed "
+        f"before this restart (after attempt {rules.attempt}); refusing to train again from "
+        f"step 0. {'Found and refused: ' + seen if seen else 'The directory holds none.'} "
+        "Check that checkpoint.claimName is the claim those checkpoints were written to and "
+        "that it mounts at checkpoint.root on every pod."
+    )
 
 
 def quarantine(storage: Storage, root: str, step: int) -> str:

@@ -6,7 +6,9 @@ torch or anything from the worker's training modules.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
 
 # --- environment the operator sets on every worker pod ----------------------------------------
 ENV_JOB_NAME = "FSDP_JOB_NAME"
@@ -16,6 +18,7 @@ ENV_ATTEMPT = "FSDP_ATTEMPT"
 ENV_CONFIG = "FSDP_WORKER_CONFIG"  # the WorkerConfig JSON document itself
 ENV_CONFIG_FILE = "FSDP_WORKER_CONFIG_FILE"  # or a path to it (takes precedence)
 ENV_RESUME = "FSDP_RESUME_FROM"  # "" (fresh), "auto", or a step directory path
+ENV_RESUME_RULES = "FSDP_RESUME_RULES"  # with "auto" on a restart: ResumeRules as JSON
 ENV_CHECKPOINT_ROOT = "FSDP_CHECKPOINT_ROOT"  # overrides checkpoint.root
 ENV_METRICS_PORT = "FSDP_METRICS_PORT"  # rank 0 serves Prometheus metrics here
 ENV_TERMINATION_LOG = "FSDP_TERMINATION_LOG"  # defaults to /dev/termination-log
@@ -26,6 +29,62 @@ ENV_RELIABILITY = "FSDP_RELIABILITY"
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 RESUME_AUTO = "auto"
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeRules:
+    """The operator's rules for a rank that chooses its own resume point (``auto``): set on a
+    restart the operator could not choose for, because it cannot read the job's checkpoints.
+
+    The rank applies the lineage the operator would (the catalog's ``Lineage``: checkpoints of
+    ``attempt``, and of earlier attempts only up to ``resumed_from_step``), and when nothing
+    qualifies although a rank 0 reported ``expect_step`` sealed, it stops with a ConfigError
+    instead of training again from step 0.
+    """
+
+    attempt: int
+    """The attempt whose end this restart follows."""
+    resumed_from_step: int | None
+    """The step that attempt resumed from; None: it started fresh."""
+    expect_step: int | None = None
+    """The newest step a rank 0 of this job reported sealed; None: none reported."""
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "attempt": self.attempt,
+                "resumedFromStep": self.resumed_from_step,
+                "expectStep": self.expect_step,
+            },
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def parse(cls, raw: str) -> ResumeRules:
+        """From ``to_json``'s document; ValueError names the field and the value."""
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV_RESUME_RULES}={raw!r} is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ValueError(f"{ENV_RESUME_RULES}={raw!r} must be a JSON object")
+
+        def step(key: str, *, optional: bool) -> int | None:
+            value = doc.get(key)
+            if value is None and optional:
+                return None
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                allowed = "a whole number >= 0" + (" or null" if optional else "")
+                raise ValueError(f"{ENV_RESUME_RULES}: {key}={value!r} must be {allowed}")
+            return value
+
+        attempt = step("attempt", optional=False)
+        assert attempt is not None
+        return cls(
+            attempt=attempt,
+            resumed_from_step=step("resumedFromStep", optional=True),
+            expect_step=step("expectStep", optional=True),
+        )
 
 
 class ExitCode(enum.IntEnum):
@@ -58,6 +117,8 @@ METRIC_TOKENS_PER_SECOND = "fsdp_train_tokens_per_second"
 METRIC_STEP_SECONDS = "fsdp_train_step_seconds"
 METRIC_PEAK_MEMORY = "fsdp_train_peak_memory_bytes"
 METRIC_CKPT_STEP = "fsdp_checkpoint_last_complete_step"
+# gauge: the step this process resumed from, -1 when it started fresh (set before training)
+METRIC_RESUMED_FROM = "fsdp_worker_resumed_from_step"
 METRIC_CKPT_SAVE_SECONDS = "fsdp_checkpoint_save_seconds"  # label kind="blocking"|"total"
 METRIC_CKPT_BYTES = "fsdp_checkpoint_bytes"
 # Time to resume and goodput, the worker's side (this process only; rank 0's view):

@@ -50,6 +50,7 @@ class Settings:
     resume: str
     metrics_port: int
     job_uid: str | None = None
+    rules: contract.ResumeRules | None = None
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
@@ -87,12 +88,18 @@ def load_settings() -> Settings:
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root})}
         )
+    raw_rules = os.environ.get(contract.ENV_RESUME_RULES)
+    try:
+        rules = contract.ResumeRules.parse(raw_rules) if raw_rules else None
+    except ValueError as exc:
+        raise errors.ConfigError(str(exc)) from None
     return Settings(
         cfg=cfg,
         attempt=_int_env(contract.ENV_ATTEMPT, 1),
         resume=os.environ.get(contract.ENV_RESUME, ""),
         metrics_port=_int_env(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT),
         job_uid=os.environ.get(contract.ENV_JOB_UID) or None,
+        rules=rules,
     )
 
 
@@ -162,9 +169,11 @@ def _train(settings: Settings, run: _Run, stop: _StopFlag) -> None:
         attempt=settings.attempt,
         dist_info=di,
         job_uid=settings.job_uid,
+        rules=settings.rules,
     )
     if point is not None:
         resume.load(point, st, dist_info=di, seed=tcfg.seed)
+    meters.resumed_from.set(point.step if point is not None else -1)
     meters.reached(contract.Milestone.LOADED)
     identity = checkpoint.Identity(
         attempt=settings.attempt,

@@ -34,6 +34,9 @@ class Metrics:
         self.step_seconds = gauge(contract.METRIC_STEP_SECONDS, "Duration of the last step.")
         self.peak_memory = gauge(contract.METRIC_PEAK_MEMORY, "Peak memory of rank 0.")
         self.ckpt_step = gauge(contract.METRIC_CKPT_STEP, "Step of the newest complete checkpoint.")
+        self.resumed_from = gauge(
+            contract.METRIC_RESUMED_FROM, "Step this process resumed from; -1: it started fresh."
+        )
         self.ckpt_seconds = gauge(
             contract.METRIC_CKPT_SAVE_SECONDS, "Last save: blocking and total.", ("kind",)
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
-import sys
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -56,17 +55,15 @@ def _point(c: catalog.Candidate) -> ResumePoint:
 
 
 def _choose_auto(
-    cfg: config.WorkerConfig, *, attempt: int, job_uid: str | None
+    cfg: config.WorkerConfig,
+    *,
+    attempt: int,
+    job_uid: str | None,
+    rules: contract.ResumeRules | None,
 ) -> ResumePoint | None:
     root = cfg.checkpoint.root
-    # The worker does not know the operator's restart chain; it refuses only checkpoints of
-    # later attempts. The operator, which knows the chain, names the path explicitly.
-    lineage = catalog.Lineage(
-        attempt=attempt,
-        resumed_from_step=sys.maxsize,
-        job_uid=job_uid,
-        other_jobs=cfg.checkpoint.resume_from_previous_jobs,
-    )
+    other_jobs = cfg.checkpoint.resume_from_previous_jobs
+    lineage = catalog.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
     chosen, rejected = catalog.select(
         catalog.LocalStorage(root), root, config_hash=cfg.training.resume_hash(), lineage=lineage
     )
@@ -84,15 +81,23 @@ def _choose_auto(
             f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
             " from them, or use another checkpoint.root"
         )
+    refusal = catalog.fresh_start_refusal(root, rules, rejected)
+    if refusal is not None:
+        raise errors.ConfigError(refusal)
     log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
     return None
 
 
 def _choose(
-    cfg: config.WorkerConfig, *, resume: str, attempt: int, job_uid: str | None
+    cfg: config.WorkerConfig,
+    *,
+    resume: str,
+    attempt: int,
+    job_uid: str | None,
+    rules: contract.ResumeRules | None,
 ) -> ResumePoint | None:
     if resume == contract.RESUME_AUTO:
-        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid)
+        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules)
     storage = catalog.LocalStorage(cfg.checkpoint.root)
     candidate = catalog.verify(storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
@@ -111,17 +116,19 @@ def choose(
     attempt: int,
     dist_info: DistInfo,
     job_uid: str | None = None,
+    rules: contract.ResumeRules | None = None,
 ) -> ResumePoint | None:
     """Collective: rank 0 decides, every rank gets the same answer (or the same error).
 
-    `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path.
+    `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path;
+    with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects.
     """
     if not resume:
         return None
     box: list[object] = [None]
     if dist_info.rank == 0:
         try:
-            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid)
+            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules)
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc
     dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)

@@ -4,7 +4,8 @@ Run under torchrun exactly like `fsdp_worker` (`-m fsdp_worker.standin`): it rea
 environment and config, advances one "step" every STANDIN_STEP_SECONDS, serves rank 0's
 progress metrics, writes checkpoints the real way (per-rank files in a partial directory, a
 barrier on the shared volume, then rank 0 renames and writes the marker through the catalog),
-saves on SIGTERM, resumes from the checkpoint the operator names, and writes the JSON
+saves on SIGTERM, resumes from the checkpoint the operator names (or, with ``auto``, the one
+the catalog chooses under FSDP_RESUME_RULES), and writes the JSON
 termination message on failure. It must never be used to train anything.
 
 Behaviour knobs (plain env a job may set in spec.template.spec.env):
@@ -43,6 +44,10 @@ STOP_FILE = ".standin-stop-a{attempt}"  # on the checkpoint volume: the step to 
 _stop_requested = False
 
 
+class _Refused(Exception):
+    """Permanent, like the real worker's ConfigError: exit 78 with the reason."""
+
+
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
@@ -76,11 +81,32 @@ class StandIn:
         where = os.environ.get(contract.ENV_RESUME, "")
         if not where:
             return 0, None
+        if where == contract.RESUME_AUTO:
+            return self._resume_auto()
         name = posixpath.basename(where.rstrip("/"))
         cand = catalog.verify(self.storage, name, config_hash=self.hash)
         if not cand.ok or cand.marker is None:
             raise RuntimeError(f"resume checkpoint {where} rejected: {cand.reason} {cand.detail}")
         return cand.marker.step, cand.marker.step
+
+    def _resume_auto(self) -> tuple[int, int | None]:
+        raw = os.environ.get(contract.ENV_RESUME_RULES)
+        try:
+            rules = contract.ResumeRules.parse(raw) if raw else None
+        except ValueError as exc:
+            raise _Refused(str(exc)) from None
+        other_jobs = self.cfg.checkpoint.resume_from_previous_jobs
+        lineage = catalog.auto_lineage(
+            rules, attempt=self.attempt, job_uid=self.job_uid, other_jobs=other_jobs
+        )
+        chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
+        if chosen is not None and chosen.marker is not None:
+            log.info("resume=auto: step %d", chosen.marker.step)
+            return chosen.marker.step, chosen.marker.step
+        refusal = catalog.fresh_start_refusal(self.root, rules, rejected)
+        if refusal is not None:
+            raise _Refused(refusal)
+        return 0, None
 
     def save(self, step: int) -> None:
         partial = catalog.partial_dir_name(step=step, attempt=self.attempt)
@@ -181,6 +207,8 @@ class StandIn:
         blocked = gauge(contract.METRIC_CKPT_BLOCKED, "seconds blocked on saves")
         every = gauge(contract.METRIC_INTERVAL, "steps between checkpoints")
         inputs = gauge(contract.METRIC_INTERVAL_INPUT, "inputs of auto", ("input",))
+        sealed = gauge(contract.METRIC_CKPT_STEP, "step of the newest complete checkpoint")
+        resumed = gauge(contract.METRIC_RESUMED_FROM, "step this process resumed from")
 
         def chose(choice: interval.Choice) -> None:
             every.set(choice.steps)
@@ -199,6 +227,7 @@ class StandIn:
                 _env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT)
             )
         gauge_step.set(self.step)
+        resumed.set(-1 if self.resumed_from is None else self.resumed_from)
         time.sleep(self.start_time)
         milestone.labels(milestone=contract.Milestone.RENDEZVOUS.value).set(time.time())
         time.sleep(self.start_time)
@@ -231,6 +260,7 @@ class StandIn:
             ):
                 began = time.monotonic()
                 self.save(self.step)
+                sealed.set(self.step)
                 time.sleep(self.save_time)
                 blocked.inc(time.monotonic() - began)
                 next_save = self.step + choice.steps
@@ -262,6 +292,15 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_term)
     try:
         return StandIn(cfg).run()
+    except _Refused as exc:
+        _terminate(
+            rank=_env_int("RANK", 0),
+            step=0,
+            code=78,
+            cls=contract.FailureClass.CONFIG,
+            message=str(exc)[:1000],
+        )
+        return int(contract.ExitCode.CONFIG_ERROR)
     except Exception as exc:
         _terminate(
             rank=_env_int("RANK", 0),
