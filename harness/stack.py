@@ -264,6 +264,9 @@ class Operator:
         self.kubeconfig = kubeconfig
         self.log_dir = log_dir
         self.proc: subprocess.Popen[bytes] | None = None
+        self.sees_checkpoints = True
+        """False: no storage template, as the chart installs it by default (no checkpoint
+        mount); the pods then choose their checkpoints under the operator's rules."""
         self.starts = 0
         self.metrics_port = 0
         self.liveness_url = ""
@@ -278,7 +281,9 @@ class Operator:
         self.metrics_port = free_port()
         env.update(
             KUBECONFIG=str(self.kubeconfig),
-            FSDPOP_STORAGE_TEMPLATE=str(pvc) + "/{namespace}/{claim}",
+            FSDPOP_STORAGE_TEMPLATE=str(pvc) + "/{namespace}/{claim}"
+            if self.sees_checkpoints
+            else "",
             FSDPOP_WORKER_MODULE=self.worker_module,
             FSDPOP_METRICS_PORT=str(self.metrics_port),
             FSDPOP_LIVENESS=self.liveness_url,

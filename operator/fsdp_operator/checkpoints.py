@@ -43,6 +43,9 @@ class Found:
     newest: status.CheckpointRef | None = None
     corrupt: tuple[str, ...] = ()
     conflicts: tuple[observed.Conflict, ...] = ()
+    visible: bool = True
+    """Whether the operator reads the job's checkpoint directory at all (its storage template
+    mounts the job's claim); when not, the pods choose under its rules (``auto``)."""
 
 
 def newest(
@@ -55,7 +58,7 @@ def newest(
 ) -> Found:
     """What `base` (the job's checkpoint directory as the operator sees it) holds for it."""
     if base is None or not os.path.isdir(base):
-        return Found()
+        return Found(visible=False)
     storage = catalog.LocalStorage(base)
     lineage = catalog.Lineage(
         attempt=job_status.attempt,

@@ -13,7 +13,7 @@ import datetime
 import enum
 
 from fsdp_operator import detect, goodput, observed, policy, status
-from fsdp_worker import interval
+from fsdp_worker import contract, interval
 from fsdp_worker.config import AUTO
 
 # A running job is woken by its pods' and nodes' watch events, by rank 0's progress (scraped
@@ -64,6 +64,7 @@ class Launch:
     resume_path: str
     excluded_nodes: tuple[str, ...] = ()
     reliability: str = ""  # FSDP_RELIABILITY (intervalSteps: auto), the same for every pod
+    resume_rules: str = ""  # FSDP_RESUME_RULES, with resume_path "auto"
 
 
 @dataclasses.dataclass
@@ -141,6 +142,7 @@ def _track(d: Decision, obs: observed.Observed) -> None:
         s.last_checkpoint = ck
         d.emit("CheckpointComplete", f"step {ck.step} at {ck.path} (attempt {ck.attempt})")
     prog = obs.progress
+    _sealed_and_resumed(d, obs)
     # A rank 0 that has not loaded its checkpoint yet may report step 0: the job is not back
     # there (seen: a Succeeded job showing step 0 after a last attempt that resumed at the end).
     behind = prog is not None and prog.step is not None and prog.step < (s.resumed_from_step or 0)
@@ -150,6 +152,24 @@ def _track(d: Decision, obs: observed.Observed) -> None:
         _worker_report(d, prog, obs.now)
     if ck is not None and ck.attempt == s.attempt and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+
+
+def _sealed_and_resumed(d: Decision, obs: observed.Observed) -> None:
+    """The newest step sealed, from the checkpoint read or rank 0's report; and, for pods that
+    chose their own checkpoint, which one they loaded."""
+    s, ck, prog = d.status, obs.checkpoint, obs.progress
+    steps = [s.sealed_step, ck.step if ck else None, prog.checkpoint_step if prog else None]
+    known = [step for step in steps if step is not None]
+    if known:
+        s.sealed_step = max(known)
+    if prog is None or prog.resumed_from is None or s.resume_path != contract.RESUME_AUTO:
+        return
+    if s.resumed_from_step is None and prog.resumed_from >= 0:
+        s.resumed_from_step = prog.resumed_from
+        entry = _current(s)
+        if entry is not None:
+            entry.resumed_from_step = prog.resumed_from
+        d.emit("Resumed", f"attempt {s.attempt}: its pods resumed from step {prog.resumed_from}")
 
 
 def _current(s: status.FSDPJobStatus) -> status.HistoryEntry | None:
@@ -298,7 +318,10 @@ def _on_failure(
     counters.without_progress = counters.without_progress + 1 if stalled else 0
     stop = policy.stop_reason(spec=obs.spec, restarts=counters, cause=failure.cause)
     if stop is not None:
-        return _finish(d, obs, stop[0], stop[1])
+        cause, why = stop
+        if cause is failure.cause and failure.message:  # not retryable: say what the rank said
+            why = f"{why}: {failure.message}"
+        return _finish(d, obs, cause, why)
     s.restarts = counters
     _close_history(d, obs, failure.cause, detect_s)
     blame = failure.node if failure.cause is status.Cause.NODE_LOST else None
@@ -381,13 +404,16 @@ def _launch(
     ck = obs.checkpoint
     if s.history and s.history[-1].attempt == s.attempt and s.step is not None:
         # known only now: the step reached versus the step the next attempt resumes from
-        s.history[-1].steps_lost = max(0, s.step - (ck.step if ck else 0))
+        # (pods that choose their own are sent to find the newest step sealed)
+        s.history[-1].steps_lost = max(0, s.step - (ck.step if ck else (s.sealed_step or 0)))
+    rules = _resume_rules(obs, s) if ck is None else None  # the ending attempt's lineage
     s.attempt += 1
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None
     s.attempt_started, s.last_progress_time = obs.now, None
     s.resumed_from_step = ck.step if ck else None
-    s.resume_path = ck.path if ck else None
+    s.resume_path = ck.path if ck else (contract.RESUME_AUTO if rules else None)
+    s.resume_rules = rules.to_json() if rules else None
     s.step = ck.step if ck else None
     timeline = (s.next_timeline or status.Timeline()).model_copy(update={"launched": obs.now})
     if timeline.failed is not None and timeline.gang_gone is None and not obs.pods:
@@ -405,12 +431,41 @@ def _launch(
     s.goodput = goodput.fold(s.goodput, dropped, now=obs.now)
     s.history = history[-status.HISTORY_LIMIT :]
     d.launch = Launch(
-        s.attempt, replicas, s.resume_path or "", tuple(excluded), reliability=_reliability(obs, s)
+        s.attempt,
+        replicas,
+        s.resume_path or "",
+        tuple(excluded),
+        reliability=_reliability(obs, s),
+        resume_rules=s.resume_rules or "",
     )
     origin = f"checkpoint step {ck.step}" if ck else "scratch"
+    if rules is not None:
+        expect = f", expecting step {rules.expect_step}" if rules.expect_step is not None else ""
+        origin = f"the checkpoint its pods choose (the operator cannot read them{expect})"
     d.emit("AttemptStarted", f"attempt {s.attempt}: {replicas} pods from {origin}")
     d.again(1.0)
     return d
+
+
+def _resume_rules(obs: observed.Observed, s: status.FSDPJobStatus) -> contract.ResumeRules | None:
+    """With no checkpoint to name, whether the next attempt's pods choose one themselves
+    (``auto``), under which lineage, and which step they must find; None: start fresh.
+
+    They choose when this operator cannot read the job's checkpoints (their claim is mounted in
+    the pods, not here), and when a step was sealed that it cannot find: then the pods either
+    find it or stop saying why, and the job never trains again from step 0 unasked. Only a
+    restart: a first attempt has no lineage yet. ``s`` is the status of the attempt that ended.
+    """
+    if s.attempt == 0 or (obs.checkpoints_visible and s.sealed_step is None):
+        return None
+    resumed = s.resumed_from_step
+    if resumed is None and s.resume_rules:
+        # That attempt chose for itself and did not say from where before it ended: at most
+        # the step it was sent to find.
+        resumed = contract.ResumeRules.parse(s.resume_rules).expect_step
+    return contract.ResumeRules(
+        attempt=s.attempt, resumed_from_step=resumed, expect_step=s.sealed_step
+    )
 
 
 def _reliability(obs: observed.Observed, s: status.FSDPJobStatus) -> str:
@@ -439,7 +494,12 @@ def _complete_creation(d: Decision, obs: observed.Observed, pods: list[observed.
     elif not _blocked(d, obs):
         live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
         d.launch = Launch(
-            s.attempt, s.replicas or 0, s.resume_path or "", live, reliability=_reliability(obs, s)
+            s.attempt,
+            s.replicas or 0,
+            s.resume_path or "",
+            live,
+            reliability=_reliability(obs, s),
+            resume_rules=s.resume_rules or "",
         )
 
 

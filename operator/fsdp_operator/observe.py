@@ -227,7 +227,10 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
             mtbf_seconds=mtbf,
             failures=int(failures) if failures is not None else None,
         )
+    sealed = whole(contract.METRIC_CKPT_STEP)
     return observed.Progress(
+        checkpoint_step=sealed if sealed is not None and sealed > 0 else None,
+        resumed_from=whole(contract.METRIC_RESUMED_FROM),
         step=whole(contract.METRIC_STEP),
         last_step_time=num(contract.METRIC_LAST_STEP_TIME),
         milestones=milestones,

@@ -124,6 +124,8 @@ class Progress:
     train_seconds: float | None = None
     blocked_seconds: float | None = None
     interval: status.CheckpointInterval | None = None
+    checkpoint_step: int | None = None  # the newest step it sealed (None: none yet)
+    resumed_from: int | None = None  # the step it resumed from, -1 fresh (None: not reported)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +139,7 @@ class Observed:
     nodes: Sequence[NodeView] = ()
     checkpoint: status.CheckpointRef | None = None  # newest that passes catalog + lineage
     corrupt_checkpoints: Sequence[str] = ()  # failed verification: quarantine them
+    checkpoints_visible: bool = True  # whether this operator can read the job's checkpoints
     progress: Progress | None = None
     spec_error: str = ""  # what only the operator can check (templating), "" when fine
     created: float | None = None  # the FSDPJob's creationTimestamp

@@ -253,6 +253,7 @@ class Reconciler:
             nodes=nodes,
             checkpoint=found.newest,
             corrupt_checkpoints=found.corrupt,
+            checkpoints_visible=found.visible,
             progress=_progress(pods, job_status, view),
             spec_error=error,
             created=observe.ts(meta.get("creationTimestamp")),

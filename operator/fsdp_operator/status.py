@@ -243,7 +243,17 @@ class FSDPJobStatus(_Model):
     last_progress_time: float | None = None
     attempt_started: float | None = None
     resumed_from_step: int | None = None
-    resume_path: str | None = None
+    resume_path: str | None = Field(
+        None, description='The checkpoint the attempt loads; "auto": its pods choose (rules).'
+    )
+    resume_rules: str | None = Field(
+        None, description="FSDP_RESUME_RULES of the attempt's pods when they choose (auto)."
+    )
+    sealed_step: int | None = Field(
+        None,
+        description="The newest checkpoint step this job sealed, as a rank 0 reported it or "
+        "the operator read it: a restart must find it or an older one, never start at step 0.",
+    )
     pods_created: bool = Field(False, description="Every pod of the attempt was seen once.")
     next_attempt_at: float | None = Field(None, description="Backoff: next attempt not before.")
     failure_observed: float | None = Field(None, description="When the last teardown began.")

@@ -142,6 +142,7 @@ class _Slot:
     cluster_domain: str
     worker_module: str = "fsdp_worker"
     reliability: str = ""  # FSDP_RELIABILITY, set only for intervalSteps: auto
+    resume_rules: str = ""  # FSDP_RESUME_RULES, set only when the pods choose (auto)
 
     @property
     def world_size(self) -> int:
@@ -175,6 +176,7 @@ def worker_pod(
         cluster_domain=cluster_domain,
         worker_module=worker_module,
         reliability=launch.reliability,
+        resume_rules=launch.resume_rules,
     )
     _check_shape(slot)
     overrides = spec.template.spec
@@ -317,6 +319,8 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
     ]
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))
+    if slot.resume_rules:
+        pairs.append((contract.ENV_RESUME_RULES, slot.resume_rules))
     if all(var.name != OMP_NUM_THREADS for var in user):
         pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
     env = [{"name": name, "value": escape(value)} for name, value in pairs]

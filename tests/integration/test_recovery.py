@@ -8,6 +8,7 @@ user would watch: status, Events, pods.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -73,6 +74,38 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     assert "fsdpjob_recovery_seconds_count" in metrics
     # kopf's liveness endpoint answers while the operator works
     assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
+
+
+def test_an_operator_that_cannot_read_checkpoints_still_resumes_from_the_newest(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """The chart's default install: no checkpoint mount in the operator. A crash used to
+    restart from step 0 and quarantine the job's own checkpoints as it reached their steps."""
+    operator.stop()
+    operator.sees_checkpoints = False
+    operator.start()
+    try:
+        name = harness.unique("blind")
+        jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 12}))
+        done = harness.wait_for(
+            "job to succeed after one crash",
+            lambda: (s := jobs.status(name)).get("phase") in ("Succeeded", "Failed") and s,
+            timeout=120,
+            context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{operator.log_tail()}",
+        )
+    finally:
+        operator.stop()
+        operator.sees_checkpoints = True
+        operator.start()
+    assert done["phase"] == "Succeeded", done
+    assert done["attempt"] == 2 and done["sealedStep"] >= 10
+    second = done["history"][1]
+    assert second["resumedFromStep"] == 10  # as the pods reported what they loaded
+    assert "Resumed" in jobs.events(name)
+    ckpt = jobs.ckpt_dir(name)
+    assert not [p.name for p in ckpt.iterdir() if "quarantined" in p.name]
+    marker = (ckpt / "step-40" / "COMPLETE.json").read_text()
+    assert '"resumed_from_step": 10' in marker and '"attempt": 2' in marker
 
 
 def _faults(operator: harness.Operator) -> lf.Faults:
@@ -310,6 +343,32 @@ def test_suspend_saves_and_resume_continues_from_that_step(
     done = _phase(jobs, name, "Succeeded", timeout=120)
     assert done["history"][1]["resumedFromStep"] == saved
     assert done["history"][0]["stepsLost"] == 0 and done["restarts"]["total"] == 0
+
+
+def test_checkpoints_gone_from_storage_stop_the_job_instead_of_a_fresh_start(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """Step 10 and later were sealed; then the storage lost them (a wrong claim, a wiped
+    volume). The next attempt must not quietly train the job again from step 0."""
+    name = harness.unique("vanish")
+    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    harness.wait_for(
+        "a checkpoint sealed",
+        lambda: ((s := jobs.status(name)).get("lastCheckpoint") or {}).get("step", 0) >= 10 and s,
+        timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )  # fmt: skip
+    jobs.patch(name, {"suspend": True})
+    harness.wait_for("pods gone", lambda: not jobs.pods(name), timeout=60)
+    sealed = _phase(jobs, name, "Suspended")["sealedStep"]
+    shutil.rmtree(jobs.ckpt_dir(name))
+    jobs.patch(name, {"suspend": False})
+    failed = _phase(jobs, name, "Failed", timeout=120)
+    assert failed["lastFailure"]["cause"] == "ConfigError", failed
+    message = failed["lastFailure"]["message"]
+    assert f"step {sealed} was sealed" in message and "from step 0" in message
+    condition = next(c for c in failed["conditions"] if c["type"] == "Failed")
+    assert condition["status"] == "True" and "from step 0" in condition["message"], condition
+    assert not list(jobs.ckpt_dir(name).glob("step-*"))  # not one step trained from scratch
 
 
 def test_delete_garbage_collects_everything(jobs: harness.Jobs, operator: harness.Operator) -> None:

@@ -14,6 +14,7 @@ from fsdp_operator import api, policy
 from fsdp_operator import decide as dc
 from fsdp_operator import observed as ob
 from fsdp_operator import status as st
+from fsdp_worker import contract
 
 NOW = 1_000_000.0
 
@@ -378,6 +379,9 @@ def test_non_retryable_fails_after_one_attempt(code_over: dict[str, Any]) -> Non
     d = dc.decide(observe(pods=pods(r0=failed)))
     assert d.status.phase is st.Phase.FAILED and d.launch is None
     assert d.status.restarts.total == 0
+    if "message" in code_over:  # the rank's own words reach the condition a user reads
+        failed_condition = next(c for c in d.status.conditions if c.type == "Failed")
+        assert failed_condition.message.endswith(": " + d.status.last_failure.message)
     kept = {x.name for x in d.delete}
     assert "job-a1-0" not in kept and len(kept) == 3  # the failed pod stays for its logs
 
@@ -583,3 +587,76 @@ def test_a_working_pass_clears_the_reconcile_error_condition() -> None:
                            message="boom", last_transition_time="2026-12-01T00:00:00Z")  # fmt: skip
     d = dc.decide(observe(status=running_status(conditions=[failing])))
     assert all(c.type != dc.RECONCILE_ERROR for c in d.status.conditions)
+
+
+# --- checkpoints the operator cannot read: the pods choose, under its rules -------------------
+
+CRASHED = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 2, "message": CRASH_MSG}
+
+
+def _rules(d: dc.Decision) -> contract.ResumeRules:
+    assert d.launch is not None and d.launch.resume_path == contract.RESUME_AUTO
+    return contract.ResumeRules.parse(d.launch.resume_rules)
+
+
+def test_a_blind_operator_restarts_into_auto_with_its_lineage_and_the_sealed_step() -> None:
+    # The chart's default: no checkpoint mount in the operator. Rank 0 reported step 40 sealed.
+    seen = ob.Progress(step=50, checkpoint_step=40)
+    obs = observe(pods=pods(r1=CRASHED), checkpoint=None, checkpoints_visible=False, progress=seen)
+    d = dc.decide(obs)
+    assert _rules(d) == contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40)
+    assert d.status.sealed_step == 40 and d.status.resume_path == "auto"
+    assert d.status.resumed_from_step is None  # known once its pods say which one they loaded
+    started = [e.message for e in d.events if e.reason == "AttemptStarted"]
+    assert started == [
+        "attempt 2: 4 pods from the checkpoint its pods choose (the operator cannot read them, "
+        "expecting step 40)"
+    ]
+
+
+def test_pods_that_chose_say_which_step_they_loaded() -> None:
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
+    status = running_status(
+        attempt=2,
+        resume_path="auto",
+        resume_rules=rules,
+        sealed_step=40,
+        history=[st.HistoryEntry(attempt=2, started=NOW - 20, world_size=4)],
+    )
+    seen = ob.Progress(step=41, resumed_from=40)
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    assert d.status.resumed_from_step == 40 and d.status.history[-1].resumed_from_step == 40
+    assert [e.message for e in d.events if e.reason == "Resumed"] == [
+        "attempt 2: its pods resumed from step 40"
+    ]
+
+
+def test_an_attempt_that_never_said_where_it_resumed_bounds_the_next_lineage() -> None:
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
+    status = running_status(attempt=2, resume_path="auto", resume_rules=rules, sealed_step=40)
+    crashed = pods(attempt=2, r0=CRASHED)
+    obs = observe(status=status, pods=crashed, checkpoint=None, progress=None)
+    obs = dataclasses.replace(obs, checkpoints_visible=False)
+    assert _rules(dc.decide(obs)) == contract.ResumeRules(
+        attempt=2, resumed_from_step=40, expect_step=40
+    )
+
+
+def test_a_sealed_step_the_operator_cannot_find_is_never_a_fresh_start() -> None:
+    # It reads the directory, finds nothing usable, yet step 40 was sealed: the pods must find
+    # it (or stop and say why), not train again from 0.
+    status = running_status(sealed_step=40)
+    d = dc.decide(observe(status=status, pods=pods(r1=CRASHED), checkpoint=None, progress=None))
+    assert _rules(d) == contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40)
+
+
+@pytest.mark.parametrize(
+    ("visible", "attempt_over"),
+    [(True, {}), (False, {"status": st.FSDPJobStatus(), "pods": []})],
+    ids=["nothing-sealed-and-seen-empty", "first-attempt"],
+)
+def test_a_fresh_start_where_it_is_right(visible: bool, attempt_over: dict[str, Any]) -> None:
+    fields: dict[str, Any] = {"pods": pods(r1=CRASHED), "progress": None, **attempt_over}
+    d = dc.decide(observe(checkpoint=None, checkpoints_visible=visible, **fields))
+    assert d.launch is not None and d.launch.resume_path == "" and d.launch.resume_rules == ""

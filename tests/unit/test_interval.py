@@ -158,8 +158,11 @@ def test_the_operator_reads_the_workers_report() -> None:
             failures=1,
         )
     )
+    m.ckpt_step.set(40)
+    m.resumed_from.set(20)
     got = observe.progress_of(_scraped(m))
     assert got.step == 41 and got.steps_run == 3
+    assert (got.checkpoint_step, got.resumed_from) == (40, 20)
     assert got.train_seconds == 1.5 and got.blocked_seconds == 0.25
     assert set(got.milestones) == {"rendezvous", "first_step"}
     assert got.interval is not None and got.interval.steps == 120 and got.interval.auto
@@ -174,3 +177,4 @@ def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() ->
     assert got.interval is not None and got.interval.steps == 500 and not got.interval.auto
     old = observe.progress_of({contract.METRIC_STEP: 7.0})
     assert old.step == 7 and old.milestones == {} and old.interval is None
+    assert old.checkpoint_step is None and old.resumed_from is None

@@ -96,7 +96,8 @@ def pod(spec: api.FSDPJobSpec | None = None, **kwargs: Any) -> dict[str, Any]:
         "excluded_nodes": ("node-b", "node-a", "node-b"),
     }
     rank = kwargs.pop("node_rank", 1)
-    launch.update({k: kwargs.pop(k) for k in list(kwargs) if k in launch or k == "reliability"})
+    optional = ("reliability", "resume_rules")
+    launch.update({k: kwargs.pop(k) for k in list(kwargs) if k in launch or k in optional})
     launch["excluded_nodes"] = tuple(launch["excluded_nodes"])
     return templates.worker_pod(
         JOB, spec or make_spec(), decide.Launch(**launch), node_rank=rank, **kwargs
@@ -469,3 +470,10 @@ def test_malformed_user_affinity_is_named() -> None:
         make_spec(template__spec__affinity={"podAntiAffinity": ["not", "an", "object"]})
     spec = make_spec(template__spec__affinity={"podAntiAffinity": None})
     assert pod(spec)["spec"]["affinity"]["podAntiAffinity"]
+
+
+def test_pods_that_choose_their_checkpoint_get_the_operators_rules() -> None:
+    rules = contract.ResumeRules(attempt=2, resumed_from_step=40, expect_step=60).to_json()
+    chosen = env(pod(resume_path=contract.RESUME_AUTO, resume_rules=rules))
+    assert chosen[contract.ENV_RESUME] == "auto" and chosen[contract.ENV_RESUME_RULES] == rules
+    assert contract.ENV_RESUME_RULES not in env(pod())  # a named checkpoint needs no rules
