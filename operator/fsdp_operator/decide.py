@@ -13,7 +13,7 @@ import datetime
 import enum
 
 from fsdp_operator import detect, goodput, observed, policy, status
-from fsdp_worker import contract, interval
+from fsdp_worker import catalog, contract, interval
 from fsdp_worker.config import AUTO
 
 # A running job is woken by its pods' and nodes' watch events, by rank 0's progress (scraped
@@ -162,6 +162,19 @@ def _sealed_and_resumed(d: Decision, obs: observed.Observed) -> None:
     known = [step for step in steps if step is not None]
     if known:
         s.sealed_step = max(known)
+    reported = prog.checkpoint_step if prog else None
+    last = s.last_checkpoint
+    if (
+        not obs.checkpoints_visible
+        and reported is not None
+        and (last is None or reported > last.step)
+    ):
+        # What the operator cannot read, rank 0 reports: the newest step its attempt sealed.
+        path = f"{obs.checkpoint_dir}/{catalog.step_dir_name(reported)}"
+        s.last_checkpoint = status.CheckpointRef(
+            step=reported, path=path, attempt=s.attempt, world_size=s.world_size or 0, time=obs.now
+        )
+        d.emit("CheckpointComplete", f"step {reported} at {path} (attempt {s.attempt}, reported)")
     if prog is None or prog.resumed_from is None or s.resume_path != contract.RESUME_AUTO:
         return
     if s.resumed_from_step is None and prog.resumed_from >= 0:
@@ -314,7 +327,9 @@ def _on_failure(
     d.emit("FailureDetected", f"{failure.cause.value}:{where} {failure.message}", warning=True)
     counters = policy.charge(s.restarts, failure.cause)
     app = status.budget_of(failure.cause) is status.Budget.APPLICATION
-    stalled = app and not policy.made_progress(s, obs.checkpoint)
+    # Blind to the storage, the operator knows new checkpoints from rank 0's reports.
+    newest = obs.checkpoint if obs.checkpoints_visible else s.last_checkpoint
+    stalled = app and not policy.made_progress(s, newest)
     counters.without_progress = counters.without_progress + 1 if stalled else 0
     stop = policy.stop_reason(spec=obs.spec, restarts=counters, cause=failure.cause)
     if stop is not None:

@@ -230,7 +230,8 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     sealed = whole(contract.METRIC_CKPT_STEP)
     return observed.Progress(
         checkpoint_step=sealed if sealed is not None and sealed > 0 else None,
-        resumed_from=whole(contract.METRIC_RESUMED_FROM),
+        # Set before the "loaded" milestone; until then the gauge reads its initial 0.
+        resumed_from=whole(contract.METRIC_RESUMED_FROM) if "loaded" in milestones else None,
         step=whole(contract.METRIC_STEP),
         last_step_time=num(contract.METRIC_LAST_STEP_TIME),
         milestones=milestones,

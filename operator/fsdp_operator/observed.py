@@ -140,6 +140,7 @@ class Observed:
     checkpoint: status.CheckpointRef | None = None  # newest that passes catalog + lineage
     corrupt_checkpoints: Sequence[str] = ()  # failed verification: quarantine them
     checkpoints_visible: bool = True  # whether this operator can read the job's checkpoints
+    checkpoint_dir: str = ""  # the job's checkpoint directory as its pods see it
     progress: Progress | None = None
     spec_error: str = ""  # what only the operator can check (templating), "" when fine
     created: float | None = None  # the FSDPJob's creationTimestamp

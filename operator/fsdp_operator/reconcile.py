@@ -254,6 +254,7 @@ class Reconciler:
             checkpoint=found.newest,
             corrupt_checkpoints=found.corrupt,
             checkpoints_visible=found.visible,
+            checkpoint_dir=names.checkpoint_dir(spec.checkpoint.root, job.name),
             progress=_progress(pods, job_status, view),
             spec_error=error,
             created=observe.ts(meta.get("creationTimestamp")),

@@ -660,3 +660,28 @@ def test_a_fresh_start_where_it_is_right(visible: bool, attempt_over: dict[str, 
     fields: dict[str, Any] = {"pods": pods(r1=CRASHED), "progress": None, **attempt_over}
     d = dc.decide(observe(checkpoint=None, checkpoints_visible=visible, **fields))
     assert d.launch is not None and d.launch.resume_path == "" and d.launch.resume_rules == ""
+
+
+def test_a_blind_operator_takes_new_checkpoints_from_rank_0s_report() -> None:
+    # Attempt 2 chose step 40 itself, then sealed 45: that is progress, so a crash after it is
+    # not one "without progress" (the circuit breaker would otherwise stop a healthy job).
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
+    restarts = st.Restarts(total=1, application=1, without_progress=1)
+    status = running_status(
+        attempt=2,
+        resume_path="auto",
+        resume_rules=rules,
+        sealed_step=40,
+        resumed_from_step=40,
+        restarts=restarts,
+    )
+    seen = ob.Progress(step=46, checkpoint_step=45)
+    obs = observe(status=status, pods=pods(attempt=2, r1=CRASHED), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False, checkpoint_dir="/ckpt/job"))
+    assert d.status.last_checkpoint is not None
+    assert (d.status.last_checkpoint.step, d.status.last_checkpoint.path) == (
+        45,
+        "/ckpt/job/step-45",
+    )
+    assert d.status.restarts.without_progress == 0 and d.status.sealed_step == 45
+    assert _rules(d) == contract.ResumeRules(attempt=2, resumed_from_step=40, expect_step=45)

@@ -160,11 +160,14 @@ def test_the_operator_reads_the_workers_report() -> None:
     )
     m.ckpt_step.set(40)
     m.resumed_from.set(20)
+    loading = observe.progress_of(_scraped(m))
+    assert loading.resumed_from is None  # not before the "loaded" milestone says it is final
+    m.reached(contract.Milestone.LOADED)
     got = observe.progress_of(_scraped(m))
     assert got.step == 41 and got.steps_run == 3
     assert (got.checkpoint_step, got.resumed_from) == (40, 20)
     assert got.train_seconds == 1.5 and got.blocked_seconds == 0.25
-    assert set(got.milestones) == {"rendezvous", "first_step"}
+    assert set(got.milestones) == {"rendezvous", "loaded", "first_step"}
     assert got.interval is not None and got.interval.steps == 120 and got.interval.auto
     assert (got.interval.save_seconds, got.interval.mtbf_seconds) == (2.5, 21600.0)
     assert got.interval.failures == 1
