@@ -273,6 +273,16 @@ def _on_term(signum: int, frame: Any) -> None:
     _stop_requested = True
 
 
+def _config_error(exc: Exception) -> int:
+    """Exit 78 with a ConfigError cause: restarting cannot help."""
+    code = contract.ExitCode.CONFIG_ERROR
+    rank = _env_int("RANK", 0)
+    _terminate(
+        rank=rank, step=0, code=code, cls=contract.FailureClass.CONFIG, message=str(exc)[:1000]
+    )
+    return int(code)
+
+
 def main() -> int:
     logging.basicConfig(
         level=logging.INFO, format=f"[rank{os.environ.get('RANK', '?')}] %(message)s"
@@ -281,26 +291,12 @@ def main() -> int:
     try:
         cfg = config.WorkerConfig.parse(raw)
     except ValueError as exc:
-        _terminate(
-            rank=_env_int("RANK", 0),
-            step=0,
-            code=78,
-            cls=contract.FailureClass.CONFIG,
-            message=str(exc)[:1000],
-        )
-        return int(contract.ExitCode.CONFIG_ERROR)
+        return _config_error(exc)
     signal.signal(signal.SIGTERM, _on_term)
     try:
         return StandIn(cfg).run()
     except _Refused as exc:
-        _terminate(
-            rank=_env_int("RANK", 0),
-            step=0,
-            code=78,
-            cls=contract.FailureClass.CONFIG,
-            message=str(exc)[:1000],
-        )
-        return int(contract.ExitCode.CONFIG_ERROR)
+        return _config_error(exc)
     except Exception as exc:
         _terminate(
             rank=_env_int("RANK", 0),
