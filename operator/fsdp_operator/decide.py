@@ -545,7 +545,10 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
                 d.recovered = s.history[-1]
             s.failure_observed = None
         excluded = [e.node for e in s.excluded_nodes if e.until > obs.now]
-        target = policy.grow_target(obs, excluded)
+        # Past the last step the pods are only sealing the final checkpoint: a resize now
+        # would start an attempt that trains nothing.
+        trained = s.step is not None and s.step >= obs.spec.training.steps
+        target = None if trained else policy.grow_target(obs, excluded)
         if target is not None:
             return _planned_stop(
                 d, obs, status.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"

@@ -416,6 +416,14 @@ def test_grow_back_when_capacity_returns_is_a_planned_drain() -> None:
     assert d.status.restarts.total == 0  # planned restarts cost no budget
 
 
+def test_no_resize_once_the_last_step_is_reached() -> None:
+    # The pods are sealing the final checkpoint; growing now would start an empty attempt.
+    status = running_status(replicas=2, world_size=2, step=100)
+    spec = make_spec(training={"globalBatchSize": 8, "microBatchSize": 1, "steps": 100})
+    d = dc.decide(observe(spec=spec, status=status, pods=pods(n=2), progress=ob.Progress(step=100)))
+    assert d.status.phase is st.Phase.RUNNING and not d.delete and not d.status.drain
+
+
 def test_drain_waits_for_old_pods_to_save_then_launches_at_full_size() -> None:
     status = running_status(
         phase=st.Phase.RESTARTING,
