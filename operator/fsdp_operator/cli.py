@@ -98,6 +98,7 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
         f"step={s.get('step')}"
     )
     console.print(head)
+    console.print(Text(_checkpoints_line(s)))
     if lf := s.get("lastFailure"):
         # Text, not markup: a worker's message (say gloo's "[/pytorch/...]") is not rich markup.
         console.print(
@@ -141,6 +142,20 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
             Text(e.get("message", "")),
         )
     console.print(ev)
+
+
+def _checkpoints_line(s: dict[str, Any]) -> str:
+    """The newest checkpoint, and what the current attempt loads (or its pods choose)."""
+    last = (s.get("lastCheckpoint") or {}).get("path") or "-"
+    where = s.get("resumePath")
+    if where == "auto":
+        loads = "the checkpoint its pods choose (the operator cannot read them)"
+    else:
+        loads = where or "nothing (started fresh)"
+    return (
+        f"checkpoints: newest sealed step {_fmt(s.get('sealedStep'))} ({last}); "
+        f"attempt {_fmt(s.get('attempt'))} loads {loads}"
+    )
 
 
 def _resume_table(history: list[dict[str, Any]]) -> Table:
@@ -218,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         args.name,
         {"spec": {"suspend": args.command == "suspend"}},
     )
-    console.print(f"{namespace}/{args.name}: {args.command}ed")
+    done = "suspended" if args.command == "suspend" else "resumed"
+    console.print(Text(f"{namespace}/{args.name}: {done}"))
     return 0
 
 

@@ -55,3 +55,23 @@ def test_describe_shows_a_workers_bracketed_message_as_it_is() -> None:
     text = out.getvalue()
     assert text.count("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547]") == 2
     assert "[bold]Crash" in text  # shown as written, not taken for a style
+
+
+def test_describe_says_what_the_attempt_loads_even_when_its_pods_choose() -> None:
+    job = {
+        "metadata": {"name": "tiny", "namespace": "demo"},
+        "status": {
+            "phase": "Running",
+            "attempt": 3,
+            "resumePath": "auto",
+            "sealedStep": 40,
+            "lastCheckpoint": {"step": 40, "path": "/ckpt/tiny/step-40"},
+        },
+    }
+    answers = Answers(job, [])
+    out = io.StringIO()
+    cli.describe(answers, answers, "demo", "tiny", Console(file=out, width=400, color_system=None))
+    assert (
+        "checkpoints: newest sealed step 40 (/ckpt/tiny/step-40); attempt 3 loads the checkpoint"
+        " its pods choose (the operator cannot read them)"
+    ) in out.getvalue()
