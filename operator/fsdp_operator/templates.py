@@ -307,6 +307,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
     job, spec = slot.job, slot.spec
     user = spec.template.spec.env
     pairs = [
+        (contract.ENV_CONTRACT_VERSION, str(contract.CONTRACT_VERSION)),
         (contract.ENV_JOB_NAME, job.name),
         (contract.ENV_JOB_NAMESPACE, job.namespace),
         (contract.ENV_JOB_UID, job.uid),

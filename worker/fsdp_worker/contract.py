@@ -10,7 +10,12 @@ import dataclasses
 import enum
 import json
 
+CONTRACT_VERSION = 1
+"""docs/contract.md's version: raised when a rank must act differently on what it is given or
+say something new for the operator to keep working; an added optional field keeps it."""
+
 # --- environment the operator sets on every worker pod ----------------------------------------
+ENV_CONTRACT_VERSION = "FSDP_CONTRACT_VERSION"  # CONTRACT_VERSION of the operator that made it
 ENV_JOB_NAME = "FSDP_JOB_NAME"
 ENV_JOB_NAMESPACE = "FSDP_JOB_NAMESPACE"
 ENV_JOB_UID = "FSDP_JOB_UID"  # the FSDPJob object's uid: recorded in every checkpoint marker
