@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,19 +113,26 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
     assert not any(p.name.startswith(".standin-stop") for p in tmp_path.iterdir())
 
 
-def _run_once(
-    root: Path, *, attempt: int, resume: str = "", rules: str = "", fail_at: int = 0
-) -> subprocess.CompletedProcess[str]:
-    """One rank (world 1) to step 6, saving every 3 steps; optionally failing at `fail_at`."""
+def _spawn(
+    root: Path,
+    *,
+    attempt: int,
+    resume: str = "",
+    rules: str = "",
+    fail_at: int = 0,
+    steps: int = 6,
+    step_seconds: float = 0.01,
+) -> subprocess.Popen[str]:
+    """One rank (world 1) to `steps`, saving every 3 steps; optionally failing at `fail_at`."""
     config = {
-        "training": {"steps": 6, "globalBatchSize": 1, "microBatchSize": 1},
+        "training": {"steps": steps, "globalBatchSize": 1, "microBatchSize": 1},
         "checkpoint": {"root": str(root), "intervalSteps": 3},
     }
     env = dict(
         os.environ,
         RANK="0",
         WORLD_SIZE="1",
-        STANDIN_STEP_SECONDS="0.01",
+        STANDIN_STEP_SECONDS=str(step_seconds),
         PYTHONPATH=str(REPO / "worker"),
         **{
             contract.ENV_CONFIG: json.dumps(config),
@@ -133,12 +141,21 @@ def _run_once(
             contract.ENV_ATTEMPT: str(attempt),
             contract.ENV_RESUME: resume,
             contract.ENV_RESUME_RULES: rules,
+            contract.ENV_JOB_UID: "uid-1",
         },
     )
     if fail_at:
         env.update(STANDIN_FAIL_AT_STEP=str(fail_at), STANDIN_FAIL_ATTEMPT=str(attempt))
     argv = [sys.executable, "-m", "fsdp_worker.standin"]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _run_once(root: Path, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    proc = _spawn(root, **kwargs)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_auto_resumes_the_sealed_step_under_rules_and_refuses_to_start_over(
@@ -181,3 +198,37 @@ def test_malformed_resume_rules_are_a_config_error_naming_the_field(
     done = _run_once(tmp_path / "ckpt", attempt=2, resume="auto", rules=raw)
     assert done.returncode == contract.ExitCode.CONFIG_ERROR
     assert named in json.loads((tmp_path / "term-a2").read_text())["message"]
+
+
+def test_a_zombie_that_saves_after_the_live_attempt_changes_nothing(tmp_path: Path) -> None:
+    """Attempt 1 keeps running after the operator moved on (its node was lost, not its
+    processes). Attempt 2 fences the directory at its start; the zombie's next save finds the
+    fence and it exits without publishing, quarantining or deleting anything."""
+    root = tmp_path / "ckpt"
+    zombie = _spawn(root, attempt=1, steps=10_000, step_seconds=0.2)
+    try:
+        deadline = time.monotonic() + 60
+        while not (root / "step-3" / catalog.MARKER_NAME).exists():
+            assert time.monotonic() < deadline and zombie.poll() is None, "the zombie never saved"
+            time.sleep(0.05)
+        rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=3).to_json()
+        live = _run_once(root, attempt=2, resume="auto", rules=rules, steps=30)
+        assert live.returncode == 0, live.stderr
+        code = zombie.wait(timeout=60)  # its next save comes after the live attempt's fence
+    finally:
+        zombie.kill()
+        zombie.wait()
+    assert code != 0
+    cause = json.loads((tmp_path / "term-a1").read_text())
+    assert "attempt 1 was superseded" in cause["message"], cause
+    storage = catalog.LocalStorage(str(root))
+    newest = catalog.Marker.from_json(storage.read_bytes(f"step-30/{catalog.MARKER_NAME}"))
+    assert newest.attempt == 2
+    for moved in root.glob(f"step-*{catalog.QUARANTINE_INFIX}*"):  # only ever the zombie's
+        marker = catalog.Marker.from_json((moved / catalog.MARKER_NAME).read_bytes())
+        assert marker.attempt == 1, moved
+    resumed = int(re.search(r"resume=auto: step (\d+)", live.stderr).group(1))
+    after = list(range(resumed + 3, 31, 3))
+    markers = (storage.read_bytes(f"step-{n}/{catalog.MARKER_NAME}") for n in after)
+    by_live = [catalog.Marker.from_json(m) for m in markers]
+    assert [m.attempt for m in by_live] == [2] * len(after)  # all where the live attempt put them

@@ -205,3 +205,47 @@ def test_markers_without_a_uid_are_this_jobs_once_it_has_run(tmp_path: Path) -> 
                                    lineage=Lineage(0, None, job_uid="j"))  # fmt: skip
     assert running[0] is not None and running[0].step == 10
     assert never_started[0] is None and never_started[1][0].reason == RejectReason.OTHER_JOB
+
+
+# --- the fence: a superseded attempt changes nothing ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fence", "writer", "stands_down"),
+    [
+        ((3, "uid-a"), (2, "uid-a"), True),  # a newer attempt of the same job
+        ((3, "uid-a"), (3, "uid-a"), False),  # itself
+        ((2, "uid-a"), (3, "uid-a"), False),  # an older one: this writer is the newest
+        ((1, "uid-b"), (5, "uid-a"), True),  # the directory belongs to another job now
+        ((3, None), (2, "uid-a"), True),  # no uid recorded: attempts decide
+        ((1, None), (2, "uid-a"), False),
+    ],
+)
+def test_a_fence_supersedes_older_attempts_and_other_jobs(
+    fence: tuple[int, str | None], writer: tuple[int, str | None], stands_down: bool
+) -> None:
+    assert catalog.Fence(*fence).supersedes(*writer) is stands_down
+
+
+def test_raising_the_fence_orders_the_writers(tmp_path: Path) -> None:
+    storage = catalog.LocalStorage(str(tmp_path))
+    catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a")
+    catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")  # the writer itself: fine
+    catalog.raise_fence(storage, ".", attempt=3, job_uid="uid-a")
+    assert catalog.read_fence(storage, ".") == catalog.Fence(3, "uid-a")
+    with pytest.raises(catalog.Superseded, match="attempt 3 now writes .*attempt 2 was superseded"):
+        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")
+    with pytest.raises(catalog.Superseded):  # a zombie restarting its own start is refused too
+        catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a")
+    assert catalog.read_fence(storage, ".") == catalog.Fence(3, "uid-a")  # never lowered
+    catalog.raise_fence(storage, ".", attempt=1, job_uid="uid-new")  # a new job takes over
+    with pytest.raises(catalog.Superseded, match="of job uid-new"):
+        catalog.check_fence(storage, ".", attempt=9, job_uid="uid-a")
+
+
+def test_a_torn_fence_is_no_fence(tmp_path: Path) -> None:
+    (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": ')
+    storage = catalog.LocalStorage(str(tmp_path))
+    assert catalog.read_fence(storage, ".") is None
+    catalog.raise_fence(storage, ".", attempt=1, job_uid=None)
+    assert catalog.read_fence(storage, ".") == catalog.Fence(1, None)

@@ -167,3 +167,20 @@ def test_auto_resume_applies_the_operators_lineage_and_never_starts_over_silentl
     assert "step 6 was sealed" in cause["message"]
     assert "refusing to train again from step 0" in cause["message"]
     assert not lost.losses()  # not one step trained from scratch
+
+
+def test_a_superseded_attempt_changes_nothing_in_the_checkpoint_directory(
+    reference: dict[str, Any], tmp_path: Path
+) -> None:
+    """Attempt 3 of this job already fenced the directory: attempt 2 (a zombie started late)
+    stops before it deletes, publishes or quarantines anything."""
+    root = tmp_path / "ckpt"
+    shutil.copytree(reference["root"], root)
+    (root / "step-15.partial-a1").mkdir()  # what a live attempt would delete as abandoned
+    catalog.raise_fence(catalog.LocalStorage(str(root)), ".", attempt=3, job_uid=None)
+    before = sorted(p.name for p in root.iterdir())
+    run = launch(tmp_path, nproc=2, config=worker_config(root), attempt=2, resume="auto")
+    assert run.wait().rc != 0
+    cause = run.termination()
+    assert cause["class"] == "CheckpointError" and "attempt 2 was superseded" in cause["message"]
+    assert sorted(p.name for p in root.iterdir()) == before

@@ -22,6 +22,7 @@ import re
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,6 +35,7 @@ STEP_PREFIX = "step-"
 STEP_DIR_RE = re.compile(r"^step-(0|[1-9][0-9]{0,17})$")
 PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>: a save in flight, ignored here
 QUARANTINE_INFIX = ".quarantined-"  # step-<N>.quarantined-<k>: set aside, ignored here
+FENCE_NAME = "FENCE.json"  # the attempt that writes here now; older ones change nothing
 MAX_MARKER_BYTES = 16 * 1024 * 1024  # a marker is small; refuse to parse anything huge
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _READ_CHUNK = 8 * 1024 * 1024
@@ -463,6 +465,66 @@ def fresh_start_refusal(
         "Check that checkpoint.claimName is the claim those checkpoints were written to and "
         "that it mounts at checkpoint.root on every pod."
     )
+
+
+class Superseded(CatalogError):
+    """A newer attempt of this job (or another job) fenced the directory: this writer must
+    publish, quarantine and delete nothing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """``FENCE.json``: the attempt that owns a checkpoint directory's writes now."""
+
+    attempt: int
+    job_uid: str | None
+
+    def supersedes(self, attempt: int, job_uid: str | None) -> bool:
+        """Whether a writer of ``attempt`` (of job ``job_uid``) must stand down."""
+        other_job = None not in (self.job_uid, job_uid) and self.job_uid != job_uid
+        return other_job or self.attempt > attempt
+
+
+def read_fence(storage: Storage, root: str) -> Fence | None:
+    """The directory's fence; None when there is none (or it does not parse: a torn write is
+    replaced by the next attempt's)."""
+    path = posixpath.join(root, FENCE_NAME)
+    if not storage.exists(path):
+        return None
+    try:
+        doc = json.loads(storage.read_bytes(path))
+        attempt, uid = doc["attempt"], doc.get("job_uid")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not isinstance(uid, str | None):
+        return None
+    return Fence(attempt, uid)
+
+
+def check_fence(storage: Storage, root: str, *, attempt: int, job_uid: str | None) -> None:
+    """Raise Superseded when a newer writer fenced ``root``: call before every publish,
+    quarantine and delete. (A check, then the change: on a file system a writer fenced in
+    between still acts once; an object store's conditional write closes that gap.)"""
+    fence = read_fence(storage, root)
+    if fence is not None and fence.supersedes(attempt, job_uid):
+        whose = "" if fence.job_uid == job_uid else f" of job {fence.job_uid}"
+        raise Superseded(
+            f"attempt {fence.attempt}{whose} now writes {root}: attempt {attempt} was superseded "
+            "and publishes, quarantines and deletes nothing"
+        )
+
+
+def raise_fence(storage: LocalStorage, root: str, *, attempt: int, job_uid: str | None) -> None:
+    """Rank 0 of a starting attempt: record it as the directory's writer, before its first
+    change there. A newer attempt of the same job already there means this one is superseded
+    before it began (Superseded); another job's fence is replaced (that job was deleted: the
+    operator refuses two jobs on one directory)."""
+    fence = read_fence(storage, root)
+    if fence is not None and fence.job_uid == job_uid and fence.attempt > attempt:
+        check_fence(storage, root, attempt=attempt, job_uid=job_uid)
+    if fence != Fence(attempt, job_uid):
+        doc = {"attempt": attempt, "job_uid": job_uid, "time": time.time()}
+        storage.write_atomic(posixpath.join(root, FENCE_NAME), json.dumps(doc).encode())
 
 
 def quarantine(storage: Storage, root: str, step: int) -> str:

@@ -157,10 +157,16 @@ class CheckpointManager:
         )
 
     def remove_abandoned(self) -> None:
-        """Rank 0: delete partial saves of earlier attempts. They can never be published by
-        this attempt, and if a zombie of theirs publishes one, lineage rejects it anyway."""
+        """Rank 0: fence the directory for this attempt, then delete partial saves of earlier
+        attempts. They can never be published by this attempt, and a zombie of theirs that
+        tries finds the fence (lineage would reject its checkpoint anyway)."""
         if self.dist.rank != 0:
             return
+        uid = self.identity.job_uid
+        try:
+            catalog.raise_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid)
+        except catalog.Superseded as exc:
+            raise errors.CheckpointError(str(exc)) from None
         for name in self.storage.list_dirs(self.root):
             _, sep, attempt = name.partition(catalog.PARTIAL_INFIX)
             if sep and attempt.isdigit() and int(attempt) < self.identity.attempt:
@@ -291,6 +297,7 @@ class CheckpointManager:
             self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
         )
         final = posixpath.join(self.root, catalog.step_dir_name(step))
+        self._check_fence()
         if self.storage.exists(final):
             old = catalog.verify(
                 self.storage, final, config_hash=self.identity.config_hash, lineage=self.lineage
@@ -344,7 +351,16 @@ class CheckpointManager:
             total,
         )
 
+    def _check_fence(self) -> None:
+        """Superseded (a CheckpointError, exit 1) when a newer attempt fenced the directory."""
+        uid = self.identity.job_uid
+        try:
+            catalog.check_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid)
+        except catalog.Superseded as exc:
+            raise errors.CheckpointError(str(exc)) from None
+
     def _retain(self) -> None:
+        self._check_fence()
         candidates = catalog.list_checkpoints(
             self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
         )

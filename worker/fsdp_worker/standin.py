@@ -124,6 +124,7 @@ class StandIn:
                 raise RuntimeError(f"checkpoint step {step}: not every rank wrote its shard")
             time.sleep(0.02)
         final = catalog.step_dir_name(step)
+        catalog.check_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
         if self.storage.exists(final):
             catalog.quarantine(self.storage, ".", step)
         self.storage.rename(partial, final)
@@ -223,6 +224,8 @@ class StandIn:
                     inputs.labels(input=key.value).set(value)
 
         if self.rank == 0:
+            os.makedirs(self.root, exist_ok=True)
+            catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
             prom.start_http_server(
                 _env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT)
             )
