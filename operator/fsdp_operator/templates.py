@@ -44,6 +44,12 @@ def escape(value: str) -> str:
     return value.replace("$", "$$")
 
 
+def trainer_arg(arg: str) -> str:
+    """A `spec.trainer.args` entry for the pod: its `$(NAME)` references (to the operator's
+    variables, api.Trainer checked) stay for Kubernetes to expand; everything else is escaped."""
+    return "".join(f"$({text})" if is_ref else escape(text) for text, is_ref in api.arg_parts(arg))
+
+
 def owner_reference(job: JobRef) -> dict[str, Any]:
     """Makes the FSDPJob own a child, so deleting the job garbage-collects it."""
     return {
@@ -257,7 +263,19 @@ def _pod_metadata(slot: _Slot) -> dict[str, Any]:
 
 
 def _command(slot: _Slot) -> list[str]:
-    """The torchrun argument list (unescaped; the pod carries it escaped)."""
+    """The container's command: the operator's torchrun launch, then what it runs (the
+    built-in trainer's module, or `spec.trainer`'s module or script and arguments), escaped
+    for Kubernetes' `$(VAR)` expansion."""
+    trainer = slot.spec.trainer
+    if trainer is None:
+        return [escape(arg) for arg in [*_launch(slot), "-m", slot.worker_module]]
+    entry = ["-m", trainer.module] if trainer.module is not None else [str(trainer.script)]
+    launch = [escape(arg) for arg in [*_launch(slot), *entry]]
+    return [*launch, *(trainer_arg(arg) for arg in trainer.args)]
+
+
+def _launch(slot: _Slot) -> list[str]:
+    """The torchrun argument list (unescaped); the operator's, whatever the trainer."""
     job, attempt = slot.job, slot.attempt
     endpoint = names.rank0_address(job, attempt=attempt, cluster_domain=slot.cluster_domain)
     return [
@@ -272,8 +290,6 @@ def _command(slot: _Slot) -> list[str]:
         f"--rdzv-endpoint={endpoint}:{names.RENDEZVOUS_PORT}",
         f"--rdzv-id={names.rendezvous_id(job, attempt=attempt)}",
         "--max-restarts=0",  # the operator owns restarts
-        "-m",
-        slot.worker_module,
     ]
 
 
@@ -283,7 +299,7 @@ def _container(slot: _Slot) -> dict[str, Any]:
     return {
         "name": names.CONTAINER_NAME,
         "image": spec.image,
-        "command": [escape(arg) for arg in _command(slot)],
+        "command": _command(slot),
         "env": _env(slot),
         "ports": _ports(),
         "resources": resources,
@@ -315,6 +331,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         (contract.ENV_CONFIG, worker_config(spec).to_json()),
         (contract.ENV_RESUME, slot.resume_path),
         (contract.ENV_CHECKPOINT_ROOT, names.checkpoint_dir(spec.checkpoint.root, slot.job.name)),
+        (contract.ENV_CONFIG_HASH, spec.training.resume_hash()),
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
     ]

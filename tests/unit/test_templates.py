@@ -477,3 +477,76 @@ def test_pods_that_choose_their_checkpoint_get_the_operators_rules() -> None:
     chosen = env(pod(resume_path=contract.RESUME_AUTO, resume_rules=rules))
     assert chosen[contract.ENV_RESUME] == "auto" and chosen[contract.ENV_RESUME_RULES] == rules
     assert contract.ENV_RESUME_RULES not in env(pod())  # a named checkpoint needs no rules
+
+
+# --- the team's own trainer ------------------------------------------------------------------
+
+
+def test_own_trainer_module_runs_under_the_operators_torchrun() -> None:
+    spec = make_spec(image="registry.example/team/llm:7", trainer={"module": "team.train"})
+    argv = container(pod(spec))["command"]
+    assert argv[:3] == ["python", "-m", "torch.distributed.run"]
+    assert "--max-restarts=0" in argv and "--node-rank=1" in argv, "the launch stays ours"
+    assert argv[-2:] == ["-m", "team.train"]
+    assert container(pod(spec))["image"] == "registry.example/team/llm:7"
+
+
+@pytest.mark.parametrize(
+    ("args", "seen"),
+    [
+        pytest.param(
+            ["--job.dump_folder", "$(FSDP_CHECKPOINT_ROOT)"],
+            ["--job.dump_folder", "/ckpt/llama/llama"],
+            id="contract-variable-expanded",
+        ),
+        pytest.param(["--tag=a$(FSDP_ATTEMPT)b"], ["--tag=a3b"], id="inside-an-argument"),
+        pytest.param(
+            ["$$(FSDP_ATTEMPT)", "$HOME", "$$", "a$"],
+            ["$(FSDP_ATTEMPT)", "$HOME", "$", "a$"],
+            id="escaped-and-literal",
+        ),  # fmt: skip
+    ],
+)
+def test_trainer_arguments_reach_the_script_as_kubernetes_expands_them(
+    args: list[str], seen: list[str]
+) -> None:
+    spec = make_spec(trainer={"script": "/opt/team/train.py", "args": args})
+    argv, _ = container_view(pod(spec), {"HOME": "/root"})
+    assert argv[-len(seen) - 1 :] == ["/opt/team/train.py", *seen]
+
+
+@pytest.mark.parametrize(
+    ("trainer", "message"),
+    [
+        pytest.param({}, "exactly one of module and script", id="neither"),
+        pytest.param({"module": "a", "script": "/b.py"}, "exactly one", id="both"),
+        pytest.param({"script": "train.py"}, "pattern", id="relative-script"),
+        pytest.param({"script": "/opt/../etc/x.py"}, "/../", id="dotdot-script"),
+        pytest.param({"module": "a;rm"}, "pattern", id="not-a-module"),
+        pytest.param(
+            {"module": "t", "args": ["$(HOME)"]},
+            "args[0]='$(HOME)' references $(HOME)",
+            id="unknown-variable",
+        ),  # fmt: skip
+    ],
+)
+def test_bad_trainer_is_refused_naming_the_field(trainer: dict[str, Any], message: str) -> None:
+    with pytest.raises(pydantic.ValidationError) as err:
+        make_spec(trainer=trainer)
+    assert message in str(err.value) and "trainer" in str(err.value)
+
+
+def test_every_rank_learns_the_config_hash_its_markers_must_carry() -> None:
+    spec = make_spec()
+    assert env(pod(spec))[contract.ENV_CONFIG_HASH] == spec.training.resume_hash()
+    assert (
+        pod(spec)["metadata"]["annotations"][names.Annotation.CONFIG_HASH.value]
+        == env(pod(spec))[contract.ENV_CONFIG_HASH]
+    )
+
+
+def test_completion_proof_is_the_operators_not_the_workers() -> None:
+    spec = make_spec(checkpoint__completion="DCPMetadata")
+    assert spec.checkpoint.completion is contract.Proof.DCP_METADATA
+    doc = json.loads(env(pod(spec))[contract.ENV_CONFIG])
+    assert "completion" not in doc["checkpoint"], "the worker config stays what workers parse"

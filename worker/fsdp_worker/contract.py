@@ -25,11 +25,26 @@ ENV_CONFIG_FILE = "FSDP_WORKER_CONFIG_FILE"  # or a path to it (takes precedence
 ENV_RESUME = "FSDP_RESUME_FROM"  # "" (fresh), "auto", or a step directory path
 ENV_RESUME_RULES = "FSDP_RESUME_RULES"  # with "auto" on a restart: ResumeRules as JSON
 ENV_CHECKPOINT_ROOT = "FSDP_CHECKPOINT_ROOT"  # overrides checkpoint.root
+# TrainingConfig.resume_hash() of the job's spec: what every marker must record (the operator
+# refuses checkpoints of another hash), so a trainer of the team's own records the same one.
+ENV_CONFIG_HASH = "FSDP_CONFIG_HASH"
 ENV_METRICS_PORT = "FSDP_METRICS_PORT"  # rank 0 serves Prometheus metrics here
 ENV_TERMINATION_LOG = "FSDP_TERMINATION_LOG"  # defaults to /dev/termination-log
 # JSON (interval.Reliability): the job's failures and uptime so far and its last measured save
 # and step costs; set only for `intervalSteps: auto`, identical on every pod of an attempt.
 ENV_RELIABILITY = "FSDP_RELIABILITY"
+
+# What `spec.trainer.args` may reference as `$(NAME)` (Kubernetes expands them in the pod);
+# every other `$` in an argument reaches the trainer literally.
+ARG_VARIABLES = (
+    ENV_JOB_NAME,
+    ENV_JOB_NAMESPACE,
+    ENV_JOB_UID,
+    ENV_ATTEMPT,
+    ENV_CHECKPOINT_ROOT,
+    ENV_RESUME,
+    ENV_CONFIG_HASH,
+)
 
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
@@ -90,6 +105,17 @@ class ResumeRules:
             resumed_from_step=step("resumedFromStep", optional=True),
             expect_step=step("expectStep", optional=True),
         )
+
+
+class Proof(enum.StrEnum):
+    """What proves a `step-<N>` checkpoint complete (`spec.checkpoint.completion`)."""
+
+    MARKER = "Marker"
+    """`COMPLETE.json`, written last by a trainer that keeps this contract: manifest, lineage,
+    config hash, job uid and data cursor are all checked."""
+    DCP_METADATA = "DCPMetadata"
+    """DCP's own `.metadata`, which its coordinator writes after every rank's files (the layout
+    torchtitan writes): existence only. No manifest, lineage, config or data-cursor check."""
 
 
 class ExitCode(enum.IntEnum):
