@@ -66,8 +66,14 @@ def newest(
         job_uid=job.uid,
         other_jobs=spec.checkpoint.resume_from_previous_jobs,
     )
+    proof = spec.checkpoint.completion
     chosen, rejected = catalog.select(
-        storage, ".", config_hash=spec.training.resume_hash(), lineage=lineage, deep=deep
+        storage,
+        ".",
+        config_hash=spec.training.resume_hash(),
+        lineage=lineage,
+        deep=deep,
+        proof=proof,
     )
     for cand in rejected:
         log.debug(
@@ -87,13 +93,16 @@ def newest(
         for c in others[:1]
         if job_status.attempt == 0
     )
-    if chosen is None or chosen.marker is None:
+    if chosen is None:
         return Found(None, corrupt, conflicts)
+    job_dir = names.checkpoint_dir(spec.checkpoint.root, job.name)
+    in_pod = f"{job_dir}/{catalog.step_dir_name(chosen.step)}"
     m = chosen.marker
-    in_pod = (
-        f"{names.checkpoint_dir(spec.checkpoint.root, job.name)}/{catalog.step_dir_name(m.step)}"
-    )
-    ref = status.CheckpointRef(
-        step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
-    )
+    if m is None:  # DCPMetadata: the step and the time of its .metadata are all that is known
+        sealed = os.path.getmtime(os.path.join(base, chosen.path, catalog.DCP_METADATA_NAME))
+        ref = status.CheckpointRef(step=chosen.step, path=in_pod, world_size=0, time=sealed)
+    else:
+        ref = status.CheckpointRef(
+            step=m.step, path=in_pod, attempt=m.attempt, world_size=m.world_size, time=m.time
+        )
     return Found(ref, corrupt, conflicts)

@@ -72,8 +72,12 @@ def budget_of(cause: Cause) -> Budget:
 class CheckpointRef(_Model):
     step: int
     path: str
-    attempt: int
-    world_size: int
+    attempt: int | None = Field(
+        None,
+        description="The attempt that wrote it; null when its marker does not say "
+        "(checkpoint.completion: DCPMetadata).",
+    )
+    world_size: int = Field(description="The world size that wrote it; 0: not known.")
     time: float | None = None
 
 

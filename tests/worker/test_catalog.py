@@ -249,3 +249,27 @@ def test_a_torn_fence_is_no_fence(tmp_path: Path) -> None:
     assert catalog.read_fence(storage, ".") is None
     catalog.raise_fence(storage, ".", attempt=1, job_uid=None)
     assert catalog.read_fence(storage, ".") == catalog.Fence(1, None)
+
+
+def test_dcp_metadata_proof_takes_the_newest_step_whose_metadata_was_written(
+    tmp_path: Path,
+) -> None:
+    """torchtitan's layout: no marker; DCP's coordinator writes `.metadata` after every rank's
+    files, so a save that died midway has none (or, torn, an empty one)."""
+    for step in (10, 20):
+        write_step(tmp_path, step, marker=False)
+    in_flight = tmp_path / "step-30"
+    in_flight.mkdir()
+    (in_flight / "__0_0.distcp").write_bytes(b"x" * 100)  # ranks wrote; .metadata never came
+    torn = write_step(tmp_path, 25, marker=False)
+    (torn / ".metadata").write_bytes(b"")
+    storage = catalog.LocalStorage(str(tmp_path))
+    proof = catalog.contract.Proof.DCP_METADATA
+    chosen, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=None, proof=proof)
+    assert chosen is not None and chosen.step == 20 and chosen.marker is None
+    assert [(c.step, c.reason) for c in rejected] == [
+        (30, RejectReason.NO_MARKER),
+        (25, RejectReason.NO_MARKER),
+    ]
+    marker_mode, _ = catalog.select(storage, ".", config_hash=HASH, lineage=None)
+    assert marker_mode is None, "without a marker nothing counts in the default mode"

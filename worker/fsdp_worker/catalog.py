@@ -8,6 +8,10 @@ import torch/numpy/pydantic, and never write a step directory's contents other t
 Layout: `<root>/step-<N>/` holds one checkpoint. It counts only when `COMPLETE.json` (the
 marker) exists, parses strictly, and its manifest matches the files present. Any other name
 under the root (partial saves, quarantined steps) is ignored by `list_checkpoints`.
+
+With `contract.Proof.DCP_METADATA` (trainers that know nothing of the marker, torchtitan's
+layout) a step directory counts when DCP's `.metadata` is a non-empty regular file. That file
+is pickled: it is never read here, only its presence and size are checked.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any, Protocol
 from fsdp_worker import contract
 
 MARKER_NAME = "COMPLETE.json"
+DCP_METADATA_NAME = ".metadata"  # DCP's own index, written by its coordinator after all ranks
 MARKER_FORMAT = 1
 STEP_PREFIX = "step-"
 STEP_DIR_RE = re.compile(r"^step-(0|[1-9][0-9]{0,17})$")
@@ -323,13 +328,22 @@ def verify(
     config_hash: str | None = None,
     lineage: Lineage | None = None,
     deep: bool = False,
+    proof: contract.Proof = contract.Proof.MARKER,
 ) -> Candidate:
-    """Check one step directory: marker, manifest (sizes; sha256 when deep), config, lineage."""
+    """Check one step directory: marker, manifest (sizes; sha256 when deep), config, lineage;
+    or, with `proof` DCP_METADATA, only that DCP's `.metadata` is there (nothing else is known)."""
     match = STEP_DIR_RE.match(posixpath.basename(step_path.rstrip("/")))
     step = int(match.group(1)) if match else -1
 
     def reject(reason: RejectReason, detail: str, marker: Marker | None = None) -> Candidate:
         return Candidate(step, step_path, marker, ok=False, reason=reason, detail=detail)
+
+    if proof is contract.Proof.DCP_METADATA:
+        size = storage.list_files(step_path).get(DCP_METADATA_NAME, 0)
+        if size <= 0:
+            detail = f"DCP {DCP_METADATA_NAME} absent or empty: the save never completed"
+            return reject(RejectReason.NO_MARKER, detail)
+        return Candidate(step, step_path, None, ok=True, reason="")
 
     marker_path = posixpath.join(step_path, MARKER_NAME)
     if not storage.exists(marker_path):
@@ -397,6 +411,7 @@ def list_checkpoints(
     config_hash: str | None = None,
     lineage: Lineage | None = None,
     deep: bool = False,
+    proof: contract.Proof = contract.Proof.MARKER,
 ) -> list[Candidate]:
     """Every `step-<N>` directory under root, newest first, each verified."""
     steps = sorted(
@@ -411,6 +426,7 @@ def list_checkpoints(
             config_hash=config_hash,
             lineage=lineage,
             deep=deep,
+            proof=proof,
         )
         for _step, name in reversed(steps)
     ]
@@ -423,10 +439,11 @@ def select(
     config_hash: str | None,
     lineage: Lineage | None,
     deep: bool = False,
+    proof: contract.Proof = contract.Proof.MARKER,
 ) -> tuple[Candidate | None, list[Candidate]]:
     """The newest checkpoint that passes, and every rejected one (newest first, with reasons)."""
     candidates = list_checkpoints(
-        storage, root, config_hash=config_hash, lineage=lineage, deep=deep
+        storage, root, config_hash=config_hash, lineage=lineage, deep=deep, proof=proof
     )
     chosen = next((c for c in candidates if c.ok), None)
     return chosen, [c for c in candidates if not c.ok]
