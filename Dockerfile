@@ -83,6 +83,9 @@ COPY --from=project /install/ /opt/venv/
 # with "uid not found" otherwise. A small layer after the big one, so it stays cached.
 RUN echo 'fsdp:x:1000:1000:fsdp:/tmp:/usr/sbin/nologin' >> /etc/passwd \
     && echo 'fsdp:x:1000:' >> /etc/group
+# Two trainers of a team's own, for spec.trainer.script (README, "Your own trainer"): one on
+# the trainer kit, one that knows nothing of the operator (torchtitan's checkpoint layout).
+COPY examples/trainers/ /opt/fsdp-examples/
 USER 1000:1000
 EXPOSE 29500 9400
 # The operator supplies the torchrun command line; this default runs one local rank.

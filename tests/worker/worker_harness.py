@@ -135,7 +135,10 @@ def launch(
     name: str = "run",
     metrics_port: int = 0,
     extra_env: dict[str, str] | None = None,
+    entry: tuple[str, ...] = ("-m", "fsdp_worker"),
 ) -> Run:
+    """A torchrun gang of `entry` (the built-in trainer, or a script and its arguments) with
+    the operator's environment."""
     tmp.mkdir(parents=True, exist_ok=True)
     cfg_path, log_path, term_path = tmp / f"{name}.json", tmp / f"{name}.log", tmp / f"{name}.term"
     cfg_path.write_text(json.dumps(config))
@@ -154,7 +157,7 @@ def launch(
     )
     env.update(extra_env or {})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--max-restarts=0"]
-    cmd += [f"--nproc-per-node={nproc}", "-m", "fsdp_worker"]
+    cmd += [f"--nproc-per-node={nproc}", *entry]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp

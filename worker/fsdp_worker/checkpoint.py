@@ -15,6 +15,7 @@ import logging
 import posixpath
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,16 +177,29 @@ class CheckpointManager:
 
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
+        self.save_state(
+            st.step,
+            samples=st.samples,
+            make_state=lambda: state.to_save(st, group=self.dist.ckpt_group),
+        )
+
+    def save_state(
+        self, step: int, *, samples: int, make_state: Callable[[], dict[str, Any]]
+    ) -> None:
+        """Checkpoint `make_state()` (any state dict DCP saves: tensors, DTensors, Stateful
+        objects) as `step`, with `samples` as its data cursor; collective. Returns after the
+        save (sync) or after staging (async); the marker follows once every rank's files are
+        durable."""
         self.wait()
-        step, started = st.step, time.monotonic()
-        self._samples[step] = st.samples
+        started = time.monotonic()
+        self._samples[step] = samples
         partial = posixpath.join(
             self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
         )
         if self.dist.rank == 0:
             shutil.rmtree(self.storage.resolve(partial), ignore_errors=True)  # our own leftover
         dist.barrier(group=self.dist.ckpt_group)
-        sd = state.to_save(st, group=self.dist.ckpt_group)
+        sd = make_state()
         writer = faults.writer(
             partial,
             step=step,

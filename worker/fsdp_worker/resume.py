@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
@@ -141,19 +143,35 @@ def choose(
     return outcome
 
 
-def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed: int) -> None:
-    """Load (resharding if the world size changed) into st; collective."""
+def read_into(
+    point: ResumePoint,
+    make_state: Callable[[set[str]], dict[str, Any]],
+    *,
+    dist_info: DistInfo,
+) -> tuple[dict[str, Any], reader.RangeReader]:
+    """Load `point` into the state dict `make_state(saved top-level keys)` returns, in place
+    (DCP reshards to this world size; Stateful entries get `load_state_dict`); collective."""
     if not os.path.isdir(point.path):
         raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
     try:
         storage = reader.RangeReader(point.path)
         saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
-        sd = state.template(st, saved_world_size=point.world_size, saved_keys=saved_keys)
+        sd = make_state(saved_keys)
         state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
     except (Exception, CheckpointException) as exc:
         raise errors.CheckpointError(
             f"loading {point.path} failed: {checkpoint.brief(exc)}"
         ) from exc
+    return sd, storage
+
+
+def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed: int) -> None:
+    """Load (resharding if the world size changed) into st; collective."""
+    sd, storage = read_into(
+        point,
+        lambda keys: state.template(st, saved_world_size=point.world_size, saved_keys=keys),
+        dist_info=dist_info,
+    )
     state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
     log.info(
         "resumed from %s: step %d, samples %d, saved at world size %d, now %d "
