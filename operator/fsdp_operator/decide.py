@@ -140,7 +140,8 @@ def _track(d: Decision, obs: observed.Observed) -> None:
             d.emit("CheckpointQuarantined", f"{path} failed verification", warning=True)
     if ck is not None and (s.last_checkpoint is None or ck.step != s.last_checkpoint.step):
         s.last_checkpoint = ck
-        d.emit("CheckpointComplete", f"step {ck.step} at {ck.path} (attempt {ck.attempt})")
+        by = f"attempt {ck.attempt}" if ck.attempt is not None else "DCP .metadata, no marker"
+        d.emit("CheckpointComplete", f"step {ck.step} at {ck.path} ({by})")
     prog = obs.progress
     _sealed_and_resumed(d, obs)
     # A rank 0 that has not loaded its checkpoint yet may report step 0: the job is not back
@@ -150,7 +151,8 @@ def _track(d: Decision, obs: observed.Observed) -> None:
         s.step, s.last_progress_time = prog.step, obs.now
     if prog is not None:
         _worker_report(d, prog, obs.now)
-    if ck is not None and ck.attempt == s.attempt and (s.step is None or ck.step > s.step):
+    ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
+    if ck is not None and ours and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
 
 

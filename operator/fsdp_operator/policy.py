@@ -42,8 +42,11 @@ def charge(restarts: status.Restarts, cause: status.Cause) -> status.Restarts:
 
 
 def made_progress(job_status: status.FSDPJobStatus, newest: status.CheckpointRef | None) -> bool:
-    """Did the attempt that just ended write a checkpoint past where it resumed from?"""
-    if newest is None or newest.attempt != job_status.attempt:
+    """Did the attempt that just ended write a checkpoint past where it resumed from?
+
+    A checkpoint proven only by DCP's `.metadata` (`completion: DCPMetadata`) does not say
+    which attempt wrote it: a step past the restart point counts as the attempt's own."""
+    if newest is None or newest.attempt not in (job_status.attempt, None):
         return False
     resumed = job_status.resumed_from_step
     return resumed is None or newest.step > resumed

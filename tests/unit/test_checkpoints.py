@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdp_operator import api, checkpoints, names, status
+from fsdp_operator import api, checkpoints, names, policy, status
 
 JOB = names.JobRef(name="titan", namespace="team-a", uid="0f2a1b4c-0d1e-4f00-9abc-def012345678")
 
@@ -49,3 +49,14 @@ def test_marker_mode_counts_nothing_without_a_marker(tmp_path: Path) -> None:
     )
     assert found.newest is None and found.visible
     assert found.corrupt == (), "an unsealed step is never quarantined: it may be in flight"
+
+
+def test_a_newer_dcp_metadata_step_counts_as_the_attempts_progress() -> None:
+    """The circuit breaker (maxRestartsWithoutProgress) must not count an attempt that sealed
+    steps as stalled just because `.metadata` does not name the attempt."""
+    s = status.FSDPJobStatus(attempt=2, resumed_from_step=20)
+    newer = status.CheckpointRef(step=40, path="/ckpt/titan/step-40", world_size=0)
+    same = newer.model_copy(update={"step": 20})
+    assert policy.made_progress(s, newer) and not policy.made_progress(s, same)
+    other = newer.model_copy(update={"attempt": 1})
+    assert not policy.made_progress(s, other), "a marker naming another attempt still counts"
