@@ -470,10 +470,16 @@ def _resume_rules(obs: observed.Observed, s: status.FSDPJobStatus) -> contract.R
 
     They choose when this operator cannot read the job's checkpoints (their claim is mounted in
     the pods, not here), and when a step was sealed that it cannot find: then the pods either
-    find it or stop saying why, and the job never trains again from step 0 unasked. Only a
-    restart: a first attempt has no lineage yet. ``s`` is the status of the attempt that ended.
+    find it or stop saying why, and the job never trains again from step 0 unasked. A first
+    attempt the operator cannot read for chooses too (rules of attempt 0): another job's
+    checkpoints in its directory then stop it naming the cause, or are resumed from with
+    ``resumeFromPreviousJobs``, as when the operator reads them. ``s`` is the status of the
+    attempt that ended (attempt 0: none yet).
     """
-    if s.attempt == 0 or (obs.checkpoints_visible and s.sealed_step is None):
+    if s.attempt == 0:
+        visible = obs.checkpoints_visible
+        return None if visible else contract.ResumeRules(attempt=0, resumed_from_step=None)
+    if obs.checkpoints_visible and s.sealed_step is None:
         return None
     resumed = s.resumed_from_step
     if resumed is None and s.resume_rules:

@@ -661,13 +661,23 @@ def test_a_sealed_step_the_operator_cannot_find_is_never_a_fresh_start() -> None
 
 @pytest.mark.parametrize(
     ("visible", "attempt_over"),
-    [(True, {}), (False, {"status": st.FSDPJobStatus(), "pods": []})],
-    ids=["nothing-sealed-and-seen-empty", "first-attempt"],
+    [(True, {}), (True, {"status": st.FSDPJobStatus(), "pods": []})],
+    ids=["nothing-sealed-and-seen-empty", "first-attempt-seen-empty"],
 )
 def test_a_fresh_start_where_it_is_right(visible: bool, attempt_over: dict[str, Any]) -> None:
     fields: dict[str, Any] = {"pods": pods(r1=CRASHED), "progress": None, **attempt_over}
     d = dc.decide(observe(checkpoint=None, checkpoints_visible=visible, **fields))
     assert d.launch is not None and d.launch.resume_path == "" and d.launch.resume_rules == ""
+
+
+def test_a_blind_first_attempt_chooses_too() -> None:
+    # The operator cannot see what the job's directory holds: another job's checkpoints there
+    # (the same name, deleted and created again) must stop it, or be resumed from with
+    # resumeFromPreviousJobs, as when it reads them; a fresh "" would train over them.
+    obs = observe(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    assert d.launch is not None and d.launch.resume_path == contract.RESUME_AUTO
+    assert _rules(d) == contract.ResumeRules(attempt=0, resumed_from_step=None)
 
 
 def test_a_blind_operator_takes_new_checkpoints_from_rank_0s_report() -> None:
