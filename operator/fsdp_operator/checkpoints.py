@@ -13,11 +13,6 @@ from fsdp_operator import api, names, observed, status
 from fsdp_worker import catalog
 
 log = logging.getLogger(__name__)
-_QUARANTINE = {
-    catalog.RejectReason.BAD_MARKER,
-    catalog.RejectReason.MANIFEST_MISMATCH,
-    catalog.RejectReason.CHECKSUM_MISMATCH,
-}
 
 
 def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, template: str) -> str | None:
@@ -84,7 +79,7 @@ def newest(
             cand.reason,
             cand.detail,
         )
-    corrupt = tuple(c.path for c in rejected if c.reason in _QUARANTINE)
+    corrupt = tuple(c.path for c in rejected if c.reason in catalog.CORRUPT)
     others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
     # Before the first attempt, another job's checkpoints mean the user re-used a name (or a
     # directory): starting fresh there would mix two runs' steps, resuming would be a guess.

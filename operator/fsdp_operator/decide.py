@@ -151,9 +151,22 @@ def _track(d: Decision, obs: observed.Observed) -> None:
         s.step, s.last_progress_time = prog.step, obs.now
     if prog is not None:
         _worker_report(d, prog, obs.now)
+        _quarantined_by_pods(d, prog, obs.checkpoint_dir)
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
     if ck is not None and ours and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+
+
+def _quarantined_by_pods(d: Decision, prog: observed.Progress, directory: str) -> None:
+    """Steps rank 0 set aside when it chose its checkpoint (the operator could not read them):
+    kept in status.quarantined and said in an Event, as when the operator does it."""
+    s = d.status
+    for step in prog.quarantined:
+        path = f"{directory}/{catalog.step_dir_name(step)}"
+        if path not in s.quarantined:
+            s.quarantined = [*s.quarantined, path][-64:]
+            msg = f"{path} failed verification; attempt {s.attempt}'s rank 0 set it aside"
+            d.emit("CheckpointQuarantined", msg, warning=True)
 
 
 def _sealed_and_resumed(d: Decision, obs: observed.Observed) -> None:

@@ -228,7 +228,14 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
             failures=int(failures) if failures is not None else None,
         )
     sealed = whole(contract.METRIC_CKPT_STEP)
+    prefix = f"{contract.METRIC_QUARANTINED}{{step="
+    quarantined = sorted(
+        int(key[len(prefix) : -1])
+        for key, value in samples.items()
+        if key.startswith(prefix) and key[len(prefix) : -1].isdigit() and value == 1
+    )
     return observed.Progress(
+        quarantined=tuple(quarantined),
         checkpoint_step=sealed if sealed is not None and sealed > 0 else None,
         # Set before the "loaded" milestone; until then the gauge reads its initial 0.
         resumed_from=whole(contract.METRIC_RESUMED_FROM) if "loaded" in milestones else None,

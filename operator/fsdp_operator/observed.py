@@ -126,6 +126,7 @@ class Progress:
     interval: status.CheckpointInterval | None = None
     checkpoint_step: int | None = None  # the newest step it sealed (None: none yet)
     resumed_from: int | None = None  # the step it resumed from, -1 fresh (None: not reported)
+    quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
 
 
 @dataclasses.dataclass(frozen=True)

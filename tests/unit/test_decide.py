@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import api, policy
+from fsdp_operator import api, kube, policy
 from fsdp_operator import decide as dc
+from fsdp_operator import observe as observe_mod
 from fsdp_operator import observed as ob
 from fsdp_operator import status as st
 from fsdp_worker import contract
@@ -703,3 +704,23 @@ def test_a_blind_operator_takes_new_checkpoints_from_rank_0s_report() -> None:
     )
     assert d.status.restarts.without_progress == 0 and d.status.sealed_step == 45
     assert _rules(d) == contract.ResumeRules(attempt=2, resumed_from_step=40, expect_step=45)
+
+
+def test_checkpoints_the_pods_set_aside_are_kept_and_said_once() -> None:
+    # The operator cannot read the claim: rank 0 quarantined step 45 when it chose, and says so.
+    page = "\n".join([
+        "# TYPE fsdp_checkpoint_quarantined gauge",
+        'fsdp_checkpoint_quarantined{step="45"} 1.0',
+        "fsdp_train_step 41",
+    ])  # fmt: skip
+    seen = observe_mod.progress_of(kube.contract_samples(page))
+    assert seen.quarantined == (45,)
+    status = running_status(attempt=2, resume_path="auto")
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    obs = dataclasses.replace(obs, checkpoints_visible=False, checkpoint_dir="/ckpt/llama")
+    d = dc.decide(obs)
+    assert d.status.quarantined == ["/ckpt/llama/step-45"] and d.quarantine == []
+    said = [e.message for e in d.events if e.reason == "CheckpointQuarantined"]
+    assert said == ["/ckpt/llama/step-45 failed verification; attempt 2's rank 0 set it aside"]
+    again = dc.decide(dataclasses.replace(obs, status=d.status))
+    assert not [e for e in again.events if e.reason == "CheckpointQuarantined"]

@@ -120,3 +120,25 @@ def test_a_kit_trainer_saves_on_sigterm_and_serves_its_progress(tmp_path: Path) 
     assert catalog.verify(catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True).ok
     term = run.termination()
     assert (term["class"], term["exitCode"], term["step"]) == ("Preempted", 143, last)
+
+
+def test_choosing_under_auto_sets_a_corrupt_checkpoint_aside_and_says_so(tmp_path: Path) -> None:
+    """What the operator does when it reads the claim, done by rank 0 when it cannot."""
+    root = tmp_path / "ckpt"
+    first = _plain(tmp_path, root, nproc=2, name="first")
+    assert first.rc == 0, first.log[-3000:]
+    shard = next(p for p in sorted((root / "step-12").iterdir()) if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:-1])  # truncated after it was sealed
+    port = free_port()
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None).to_json()
+    cfg = worker_config(root, train=training(steps=30), intervalSteps=3)
+    run = launch(tmp_path, nproc=2, config=cfg, name="second", attempt=2, resume="auto",
+                 metrics_port=port, extra_env={contract.ENV_RESUME_RULES: rules},
+                 entry=(PLAIN, "--step-seconds", "0.3"))  # fmt: skip
+    run.wait_for(lambda log: '"step": 11,' in log)
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'fsdp_checkpoint_quarantined{step="12"} 1.0' in page
+    assert "fsdp_worker_resumed_from_step 9.0" in page
+    run.proc.send_signal(15)
+    run.wait()
+    assert (root / "step-12.quarantined-1" / shard.name).exists(), "set aside, never deleted"

@@ -62,6 +62,13 @@ class RejectReason(enum.StrEnum):
     OTHER_JOB = "OtherJob"  # written by another FSDPJob object (e.g. deleted, same name)
 
 
+# A checkpoint that failed verification this way is set aside (quarantined), never deleted:
+# it is evidence. The other reasons say a checkpoint is not this attempt's to load, not broken.
+CORRUPT = frozenset(
+    {RejectReason.BAD_MARKER, RejectReason.MANIFEST_MISMATCH, RejectReason.CHECKSUM_MISMATCH}
+)
+
+
 def step_dir_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
 

@@ -215,7 +215,7 @@ class Run:
         """The checkpoint to resume from, the same on every rank; collective. A checkpoint
         that should exist and does not stops the run (ConfigError), never a fresh start."""
         s = self.settings
-        return resume.choose(
+        choice = resume.choose(
             s.cfg,
             resume=s.resume,
             attempt=s.attempt,
@@ -223,6 +223,9 @@ class Run:
             job_uid=s.job_uid,
             rules=s.rules,
         )
+        for step in choice.quarantined:  # the operator reads them from rank 0's metrics
+            self.meters.quarantined.labels(step=str(step)).set(1)
+        return choice.point
 
     def resume(self, state_dict: dict[str, Any]) -> ResumePoint | None:
         """Choose, then load into `state_dict` in place (None: start fresh); collective.

@@ -37,6 +37,9 @@ class Metrics:
         self.resumed_from = gauge(
             contract.METRIC_RESUMED_FROM, "Step this process resumed from; -1: it started fresh."
         )
+        self.quarantined = gauge(
+            contract.METRIC_QUARANTINED, "Checkpoints set aside at resume: 1 per step.", ("step",)
+        )
         self.ckpt_seconds = gauge(
             contract.METRIC_CKPT_SAVE_SECONDS, "Last save: blocking and total.", ("kind",)
         )

@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Choice:
+    """What rank 0 decided: the checkpoint to load (None: fresh), and the steps it set aside
+    because they failed verification (under ``auto``: the operator could not do it)."""
+
+    point: ResumePoint | None
+    quarantined: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class ResumePoint:
     path: str
     step: int
@@ -56,23 +65,54 @@ def _point(c: catalog.Candidate) -> ResumePoint:
     return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
 
 
+def _quarantine(
+    storage: catalog.LocalStorage,
+    root: str,
+    rejected: list[catalog.Candidate],
+    *,
+    attempt: int,
+    job_uid: str | None,
+) -> tuple[int, ...]:
+    """Set aside the checkpoints that failed verification, as the operator does when it reads
+    them, unless a newer attempt has fenced the directory (then this one must change nothing)."""
+    corrupt = [c for c in rejected if c.reason in catalog.CORRUPT]
+    if not corrupt:
+        return ()
+    try:
+        catalog.check_fence(storage, root, attempt=attempt, job_uid=job_uid)
+    except catalog.Superseded as exc:
+        raise errors.CheckpointError(str(exc)) from None
+    moved = []
+    for c in corrupt:
+        try:
+            where = catalog.quarantine(storage, root, c.step)
+        except (catalog.CatalogError, OSError) as exc:
+            log.warning("could not set %s aside: %s", c.path, exc)
+            continue
+        log.warning("quarantined %s as %s: %s: %s", c.path, where, c.reason, c.detail)
+        moved.append(c.step)
+    return tuple(moved)
+
+
 def _choose_auto(
     cfg: config.WorkerConfig,
     *,
     attempt: int,
     job_uid: str | None,
     rules: contract.ResumeRules | None,
-) -> ResumePoint | None:
+) -> Choice:
     root = cfg.checkpoint.root
     other_jobs = cfg.checkpoint.resume_from_previous_jobs
     lineage = catalog.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
+    storage = catalog.LocalStorage(root)
     chosen, rejected = catalog.select(
-        catalog.LocalStorage(root), root, config_hash=cfg.training.resume_hash(), lineage=lineage
+        storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
     )
     for c in rejected:
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
+    moved = _quarantine(storage, root, rejected, attempt=attempt, job_uid=job_uid)
     if chosen is not None:
-        return _point(chosen)
+        return Choice(_point(chosen), moved)
     mismatched = [c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH]
     if mismatched:
         raise _config_refusal(mismatched[0], cfg.training)
@@ -87,7 +127,7 @@ def _choose_auto(
     if refusal is not None:
         raise errors.ConfigError(refusal)
     log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
-    return None
+    return Choice(None, moved)
 
 
 def _choose(
@@ -97,7 +137,7 @@ def _choose(
     attempt: int,
     job_uid: str | None,
     rules: contract.ResumeRules | None,
-) -> ResumePoint | None:
+) -> Choice:
     if resume == contract.RESUME_AUTO:
         return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules)
     storage = catalog.LocalStorage(cfg.checkpoint.root)
@@ -108,7 +148,7 @@ def _choose(
         raise errors.CheckpointError(
             f"checkpoint {resume} is unusable: {candidate.reason}: {candidate.detail}"
         )
-    return _point(candidate)
+    return Choice(_point(candidate))
 
 
 def choose(
@@ -119,14 +159,14 @@ def choose(
     dist_info: DistInfo,
     job_uid: str | None = None,
     rules: contract.ResumeRules | None = None,
-) -> ResumePoint | None:
+) -> Choice:
     """Collective: rank 0 decides, every rank gets the same answer (or the same error).
 
     `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path;
     with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects.
     """
     if not resume:
-        return None
+        return Choice(None)
     box: list[object] = [None]
     if dist_info.rank == 0:
         try:
@@ -139,7 +179,7 @@ def choose(
         raise errors.CheckpointError(str(outcome))
     if isinstance(outcome, errors.WorkerError):
         raise outcome
-    assert outcome is None or isinstance(outcome, ResumePoint)
+    assert isinstance(outcome, Choice)
     return outcome
 
 

@@ -72,6 +72,7 @@ class StandIn:
         self.storage = catalog.LocalStorage(self.root)
         self.hash = cfg.training.resume_hash()
         self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
+        self.quarantined: list[int] = []  # steps rank 0 set aside under auto
         self.step, self.resumed_from = self._resume()
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
         self.save_time = float(os.environ.get("STANDIN_SAVE_SECONDS", "0"))
@@ -100,6 +101,14 @@ class StandIn:
             rules, attempt=self.attempt, job_uid=self.job_uid, other_jobs=other_jobs
         )
         chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
+        if self.rank == 0:  # sets aside what failed verification, as the real worker does
+            for c in rejected:
+                if c.reason in catalog.CORRUPT:
+                    catalog.check_fence(
+                        self.storage, ".", attempt=self.attempt, job_uid=self.job_uid
+                    )
+                    catalog.quarantine(self.storage, ".", c.step)
+                    self.quarantined.append(c.step)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
             return chosen.marker.step, chosen.marker.step
@@ -210,6 +219,9 @@ class StandIn:
         inputs = gauge(contract.METRIC_INTERVAL_INPUT, "inputs of auto", ("input",))
         sealed = gauge(contract.METRIC_CKPT_STEP, "step of the newest complete checkpoint")
         resumed = gauge(contract.METRIC_RESUMED_FROM, "step this process resumed from")
+        quarantined = gauge(contract.METRIC_QUARANTINED, "steps set aside at resume", ("step",))
+        for step in self.quarantined:
+            quarantined.labels(step=str(step)).set(1)
 
         def chose(choice: interval.Choice) -> None:
             every.set(choice.steps)
