@@ -5,6 +5,8 @@
 #   KUBE_VERSION  pinned Kubernetes release (staging modules follow as v0.<minor>.<patch>)
 #   ETCD_VERSION  pinned etcd release
 #   COREDNS_VERSION  pinned CoreDNS release (built with only the plugins the Corefile names)
+#   The volume provisioner builds from provisioner/ next to this script (its go.mod pins the
+#   sig-storage provisioner library), again whenever that source changes.
 #   FSDPOP_CACHE  cache root (default ~/.cache/fsdp-operator)
 set -euo pipefail
 
@@ -14,6 +16,7 @@ COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${FSDPOP_CACHE:-$HOME/.cache/fsdp-operator}"
 OUT="$CACHE/k8s-$KUBE_VERSION/bin"
 WORK="$CACHE/k8s-$KUBE_VERSION/src"
+PROVISIONER_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/provisioner" && pwd)"
 # The node side (kubelet, kube-proxy) and kubeadm (certificates, kubeconfigs) build from the same
 # module graph: ~40 s more each.
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm)
@@ -98,5 +101,16 @@ GO
   echo "building coredns ($COREDNS_VERSION)..." >&2
   go build -trimpath -ldflags "-s -w" -o "$OUT/coredns.tmp" .
   mv "$OUT/coredns.tmp" "$OUT/coredns"
+fi
+# The source is this repository's, so the binary is keyed by its hash, not by a version.
+provisioner_hash=$(cd "$PROVISIONER_SRC" && cat go.mod go.sum main.go | sha256sum | cut -d' ' -f1)
+if [ ! -x "$OUT/local-dir-provisioner" ] ||
+  [ "$(cat "$OUT/local-dir-provisioner.source" 2>/dev/null)" != "$provisioner_hash" ]; then
+  echo "building local-dir-provisioner..." >&2
+  # readonly: a build never rewrites the go.mod and go.sum it was given.
+  (cd "$PROVISIONER_SRC" && GOFLAGS=-mod=readonly go build -buildvcs=false -trimpath \
+    -ldflags "-s -w" -o "$OUT/local-dir-provisioner.tmp" .)
+  mv "$OUT/local-dir-provisioner.tmp" "$OUT/local-dir-provisioner"
+  echo "$provisioner_hash" >"$OUT/local-dir-provisioner.source"
 fi
 echo "$OUT"

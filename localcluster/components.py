@@ -11,6 +11,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from localcluster import kubeadm, network, nodes
 
@@ -32,6 +33,20 @@ OWNED = (
     "kubeadm.yaml",
     "Corefile",
 )
+PROVISIONER = "fsdpoperator.io/local-dir"
+"""The volume provisioner's name, as a StorageClass names it (``provisioner/main.go``)."""
+STORAGE_CLASS = "local-dir"
+"""The default StorageClass: a directory of this machine per claim, which every node mounts."""
+PORTS = (
+    "etcd",
+    "etcd-peer",
+    "apiserver",
+    "controller-manager",
+    "scheduler",
+    "dns-ready",
+    "provisioner-metrics",
+)
+"""The ports ``up`` picks at run time, under the names the command lines here read them by."""
 SERVER_NAMES = ("127.0.0.1", "localhost")
 """Names on the API server's certificate besides kubeadm's own (its address, the kubernetes
 Service's IP and names)."""
@@ -50,6 +65,8 @@ class Layout:
         self.kubeconfigs = self.root / "kubeconfigs"
         self.admin = self.root / "kubeconfig"
         self.state = self.root / "cluster.json"
+        # Beside harness.stack's hand-made volumes (volumes/<namespace>/<claim>).
+        self.dynamic_volumes = self.root / "volumes" / "dynamic"
 
     def kubeadm(self, bin_dir: Path) -> kubeadm.Kubeadm:
         return kubeadm.Kubeadm(
@@ -278,3 +295,42 @@ def coredns_args(layout: Layout, ports: dict[str, int], *, kubeconfig: Path) -> 
         )
     )
     return ["coredns", "-conf", str(corefile)]
+
+
+def provisioner_args(layout: Layout, ports: dict[str, int], *, kubeconfig: Path) -> list[str]:
+    """The volume provisioner (``provisioner/main.go``, on the sig-storage provisioner library).
+
+    For each claim of :data:`STORAGE_CLASS` it makes a directory under ``dynamic_volumes``,
+    owned by the workers' uid and gid 1000 (Kubernetes applies no ``fsGroup`` to hostPath),
+    and binds the claim to a hostPath volume on it; the class's ``Delete`` removes the
+    directory with the claim. ``/metrics`` on loopback answers once it runs.
+    """
+    return [
+        "local-dir-provisioner",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--base-dir",
+        str(layout.dynamic_volumes),
+        "--metrics-address",
+        f"127.0.0.1:{ports['provisioner-metrics']}",
+    ]
+
+
+def storage_class() -> dict[str, Any]:
+    """The cluster's default StorageClass, which the volume provisioner serves.
+
+    Binding is Immediate: the directory is on the machine every node runs on, so there is no
+    node to wait for. A claim without ``storageClassName`` gets this class (the API server's
+    DefaultStorageClass admission).
+    """
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": PROVISIONER,
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }

@@ -5,8 +5,8 @@ as a plain subprocess (no shell) on ports picked at run time, waits until it is 
 records what it started in ``<state_dir>/cluster.json`` so another process (the CLI's
 ``down``/``status``) can find it.
 The cluster's network (``network``: one bridge, fenced) comes first, so the API server can
-listen on the bridge; cluster DNS (CoreDNS) and then kubelet nodes (``nodes``, ``nodeconf``)
-come last.
+listen on the bridge; cluster DNS (CoreDNS), the volume provisioner with its default
+StorageClass, and then kubelet nodes (``nodes``, ``nodeconf``) come last.
 
 Component command lines live in ``components``. This module does not build binaries
 (``build-binaries.sh`` does) or images (``images`` does).
@@ -111,6 +111,11 @@ class Cluster:
         return self._layout.logs
 
     @property
+    def dynamic_volumes(self) -> Path:
+        """Where the provisioner makes each claim's directory, ``<namespace>-<claim>-<pv>``."""
+        return self._layout.dynamic_volumes
+
+    @property
     def server(self) -> str:
         return f"https://{network.GATEWAY}:{self.ports['apiserver']}"
 
@@ -134,9 +139,8 @@ class Cluster:
         if procs.Registry(layout.state).alive():
             raise ControlPlaneError(f"a cluster is already running in {layout.root}; run down")
         components.reset(layout)
-        names = ("etcd", "etcd-peer", "apiserver", "controller-manager", "scheduler", "dns-ready")
         cluster = cls(layout.root, bin_dir=bin_dir or find_bin_dir(), ports={})
-        cluster.ports = {name: _free_port() for name in names}
+        cluster.ports = {name: _free_port() for name in components.PORTS}
         try:
             cluster._start(nodes or NodeOptions(), deadline=time.monotonic() + timeout)
         except BaseException:
@@ -229,8 +233,17 @@ class Cluster:
         self._spawn("cluster-dns", dns)
         ready = f"http://127.0.0.1:{self.ports['dns-ready']}/ready"
         self._poll("cluster-dns", functools.partial(procs.http_ok, ready), deadline)
+        self._start_storage(deadline)
         if wanted.nodes:
             self._start_nodes(wanted, deadline=deadline)
+
+    def _start_storage(self, deadline: float) -> None:
+        """The volume provisioner and the default StorageClass it serves."""
+        argv = components.provisioner_args(self._layout, self.ports, kubeconfig=self.kubeconfig)
+        self._spawn("storage-provisioner", argv)
+        self.kubectl("create", "-f", "-", input=json.dumps(components.storage_class()))
+        metrics = f"http://127.0.0.1:{self.ports['provisioner-metrics']}/metrics"
+        self._poll("storage-provisioner", functools.partial(procs.http_ok, metrics), deadline)
 
     def _start_nodes(self, wanted: NodeOptions, *, deadline: float) -> None:
         refs = (images.PAUSE, *(r for r in wanted.images if r != images.PAUSE))

@@ -143,6 +143,7 @@ def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
         "controller-manager",
         "scheduler",
         "cluster-dns",
+        "storage-provisioner",
     }
     eventually(lambda: not any(running(p["pid"]) for p in started), timeout=5, what="all stopped")
     assert cli("status").returncode == 1
