@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 
 from fsdp_operator import detect, goodput, observed, policy, status
 from fsdp_worker import catalog, contract, interval
@@ -155,6 +156,28 @@ def _track(d: Decision, obs: observed.Observed) -> None:
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
     if ck is not None and ours and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+
+
+def _completion_report(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -> None:
+    """Rank 0's last word on success (contract.COMPLETED): the step it trained to and the
+    newest step it sealed. The last scrape may be steps behind, and a blind operator reads no
+    checkpoint: without this a finished job would show where it was a scrape interval ago."""
+    rank0 = next((p for p in pods if p.rank == 0), None)
+    doc = rank0.worker_cause() if rank0 is not None else {}
+    if doc.get("class") != contract.COMPLETED:
+        return
+    step = doc.get("step") if isinstance(doc.get("step"), int) else None
+    try:
+        sealed = json.loads(str(doc.get("message") or "{}")).get("sealedStep")
+    except (ValueError, AttributeError):
+        sealed = None
+    sealed = sealed if isinstance(sealed, int) and not isinstance(sealed, bool) else None
+    s = d.status
+    if step is not None and (s.step is None or step > s.step):
+        s.step = step
+    if sealed is not None:
+        final = observed.Progress(step=step, checkpoint_step=sealed)
+        _sealed_and_resumed(d, dataclasses.replace(obs, progress=final))
 
 
 def _quarantined_by_pods(d: Decision, prog: observed.Progress, directory: str) -> None:
@@ -553,6 +576,7 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
     if failure is not None:
         return _on_failure(d, obs, failure, tun)
     if detect.succeeded(now_seen):
+        _completion_report(d, obs, pods)
         return _finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
     stale = [p for p in obs.pods if p.attempt != s.attempt]
     for pod in stale:

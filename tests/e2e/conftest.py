@@ -11,8 +11,11 @@ Two ways in:
   ``docker pause`` of the node's container).
 
 Either way the suite installs the chart (``helm upgrade --install``) into its own namespace
-with the operator image, and uninstalls it when the suite ends, so no other operator acts on
-its jobs and it acts on no one else's.
+with the operator image and otherwise the chart's defaults (no ``checkpointMount``: the
+operator reads no tenant's storage, the pods choose their checkpoints), and uninstalls it when
+the suite ends, so no other operator acts on its jobs and it acts on no one else's. Each test
+namespace gets its claim from the cluster's default StorageClass here (a real provisioner), a
+hostPath volume on the shared directory elsewhere.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from localcluster import images
 
 NAMESPACE = "fsdp-e2e"
 RELEASE = "fsdp-e2e"
-OPERATOR_CLAIM = "fsdp-e2e-checkpoints"
 WORKER_UID = stack.WORKER_UID
 
 
@@ -89,14 +91,46 @@ class E2E:
     """What a test needs: the cluster, its faults, the shared volume and the images."""
 
     def __init__(self, *, kube: Any, faults: Faults, host_dir: Path, node_dir: str,
-                 worker_image: str, operator_image: str) -> None:  # fmt: skip
+                 worker_image: str, operator_image: str,
+                 dynamic: bool = False) -> None:  # fmt: skip
         self.kube, self.faults = kube, faults
         self.host_dir, self.node_dir = host_dir, node_dir
         self.worker_image, self.operator_image = worker_image, operator_image
         self.operator = stack.ChartOperator(kube, namespace=NAMESPACE, release=RELEASE)
+        self.dynamic = dynamic
+        self.claims: dict[tuple[str, str], Path] = {}
+        """(namespace, claim) -> the claim's directory as this machine sees it."""
 
     def claim(self, namespace: str, name: str = "ckpt") -> Path:
-        """An RWX claim bound to a hostPath PV on the shared directory; returns its host view.
+        """A ReadWriteMany claim in `namespace`; returns its directory as this machine sees it.
+
+        On this machine the cluster's default StorageClass provisions it (a real provisioner,
+        `localcluster/provisioner`), as a tenant's claim would be; elsewhere it is bound to a
+        hostPath volume on the shared directory.
+        """
+        host = self._provisioned(namespace, name) if self.dynamic else self._static(namespace, name)
+        self.claims[namespace, name] = host
+        return host
+
+    def _provisioned(self, namespace: str, name: str) -> Path:
+        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": name, "namespace": namespace},
+                 "spec": {"accessModes": ["ReadWriteMany"],
+                          "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(claim))
+
+        def bound() -> str | None:
+            got = self.kube.get_json("pvc", "-n", namespace, name)
+            return got["spec"].get("volumeName") if got["status"].get("phase") == "Bound" else None
+
+        def why() -> str:
+            return self.kube.kubectl("describe", "pvc", "-n", namespace, name, check=False).stdout
+
+        volume = stack.wait_for(f"claim {namespace}/{name} bound", bound, timeout=90, context=why)
+        return Path(self.kube.get_json("pv", volume)["spec"]["hostPath"]["path"])
+
+    def _static(self, namespace: str, name: str) -> Path:
+        """An RWX claim bound to a hostPath PV on the shared directory.
 
         The directory is made the workers' (uid/gid 1000): Kubernetes applies fsGroup to
         volumes that support ownership management, and hostPath and NFS exports do not.
@@ -119,7 +153,7 @@ def _local(request: pytest.FixtureRequest) -> E2E:
     root.mkdir(parents=True, exist_ok=True)
     return E2E(kube=cluster, faults=local_faults.Faults.for_cluster(cluster.state_dir),
                host_dir=root, node_dir=str(root), worker_image=images.WORKER,
-               operator_image=images.OPERATOR)  # fmt: skip
+               operator_image=images.OPERATOR, dynamic=True)  # fmt: skip
 
 
 def _remote() -> E2E:
@@ -143,11 +177,12 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
     kube = env.kube
     stack.install_crd(kube)
     kube.kubectl("create", "namespace", NAMESPACE, check=False)
-    _operator_view(env)
     repository, tag = _split(env.operator_image)
+    # The chart's defaults but for the image and two timings: no checkpointMount, so the
+    # operator reads no tenant's storage and the pods choose their checkpoints (auto), as in a
+    # default install (docs/contract.md).
     values = {
         "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
-        "checkpointMount.volume.persistentVolumeClaim.claimName": OPERATOR_CLAIM,
         "settings.nodeExclusionSeconds": "20", "settings.drainTimeoutSeconds": "30",
     }  # fmt: skip
     stack.install_chart(kube, values=values, namespace=NAMESPACE, release=RELEASE)
@@ -155,12 +190,3 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
         yield env
     finally:
         stack.uninstall_chart(kube, namespace=NAMESPACE, release=RELEASE)
-
-
-def _operator_view(env: E2E) -> None:
-    """The operator's claim: the shared directory that holds every job's claim (the chart
-    mounts it at checkpointMount.path; the template finds a claim inside; it renames corrupt
-    checkpoints aside, so it is writable)."""
-    docs = stack.hostpath_claim(namespace=NAMESPACE, name=OPERATOR_CLAIM, path=env.node_dir,
-                                pv_name=OPERATOR_CLAIM)  # fmt: skip
-    env.kube.kubectl("apply", "-f", "-", input=stack.as_list(docs))

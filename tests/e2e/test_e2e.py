@@ -7,6 +7,7 @@ images built here; elsewhere, a kind cluster (``make kind-e2e``).
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 import uuid
 from pathlib import Path
@@ -15,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from fsdp_worker import catalog
+from fsdp_operator import names
+from fsdp_worker import catalog, contract
 from harness import stack
 from tests.e2e.conftest import E2E, NAMESPACE, WORKER_UID
 
@@ -124,7 +126,7 @@ def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> 
     # progressDeadlineSeconds / 4 (22 s here), and a CI run whose steps took 0.16 s had the
     # job 125 steps further than its status said, so attempt 2 finished all steps before the
     # node loss was detected and no attempt trained after it.
-    ckpt = e2e.host_dir / namespace / "ckpt" / "survivor"
+    ckpt = e2e.claims[namespace, "ckpt"] / "survivor"
     _wait(jobs, "survivor", "a checkpoint of attempt 1", lambda: _sealed(ckpt, attempt=1))
     e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)  # its first rank
     s = _wait(jobs, "survivor", "restart after the crash",
@@ -202,3 +204,84 @@ def test_failing_ranks_termination_message_reaches_last_failure(e2e: E2E, namesp
     assert failure["cause"] == "ConfigError", failure
     assert "no-such-tokens.bin" in failure["message"], "the rank's own words, via torchrun"
     assert done["restarts"]["total"] == 0, "a config error is not retried"
+
+
+OWN_STEPS = 400  # at >= 0.2 s a step: the node loss lands while both jobs still train
+
+
+def _own_trainer_job(e2e: E2E, name: str, trainer: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """A job running one of examples/trainers/ (in the worker image at /opt/fsdp-examples)."""
+    doc = _job(e2e, name, nprocPerNode=1, training={"steps": OWN_STEPS}, **spec)
+    doc["spec"]["trainer"] = trainer
+    return doc
+
+
+def _restarted(jobs: stack.Jobs, name: str, attempt: int, cause: str) -> dict[str, Any]:
+    """Wait for `attempt` of job `name`, and check the failure that led to it."""
+    s = _wait(jobs, name, f"attempt {attempt} after {cause}",
+              lambda: (s := jobs.status(name)).get("attempt", 0) >= attempt and s)  # fmt: skip
+    assert s["lastFailure"]["cause"] == cause, s["lastFailure"]
+    return dict(s)
+
+
+def test_teams_own_trainers_survive_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
+    """Two trainers of a team's own at once, sharing the faults: one on the trainer kit
+    (markers, exact data cursor), one that knows nothing of the operator (torchtitan's layout,
+    `.metadata` as the proof). Each survives a rank crash and the loss of a node it runs on,
+    and resumes from its newest complete checkpoint."""
+    jobs = stack.Jobs(e2e.kube, namespace)
+    kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
+    jobs.apply(_own_trainer_job(e2e, "kit", kit))
+    titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
+                  str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
+    titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
+    # It serves no progress: hang detection would count from its start (docs/contract.md).
+    jobs.apply(_own_trainer_job(e2e, "titan", titan, checkpoint={"completion": "DCPMetadata"},
+                                failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
+    ckpt = e2e.claims[namespace, "ckpt"]
+    proofs = {"kit": contract.Proof.MARKER, "titan": contract.Proof.DCP_METADATA}
+
+    def sealed(name: str) -> int:
+        root = ckpt / name
+        if not root.is_dir():
+            return 0
+        found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), ".", proof=proofs[name])
+        return max((c.step for c in found if c.ok), default=0)
+
+    def trains_on(attempt: int) -> dict[str, list[dict[str, Any]]]:
+        """Each job's pods of `attempt`, once that attempt has sealed a checkpoint."""
+        running = {name: _running(jobs, name, attempt) for name in proofs}
+        for name, before in {name: sealed(name) for name in proofs}.items():
+            _wait(jobs, name, f"a checkpoint of attempt {attempt}",
+                  lambda n=name, b=before: sealed(n) > b)  # fmt: skip
+        return running
+
+    for pods in trains_on(1).values():
+        e2e.faults.kill_rank(namespace, pods[1]["metadata"]["name"], rank=1)
+    for name in proofs:
+        _restarted(jobs, name, 2, "Crash")
+    # Each job's two pods are on two of the three nodes: one node runs a pod of both.
+    nodes = [{p["spec"]["nodeName"] for p in pods} for pods in trains_on(2).values()]
+    lost = sorted(set.intersection(*nodes))[0]
+    e2e.faults.lose_node(lost)
+    try:
+        for name in proofs:
+            _restarted(jobs, name, 3, "NodeLost")
+    finally:
+        e2e.faults.restore_node(lost)
+    done = {name: _wait(jobs, name, "Succeeded",
+                        lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
+                        timeout=600) for name in proofs}  # fmt: skip
+    assert all(s["restarts"]["total"] >= 2 for s in done.values()), done
+    # The operator reads no claim (the chart's default): the kit's rank 0 reports what it
+    # sealed; the other trainer reports nothing, and only its files say how far it got.
+    assert done["kit"]["lastCheckpoint"]["step"] == OWN_STEPS, done["kit"]
+    assert sealed("titan") == OWN_STEPS
+    found = catalog.list_checkpoints(catalog.LocalStorage(str(ckpt / "kit")), ".")
+    markers = [c.marker for c in found if c.ok and c.marker is not None]
+    last = max(markers, key=lambda m: m.step)
+    assert last.step == OWN_STEPS and last.attempt >= 3 and (last.resumed_from_step or 0) > 0
+    assert all(m.samples_consumed == m.step * 16 for m in markers), "the kit's data cursor"
+    rank0 = names.pod_name("titan", attempt=done["titan"]["attempt"], node_rank=0)
+    log = jobs.cluster.kubectl("logs", "-n", namespace, rank0, check=False).stdout
+    assert re.search(r"loaded the checkpoint from \S+/step-\d+", log), log[-2000:]

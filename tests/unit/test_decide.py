@@ -6,6 +6,7 @@ No cluster and no clock: each row is an observation and the decision a user woul
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
@@ -724,3 +725,31 @@ def test_checkpoints_the_pods_set_aside_are_kept_and_said_once() -> None:
     assert said == ["/ckpt/llama/step-45 failed verification; attempt 2's rank 0 set it aside"]
     again = dc.decide(dataclasses.replace(obs, status=d.status))
     assert not [e for e in again.events if e.reason == "CheckpointQuarantined"]
+
+
+def test_a_finished_job_shows_where_rank_0_finished_not_its_last_scrape() -> None:
+    # The last scrape saw step 199 of 300; the operator reads no claim. Rank 0's completion
+    # report is the only word on the end (seen on the chart's default install).
+    done = json.dumps({"class": contract.COMPLETED, "rank": 0, "step": 300, "exitCode": 0,
+                       "message": contract.completion_message(sealed_step=300)})  # fmt: skip
+    finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
+    finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
+    status = running_status(step=199, resume_path="auto")
+    obs = observe(status=status, pods=pods(**finished), checkpoint=None, progress=None)
+    obs = dataclasses.replace(obs, checkpoints_visible=False, checkpoint_dir="/ckpt/llama")
+    d = dc.decide(obs)
+    assert d.status.phase is st.Phase.SUCCEEDED and d.status.step == 300
+    assert d.status.last_checkpoint is not None
+    assert (d.status.last_checkpoint.step, d.status.last_checkpoint.path) == (
+        300,
+        "/ckpt/llama/step-300",
+    )
+    assert d.status.sealed_step == 300
+
+
+def test_a_completion_report_that_does_not_parse_changes_nothing() -> None:
+    finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
+    finished["r0"]["message"] = '{"class": "Completed", "step": "x", "message": "{oops"}'
+    obs = observe(status=running_status(step=199), pods=pods(**finished), progress=None)
+    d = dc.decide(obs)
+    assert d.status.phase is st.Phase.SUCCEEDED and d.status.step == 199

@@ -44,6 +44,9 @@ def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(tmp_path:
     assert reference.rc == 0, reference.log[-3000:]
     expected = _plain_losses(reference.log)
     assert sorted(expected) == list(range(1, 13))
+    done = reference.termination()  # rank 0's last word, for an operator that reads no claim
+    assert (done["class"], done["step"], done["exitCode"]) == (contract.COMPLETED, 12, 0)
+    assert json.loads(done["message"]) == {"sealedStep": 12}
 
     root = tmp_path / "ckpt"
     # Rank 0 dies after step 9's files are written and before its marker: step 9 must never

@@ -140,6 +140,7 @@ class CheckpointManager:
             identity.attempt, identity.resumed_from_step, job_uid=identity.job_uid
         )
         self._inflight: _InFlight | None = None
+        self.sealed_step: int | None = None  # rank 0: the newest step this attempt sealed
         self._samples: dict[int, int] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-publish")
         torch.serialization.set_crc32_options(ZIP_CRC32)
@@ -342,6 +343,7 @@ class CheckpointManager:
             job_uid=self.identity.job_uid,
         )
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
+        self.sealed_step = step
         total = time.monotonic() - started
         size = sum(f.size for f in manifest.values())
         self._record(step=step, blocking=blocking, total=total, size=size)

@@ -137,6 +137,17 @@ class FailureClass(enum.StrEnum):
     PREEMPTED = "Preempted"
 
 
+COMPLETED = "Completed"
+"""`class` of the message global rank 0 leaves when the run succeeds: `step` is the last step
+it trained, `message` the JSON object {"sealedStep": N or null}, the newest checkpoint it
+sealed. Without it, an operator that reads no claim only knows its last scrape."""
+
+
+def completion_message(*, sealed_step: int | None) -> str:
+    """The `message` of a COMPLETED report."""
+    return json.dumps({"sealedStep": sealed_step})
+
+
 NON_RETRYABLE_EXIT_CODES = frozenset({int(ExitCode.CONFIG_ERROR)})
 TERMINATION_MESSAGE_MAX_BYTES = 4096  # Kubernetes truncates at 4096 per container
 

@@ -280,6 +280,9 @@ class StandIn:
                 blocked.inc(time.monotonic() - began)
                 next_save = self.step + choice.steps
                 chose(choice)
+        if self.rank == 0:  # the final step and the newest sealed one, as the real worker says
+            done = contract.completion_message(sealed_step=self.step)
+            _terminate(rank=0, step=self.step, code=0, cls=contract.COMPLETED, message=done)
         return int(contract.ExitCode.SUCCESS)
 
 
