@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -39,14 +40,26 @@ def _plain(tmp: Path, root: Path, *, nproc: int, name: str, **kwargs: Any) -> An
     return launch(tmp, nproc=nproc, config=cfg, name=name, entry=(PLAIN,), **kwargs).wait()
 
 
-def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(tmp_path: Path) -> None:
-    reference = _plain(tmp_path, tmp_path / "ref", nproc=2, name="reference")
-    assert reference.rc == 0, reference.log[-3000:]
-    expected = _plain_losses(reference.log)
-    assert sorted(expected) == list(range(1, 13))
-    done = reference.termination()  # rank 0's last word, for an operator that reads no claim
+@pytest.fixture(scope="module")
+def plain_reference(worker_tmp: Path) -> Any:
+    """One uninterrupted 12-step run of the kit's example at world size 2 (saves every 3)."""
+    tmp = worker_tmp / "plain-reference"
+    run = _plain(tmp, tmp / "ckpt", nproc=2, name="reference")
+    assert run.rc == 0, run.log[-3000:]
+    return run
+
+
+def test_a_kit_trainer_reports_its_end(plain_reference: Any) -> None:
+    assert sorted(_plain_losses(plain_reference.log)) == list(range(1, 13))
+    done = plain_reference.termination()  # rank 0's last word, for an operator reading no claim
     assert (done["class"], done["step"], done["exitCode"]) == (contract.COMPLETED, 12, 0)
     assert json.loads(done["message"]) == {"sealedStep": 12}
+
+
+def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(
+    plain_reference: Any, tmp_path: Path
+) -> None:
+    expected = _plain_losses(plain_reference.log)
 
     root = tmp_path / "ckpt"
     # Rank 0 dies after step 9's files are written and before its marker: step 9 must never
@@ -125,11 +138,12 @@ def test_a_kit_trainer_saves_on_sigterm_and_serves_its_progress(tmp_path: Path) 
     assert (term["class"], term["exitCode"], term["step"]) == ("Preempted", 143, last)
 
 
-def test_choosing_under_auto_sets_a_corrupt_checkpoint_aside_and_says_so(tmp_path: Path) -> None:
+def test_choosing_under_auto_sets_a_corrupt_checkpoint_aside_and_says_so(
+    plain_reference: Any, tmp_path: Path
+) -> None:
     """What the operator does when it reads the claim, done by rank 0 when it cannot."""
     root = tmp_path / "ckpt"
-    first = _plain(tmp_path, root, nproc=2, name="first")
-    assert first.rc == 0, first.log[-3000:]
+    shutil.copytree(plain_reference.log_path.parent / "ckpt", root)
     shard = next(p for p in sorted((root / "step-12").iterdir()) if p.suffix == ".distcp")
     shard.write_bytes(shard.read_bytes()[:-1])  # truncated after it was sealed
     port = free_port()
