@@ -51,7 +51,13 @@ def _immutable(field: str) -> dict[str, Any]:
 class Backoff(_Model):
     """Exponential backoff between attempts."""
 
-    initial_seconds: int = Field(5, ge=0, le=3600, description="Delay before the 1st restart.")
+    initial_seconds: int = Field(
+        5,
+        ge=0,
+        le=3600,
+        description="Seconds before the 2nd restart in a row without a new checkpoint; the "
+        "delay doubles with each further one. A restart after progress is immediate.",
+    )
     max_seconds: int = Field(300, ge=0, le=86_400, description="Upper bound of the delay.")
 
     model_config = pydantic.ConfigDict(
@@ -139,11 +145,18 @@ CONFINEMENT_ANNOTATIONS = (
 _VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
 
 
-def _reserved_name(*, pattern: str, max_length: int, prefix: str) -> Any:  # a FieldInfo
+def _reserved_name(
+    *, pattern: str, max_length: int, prefix: str, description: str
+) -> Any:  # a FieldInfo
     """A name field that may not start with the operator's `prefix`: CEL at admission."""
     message = f"names starting with {prefix} are reserved for the operator"
     rule = _cel(f"!self.startsWith('{prefix}')", message)
-    return Field(pattern=pattern, max_length=max_length, json_schema_extra=_rules(rule))
+    return Field(
+        pattern=pattern,
+        max_length=max_length,
+        description=description,
+        json_schema_extra=_rules(rule),
+    )
 
 
 def _refuse_reserved(name: str, *, kind: str, prefix: str) -> str:
@@ -159,10 +172,17 @@ def _refuse_reserved(name: str, *, kind: str, prefix: str) -> str:
 class EnvVar(kubetypes.EnvVar):
     """A worker env var: Kubernetes' EnvVar without `$(VAR)` expansion or the operator's names."""
 
-    name: str = _reserved_name(pattern=ENV_NAME_PATTERN, max_length=128, prefix=RESERVED_ENV_PREFIX)
+    name: str = _reserved_name(
+        pattern=ENV_NAME_PATTERN,
+        max_length=128,
+        prefix=RESERVED_ENV_PREFIX,
+        description=f"Variable name; names starting with {RESERVED_ENV_PREFIX} are reserved.",
+    )
     value: str | None = Field(
         None,
         max_length=4096,
+        description="The value, as written: it must not contain '$(' (Kubernetes would expand "
+        "it). Or set valueFrom.",
         json_schema_extra=_rules(
             _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
         ),
@@ -188,7 +208,10 @@ class Volume(kubetypes.Volume):
     """A pod volume of one of the sources Pod Security "restricted" allows (no hostPath, ...)."""
 
     name: str = _reserved_name(
-        pattern=DNS_LABEL_PATTERN, max_length=63, prefix=RESERVED_VOLUME_PREFIX
+        pattern=DNS_LABEL_PATTERN,
+        max_length=63,
+        prefix=RESERVED_VOLUME_PREFIX,
+        description=f"Volume name; names starting with {RESERVED_VOLUME_PREFIX} are reserved.",
     )
 
     model_config = pydantic.ConfigDict(
@@ -240,13 +263,39 @@ class PodOverrides(_Model):
     """
 
     node_selector: dict[str, LabelValue] = Field(
-        default_factory=dict, max_length=64, json_schema_extra=_rules(_KEYS_RULE)
+        default_factory=dict,
+        max_length=64,
+        description="Labels a node must have to run a worker pod.",
+        json_schema_extra=_rules(_KEYS_RULE),
     )
-    tolerations: list[kubetypes.Toleration] = Field(default_factory=list, max_length=64)
-    affinity: kubetypes.Affinity | None = None
-    volumes: list[Volume] = Field(default_factory=list, max_length=64)
-    volume_mounts: list[kubetypes.VolumeMount] = Field(default_factory=list, max_length=64)
-    env: list[EnvVar] = Field(default_factory=list, max_length=128)
+    tolerations: list[kubetypes.Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Taints the worker pods tolerate (e.g. those of GPU nodes).",
+    )
+    affinity: kubetypes.Affinity | None = Field(
+        None,
+        description="Node and pod affinity of the worker pods. The operator adds its own "
+        "rules: one worker pod per node, and none on nodes excluded after a failure.",
+    )
+    volumes: list[Volume] = Field(
+        default_factory=list,
+        max_length=64,
+        description='More volumes for the worker pods, of the sources Pod Security "restricted" '
+        "allows (no hostPath), one source each.",
+    )
+    volume_mounts: list[kubetypes.VolumeMount] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Where the worker container mounts those volumes; not at /dev/shm, /tmp, "
+        "the termination log or checkpoint.root, which the operator mounts.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="More environment variables of the worker container, after the operator's "
+        "own.",
+    )
     termination_grace_period_seconds: int = Field(
         120,
         ge=1,
@@ -263,7 +312,12 @@ class PodOverrides(_Model):
             _cel("!self.startsWith('system-')", "the system-* priority classes are reserved")
         ),
     )
-    scheduler_name: str | None = Field(None, pattern=NAME_PATTERN, max_length=253)
+    scheduler_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description="Scheduler that places the worker pods; unset: the cluster's default.",
+    )
 
     @pydantic.field_validator("priority_class_name")
     @classmethod
@@ -282,12 +336,20 @@ class PodOverrides(_Model):
 
 
 class TemplateMetadata(_Model):
+    """`spec.template.metadata`: labels and annotations the user adds to the job's objects."""
+
     labels: dict[str, LabelValue] = Field(
-        default_factory=dict, max_length=64, json_schema_extra=_rules(_KEYS_RULE)
+        default_factory=dict,
+        max_length=64,
+        description="Labels added to every worker pod and to the job's headless Service. Keys "
+        "under fsdpoperator.io/ and the operator's own label keys are dropped.",
+        json_schema_extra=_rules(_KEYS_RULE),
     )
     annotations: dict[str, Annotated[str, Field(max_length=65_536)]] = Field(
         default_factory=dict,
         max_length=64,
+        description="Annotations added to every worker pod. Keys under fsdpoperator.io/ are "
+        "dropped; AppArmor and seccomp ones are refused (the operator sets RuntimeDefault).",
         json_schema_extra=_rules(_KEYS_RULE, _CONFINEMENT_RULE),
     )
 
@@ -311,8 +373,15 @@ class TemplateMetadata(_Model):
 class PodTemplate(_Model):
     """`spec.template`: pod overrides merged into every worker pod."""
 
-    metadata: TemplateMetadata = Field(default_factory=TemplateMetadata)
-    spec: PodOverrides = Field(default_factory=PodOverrides)
+    metadata: TemplateMetadata = Field(
+        default_factory=TemplateMetadata,
+        description="Labels and annotations for the worker pods.",
+    )
+    spec: PodOverrides = Field(
+        default_factory=PodOverrides,
+        description="The pod fields a user may set, as Kubernetes types them. The rest of the "
+        "pod (security context, command, ports, hostname) is the operator's.",
+    )
 
 
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -448,13 +517,40 @@ class FSDPJobSpec(_Model):
         default_factory=kubetypes.ResourceRequirements,
         description="Per-pod resources, e.g. limits: {nvidia.com/gpu: 8}.",
     )
-    training: config.TrainingConfig = Field(default_factory=config.TrainingConfig)
-    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    training: config.TrainingConfig = Field(
+        default_factory=config.TrainingConfig,
+        description="The training run: model, data, batch sizes, optimizer and schedule. model, "
+        "data, globalBatchSize and seed are immutable (checkpoints depend on them).",
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="Where checkpoints are written, how often, how many are kept, and what "
+        "proves one complete.",
+    )
     failure_policy: FailurePolicy = Field(default_factory=FailurePolicy)
-    suspend: bool = False
-    active_deadline_seconds: int | None = Field(None, ge=1, le=31_536_000)
-    ttl_seconds_after_finished: int | None = Field(None, ge=0, le=31_536_000)
-    template: PodTemplate = Field(default_factory=PodTemplate)
+    suspend: bool = Field(
+        False,
+        description="true: the worker pods save a checkpoint and exit, and the job stays "
+        "Suspended; false again: it resumes from its newest checkpoint. Costs no restart budget.",
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=31_536_000,
+        description="Seconds the job may run, counted from its start or its last resume from "
+        "suspension; then it fails (DeadlineExceeded). Unset: no limit.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None,
+        ge=0,
+        le=31_536_000,
+        description="Seconds after the job succeeded or failed before the operator deletes it, "
+        "and its pods with it. Unset: kept until deleted.",
+    )
+    template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Labels, annotations and pod fields merged into every worker pod.",
+    )
 
     model_config = pydantic.ConfigDict(json_schema_extra=_SPEC_RULES)
 

@@ -8,6 +8,7 @@ unknown fields. It must not talk to a cluster.
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -80,7 +81,13 @@ def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
     for name, prop in node.get("properties", {}).items():
         if prop.get("type") == "object" and "properties" in prop:
             _default_objects(prop)
-            defaults = {k: v["default"] for k, v in prop["properties"].items() if "default" in v}
+            # Copies: a default shared with the property it came from would be written as a
+            # YAML anchor and alias (&id001, *id001), which readers of the CRD should not meet.
+            defaults = {
+                k: copy.deepcopy(v["default"])
+                for k, v in prop["properties"].items()
+                if "default" in v
+            }
             # Kubernetes types carry no defaults: an absent affinity stays absent.
             if name not in required and "default" not in prop and defaults:
                 prop["default"] = defaults

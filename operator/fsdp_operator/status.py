@@ -24,6 +24,8 @@ HISTORY_LIMIT = 20
 
 
 class Phase(enum.StrEnum):
+    """Where an FSDPJob is in its life (status.phase)."""
+
     PENDING = "Pending"
     RUNNING = "Running"
     RESTARTING = "Restarting"
@@ -36,7 +38,7 @@ TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 
 class Cause(enum.StrEnum):
-    """Why an attempt ended. Each cause is charged to one budget (see budget_of)."""
+    """Why an attempt ended. Each cause is charged to one restart budget (budget_of)."""
 
     CRASH = "Crash"  # a rank exited non-zero
     OOM = "OOMKilled"
@@ -70,33 +72,72 @@ def budget_of(cause: Cause) -> Budget:
 
 
 class CheckpointRef(_Model):
-    step: int
-    path: str
+    """A complete checkpoint: its step, where it is, and who wrote it when."""
+
+    step: int = Field(description="The training step the checkpoint holds.")
+    path: str = Field(
+        description="Its step-<N> directory, as the worker pods see it (under checkpoint.root)."
+    )
     attempt: int | None = Field(
         None,
         description="The attempt that wrote it; null when its marker does not say "
         "(checkpoint.completion: DCPMetadata).",
     )
     world_size: int = Field(description="The world size that wrote it; 0: not known.")
-    time: float | None = None
+    time: float | None = Field(
+        None,
+        description="When it was sealed, in unix seconds: the time in its marker, the "
+        "modification time of DCP's .metadata (checkpoint.completion: DCPMetadata), or, when "
+        "the operator cannot read the checkpoints, when rank 0 reported it.",
+    )
 
 
 class Restarts(_Model):
-    total: int = 0
-    application: int = 0
-    infrastructure: int = 0
-    without_progress: int = Field(0, description="Restarts since the last new checkpoint.")
+    """Restarts so far, per budget. Planned restarts (a resize, spec.suspend) are not counted."""
+
+    total: int = Field(0, description="Restarts charged to either budget.")
+    application: int = Field(
+        0,
+        description="Restarts after the training failed (crash, OOM, hang, non-zero exit): "
+        "failurePolicy.maxRestarts bounds them.",
+    )
+    infrastructure: int = Field(
+        0,
+        description="Restarts after the cluster failed the job (node lost, eviction or "
+        "preemption, pods unschedulable): failurePolicy.maxInfraRestarts bounds them.",
+    )
+    without_progress: int = Field(
+        0,
+        description="Application failures in a row whose attempt wrote no new checkpoint (any "
+        "other failure sets it back to 0): failurePolicy.maxRestartsWithoutProgress bounds "
+        "them, and backoff grows with them.",
+    )
 
 
 class Failure(_Model):
-    cause: Cause
-    rank: int | None = None
-    pod: str | None = None
-    node: str | None = None
-    exit_code: int | None = None
+    """A failure the operator detected: what failed, where, and why."""
+
+    cause: Cause = Field(
+        description="Why the attempt failed, e.g. Crash, OOMKilled, NodeLost, Hang."
+    )
+    rank: int | None = Field(
+        None, description="Node rank (pod index) of the failing pod; null: no single pod."
+    )
+    pod: str | None = Field(None, description="Name of the failing pod; null: no single pod.")
+    node: str | None = Field(None, description="Node the failing pod ran on, if it was bound.")
+    exit_code: int | None = Field(None, description="The failing container's exit code.")
     step: int | None = Field(None, description="The step the failing rank was at (its report).")
-    message: str = Field("", max_length=4096)
-    time: float
+    message: str = Field(
+        "",
+        max_length=4096,
+        description="What went wrong, in words: the failing rank's own message, else the pod's "
+        "or the operator's (at most 1024 characters).",
+    )
+    time: float = Field(
+        description="When the attempt stopped being useful, in unix seconds: the pod's exit, "
+        "the node going NotReady, the last step before a hang, or the end of the pending "
+        "timeout (eviction, vanished pods: when the operator saw it).",
+    )
 
 
 class Timeline(_Model):
@@ -105,7 +146,7 @@ class Timeline(_Model):
 
     cause: Cause | None = Field(None, description="Why the previous attempt ended.")
     failed: float | None = Field(None, description="The previous attempt stopped being useful.")
-    detected: float | None = None
+    detected: float | None = Field(None, description="The operator detected that end.")
     gang_gone: float | None = Field(None, description="No pod of an earlier attempt was left.")
     launched: float | None = Field(None, description="This attempt's pods were created.")
     scheduled: float | None = Field(None, description="Every pod was bound to a node.")
@@ -171,16 +212,45 @@ def time_to_resume(tl: Timeline) -> float | None:
 
 
 class HistoryEntry(_Model):
-    attempt: int
-    started: float | None = None
-    ended: float | None = None
-    cause: Cause | None = None
-    resumed_from_step: int | None = None
-    steps_lost: int | None = None
-    world_size: int
-    detect_seconds: float | None = None
-    recover_seconds: float | None = None
-    timeline: Timeline | None = None
+    """One attempt: a launch of the whole gang of worker pods, and how it ended."""
+
+    attempt: int = Field(description="The attempt's number (1 for the first).")
+    started: float | None = Field(None, description="When its pods were created (unix seconds).")
+    ended: float | None = Field(
+        None,
+        description="When the operator ended it (unix seconds); null while it runs, and for an "
+        "attempt that completed the training.",
+    )
+    cause: Cause | None = Field(
+        None,
+        description="Why it ended (Resize and Suspended are planned stops); null like ended.",
+    )
+    resumed_from_step: int | None = Field(
+        None,
+        description="The checkpoint step it loaded; null: it started from scratch, or its pods "
+        "chose the checkpoint and have not reported it yet.",
+    )
+    steps_lost: int | None = Field(
+        None,
+        description="Steps it trained past the checkpoint the next attempt resumed from: work "
+        "done again. Known when the next attempt launches.",
+    )
+    world_size: int = Field(description="Ranks: pods x nprocPerNode.")
+    detect_seconds: float | None = Field(
+        None,
+        description="Seconds from its failure to the operator detecting it; null for planned "
+        "stops and for attempts that ended with the job.",
+    )
+    recover_seconds: float | None = Field(
+        None,
+        description="Seconds from the teardown of the attempt before it to all its own pods "
+        "running; null for the first attempt.",
+    )
+    timeline: Timeline | None = Field(
+        None,
+        description="How it came to train: unix times from the previous attempt's stop (absent "
+        "for the first attempt) to its own first step. Worker times are rank 0's report.",
+    )
     steps_run: int | None = Field(None, description="Steps this attempt completed (rank 0).")
     train_seconds: float | None = Field(None, description="Seconds those steps took.")
     blocked_seconds: float | None = Field(None, description="Seconds blocked on saves.")
@@ -189,8 +259,10 @@ class HistoryEntry(_Model):
 class Goodput(_Model):
     """Where the job's wall time went, since its first attempt was launched."""
 
-    since: float
-    wall_seconds: float = 0.0
+    since: float = Field(description="When the first attempt was launched (unix seconds).")
+    wall_seconds: float = Field(
+        0.0, description="Seconds from since to now, or to the job's finish."
+    )
     productive_seconds: float = Field(0.0, description="Steps that count: not redone.")
     fraction: float = Field(0.0, description="productiveSeconds / wallSeconds.")
     lost_seconds: dict[str, float] = Field(
@@ -203,8 +275,13 @@ class Goodput(_Model):
     folded_productive_seconds: float = Field(
         0.0, description="Of attempts no longer in history (its limit): kept as totals."
     )
-    folded_lost_seconds: dict[str, float] = Field(default_factory=dict)
-    folded_redone_seconds: float = 0.0
+    folded_lost_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="lostSeconds by cause of attempts no longer in history, kept as totals.",
+    )
+    folded_redone_seconds: float = Field(
+        0.0, description="redoneSeconds of attempts no longer in history, kept as a total."
+    )
 
 
 class Reliability(_Model):
@@ -218,35 +295,72 @@ CheckpointInterval = interval.Choice  # the interval the workers use now, and (a
 
 
 class Condition(_Model):
-    type: str
-    status: str
-    reason: str
-    message: str = ""
-    last_transition_time: str
+    """A standard Kubernetes condition, as `kubectl wait --for=condition=...` reads it."""
+
+    type: str = Field(
+        description="Progressing (Pending, Running or Restarting), Suspended, Complete, Failed, "
+        "Conflict (objects or checkpoints the job will not adopt block it) or ReconcileError "
+        "(the operator's last pass over the job failed)."
+    )
+    status: str = Field(description='"True" or "False".')
+    reason: str = Field(description="Why, in one CamelCase word.")
+    message: str = Field("", description="Details, in words.")
+    last_transition_time: str = Field(
+        description="When status last changed (RFC 3339, UTC, whole seconds)."
+    )
 
 
 class ExcludedNode(_Model):
-    node: str
-    until: float
+    """A node kept out of new attempts after it was lost under one."""
+
+    node: str = Field(description="The node's name.")
+    until: float = Field(description="New attempts avoid it until this time (unix seconds).")
 
 
 class FSDPJobStatus(_Model):
     """`status` of an FSDPJob. Times are unix seconds (floats) unless they are conditions'."""
 
-    phase: Phase = Phase.PENDING
-    reason: str = ""
-    message: str = ""
-    observed_generation: int | None = None
+    phase: Phase = Field(
+        Phase.PENDING,
+        description="Pending (the first attempt, or the first after a suspension, is starting), "
+        "Running (every pod of the attempt is running), Restarting (an attempt ended and the "
+        "next one is on its way), Suspended (spec.suspend), Succeeded or Failed (final).",
+    )
+    reason: str = Field(
+        "",
+        description="Why the job is in its phase, in one CamelCase word: for Restarting and "
+        "Failed the cause (e.g. Crash, NodeLost, RestartBudgetExhausted), else e.g. Created or "
+        "AllPodsRunning.",
+    )
+    message: str = Field("", description="Details of the phase, in words.")
+    observed_generation: int | None = Field(
+        None, description="The metadata.generation of the spec the operator last acted on."
+    )
     validated_generation: int | None = Field(
         None, description="Generation whose worker pod the API server accepted in a dry run."
     )
-    attempt: int = 0
+    attempt: int = Field(
+        0, description="Number of the current (or last) attempt; 0 before the first launch."
+    )
     replicas: int | None = Field(None, description="Pods in the current attempt.")
     world_size: int | None = Field(None, description="Ranks in the current attempt.")
-    step: int | None = None
-    last_progress_time: float | None = None
-    attempt_started: float | None = None
-    resumed_from_step: int | None = None
+    step: int | None = Field(
+        None,
+        description="Last completed training step, as rank 0 reported it or a checkpoint proves.",
+    )
+    last_progress_time: float | None = Field(
+        None,
+        description="When the operator last saw step advance in this attempt (unix seconds); "
+        "failurePolicy.progressDeadlineSeconds counts from it.",
+    )
+    attempt_started: float | None = Field(
+        None, description="When the current attempt's pods were created (unix seconds)."
+    )
+    resumed_from_step: int | None = Field(
+        None,
+        description="The checkpoint step the current attempt loaded; null: from scratch, or "
+        "its pods chose the checkpoint and have not reported it yet.",
+    )
     resume_path: str | None = Field(
         None, description='The checkpoint the attempt loads; "auto": its pods choose (rules).'
     )
@@ -262,18 +376,59 @@ class FSDPJobStatus(_Model):
     next_attempt_at: float | None = Field(None, description="Backoff: next attempt not before.")
     failure_observed: float | None = Field(None, description="When the last teardown began.")
     drain: bool = Field(False, description="Wait for old pods to exit (they save on SIGTERM).")
-    started: float | None = None
-    finished: float | None = None
-    last_checkpoint: CheckpointRef | None = None
-    restarts: Restarts = Field(default_factory=Restarts)
-    last_failure: Failure | None = None
-    history: list[HistoryEntry] = Field(default_factory=list, max_length=HISTORY_LIMIT)
+    started: float | None = Field(
+        None,
+        description="When the job started, or last resumed from suspension (unix seconds): "
+        "activeDeadlineSeconds counts from it.",
+    )
+    finished: float | None = Field(
+        None,
+        description="When the job Succeeded or Failed (unix seconds); ttlSecondsAfterFinished "
+        "counts from it.",
+    )
+    last_checkpoint: CheckpointRef | None = Field(
+        None,
+        description="The newest complete checkpoint: the one the next attempt resumes from.",
+    )
+    restarts: Restarts = Field(default_factory=Restarts, description="Restarts so far, per budget.")
+    last_failure: Failure | None = Field(
+        None, description="The most recent failure the operator detected."
+    )
+    history: list[HistoryEntry] = Field(
+        default_factory=list,
+        max_length=HISTORY_LIMIT,
+        description=f"The job's attempts, oldest first; the newest {HISTORY_LIMIT} are kept "
+        "(goodput keeps the totals of older ones).",
+    )
     next_timeline: Timeline | None = Field(
         None, description="Between an attempt's end and the next launch: its timeline so far."
     )
-    goodput: Goodput | None = None
-    reliability: Reliability = Field(default_factory=Reliability)
-    checkpoint_interval: CheckpointInterval | None = None
-    excluded_nodes: list[ExcludedNode] = Field(default_factory=list, max_length=64)
-    quarantined: list[str] = Field(default_factory=list, max_length=64)
-    conditions: list[Condition] = Field(default_factory=list, max_length=16)
+    goodput: Goodput | None = Field(
+        None,
+        description="Where the job's wall time went since its first launch: productive steps, "
+        "and time lost by cause.",
+    )
+    reliability: Reliability = Field(
+        default_factory=Reliability,
+        description="The job's failure record, for checkpoint.intervalSteps: auto.",
+    )
+    checkpoint_interval: CheckpointInterval | None = Field(
+        None,
+        description="The checkpoint interval rank 0 uses now and, with intervalSteps: auto, "
+        "the figures it was chosen from.",
+    )
+    excluded_nodes: list[ExcludedNode] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Nodes lost under an attempt: new attempts are not scheduled on them for a "
+        "while (an operator setting, 5 minutes by default).",
+    )
+    quarantined: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Checkpoint directories that failed verification, newest 64: never resumed "
+        "from.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, description="Standard Kubernetes conditions."
+    )

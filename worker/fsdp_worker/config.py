@@ -160,26 +160,42 @@ class OptimizerConfig(_Model):
     """AdamW settings."""
 
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    beta1: float = Field(0.9, ge=0, lt=1)
-    beta2: float = Field(0.95, ge=0, lt=1)
-    eps: float = Field(1e-8, gt=0, le=1)
-    weight_decay: float = Field(0.1, ge=0, le=10)
+    beta1: float = Field(0.9, ge=0, lt=1, description="Decay rate of the gradient average.")
+    beta2: float = Field(
+        0.95, ge=0, lt=1, description="Decay rate of the squared-gradient average."
+    )
+    eps: float = Field(1e-8, gt=0, le=1, description="Added to the update's denominator.")
+    weight_decay: float = Field(0.1, ge=0, le=10, description="Decoupled weight decay.")
     grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
 
 
 class SchedulerConfig(_Model):
     """Learning-rate schedule: linear warmup then constant or cosine decay."""
 
-    kind: SchedulerKind = SchedulerKind.COSINE
-    warmup_steps: int = Field(0, ge=0, le=10_000_000)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    kind: SchedulerKind = Field(
+        SchedulerKind.COSINE,
+        description="After warmup: constant (lr), or cosine (from lr down to minLrRatio x lr "
+        "at the last step).",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, le=10_000_000, description="Steps of linear warmup up to lr; 0: none."
+    )
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Where cosine decay ends, as a fraction of lr."
+    )
 
 
 class PrecisionConfig(_Model):
     """FSDP2 mixed precision: parameter dtype for compute, dtype of gradient reduction."""
 
-    param: Precision = Precision.FP32
-    reduce: Precision = Precision.FP32
+    param: Precision = Field(
+        Precision.FP32,
+        description="Dtype the parameters are cast to for forward and backward; the sharded "
+        "parameters the optimizer updates are not cast.",
+    )
+    reduce: Precision = Field(
+        Precision.FP32, description="Dtype in which gradients are reduced across ranks."
+    )
 
 
 class TrainingConfig(_Model):
@@ -195,7 +211,11 @@ class TrainingConfig(_Model):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each transformer block's activations in backward instead of "
+        "keeping them: less memory, more compute.",
+    )
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed of model init and dropout.")
 
     model_config = pydantic.ConfigDict(
@@ -326,7 +346,10 @@ class CheckpointConfig(_Model):
     auto_interval: AutoIntervalConfig = Field(default_factory=AutoIntervalConfig)
     keep: int = Field(3, ge=1, le=1000, description="Complete checkpoints to retain.")
     async_: bool = Field(
-        False, alias="async", description="Save with dcp.async_save (one in flight)."
+        False,
+        alias="async",
+        description="Write checkpoints in the background while training goes on, one save at "
+        "a time. Off: training waits for each save to finish.",
     )
     bands_per_rank: int = Field(
         4,

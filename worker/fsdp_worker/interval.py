@@ -114,7 +114,9 @@ class Choice(config._Model):
     steps: int = Field(description="Steps between checkpoints now.")
     auto: bool = Field(description="Chosen by intervalSteps: auto (else the fixed number).")
     save_seconds: float | None = Field(None, description="Blocking cost of one checkpoint.")
-    step_seconds: float | None = None
+    step_seconds: float | None = Field(
+        None, description="Mean seconds of one training step, as the ranks measured it."
+    )
     mtbf_seconds: float | None = Field(None, description="The job's MTBF, prior included.")
     failures: int | None = Field(None, description="Failures that estimate has seen.")
 
