@@ -108,6 +108,9 @@ def main() -> None:
                 )
                 for old in done[: -args.keep_latest_k]:
                     shutil.rmtree(os.path.join(folder, f"step-{old}"), ignore_errors=True)
+    # Every rank done before any tears gloo down: one leaving early aborted a peer still in
+    # its last collective ("terminate called without an active exception", seen under load).
+    dist.barrier()
     dist.destroy_process_group()
 
 
