@@ -466,7 +466,10 @@ _SPEC_RULES = _rules(
         fieldPath=".minReplicas",
     ),
     _cel(
-        "self.training.globalBatchSize % (self.training.microBatchSize * self.replicas"
+        # Guarded: replicas 0 (refused by its own minimum) would add "modulus by zero" beside
+        # the real error.
+        "self.replicas < 1 || self.nprocPerNode < 1 || self.training.microBatchSize < 1 ||"
+        " self.training.globalBatchSize % (self.training.microBatchSize * self.replicas"
         " * self.nprocPerNode) == 0",
         "training.globalBatchSize must be divisible by training.microBatchSize x replicas x"
         " nprocPerNode",

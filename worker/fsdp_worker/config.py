@@ -329,6 +329,12 @@ class AutoIntervalConfig(_Model):
         "failure-free prior period of this length joins the job's own uptime and failures.",
     )
 
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=k8s_rules(
+            ("self.minSteps <= self.maxSteps", "autoInterval.maxSteps must be >= minSteps")
+        )
+    )
+
     @pydantic.model_validator(mode="after")
     def _bounds(self) -> AutoIntervalConfig:
         if self.max_steps < self.min_steps:
