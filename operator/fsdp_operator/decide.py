@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-import json
 
 from fsdp_operator import detect, goodput, observed, policy, status
 from fsdp_worker import catalog, contract, interval
@@ -167,11 +166,7 @@ def _completion_report(d: Decision, obs: observed.Observed, pods: list[observed.
     if doc.get("class") != contract.COMPLETED:
         return
     step = doc.get("step") if isinstance(doc.get("step"), int) else None
-    try:
-        sealed = json.loads(str(doc.get("message") or "{}")).get("sealedStep")
-    except (ValueError, AttributeError):
-        sealed = None
-    sealed = sealed if isinstance(sealed, int) and not isinstance(sealed, bool) else None
+    sealed = contract.completion_sealed_step(doc.get("message"))
     s = d.status
     if step is not None and (s.step is None or step > s.step):
         s.step = step

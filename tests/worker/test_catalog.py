@@ -273,3 +273,18 @@ def test_dcp_metadata_proof_takes_the_newest_step_whose_metadata_was_written(
     ]
     marker_mode, _ = catalog.select(storage, ".", config_hash=HASH, lineage=None)
     assert marker_mode is None, "without a marker nothing counts in the default mode"
+
+
+def test_a_chooser_sets_corrupt_checkpoints_aside_unless_fenced_out(tmp_path: Path) -> None:
+    for step in (3, 6):
+        write_step(tmp_path, step, attempt=2)
+    (tmp_path / "step-6" / "__0_0.distcp").write_bytes(b"short")  # truncated after sealing
+    storage = catalog.LocalStorage(str(tmp_path))
+    _, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=None)
+    catalog.raise_fence(storage, ".", attempt=3, job_uid=None)
+    with pytest.raises(catalog.Superseded):
+        catalog.quarantine_corrupt(storage, ".", rejected, attempt=2, job_uid=None)
+    assert (tmp_path / "step-6").is_dir(), "a superseded attempt changes nothing"
+    moved = catalog.quarantine_corrupt(storage, ".", rejected, attempt=3, job_uid=None)
+    assert moved == (6,) and (tmp_path / "step-6.quarantined-1").is_dir()
+    assert (tmp_path / "step-3").is_dir()

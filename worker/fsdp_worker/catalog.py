@@ -564,6 +564,32 @@ def quarantine(storage: Storage, root: str, step: int) -> str:
     raise CatalogError(f"too many quarantined copies of {src}")
 
 
+def quarantine_corrupt(
+    storage: Storage,
+    root: str,
+    rejected: Sequence[Candidate],
+    *,
+    attempt: int,
+    job_uid: str | None,
+) -> tuple[int, ...]:
+    """A writer that chose its own checkpoint sets aside those that failed verification, as
+    the operator does when it reads them; returns their steps. Superseded when a newer attempt
+    fenced ``root``: then it changes nothing. One that cannot be renamed is left (and logged by
+    the caller's listing): it is skipped either way."""
+    corrupt = [c for c in rejected if c.reason in CORRUPT]
+    if not corrupt:
+        return ()
+    check_fence(storage, root, attempt=attempt, job_uid=job_uid)
+    moved = []
+    for c in corrupt:
+        try:
+            quarantine(storage, root, c.step)
+        except (CatalogError, OSError):
+            continue
+        moved.append(c.step)
+    return tuple(moved)
+
+
 def retention_victims(candidates: Sequence[Candidate], *, keep: int) -> list[Candidate]:
     """Complete, usable checkpoints beyond the newest `keep`; incomplete ones are never chosen.
 

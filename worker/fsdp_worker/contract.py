@@ -148,6 +148,17 @@ def completion_message(*, sealed_step: int | None) -> str:
     return json.dumps({"sealedStep": sealed_step})
 
 
+def completion_sealed_step(message: object) -> int | None:
+    """The sealed step a COMPLETED report's `message` carries; None when it says none or does
+    not parse (a report is advice: it never raises)."""
+    try:
+        doc = json.loads(str(message or "{}"))
+    except ValueError:
+        return None
+    step = doc.get("sealedStep") if isinstance(doc, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 NON_RETRYABLE_EXIT_CODES = frozenset({int(ExitCode.CONFIG_ERROR)})
 TERMINATION_MESSAGE_MAX_BYTES = 4096  # Kubernetes truncates at 4096 per container
 

@@ -65,35 +65,6 @@ def _point(c: catalog.Candidate) -> ResumePoint:
     return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
 
 
-def _quarantine(
-    storage: catalog.LocalStorage,
-    root: str,
-    rejected: list[catalog.Candidate],
-    *,
-    attempt: int,
-    job_uid: str | None,
-) -> tuple[int, ...]:
-    """Set aside the checkpoints that failed verification, as the operator does when it reads
-    them, unless a newer attempt has fenced the directory (then this one must change nothing)."""
-    corrupt = [c for c in rejected if c.reason in catalog.CORRUPT]
-    if not corrupt:
-        return ()
-    try:
-        catalog.check_fence(storage, root, attempt=attempt, job_uid=job_uid)
-    except catalog.Superseded as exc:
-        raise errors.CheckpointError(str(exc)) from None
-    moved = []
-    for c in corrupt:
-        try:
-            where = catalog.quarantine(storage, root, c.step)
-        except (catalog.CatalogError, OSError) as exc:
-            log.warning("could not set %s aside: %s", c.path, exc)
-            continue
-        log.warning("quarantined %s as %s: %s: %s", c.path, where, c.reason, c.detail)
-        moved.append(c.step)
-    return tuple(moved)
-
-
 def _choose_auto(
     cfg: config.WorkerConfig,
     *,
@@ -110,7 +81,14 @@ def _choose_auto(
     )
     for c in rejected:
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
-    moved = _quarantine(storage, root, rejected, attempt=attempt, job_uid=job_uid)
+    try:
+        moved = catalog.quarantine_corrupt(
+            storage, root, rejected, attempt=attempt, job_uid=job_uid
+        )
+    except catalog.Superseded as exc:
+        raise errors.CheckpointError(str(exc)) from None
+    if moved:
+        log.warning("quarantined steps %s under %s: they failed verification", moved, root)
     if chosen is not None:
         return Choice(_point(chosen), moved)
     mismatched = [c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH]

@@ -102,13 +102,10 @@ class StandIn:
         )
         chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
         if self.rank == 0:  # sets aside what failed verification, as the real worker does
-            for c in rejected:
-                if c.reason in catalog.CORRUPT:
-                    catalog.check_fence(
-                        self.storage, ".", attempt=self.attempt, job_uid=self.job_uid
-                    )
-                    catalog.quarantine(self.storage, ".", c.step)
-                    self.quarantined.append(c.step)
+            moved = catalog.quarantine_corrupt(
+                self.storage, ".", rejected, attempt=self.attempt, job_uid=self.job_uid
+            )
+            self.quarantined.extend(moved)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
             return chosen.marker.step, chosen.marker.step
