@@ -33,6 +33,9 @@ ENV_TERMINATION_LOG = "FSDP_TERMINATION_LOG"  # defaults to /dev/termination-log
 # JSON (interval.Reliability): the job's failures and uptime so far and its last measured save
 # and step costs; set only for `intervalSteps: auto`, identical on every pod of an attempt.
 ENV_RELIABILITY = "FSDP_RELIABILITY"
+# The job's progressDeadlineSeconds: a rank that completes no step for this long prints its
+# stacks and flight record (FSDP_EVIDENCE); it keeps running, the operator decides.
+ENV_HANG_SECONDS = "FSDP_HANG_SECONDS"
 
 # What `spec.trainer.args` may reference as `$(NAME)` (Kubernetes expands them in the pod);
 # every other `$` in an argument reaches the trainer literally.
@@ -137,6 +140,15 @@ class FailureClass(enum.StrEnum):
     PREEMPTED = "Preempted"
 
 
+LIVE = "Live"
+"""`class` of the record the pod's first rank keeps in the termination-message file while it
+trains (`phase`, `step`, `memory`): what the kubelet reports when the rank is killed without
+a word (a kernel OOM kill). A failure's own message replaces it."""
+
+EVIDENCE_PREFIX = "FSDP_EVIDENCE"
+"""A rank's log line `FSDP_EVIDENCE {json}`: its flight record when it stopped stepping
+(docs/contract.md, "Evidence"); the operator reads it before it deletes a hung gang."""
+
 COMPLETED = "Completed"
 """`class` of the message global rank 0 leaves when the run succeeds: `step` is the last step
 it trained, `message` the JSON object {"sealedStep": N or null}, the newest checkpoint it
@@ -202,3 +214,5 @@ class IntervalInput(enum.StrEnum):
 
 # The termination message is one JSON object with these keys (all present, values may be null):
 TERMINATION_KEYS = ("class", "rank", "step", "exitCode", "message")
+# ...and these optional ones: where the rank was (flight.Recorder.where) and its memory figures.
+TERMINATION_OPTIONAL_KEYS = ("phase", "memory")

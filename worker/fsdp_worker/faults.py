@@ -1,4 +1,6 @@
-"""Fault injection for the worker's own tests, read from $FSDP_TEST_FAULTS.
+"""Fault injection for the worker's own tests, read from $FSDP_TEST_FAULTS (or, in a job's pods,
+where FSDP_* names are the operator's, from $WORKER_TEST_FAULTS: tests/e2e sets it through
+`spec.template.spec.env`; a job can only hurt itself with it).
 
 Format: comma-separated `name=value`, e.g. `kill_before_marker=6,step_sleep=0.1`. Unset in
 production, where every hook is a no-op. This module must not change behaviour otherwise.
@@ -14,10 +16,11 @@ from typing import Any
 from fsdp_worker.layout import BandedWriter
 
 ENV_FAULTS = "FSDP_TEST_FAULTS"
+ENV_POD_FAULTS = "WORKER_TEST_FAULTS"
 
 
 def _parse() -> dict[str, str]:
-    raw = os.environ.get(ENV_FAULTS, "")
+    raw = os.environ.get(ENV_FAULTS) or os.environ.get(ENV_POD_FAULTS) or ""
     pairs = (item.partition("=") for item in raw.split(",") if item)
     return {k.strip(): v.strip() for k, _, v in pairs}
 
@@ -40,6 +43,29 @@ def step_sleep() -> None:
     delay = number("step_sleep")
     if delay:
         time.sleep(delay)
+
+
+def _at(name: str, where: str, *, rank: int, step: int) -> bool:
+    """`name=<rank>:<step>:<where>`: this rank, this step, this place."""
+    parts = FAULTS.get(name, "").split(":")
+    return len(parts) == 3 and parts == [str(rank), str(step), where]
+
+
+def stall_if(where: str, *, rank: int, step: int) -> None:
+    """`stall_at=<rank>:<step>:<data|sync>`: this rank stops there for good (a hang)."""
+    if _at("stall_at", where, rank=rank, step=step):
+        while True:
+            time.sleep(3600)
+
+
+def exhaust_memory_if(where: str, *, rank: int, step: int) -> None:
+    """`oom_at=<rank>:<step>:<backward|save>`: allocate (and touch) memory until the kernel's
+    OOM killer ends the process, as an activation or a staging copy that does not fit would."""
+    if not _at("oom_at", where, rank=rank, step=step):
+        return
+    hoard = []
+    while True:
+        hoard.append(b"\x01" * (64 << 20))  # written: every page is resident
 
 
 def kill_self_if(name: str, step: int) -> None:

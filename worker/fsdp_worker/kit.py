@@ -55,6 +55,7 @@ from fsdp_worker import (
     contract,
     distributed,
     errors,
+    flight,
     interval,
     metrics,
     resume,
@@ -72,6 +73,9 @@ ConfigError = errors.ConfigError
 CheckpointError = errors.CheckpointError
 Preempted = errors.Preempted
 ResumePoint = resume.ResumePoint
+# Where the rank is, for the evidence of a hang or an OOM (flight.py): `with kit.phase(...)`.
+Phase = flight.Phase
+phase = flight.during
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,14 @@ def _int_env(name: str, default: int) -> int:
         return int(raw) if raw else default
     except ValueError:
         raise errors.ConfigError(f"environment {name}={raw!r} must be an integer") from None
+
+
+def _int_env_or(name: str, default: int) -> int:
+    """An integer from the environment, the default when unset or malformed (for reports)."""
+    try:
+        return _int_env(name, default)
+    except errors.ConfigError:
+        return default
 
 
 def load_settings() -> Settings:
@@ -160,6 +172,7 @@ class ModelState(Stateful):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.model, self.optimizer = model, optimizer
+        flight.watch_blocks(model)  # forward/backward of each fully_shard block, for evidence
 
     def state_dict(self) -> dict[str, Any]:
         optimizers = () if self.optimizer is None else self.optimizer
@@ -215,6 +228,7 @@ class Run:
         """The checkpoint to resume from, the same on every rank; collective. A checkpoint
         that should exist and does not stops the run (ConfigError), never a fresh start."""
         s = self.settings
+        flight.enter(flight.Phase.LOAD)
         choice = resume.choose(
             s.cfg,
             resume=s.resume,
@@ -232,7 +246,8 @@ class Run:
         Call once, before the first step: it also opens this attempt's checkpoint directory."""
         point = self.choose()
         if point is not None:
-            resume.read_into(point, lambda _keys: state_dict, dist_info=self.dist)
+            with flight.during(flight.Phase.LOAD):
+                resume.read_into(point, lambda _keys: state_dict, dist_info=self.dist)
             log.info("resumed from %s: step %d, samples %d", point.path, point.step, point.samples)
         self.opened(point)
         return point
@@ -259,10 +274,13 @@ class Run:
             dist_info=self.dist,
         )
         self._last_mark = time.monotonic()
+        flight.step_done(first)  # the watchdog counts from here, not from the imports
+        flight.enter(flight.Phase.DATA)
 
     def progress(self, step: int, *, loss: float | None = None) -> None:
         """Step `step` is done: rank 0's metrics say so (hang detection reads them)."""
         now = time.monotonic()
+        flight.step_done(step)
         self.step = step
         self.steps_run += 1
         self.step_seconds += now - self._last_mark
@@ -281,7 +299,8 @@ class Run:
         """Whether any rank got SIGTERM; every rank gets the same answer. Collective: call it
         on every rank once per step, so that all of them stop after the same step."""
         flag = torch.tensor(1.0 if self.stop_requested() else 0.0, device=self.dist.device)
-        dist.all_reduce(flag)
+        with flight.during(flight.Phase.SYNC):
+            dist.all_reduce(flag)
         return bool(flag.item() > 0)
 
     def save(self, step: int, *, samples: int, state: dict[str, Any]) -> None:
@@ -292,7 +311,8 @@ class Run:
                 "restart never trains from step 0 when a checkpoint exists"
             )
         began = time.monotonic()
-        self.manager.save_state(step, samples=samples, make_state=lambda: state)
+        with flight.during(flight.Phase.SAVE):
+            self.manager.save_state(step, samples=samples, make_state=lambda: state)
         blocking = time.monotonic() - began
         self.blocked_seconds += blocking
         self.meters.ckpt_blocked.set(self.blocked_seconds)
@@ -328,6 +348,7 @@ class Run:
             raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")
         if final:
             self.manager.wait()
+        flight.enter(flight.Phase.DATA)  # until the first block's forward, unless told
 
     @property
     def current_step(self) -> int | None:
@@ -364,6 +385,11 @@ def main(
     """
     rank = distributed.env_rank()
     _setup_logging(rank)
+    recorder = flight.start(
+        rank=rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        attempt=_int_env_or(contract.ENV_ATTEMPT, 0),
+    )
     stop = StopFlag()
     stop.install()
     code = int(contract.ExitCode.SUCCESS)
@@ -373,6 +399,11 @@ def main(
         if before_rendezvous is not None:
             before_rendezvous(settings)
         dist_info = distributed.init()
+        recorder.use_device(dist_info.device)
+        recorder.watch(
+            hang_seconds=_int_env(contract.ENV_HANG_SECONDS, 0) or None,
+            evidence_root=settings.cfg.checkpoint.root,
+        )
         meters = metrics.Metrics()
         if dist_info.rank == 0:
             meters.serve(settings.metrics_port)
@@ -380,6 +411,7 @@ def main(
         os.makedirs(settings.cfg.checkpoint.root, exist_ok=True)
         run = Run(settings, dist_info, meters, stop)
         train(run)
+        flight.enter(flight.Phase.DONE)
         log.info("training complete")
         if dist_info.rank == 0:  # what an operator that reads no claim cannot see otherwise
             sealed = run.manager.sealed_step if run.manager is not None else None
@@ -397,9 +429,15 @@ def main(
         if not isinstance(exc, errors.WorkerError | KeyboardInterrupt):
             log.error("%s", traceback.format_exc())
         termination.write(
-            failure_class=failure_class, rank=rank, step=step, exit_code=code, text=str(exc)
+            failure_class=failure_class,
+            rank=rank,
+            step=step,
+            exit_code=code,
+            text=str(exc),
+            extra=recorder.failure_fields(),
         )
     finally:
+        flight.finish(clear=code == contract.ExitCode.SUCCESS)
         if run is not None and run.manager is not None:
             run.manager.close(wait=code == contract.ExitCode.SUCCESS)
         distributed.destroy()

@@ -17,6 +17,7 @@ from fsdp_worker import (
     config,
     data,
     distributed,
+    flight,
     kit,
     ledger,
     model,
@@ -36,6 +37,7 @@ def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state
     template = model.meta_template(net, factory=tcfg.model.factory)
     parallelize.shard(net, mesh=di.mesh, precision=tcfg.precision, ac=tcfg.activation_checkpointing)
     model.materialize(net, device=di.device, seed=tcfg.seed, template=template)
+    flight.watch_blocks(net)
     opt = optim.build_optimizer(net, tcfg.optimizer)
     if di.rank == 0:
         dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32

@@ -27,6 +27,7 @@ from fsdp_worker import (
     data,
     errors,
     faults,
+    flight,
     ledger,
     metrics,
     schedule,
@@ -57,11 +58,14 @@ class Loop:
 
 def _forward_backward(loop: Loop, accum_index: int) -> torch.Tensor:
     cfg, model = loop.cfg, loop.st.model
+    step, rank = loop.st.step + 1, loop.dist.rank
+    flight.enter(flight.Phase.DATA)
+    faults.stall_if("data", rank=rank, step=step)
     inputs, targets = data.micro_batch(
         loop.source, plan=loop.plan, cursor=loop.st.samples, accum_index=accum_index
     )
     inputs, targets = inputs.to(loop.dist.device), targets.to(loop.dist.device)
-    logits = model(inputs)
+    logits = model(inputs)  # flight records each block's forward and backward
     tokens = cfg.global_batch_size * cfg.model.seq_len
     loss = (
         F.cross_entropy(
@@ -70,6 +74,7 @@ def _forward_backward(loop: Loop, accum_index: int) -> torch.Tensor:
         / tokens
     )
     (loss * loop.dist.world_size).backward()  # type: ignore[no-untyped-call]
+    faults.exhaust_memory_if("backward", rank=rank, step=step)
     return loss.detach()
 
 
@@ -81,6 +86,7 @@ def _one_step(loop: Loop) -> tuple[float, bool]:
         if isinstance(model, FSDPModule):
             model.set_requires_gradient_sync(a == accumulation - 1)
         local += _forward_backward(loop, a)
+    flight.enter(flight.Phase.OPTIMIZER)
     grad_clip = loop.cfg.optimizer.grad_clip
     if grad_clip is not None:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
@@ -96,12 +102,15 @@ def _one_step(loop: Loop) -> tuple[float, bool]:
     # ranks stop after the same step.
     flag = 1.0 if loop.stop_requested() else 0.0
     packed = torch.stack([local, torch.tensor(flag, device=loop.dist.device)])
+    flight.enter(flight.Phase.SYNC)
+    faults.stall_if("sync", rank=loop.dist.rank, step=loop.st.step)
     dist.all_reduce(packed)
     return float(packed[0]), bool(packed[1] > 0)
 
 
 def _report(loop: Loop, *, loss: float, seconds: float) -> None:
     m, st = loop.meters, loop.st
+    flight.step_done(st.step)
     loop.steps_run += 1
     loop.step_seconds += seconds
     m.steps_run.set(loop.steps_run)
@@ -126,7 +135,9 @@ def _report(loop: Loop, *, loss: float, seconds: float) -> None:
 
 def _save(loop: Loop) -> None:
     began = time.monotonic()
-    loop.ckpt.save(loop.st)
+    with flight.during(flight.Phase.SAVE):
+        faults.exhaust_memory_if("save", rank=loop.dist.rank, step=loop.st.step)
+        loop.ckpt.save(loop.st)
     loop.last_blocking = time.monotonic() - began
     loop.blocked_seconds += loop.last_blocking
     loop.meters.ckpt_blocked.set(loop.blocked_seconds)
