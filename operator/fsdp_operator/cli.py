@@ -1,6 +1,7 @@
 """`fsdpctl`: what happened to my training job, and what it cost.
 
-Read-only views over FSDPJob status and Events (`list`, `describe`), plus `suspend`/`resume`.
+Read-only views over FSDPJob status and Events (`list`, `describe`), over the evidence the
+operator keeps of failed attempts (`why`, `logs`), plus `suspend`/`resume`.
 Renders with rich. Talks to the API only through kube.py's client loader; makes no decisions.
 """
 
@@ -13,11 +14,15 @@ import sys
 from typing import Any
 
 import kubernetes
+from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fsdp_operator import api, kube, status
+from fsdp_operator import api, kube, names, status
+
+# Stops the operator made on purpose: not failures, so `why` does not list them.
+_PLANNED = (status.Cause.RESIZE.value, status.Cause.SUSPENDED.value, None)
 
 
 def _age(ts: float | None, now: float) -> str:
@@ -207,6 +212,130 @@ def _cost_lines(s: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _read_job(custom: Any, namespace: str, name: str) -> dict[str, Any] | None:
+    """The FSDPJob, or None when there is none: a mistyped name deserves a sentence, not a trace."""
+    try:
+        resp = custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        print(f"fsdpctl: no FSDPJob {name} in namespace {namespace}", file=sys.stderr)
+        return None
+    return dict(json.loads(resp.data))
+
+
+def why(custom: Any, namespace: str, name: str, console: Console) -> int:
+    """Each failed attempt, oldest first: what failed where and why, and where the evidence is.
+
+    Reads status.history (not only lastFailure) so that a failure that repeats, or an earlier
+    one that caused it, stays visible after the next attempt fails.
+    """
+    job = _read_job(custom, namespace, name)
+    if job is None:
+        return 1
+    nproc = (job.get("spec") or {}).get("nprocPerNode") or 1
+    failed = [
+        h
+        for h in (job.get("status") or {}).get("history") or []
+        if h.get("failure") or h.get("cause") not in _PLANNED
+    ]
+    if not failed:
+        console.print(Text(f"{namespace}/{name} has not failed"))
+        return 0
+    for h in failed:
+        n, f = h.get("attempt"), h.get("failure") or {}
+        head = f"attempt {n}: {f.get('cause') or h.get('cause')}"
+        console.print(Text(head + (f" at step {f['step']}" if f.get("step") is not None else "")))
+        if not f:  # an older operator recorded only the cause
+            continue
+        if f.get("pod"):
+            exit_code = f" exit code {f['exitCode']}" if f.get("exitCode") is not None else ""
+            console.print(
+                Text(
+                    f"  first failing pod: {f['pod']} (node rank {_fmt(f.get('rank'))}, "
+                    f"node {_fmt(f.get('node'))}){exit_code}"
+                )
+            )
+        for key in ("phase", "message", "diagnosis", "evidence"):
+            if f.get(key):
+                console.print(Text(f"  {key}: " + str(f[key]).replace("\n", "\n    ")))
+        if ref := f.get("evidenceRef"):
+            rank = f" --rank {f['rank'] * nproc}" if f.get("rank") is not None else ""
+            console.print(
+                Text(
+                    f"  full evidence: configmap/{ref} in {namespace}; logs: "
+                    f"fsdpctl -n {namespace} logs {name} --attempt {n}{rank}"
+                )
+            )
+    return 0
+
+
+def logs(
+    custom: Any,
+    core: Any,
+    namespace: str,
+    name: str,
+    attempt: int | None,
+    rank: int | None,
+    console: Console,
+) -> int:
+    """A failed attempt's last log lines, pod by pod, as the operator kept them before it
+    deleted the pods; `rank` (a global rank) narrows them to the pod that ran it."""
+    job = _read_job(custom, namespace, name)
+    if job is None:
+        return 1
+    history = (job.get("status") or {}).get("history") or []
+    if attempt is None:
+        kept = [h.get("attempt") for h in history if (h.get("failure") or {}).get("evidenceRef")]
+        if not kept:
+            print(f"fsdpctl: no evidence kept for {namespace}/{name}", file=sys.stderr)
+            return 1
+        attempt = int(kept[-1])
+    failure = next((h.get("failure") or {} for h in history if h.get("attempt") == attempt), {})
+    ref = failure.get("evidenceRef") or names.evidence_name(name, attempt=attempt)
+    try:
+        resp = core.read_namespaced_config_map(ref, namespace, _preload_content=False)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        print(
+            f"fsdpctl: no evidence kept for attempt {attempt} of {name} "
+            "(the operator keeps the newest 5 failed attempts)",
+            file=sys.stderr,
+        )
+        return 1
+    data = json.loads(resp.data).get("data") or {}
+    meta = json.loads(data.get("failure.json") or "{}")
+    nproc = meta.get("nprocPerNode") or 1
+    pods = sorted(int(k[4:-4]) for k in data if k.startswith("log-") and k.endswith(".txt"))
+    if rank is not None:
+        if rank // nproc not in pods:
+            have = ", ".join(_ranks(p, nproc) for p in pods) or "none"
+            print(
+                f"fsdpctl: attempt {attempt} of {name} kept no log of rank {rank}; "
+                f"ranks kept: {have}",
+                file=sys.stderr,
+            )
+            return 2
+        pods = [rank // nproc]
+    for p in pods:
+        head = f"attempt {attempt}, pod {p} (ranks {_ranks(p, nproc)})"
+        if meta.get("rank") == p and meta.get("pod"):
+            head += f", {meta['pod']}"
+        if meta.get("firstPod") == p:
+            head += ", first error of the gang"
+        console.print(Text(head, style="bold"))
+        console.print(Text(data[f"log-{p}.txt"].rstrip("\n")), soft_wrap=True)
+    return 0
+
+
+def _ranks(pod: int, nproc: int) -> str:
+    """The global ranks one pod ran: torchrun gives pod P ranks P*nproc .. (P+1)*nproc-1."""
+    return f"{pod * nproc}-{(pod + 1) * nproc - 1}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fsdpctl", description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--namespace", default=None)
@@ -214,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
     for verb in ("describe", "suspend", "resume"):
         sub.add_parser(verb).add_argument("name")
+    sub.add_parser("why", help="each failed attempt: cause, where, diagnosis").add_argument("name")
+    logs_p = sub.add_parser("logs", help="the last log lines a failed attempt's pods left")
+    logs_p.add_argument("name")
+    logs_p.add_argument("--attempt", type=int, help="default: the newest with evidence kept")
+    logs_p.add_argument("--rank", type=int, help="global rank: only the pod that ran it")
     args = parser.parse_args(argv)
     client = kube.load_client()
     custom = kubernetes.client.CustomObjectsApi(client)
@@ -225,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "describe":
         describe(custom, kubernetes.client.CoreV1Api(client), namespace, args.name, console)
         return 0
+    if args.command == "why":
+        return why(custom, namespace, args.name, console)
+    if args.command == "logs":
+        core = kubernetes.client.CoreV1Api(client)
+        return logs(custom, core, namespace, args.name, args.attempt, args.rank, console)
     custom.patch_namespaced_custom_object(
         api.GROUP,
         api.VERSION,

@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import enum
 
-from fsdp_operator import detect, goodput, observed, policy, status
+from fsdp_operator import detect, explain, goodput, observed, policy, status
 from fsdp_worker import catalog, contract, interval
 from fsdp_worker.config import AUTO
 
@@ -67,6 +67,19 @@ class Launch:
     resume_rules: str = ""  # FSDP_RESUME_RULES, with resume_path "auto"
 
 
+@dataclasses.dataclass(frozen=True)
+class Collect:
+    """Before the failed attempt's pods are deleted: read each one's log tail and the ranks'
+    evidence in it, compare them, keep both (reconcile.py does the I/O)."""
+
+    attempt: int
+    pods: tuple[tuple[int, str], ...]  # (node rank, pod name) of every pod still there
+    nproc_per_node: int
+    world_size: int
+    hang: bool  # compare the ranks' stall records (the others only keep logs)
+    drop: tuple[int, ...] = ()  # older attempts whose evidence goes (the newest few are kept)
+
+
 @dataclasses.dataclass
 class Decision:
     delete: list[PodDelete] = dataclasses.field(default_factory=list)
@@ -76,6 +89,7 @@ class Decision:
     delete_job: bool = False
     requeue_after: float | None = None
     failure: status.Failure | None = None  # detected in this pass (for metrics)
+    collect: Collect | None = None  # the failed attempt's evidence, before its pods go
     recovered: status.HistoryEntry | None = None  # an attempt launched after a failure
     resumed: status.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
     # Last, and keyword-only: a field named like the status module hides it from the
@@ -311,6 +325,8 @@ def _close_history(
     if last is None or last.ended is not None:
         return
     last.ended, last.cause, last.detect_seconds = obs.now, cause, detect_s
+    if d.failure is not None:  # detected in this pass: the failure that ended it
+        last.failure = brief(d.failure)
     failed = obs.now - (detect_s or 0.0)
     rel = s.reliability
     s.reliability = status.Reliability(
@@ -318,6 +334,13 @@ def _close_history(
         uptime_seconds=round(rel.uptime_seconds + max(0.0, failed - (last.started or failed)), 3),
     )
     s.next_timeline = status.Timeline(cause=cause, failed=failed, detected=obs.now)
+
+
+def brief(failure: status.Failure) -> status.Failure:
+    """The failure as a history entry keeps it: its words shortened, so 20 entries stay small."""
+    return failure.model_copy(
+        update={"message": failure.message[:300], "evidence": failure.evidence[:600]}
+    )
 
 
 def _finish(d: Decision, obs: observed.Observed, cause: status.Cause | None, msg: str) -> Decision:
@@ -358,6 +381,13 @@ def _on_failure(
     detect_s = max(0.0, obs.now - failure.time)
     where = f" rank {failure.rank} pod {failure.pod} node {failure.node}" if failure.pod else ""
     d.emit("FailureDetected", f"{failure.cause.value}:{where} {failure.message}", warning=True)
+    d.collect = _collect(obs, failure)
+    for entry in s.history:  # their ConfigMaps go in this pass (reconcile.py)
+        if d.collect and entry.attempt in d.collect.drop and entry.failure is not None:
+            entry.failure.evidence_ref = None
+    if _same_oom_again(obs.status.last_failure, failure):
+        why = f"OOMKilled twice in {explain.phase_kind(failure.phase)}"
+        return _finish(d, obs, status.Cause.OOM, f"{why}: {failure.diagnosis or failure.message}")
     counters = policy.charge(s.restarts, failure.cause)
     app = status.budget_of(failure.cause) is status.Budget.APPLICATION
     # Blind to the storage, the operator knows new checkpoints from rank 0's reports.
@@ -384,6 +414,38 @@ def _on_failure(
     # accelerators for the next attempt instead of holding them for the full save window.
     _delete_all(d, obs, grace=tun.failure_grace_seconds)
     return _launch(d, obs, tun, cause=failure.cause)
+
+
+def _same_oom_again(before: status.Failure | None, now: status.Failure) -> bool:
+    """An OOM in the phase of the previous failure's OOM: a restart would only repeat it."""
+    oom = status.Cause.OOM
+    return (
+        before is not None
+        and before.cause is oom
+        and now.cause is oom
+        and now.phase is not None
+        and explain.phase_kind(before.phase) == explain.phase_kind(now.phase)
+    )
+
+
+def _collect(obs: observed.Observed, failure: status.Failure) -> Collect | None:
+    """What to read from the failed attempt's pods before they are deleted."""
+    s = obs.status
+    pods = tuple(
+        sorted((p.rank, p.name) for p in obs.attempt_pods(s.attempt) if p.rank is not None)
+    )
+    if not pods:
+        return None
+    kept = [h.attempt for h in s.history if h.failure is not None and h.failure.evidence_ref]
+    drop = tuple(sorted({*kept, s.attempt})[: -explain.EVIDENCE_ATTEMPTS])
+    return Collect(
+        attempt=s.attempt,
+        pods=pods,
+        nproc_per_node=obs.spec.nproc_per_node,
+        world_size=s.world_size or len(pods) * obs.spec.nproc_per_node,
+        hang=failure.cause is status.Cause.HANG,
+        drop=drop,
+    )
 
 
 def _planned_stop(d: Decision, obs: observed.Observed, cause: status.Cause, msg: str) -> Decision:

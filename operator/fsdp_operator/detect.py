@@ -7,10 +7,13 @@ pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 
 from __future__ import annotations
 
-from fsdp_operator import observed, status
+from fsdp_operator import explain, observed, status
 from fsdp_worker import contract
 
 _PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
+HANG_EVIDENCE_GRACE_SECONDS = 2.0
+"""Past the progress deadline, a hang is declared this much later: ranks print their evidence
+at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
 
 
 def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.Cause:
@@ -34,15 +37,30 @@ def _failure(
     cause: status.Cause, pod: observed.PodView | None, *, at: float, message: str = ""
 ) -> status.Failure:
     doc = pod.worker_cause() if pod else {}
-    text = message or str(doc.get("message") or (pod.message if pod else ""))
+    step = doc.get("step") if isinstance(doc.get("step"), int) else None
+    phase = doc.get("phase") if isinstance(doc.get("phase"), str) else None
+    memory = explain.memory_words(doc.get("memory"))
+    if doc.get("class") == contract.LIVE and pod is not None:  # killed without a word
+        how = pod.reason or f"exit {pod.exit_code}"
+        when = f"after step {step}" if step is not None else "before its first step"
+        text = message or f"{how} in {phase or 'an unrecorded phase'} {when}"
+        text += f" ({memory})" if memory else ""
+    else:
+        text = message or str(doc.get("message") or (pod.message if pod else ""))
+    diagnosis = ""
+    if cause is status.Cause.OOM:
+        diagnosis = explain.oom_diagnosis(phase, step=step)
+        diagnosis += f" ({memory})" if diagnosis and memory else ""
     return status.Failure(
         cause=cause,
         rank=pod.rank if pod else None,
         pod=pod.name if pod else None,
         node=pod.node if pod else None,
         exit_code=pod.exit_code if pod else None,
-        step=doc.get("step") if isinstance(doc.get("step"), int) else None,
+        step=step,
         message=text[:1024],
+        phase=phase[:256] if phase else None,
+        diagnosis=diagnosis[:1024],
         time=at,
     )
 
@@ -124,7 +142,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
-    if baseline is None or obs.now - baseline < deadline:
+    if baseline is None or obs.now - baseline < deadline + HANG_EVIDENCE_GRACE_SECONDS:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     msg = f"no step progress on rank 0 for {obs.now - baseline:.0f}s (step {obs.status.step})"
@@ -164,6 +182,6 @@ def next_deadline(obs: observed.Observed) -> float | None:
         times.append(s.attempt_started + fp.pending_timeout_seconds)
     baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
-        times.append(baseline + fp.progress_deadline_seconds)
+        times.append(baseline + fp.progress_deadline_seconds + HANG_EVIDENCE_GRACE_SECONDS)
     future = [t for t in times if t > obs.now]
     return min(future) if future else None

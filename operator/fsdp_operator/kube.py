@@ -238,6 +238,45 @@ class Kube:
             if not _ok_statuses(exc, 404):
                 raise
 
+    def pod_log_tail(self, namespace: str, name: str, *, lines: int, limit: int) -> str | None:
+        """The last `lines` lines of the pod's worker container (at most `limit` bytes, the
+        newest kept); None when the pod or its log is gone."""
+        try:
+            resp = self.core.read_namespaced_pod_log(
+                name,
+                namespace,
+                container=names.CONTAINER_NAME,
+                tail_lines=lines,
+                _preload_content=False,
+                _request_timeout=READ_TIMEOUT,
+            )
+        except ApiException as exc:
+            if _ok_statuses(exc, 400, 404):  # gone, or a container that never started
+                return None
+            raise
+        data: bytes = resp.data
+        return data[-limit:].decode(errors="replace")
+
+    def put_config_map(self, body: dict[str, Any]) -> None:
+        """Create the ConfigMap, or replace the one of that name (a pass that is done again)."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        timeout = self._writing()
+        try:
+            self.core.create_namespaced_config_map(ns, body, _request_timeout=timeout)
+        except ApiException as exc:
+            if not _ok_statuses(exc, 409):
+                raise
+            self.core.replace_namespaced_config_map(name, ns, body, _request_timeout=timeout)
+
+    def delete_config_map(self, namespace: str, name: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(
+                name, namespace, _request_timeout=self._writing()
+            )
+        except ApiException as exc:
+            if not _ok_statuses(exc, 404):
+                raise
+
     # --- events ---------------------------------------------------------------------------------
     EVENT_SERIES_SECONDS = 600.0
     """The same Event (object, type, reason, message) again within this window raises the

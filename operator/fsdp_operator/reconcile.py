@@ -26,6 +26,7 @@ from fsdp_operator import (
     cache,
     checkpoints,
     decide,
+    evidence,
     kube,
     metrics,
     names,
@@ -323,6 +324,8 @@ class Reconciler:
         """The decision's side effects, in the order that makes a pass cut short anywhere safe
         to finish by the next: status, quarantine, deletes, creates, Events."""
         job = names.JobRef.of(body)
+        if d.collect is not None and d.status.last_failure is not None:
+            self._explain(job, d, d.collect, d.status.last_failure)
         new_status = d.status.model_dump(mode="json", by_alias=True)
         if new_status != obs.status.model_dump(mode="json", by_alias=True):  # only what changed
             written = self.kube.patch_status(job.namespace, job.name, new_status)
@@ -350,6 +353,24 @@ class Reconciler:
         recording.record(job=job, obs=obs, decision=d)
         if d.delete_job:
             self.kube.delete_job(job.namespace, job.name)
+
+    def _explain(
+        self,
+        job: names.JobRef,
+        d: decide.Decision,
+        collect: decide.Collect,
+        failure: status.Failure,
+    ) -> None:
+        """The failed attempt's evidence, read before its pods are deleted, into the status
+        this pass writes (lastFailure and the attempt's history entry) and an Event."""
+        better = evidence.collect_and_keep(self.kube, job, collect, failure, self._writers)
+        d.status.last_failure = better
+        for entry in d.status.history:
+            if entry.attempt == collect.attempt and entry.failure is not None:
+                entry.failure = decide.brief(better)
+        words = "; ".join(w for w in (better.diagnosis, better.evidence) if w)
+        if words:
+            d.emit("FailureExplained", f"attempt {collect.attempt}: {words}", warning=True)
 
     def _create_gang(self, job: names.JobRef, spec: api.FSDPJobSpec, launch: decide.Launch) -> None:
         """The Service, then the attempt's pods, all at once (a 64-node gang is up in about the

@@ -133,6 +133,28 @@ class Failure(_Model):
         description="What went wrong, in words: the failing rank's own message, else the pod's "
         "or the operator's (at most 1024 characters).",
     )
+    phase: str | None = Field(
+        None,
+        description="Where the failing rank was, by its own record: e.g. 'backward of block 7', "
+        "'checkpoint save', 'data loading'; null: it kept no record.",
+    )
+    diagnosis: str = Field(
+        "",
+        max_length=1024,
+        description="The likely cause and the setting to try (an OOM's phase, a hang's odd rank "
+        "out); empty when there is nothing to add to the message.",
+    )
+    evidence: str = Field(
+        "",
+        max_length=2048,
+        description="Every rank's evidence compared before the pods were deleted: who is not "
+        "where the others are (a hang), or what each pod's last record says.",
+    )
+    evidence_ref: str | None = Field(
+        None,
+        description="The ConfigMap (in the job's namespace) keeping this attempt's evidence "
+        "and each pod's last log lines: `fsdpctl why` and `fsdpctl logs` read it.",
+    )
     time: float = Field(
         description="When the attempt stopped being useful, in unix seconds: the pod's exit, "
         "the node going NotReady, the last step before a hang, or the end of the pending "
@@ -250,6 +272,10 @@ class HistoryEntry(_Model):
         None,
         description="How it came to train: unix times from the previous attempt's stop (absent "
         "for the first attempt) to its own first step. Worker times are rank 0's report.",
+    )
+    failure: Failure | None = Field(
+        None,
+        description="The failure that ended it, as lastFailure said then (null: it did not fail).",
     )
     steps_run: int | None = Field(None, description="Steps this attempt completed (rank 0).")
     train_seconds: float | None = Field(None, description="Seconds those steps took.")

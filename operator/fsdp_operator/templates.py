@@ -334,6 +334,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         (contract.ENV_CONFIG_HASH, spec.training.resume_hash()),
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
+        (contract.ENV_HANG_SECONDS, str(spec.failure_policy.progress_deadline_seconds)),
     ]
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))

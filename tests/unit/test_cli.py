@@ -7,6 +7,8 @@ import json
 import types
 from typing import Any
 
+import pytest
+from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from fsdp_operator import cli
@@ -75,3 +77,157 @@ def test_describe_says_what_the_attempt_loads_even_when_its_pods_choose() -> Non
         "checkpoints: newest sealed step 40 (/ckpt/tiny/step-40); attempt 3 loads the checkpoint"
         " its pods choose (the operator cannot read them)"
     ) in out.getvalue()
+
+
+class Evidence:
+    """Stands in for the API objects why() and logs() read: the job, and its kept ConfigMaps
+    (a name it does not hold answers 404, like a ConfigMap the operator has pruned)."""
+
+    def __init__(self, job: dict[str, Any] | None, configmaps: dict[str, dict[str, str]]) -> None:
+        self.job, self.configmaps = job, configmaps
+        self.read: list[str] = []
+
+    def get_namespaced_custom_object(self, *_: Any, **__: Any) -> Any:
+        if self.job is None:
+            raise ApiException(status=404, reason="Not Found")
+        return types.SimpleNamespace(data=json.dumps(self.job))
+
+    def read_namespaced_config_map(self, name: str, namespace: str, **__: Any) -> Any:
+        self.read.append(name)
+        if name not in self.configmaps:
+            raise ApiException(status=404, reason="Not Found")
+        return types.SimpleNamespace(data=json.dumps({"data": self.configmaps[name]}))
+
+
+def _failure(cause: str, rank: int, attempt: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "cause": cause,
+        "rank": rank,
+        "pod": f"tiny-a{attempt}-{rank}",
+        "node": "gpu-7",
+        "exitCode": 137,
+        "step": 120,
+        "message": GLOO,
+        "phase": None,
+        "diagnosis": "",
+        "evidence": "",
+        "evidenceRef": f"tiny-a{attempt}-why",
+        "time": 1.0,
+        **extra,
+    }
+
+
+def _job(history: list[Any]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "tiny", "namespace": "demo"},
+        "spec": {"nprocPerNode": 2},
+        "status": {"phase": "Running", "history": history},
+    }
+
+
+def _console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=400, color_system=None), out
+
+
+def test_why_lists_failed_attempts_oldest_first_and_skips_a_resize() -> None:
+    oom = _failure(
+        "OOMKilled",
+        1,
+        1,
+        phase="backward of block 7",
+        diagnosis="OOM in backward [try activation checkpointing]",
+        evidence="rank 3 at step 120 in backward; others in all_reduce",
+    )
+    history = [
+        {"attempt": 1, "cause": "OOMKilled", "failure": oom},
+        {"attempt": 2, "cause": "Resize", "failure": None},
+        {"attempt": 3, "cause": "Crash", "failure": _failure("Crash", 0, 3)},
+        {"attempt": 4, "cause": None},
+    ]
+    console, out = _console()
+    assert cli.why(Evidence(_job(history), {}), "demo", "tiny", console) == 0
+    text = out.getvalue()
+    assert "attempt 2" not in text and "attempt 4" not in text
+    assert text.index("attempt 1: OOMKilled at step 120") < text.index("attempt 3: Crash")
+    assert "first failing pod: tiny-a1-1 (node rank 1, node gpu-7) exit code 137" in text
+    assert "phase: backward of block 7" in text
+    assert "diagnosis: OOM in backward [try activation checkpointing]" in text
+    assert "evidence: rank 3 at step 120 in backward; others in all_reduce" in text
+    assert text.count(GLOO) == 2  # a worker's message is shown as written
+    assert "configmap/tiny-a1-why in demo" in text
+    assert "fsdpctl -n demo logs tiny --attempt 1 --rank 2" in text  # pod 1 runs ranks 2-3
+    assert "fsdpctl -n demo logs tiny --attempt 3 --rank 0" in text
+
+
+def test_why_says_so_when_the_job_never_failed() -> None:
+    history = [{"attempt": 1, "cause": "Suspended"}, {"attempt": 2, "cause": None}]
+    console, out = _console()
+    assert cli.why(Evidence(_job(history), {}), "demo", "tiny", console) == 0
+    assert out.getvalue().strip() == "demo/tiny has not failed"
+
+
+def test_why_for_a_job_that_does_not_exist_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    console, out = _console()
+    assert cli.why(Evidence(None, {}), "demo", "tiny", console) == 1
+    assert "no FSDPJob tiny in namespace demo" in capsys.readouterr().err
+    assert out.getvalue() == ""
+
+
+def _evidence_configmap() -> dict[str, str]:
+    failure = {**_failure("Crash", 1, 3), "nprocPerNode": 2, "firstPod": 1}
+    return {
+        "failure.json": json.dumps(failure),
+        "summary.txt": "rank 3 raised first",
+        "ranks.json": json.dumps([{"rank": r, "pod": r // 2, "evidence": False} for r in range(4)]),
+        "log-0.txt": "pod zero [rank 0] waiting in all_reduce\n",
+        "log-1.txt": f"pod one {GLOO}\n",
+    }
+
+
+def test_logs_for_a_rank_prints_its_pods_log_and_marks_the_first_error() -> None:
+    history = [
+        {"attempt": 1, "cause": "Crash", "failure": _failure("Crash", 0, 1)},
+        {"attempt": 3, "cause": "Crash", "failure": _failure("Crash", 1, 3)},
+    ]
+    answers = Evidence(_job(history), {"tiny-a3-why": _evidence_configmap()})
+    console, out = _console()
+    assert cli.logs(answers, answers, "demo", "tiny", None, 3, console) == 0
+    assert answers.read == ["tiny-a3-why"]  # the newest attempt with evidence
+    text = out.getvalue()
+    assert "attempt 3, pod 1 (ranks 2-3), tiny-a3-1, first error of the gang" in text
+    assert f"pod one {GLOO}" in text
+    assert "pod zero" not in text
+
+
+def test_logs_without_a_rank_prints_every_pod_in_order() -> None:
+    answers = Evidence(_job([]), {"tiny-a3-why": _evidence_configmap()})
+    console, out = _console()
+    assert cli.logs(answers, answers, "demo", "tiny", 3, None, console) == 0
+    text = out.getvalue()
+    assert "attempt 3, pod 0 (ranks 0-1)\n" in text  # not the failing pod: no name, no mark
+    assert "[rank 0]" in text
+    assert text.index("pod zero") < text.index("attempt 3, pod 1 (ranks 2-3)") < text.index(GLOO)
+
+
+def test_logs_for_a_pruned_attempt_says_no_evidence_is_kept(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    history = [{"attempt": 1, "cause": "Crash", "failure": _failure("Crash", 0, 1)}]
+    answers = Evidence(_job(history), {})
+    console, _ = _console()
+    assert cli.logs(answers, answers, "demo", "tiny", 1, 0, console) == 1
+    assert (
+        "no evidence kept for attempt 1 of tiny (the operator keeps the newest 5 failed attempts)"
+        in capsys.readouterr().err
+    )
+
+
+def test_logs_for_a_rank_out_of_range_says_which_ranks_exist(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    answers = Evidence(_job([]), {"tiny-a3-why": _evidence_configmap()})
+    console, out = _console()
+    assert cli.logs(answers, answers, "demo", "tiny", 3, 4, console) == 2
+    assert "ranks kept: 0-1, 2-3" in capsys.readouterr().err
+    assert out.getvalue() == ""

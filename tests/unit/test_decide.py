@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import api, kube, policy
+from fsdp_operator import api, detect, kube, policy
 from fsdp_operator import decide as dc
 from fsdp_operator import observe as observe_mod
 from fsdp_operator import observed as ob
@@ -142,9 +142,12 @@ def test_healthy_run_records_step_and_checkpoint_and_polls() -> None:
     assert d.status.step == 55 and d.status.last_progress_time == NOW
     assert d.status.last_checkpoint == ckpt(40)
     assert d.launch is None and not d.delete
-    # No poll: the next look is at the hang deadline (progress wakes it earlier, probe.py).
+    # No poll: the next look is at the hang deadline, past the grace in which the ranks print
+    # their evidence (progress wakes it earlier, probe.py).
     deadline = make_spec().failure_policy.progress_deadline_seconds
-    assert d.requeue_after == pytest.approx(deadline + 0.05) and deadline < dc.RESYNC_SECONDS
+    grace = detect.HANG_EVIDENCE_GRACE_SECONDS
+    assert d.requeue_after == pytest.approx(deadline + grace + 0.05)
+    assert deadline + grace < dc.RESYNC_SECONDS
 
 
 # --- detection: each cause ----------------------------------------------------------------------
@@ -179,6 +182,58 @@ def test_worker_message_reaches_status() -> None:
     over = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CRASH_MSG, "finished": NOW}
     d = dc.decide(observe(pods=pods(r3=over)))
     assert d.status.last_failure is not None and d.status.last_failure.message == "boom"
+
+
+def _live(phase: str, step: int) -> str:
+    """The live record a rank keeps in its termination-message file (flight.py)."""
+    memory = {"peakRssBytes": 15 << 30, "limitBytes": 16 << 30}
+    return json.dumps({"class": contract.LIVE, "rank": 6, "step": step, "exitCode": None,
+                       "message": "", "phase": phase, "memory": memory})  # fmt: skip
+
+
+def _oom_killed_in(phase: str, step: int = 811) -> dict[str, Any]:
+    return {"phase": ob.PodPhase.FAILED, "exit_code": 137, "reason": "OOMKilled",
+            "finished": NOW - 1, "message": _live(phase, step)}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("phase", "step", "likely"),
+    [
+        ("backward of block 11", 811, "activations: lower training.microBatchSize"),
+        ("checkpoint save", 811, "full-state assembly or staging copies on save"),
+        ("forward of block 0", 0, "the first gathered module is too large"),
+        ("optimizer step", 811, "optimizer state"),
+        ("initialization", None, "the model or optimizer state is built or loaded whole"),
+    ],
+)
+def test_a_kernel_oom_kill_names_the_phase_the_rank_recorded(
+    phase: str, step: int | None, likely: str
+) -> None:
+    """The kubelet reports the live record after a kernel OOM kill: the phase, the step and
+    the memory reach status, with the article's likely cause."""
+    d = dc.decide(observe(pods=pods(r3=_oom_killed_in(phase, step))))  # type: ignore[arg-type]
+    f = d.failure
+    assert f is not None and f.cause is st.Cause.OOM and f.phase == phase and f.step == step
+    when = f"after step {step}" if step is not None else "before its first step"
+    assert f.message == f"OOMKilled in {phase} {when} (peak 15.0 of 16.0 GiB)"
+    assert f.diagnosis.startswith(f"out of memory in {phase}: likely {likely}"), f.diagnosis
+    assert d.status.phase is st.Phase.RESTARTING, "a first OOM is retried"
+
+
+def test_a_second_oom_in_the_same_phase_stops_with_the_diagnosis() -> None:
+    first = dc.decide(observe(pods=pods(r3=_oom_killed_in("backward of block 11"))))
+    again = running_status(attempt=2, last_failure=first.status.last_failure)
+    d = dc.decide(
+        observe(status=again, pods=pods(attempt=2, r1=_oom_killed_in("backward of block 3")))
+    )
+    assert d.status.phase is st.Phase.FAILED and d.status.reason == "OOMKilled"
+    assert d.status.message.startswith("OOMKilled twice in backward: out of memory in backward")
+    assert d.launch is None and d.collect is not None, "the evidence is still kept"
+    # another phase is another problem: retried
+    save = dc.decide(
+        observe(status=again, pods=pods(attempt=2, r1=_oom_killed_in("checkpoint save")))
+    )
+    assert save.status.phase is st.Phase.RESTARTING
 
 
 def test_earliest_failed_pod_is_the_root_cause() -> None:
@@ -240,10 +295,17 @@ def test_a_rank_0_that_has_not_loaded_does_not_take_the_step_back(
 
 def test_hang_after_progress_deadline() -> None:
     status = running_status(last_progress_time=NOW - 101)
+    assert dc.decide(observe(status=status, progress=None)).failure is None, "ranks' grace"
+    status = running_status(last_progress_time=NOW - 103)
     d = dc.decide(observe(status=status, progress=None))
     assert d.failure is not None and d.failure.cause is st.Cause.HANG and d.failure.rank == 0
     # useful work stopped at the last progress: detection took the deadline (and then some)
-    assert d.failure.time == NOW - 101 and d.status.history[0].detect_seconds == 101
+    assert d.failure.time == NOW - 103 and d.status.history[0].detect_seconds == 103
+    # the pods' logs and evidence are read before they are deleted
+    assert d.collect is not None and d.collect.hang and d.collect.attempt == 1
+    assert [name for _, name in d.collect.pods] == [p.name for p in pods()]
+    assert d.status.history[0].failure is not None
+    assert d.status.history[0].failure.cause is st.Cause.HANG
 
 
 def test_no_hang_while_steps_advance() -> None:

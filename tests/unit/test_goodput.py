@@ -266,5 +266,5 @@ def test_the_progress_deadline_counts_from_running_not_from_launch() -> None:
     )  # fmt: skip
     d = dc.decide(observe(status=status, progress=None))
     assert d.failure is None
-    later = dc.decide(observe(status=status, progress=None, now=NOW + 81))
+    later = dc.decide(observe(status=status, progress=None, now=NOW + 83))
     assert later.failure is not None and later.failure.cause is st.Cause.HANG

@@ -10,6 +10,7 @@ the job, so the next pass reads what the last one wrote. Time is the Reconciler'
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,6 +32,7 @@ from fsdp_operator import (
     status,
     templates,
 )
+from fsdp_worker import contract
 from tests import fakeapi
 
 NOW = 1_750_000_000.0
@@ -40,6 +42,7 @@ JOB = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NS}/{api.PLURAL}/{NAME}"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 SERVICES = f"/api/v1/namespaces/{NS}/services"
 EVENTS = f"/api/v1/namespaces/{NS}/events"
+CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
 SERVICE = names.service_name(NAME)
 GRACE_ON_FAILURE = settings.Settings().tunables.failure_grace_seconds
 TERMINATING = "unable to create new content in namespace ns because it is being terminated"
@@ -228,6 +231,10 @@ class Cluster:
             one = re.compile(f"{path}/[^/]+")
             fake_api["get", one] << (lambda request, kind=kind: self._read(kind, request))
         fake_api["delete", re.compile(f"{PODS}/[^/]+")] << self._delete
+        self.logs: dict[str, str] = {}  # pod name -> its worker container's log
+        fake_api["get", re.compile(f"{PODS}/[^/]+/log")] << self._log
+        fake_api[f"post {CONFIGMAPS}"] << (lambda request: self._create("ConfigMap", request))
+        fake_api["delete", re.compile(f"{CONFIGMAPS}/[^/]+")] << fakeapi.status(404, "none")
         fake_api[f"post {EVENTS}"] << fakeapi.CREATED
         fake_api["patch", re.compile(f"{EVENTS}/[^/]+")] << self._patch_event
 
@@ -281,6 +288,15 @@ class Cluster:
         found = self.objects.pop(("Pod", name_of(request)), None)
         return ok(found) if found is not None else fakeapi.status(404, "not found")
 
+    def _log(self, request: kmock.Request) -> kmock.Response:
+        pod = request.url.path.rsplit("/", 2)[-2]
+        if ("Pod", pod) not in self.objects:
+            return fakeapi.status(404, "not found")
+        lines = self.logs.get(pod, "").splitlines(keepends=True)
+        return kmock.Response(
+            status=200, payload="".join(lines[-int(request.params["tailLines"]) :]).encode()
+        )
+
     def _patch_event(self, request: kmock.Request) -> kmock.Response:
         name = request.url.path.rsplit("/", 1)[-1]
         return ok({"metadata": {"name": name}, "involvedObject": {"uid": UID}, **request.data})
@@ -307,6 +323,8 @@ def write_kind(request: kmock.Request) -> str | None:
         return None
     if path.startswith(EVENTS):
         return "event"
+    if path.startswith(CONFIGMAPS):
+        return "evidence"
     if path == f"{JOB}/status":
         return "status"
     return {"POST": "create", "DELETE": "delete"}.get(method, f"{method} {path}")
@@ -375,7 +393,7 @@ def rank_1_failed(cluster: Cluster) -> None:
         pytest.param(new_job, ["status", "create", "event"], [], 1, id="new-job-first-launch"),
         pytest.param(
             rank_1_failed,
-            ["status", "delete", "create", "event"],
+            ["evidence", "status", "delete", "create", "event"],
             [f"{NAME}-a1-0", f"{NAME}-a1-1"],
             2,
             id="restart-after-rank-1-failed",
@@ -635,3 +653,51 @@ def test_a_dry_run_refusal_fails_the_job_only_when_the_spec_is_at_fault(
         shown = condition(cluster.job["status"], decide.RECONCILE_ERROR)
         assert shown is not None and shown["status"] == "True", cluster.job["status"]
         assert cluster.created == []
+
+
+# --- 6. a failed attempt's evidence is read before its pods go ----------------------------------
+def _stall_line(rank: int, *, where: str, step: int, waiting: str | None, seq: int) -> str:
+    collective = {"op": waiting or "all_reduce", "seq": seq,
+                  "state": "entered" if waiting else "completed"}  # fmt: skip
+    doc = {"rank": rank, "step": step, "where": where, "collective": collective,
+           "collectives": seq}  # fmt: skip
+    return f"[rank{rank}] thread MainThread:\n{contract.EVIDENCE_PREFIX} {json.dumps(doc)}\n"
+
+
+def test_a_hung_gangs_logs_and_evidence_are_kept_before_its_pods_are_deleted(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+) -> None:
+    """Rank 2 (pod 1's first) stalled in data loading, the others wait in an all-gather: the
+    status names pod 1 and the phase, the ConfigMap keeps both pods' logs, all before any
+    delete."""
+    cluster = Cluster(fake_api, job_body(2, running_status(2)))
+    hung = status.FSDPJobStatus.model_validate(cluster.job["status"])
+    hung.last_progress_time = NOW - 900
+    cluster.job["status"] = dumped(hung)
+    cluster.put(*worker_pods(2, attempt=1))
+    pod0, pod1 = f"{NAME}-a1-0", f"{NAME}-a1-1"
+    waiting = {"where": "forward", "step": 11, "waiting": "all_gather_into_tensor", "seq": 139}
+    cluster.logs[pod0] = "step 11\n" + _stall_line(0, **waiting) + _stall_line(1, **waiting)
+    cluster.logs[pod1] = _stall_line(2, where="data loading", step=11, waiting=None, seq=138)
+    cluster.logs[pod1] += _stall_line(3, **waiting)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert write_order(fake_api.requests)[:3] == ["evidence", "status", "delete"], fake_api.log()
+    [written] = status_patches(fake_api.requests)
+    failure = written["lastFailure"]
+    assert failure["cause"] == "Hang" and failure["pod"] == pod1 and failure["rank"] == 1
+    assert failure["phase"] == "data loading" and failure["step"] == 11
+    assert failure["evidence"].startswith(
+        "ranks 0,1,3 wait in all_gather_into_tensor #139 (forward, step 12); "
+        "rank 2 in data loading at step 12, 1 collective behind"
+    ), failure["evidence"]
+    assert failure["diagnosis"].startswith("rank 2 not where the others are")
+    assert failure["evidenceRef"] == names.evidence_name(NAME, attempt=1)
+    assert written["history"][0]["failure"]["evidenceRef"] == failure["evidenceRef"]
+    [kept] = [r.data for r in fake_api.requests if r.url.path == CONFIGMAPS]
+    assert kept["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert kept["data"]["log-1.txt"] == cluster.logs[pod1]
+    assert json.loads(kept["data"]["failure.json"])["firstPod"] == 1
+    ranks = json.loads(kept["data"]["ranks.json"])
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and ranks[2]["where"] == "data loading"
+    explained = [e for e in events(fake_api.requests) if "FailureExplained" in str(e.data)]
+    assert explained, "an Event says it too"
