@@ -145,7 +145,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     if baseline is None or obs.now - baseline < deadline + HANG_EVIDENCE_GRACE_SECONDS:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
-    msg = f"no step progress on rank 0 for {obs.now - baseline:.0f}s (step {obs.status.step})"
+    msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"
     # The job stopped being useful at its last progress; the deadline is the detection time.
     return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
 

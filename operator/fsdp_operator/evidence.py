@@ -16,9 +16,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
+import time
 from typing import Any
 
-from fsdp_operator import decide, explain, kube, names, status, templates
+from fsdp_operator import decide, explain, kube, metrics, names, status, templates
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ def collect_and_keep(
     pool: concurrent.futures.Executor,
 ) -> status.Failure:
     """Read, compare, keep; returns the failure as status should say it."""
+    began = time.monotonic()
     tails = _tails(api, job.namespace, collect, pool)
     found, table = _records(tails, collect)
     better = explained(failure, collect, found, dict(collect.pods))
@@ -150,4 +152,8 @@ def collect_and_keep(
         log.warning("evidence of %s/%s not kept: %s", job.namespace, name, kube.describe_error(exc))
     for attempt in collect.drop:
         api.delete_config_map(job.namespace, names.evidence_name(job.name, attempt=attempt))
+    took = time.monotonic() - began
+    metrics.EVIDENCE.observe(took)
+    log.info("evidence of %s/%s attempt %d kept in %.2fs", job.namespace, job.name,
+             collect.attempt, took)  # fmt: skip
     return better

@@ -32,6 +32,11 @@ RECOVER = prom.Histogram(
     "Failure observed -> all pods of the next attempt Running",
     buckets=_BUCKETS,
 )
+EVIDENCE = prom.Histogram(
+    "fsdpjob_evidence_seconds",
+    "Per failure: reading the attempt's log tails and keeping its evidence, before teardown",
+    buckets=_BUCKETS,
+)
 STEPS_LOST = prom.Counter("fsdpjob_steps_lost_total", "Training steps redone after restarts")
 RESUME_PHASE = prom.Histogram(
     "fsdpjob_time_to_resume_phase_seconds",

@@ -7,7 +7,10 @@ images built here; elsewhere, a kind cluster (``make kind-e2e``).
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import urllib.request
 import uuid
 from pathlib import Path
@@ -18,6 +21,7 @@ import yaml
 
 from fsdp_operator import names
 from fsdp_worker import catalog, contract
+from fsdp_worker import faults as faults_mod
 from harness import stack
 from tests.e2e.conftest import E2E, NAMESPACE, WORKER_UID
 
@@ -285,3 +289,83 @@ def test_teams_own_trainers_survive_a_rank_crash_and_a_lost_node(e2e: E2E, names
     rank0 = names.pod_name("titan", attempt=done["titan"]["attempt"], node_rank=0)
     log = jobs.cluster.kubectl("logs", "-n", namespace, rank0, check=False).stdout
     assert re.search(r"loaded the checkpoint from \S+/step-\d+", log), log[-2000:]
+
+
+def _faulty(e2e: E2E, name: str, faults: str, **spec: Any) -> dict[str, Any]:
+    doc = _job(e2e, name, **spec)
+    doc["spec"]["template"] = {
+        "spec": {"env": [{"name": faults_mod.ENV_POD_FAULTS, "value": faults}]}
+    }
+    return doc
+
+
+def _fsdpctl(e2e: E2E, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(e2e.kube.kubeconfig), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "fsdp_operator.cli", "-n", namespace, *args],
+                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
+    e2e: E2E, namespace: str
+) -> None:
+    """The FSDP article's debugging advice, in the product: a hang names the rank that is not
+    where the others are and keeps every rank's stacks and logs; a kernel OOM kill comes with
+    the phase it hit (backward, checkpoint save) and a repeat in the same phase stops the job."""
+    jobs = stack.Jobs(e2e.kube, namespace)
+    deadline = 20
+    # rank 2 (pod 1's first) stops in data loading at step 8; the others wait for it
+    jobs.apply(
+        _faulty(
+            e2e,
+            "stuck",
+            "stall_at=2:8:data",
+            failurePolicy={"progressDeadlineSeconds": deadline, "maxRestarts": 0},
+        )
+    )
+    one = {"replicas": 1, "minReplicas": 1, "nprocPerNode": 1}
+    limits = {"limits": {"memory": "2Gi"}, "requests": {"cpu": "500m", "memory": "2Gi"}}
+    jobs.apply(_faulty(e2e, "oom-backward", "oom_at=0:6:backward", resources=limits, **one))
+    jobs.apply(_faulty(e2e, "oom-save", "oom_at=0:20:save", resources=limits, **one,
+                       failurePolicy={"maxRestarts": 0}))  # fmt: skip
+    failed = {name: _wait(jobs, name, "Failed",
+                          lambda name=name: (s := jobs.status(name)).get("phase") == "Failed" and s)
+              for name in ("stuck", "oom-backward", "oom-save")}  # fmt: skip
+
+    hang = failed["stuck"]["lastFailure"]
+    assert hang["cause"] == "Hang" and hang["rank"] == 1 and hang["phase"] == "data loading"
+    assert hang["step"] == 7, hang
+    assert re.match(r"ranks 0,1,3 wait in all_gather_into_tensor #\d+ \(forward, step 8\); "
+                    r"rank 2 in data loading at step 8", hang["evidence"]), hang  # fmt: skip
+    assert hang["diagnosis"].startswith("rank 2 not where the others are")
+    assert "FailureExplained" in jobs.events("stuck")
+
+    backward = failed["oom-backward"]
+    assert backward["message"].startswith(
+        "OOMKilled twice in backward: out of memory in " "backward of block 0: likely activations"
+    ), backward
+    assert [h["cause"] for h in backward["history"]] == ["OOMKilled", "OOMKilled"]
+    assert backward["restarts"]["application"] == 1, "stopped before the budget (5) ran out"
+    first = backward["history"][0]["failure"]
+    assert first["phase"] == "backward of block 0" and first["step"] == 5
+    assert re.search(r"\(peak \d+\.\d of 2\.0 GiB\)$", first["message"]), first
+
+    save = failed["oom-save"]["lastFailure"]
+    assert save["cause"] == "OOMKilled" and save["phase"] == "checkpoint save", save
+    assert "full-state assembly or staging copies on save" in save["diagnosis"]
+
+    # after the pods are gone, the CLI still tells it
+    _wait(jobs, "stuck", "pods gone", lambda: not jobs.pods("stuck") or None)
+    why = _fsdpctl(e2e, namespace, "why", "stuck")
+    assert why.returncode == 0 and "rank 2 not where the others are" in why.stdout, why
+    assert f"fsdpctl -n {namespace} logs stuck --attempt 1 --rank 2" in why.stdout
+    logs = _fsdpctl(e2e, namespace, "logs", "stuck", "--attempt", "1", "--rank", "2")
+    assert logs.returncode == 0, logs.stderr
+    assert "first error of the gang" in logs.stdout.splitlines()[0]
+    assert "[rank2] thread MainThread:" in logs.stdout and "in stall_if" in logs.stdout
+    assert f"{contract.EVIDENCE_PREFIX} " in logs.stdout
+    kept = e2e.kube.get_json("configmap", "-n", namespace, hang["evidenceRef"])
+    assert kept["metadata"]["ownerReferences"][0]["name"] == "stuck"
+    assert sum(len(v) for v in kept["data"].values()) < 1 << 20
+    # each rank's stacks and record, on the job's own claim
+    evidence = e2e.claims[namespace, "ckpt"] / "stuck" / ".evidence" / "attempt-1"
+    assert sorted(p.name for p in evidence.iterdir()) == [f"rank-{r}.txt" for r in range(4)]

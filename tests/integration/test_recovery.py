@@ -68,6 +68,19 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     ).stdout  # fmt: skip
     assert done["history"][0]["stepsLost"] == 2  # rank 0 reported step 12; resumed from 10
     assert "Crash" in out and "total steps redone after restarts: 2" in out
+    # the failed attempt's pods are gone; its logs were kept before they went
+    failure = done["history"][0]["failure"]
+    assert failure["evidenceRef"] and failure["pod"] == done["lastFailure"]["pod"]
+    why = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "why", name],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "attempt 1: Crash" in why and "message: injected" in why, why
+    logs = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "logs", name, "--attempt", "1",
+         "--rank", "0"], env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "first error of the gang" in logs and "injected failure at step 12" in logs, logs
     # and so do the operator's own metrics
     metrics = urllib.request.urlopen(operator.metrics_url(), timeout=5).read().decode()
     assert 'fsdpjob_failures_total{cause="Crash"}' in metrics
