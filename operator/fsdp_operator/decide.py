@@ -73,7 +73,7 @@ class Collect:
     evidence in it, compare them, keep both (reconcile.py does the I/O)."""
 
     attempt: int
-    pods: tuple[tuple[int, str], ...]  # (node rank, pod name) of every pod still there
+    pods: tuple[tuple[int, str, str | None], ...]  # (node rank, pod, node) of those still there
     nproc_per_node: int
     world_size: int
     hang: bool  # compare the ranks' stall records (the others only keep logs)
@@ -432,7 +432,7 @@ def _collect(obs: observed.Observed, failure: status.Failure) -> Collect | None:
     """What to read from the failed attempt's pods before they are deleted."""
     s = obs.status
     pods = tuple(
-        sorted((p.rank, p.name) for p in obs.attempt_pods(s.attempt) if p.rank is not None)
+        sorted((p.rank, p.name, p.node) for p in obs.attempt_pods(s.attempt) if p.rank is not None)
     )
     if not pods:
         return None

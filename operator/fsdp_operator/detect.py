@@ -44,13 +44,14 @@ def _failure(
         how = pod.reason or f"exit {pod.exit_code}"
         when = f"after step {step}" if step is not None else "before its first step"
         text = message or f"{how} in {phase or 'an unrecorded phase'} {when}"
-        text += f" ({memory})" if memory else ""
+        text += f" (last recorded: {memory})" if memory else ""
     else:
         text = message or str(doc.get("message") or (pod.message if pod else ""))
     diagnosis = ""
     if cause is status.Cause.OOM:
         diagnosis = explain.oom_diagnosis(phase, step=step)
-        diagnosis += f" ({memory})" if diagnosis and memory else ""
+        seen = "last recorded: " if doc.get("class") == contract.LIVE else ""
+        diagnosis += f" ({seen}{memory})" if diagnosis and memory else ""
     return status.Failure(
         cause=cause,
         rank=pod.rank if pod else None,

@@ -32,7 +32,7 @@ def _tails(
 ) -> dict[int, str | None]:
     share = explain.log_share(len(collect.pods))
 
-    def tail(pod: tuple[int, str]) -> tuple[int, str | None]:
+    def tail(pod: tuple[int, str, str | None]) -> tuple[int, str | None]:
         try:
             text = api.pod_log_tail(namespace, pod[1], lines=explain.LOG_TAIL_LINES, limit=share)
         except Exception as exc:  # one unreadable log must not hide the others
@@ -61,9 +61,8 @@ def _records(
 
 
 def explained(
-    failure: status.Failure, collect: decide.Collect, found: dict[int, dict[str, Any]],
-    pod_names: dict[int, str],
-) -> status.Failure:  # fmt: skip
+    failure: status.Failure, collect: decide.Collect, found: dict[int, dict[str, Any]]
+) -> status.Failure:
     """The failure with the ranks' evidence compared (a hang names its odd rank out)."""
     update: dict[str, Any] = {}
     if collect.hang:
@@ -75,7 +74,8 @@ def explained(
         if len(odd_pods) == 1:  # one pod is not where the others are: it is the failing one
             pod = odd_pods.pop()
             first = found.get(min(report.odd_ranks))
-            update.update(rank=pod, pod=pod_names.get(pod), node=None)
+            _, name, node = next(p for p in collect.pods if p[0] == pod)
+            update.update(rank=pod, pod=name, node=node)
             if first is not None:
                 update["phase"] = first.get("where")
                 update["step"] = first.get("step")
@@ -141,7 +141,7 @@ def collect_and_keep(
     began = time.monotonic()
     tails = _tails(api, job.namespace, collect, pool)
     found, table = _records(tails, collect)
-    better = explained(failure, collect, found, dict(collect.pods))
+    better = explained(failure, collect, found)
     name = names.evidence_name(job.name, attempt=collect.attempt)
     try:
         api.put_config_map(config_map(job, collect, better, tails, table))

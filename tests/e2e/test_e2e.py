@@ -333,6 +333,7 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
 
     hang = failed["stuck"]["lastFailure"]
     assert hang["cause"] == "Hang" and hang["rank"] == 1 and hang["phase"] == "data loading"
+    assert hang["pod"] == "stuck-a1-1" and hang["node"], hang
     assert hang["step"] == 7, hang
     assert re.match(r"ranks 0,1,3 wait in all_gather_into_tensor #\d+ \(forward, step 8\); "
                     r"rank 2 in data loading at step 8", hang["evidence"]), hang  # fmt: skip
@@ -347,7 +348,7 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     assert backward["restarts"]["application"] == 1, "stopped before the budget (5) ran out"
     first = backward["history"][0]["failure"]
     assert first["phase"] == "backward of block 0" and first["step"] == 5
-    assert re.search(r"\(peak \d+\.\d of 2\.0 GiB\)$", first["message"]), first
+    assert re.search(r"\(last recorded: peak \d+\.\d of 2\.0 GiB\)$", first["message"]), first
 
     save = failed["oom-save"]["lastFailure"]
     assert save["cause"] == "OOMKilled" and save["phase"] == "checkpoint save", save

@@ -215,7 +215,7 @@ def test_a_kernel_oom_kill_names_the_phase_the_rank_recorded(
     f = d.failure
     assert f is not None and f.cause is st.Cause.OOM and f.phase == phase and f.step == step
     when = f"after step {step}" if step is not None else "before its first step"
-    assert f.message == f"OOMKilled in {phase} {when} (peak 15.0 of 16.0 GiB)"
+    assert f.message == f"OOMKilled in {phase} {when} (last recorded: peak 15.0 of 16.0 GiB)"
     assert f.diagnosis.startswith(f"out of memory in {phase}: likely {likely}"), f.diagnosis
     assert d.status.phase is st.Phase.RESTARTING, "a first OOM is retried"
 
@@ -303,7 +303,7 @@ def test_hang_after_progress_deadline() -> None:
     assert d.failure.time == NOW - 103 and d.status.history[0].detect_seconds == 103
     # the pods' logs and evidence are read before they are deleted
     assert d.collect is not None and d.collect.hang and d.collect.attempt == 1
-    assert [name for _, name in d.collect.pods] == [p.name for p in pods()]
+    assert [name for _, name, _ in d.collect.pods] == [p.name for p in pods()]
     assert d.status.history[0].failure is not None
     assert d.status.history[0].failure.cause is st.Cause.HANG
 
