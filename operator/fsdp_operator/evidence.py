@@ -144,14 +144,18 @@ def collect_and_keep(
     better = explained(failure, collect, found)
     name = names.evidence_name(job.name, attempt=collect.attempt)
     try:
-        api.put_config_map(config_map(job, collect, better, tails, table))
-        better = better.model_copy(update={"evidence_ref": name})
+        if api.put_config_map(config_map(job, collect, better, tails, table), owner_uid=job.uid):
+            better = better.model_copy(update={"evidence_ref": name})
+        else:
+            log.warning("evidence of %s/%s not kept: that ConfigMap is not the job's",
+                        job.namespace, name)  # fmt: skip
     except kube.NotLeader:
         raise
     except Exception as exc:
         log.warning("evidence of %s/%s not kept: %s", job.namespace, name, kube.describe_error(exc))
     for attempt in collect.drop:
-        api.delete_config_map(job.namespace, names.evidence_name(job.name, attempt=attempt))
+        name = names.evidence_name(job.name, attempt=attempt)
+        api.delete_config_map(job.namespace, name, owner_uid=job.uid)
     took = time.monotonic() - began
     metrics.EVIDENCE.observe(took)
     log.info("evidence of %s/%s attempt %d kept in %.2fs", job.namespace, job.name,

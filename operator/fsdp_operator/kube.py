@@ -257,25 +257,59 @@ class Kube:
         data: bytes = resp.data
         return data[-limit:].decode(errors="replace")
 
-    def put_config_map(self, body: dict[str, Any]) -> None:
-        """Create the ConfigMap, or replace the one of that name (a pass that is done again)."""
+    def put_config_map(self, body: dict[str, Any], *, owner_uid: str) -> bool:
+        """Create the ConfigMap, or replace the one of that name if `owner_uid` controls it (a
+        pass done again). False: the name is someone else's, left as it is."""
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         timeout = self._writing()
         try:
             self.core.create_namespaced_config_map(ns, body, _request_timeout=timeout)
+            return True
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
-            self.core.replace_namespaced_config_map(name, ns, body, _request_timeout=timeout)
+        found = self._own_config_map(ns, name, owner_uid)
+        if found is None:
+            return False
+        body = {**body, "metadata": {**body["metadata"], "resourceVersion": found[0]}}
+        self.core.replace_namespaced_config_map(name, ns, body, _request_timeout=self._writing())
+        return True
 
-    def delete_config_map(self, namespace: str, name: str) -> None:
+    def delete_config_map(self, namespace: str, name: str, *, owner_uid: str) -> None:
+        """Delete it if `owner_uid` controls it (the uid is a precondition of the delete)."""
+        found = self._own_config_map(namespace, name, owner_uid)
+        if found is None:
+            return
         try:
             self.core.delete_namespaced_config_map(
-                name, namespace, _request_timeout=self._writing()
+                name,
+                namespace,
+                body=kubernetes.client.V1DeleteOptions(
+                    preconditions=kubernetes.client.V1Preconditions(uid=found[1])
+                ),
+                _request_timeout=self._writing(),
             )
         except ApiException as exc:
-            if not _ok_statuses(exc, 404):
+            if not _ok_statuses(exc, 404, 409):
                 raise
+
+    def _own_config_map(self, namespace: str, name: str, owner_uid: str) -> tuple[str, str] | None:
+        """(resourceVersion, uid) of the ConfigMap if `owner_uid` is its controller."""
+        try:
+            found = _data(
+                self.core.read_namespaced_config_map(
+                    name, namespace, _preload_content=False, _request_timeout=READ_TIMEOUT
+                )
+            )
+        except ApiException as exc:
+            if _ok_statuses(exc, 404):
+                return None
+            raise
+        meta = found.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        if not any(o.get("uid") == owner_uid and o.get("controller") for o in owners):
+            return None
+        return str(meta.get("resourceVersion", "")), str(meta.get("uid", ""))
 
     # --- events ---------------------------------------------------------------------------------
     EVENT_SERIES_SECONDS = 600.0

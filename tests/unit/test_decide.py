@@ -815,3 +815,22 @@ def test_a_completion_report_that_does_not_parse_changes_nothing() -> None:
     obs = observe(status=running_status(step=199), pods=pods(**finished), progress=None)
     d = dc.decide(obs)
     assert d.status.phase is st.Phase.SUCCEEDED and d.status.step == 199
+
+
+def test_the_newest_five_failed_attempts_keep_their_evidence() -> None:
+    """Attempt 7 fails after six failures with evidence (1-6): attempts 1 and 2 lose theirs
+    (their ConfigMaps are deleted in this pass) and say so in history."""
+
+    def failed(n: int) -> st.HistoryEntry:
+        why = st.Failure(cause=st.Cause.CRASH, time=NOW - 100 + n, evidence_ref=f"job-a{n}-why")
+        return st.HistoryEntry(attempt=n, world_size=4, ended=NOW - 99 + n, cause=why.cause,
+                               failure=why)  # fmt: skip
+
+    history = [failed(n) for n in range(1, 7)]
+    history.append(st.HistoryEntry(attempt=7, started=NOW - 50, world_size=4))
+    status = running_status(attempt=7, history=history)
+    crashed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
+    d = dc.decide(observe(status=status, pods=pods(attempt=7, r1=crashed)))
+    assert d.collect is not None and d.collect.attempt == 7 and d.collect.drop == (1, 2)
+    kept = {h.attempt: h.failure.evidence_ref for h in d.status.history if h.failure}
+    assert kept[1] is None and kept[2] is None and kept[3] == "job-a3-why"

@@ -234,7 +234,9 @@ class Cluster:
         self.logs: dict[str, str] = {}  # pod name -> its worker container's log
         fake_api["get", re.compile(f"{PODS}/[^/]+/log")] << self._log
         fake_api[f"post {CONFIGMAPS}"] << (lambda request: self._create("ConfigMap", request))
-        fake_api["delete", re.compile(f"{CONFIGMAPS}/[^/]+")] << fakeapi.status(404, "none")
+        one_cm = re.compile(f"{CONFIGMAPS}/[^/]+")
+        fake_api["get", one_cm] << (lambda request: self._read("ConfigMap", request))
+        fake_api["put", one_cm] << self._replace_config_map
         fake_api[f"post {EVENTS}"] << fakeapi.CREATED
         fake_api["patch", re.compile(f"{EVENTS}/[^/]+")] << self._patch_event
 
@@ -288,6 +290,10 @@ class Cluster:
         found = self.objects.pop(("Pod", name_of(request)), None)
         return ok(found) if found is not None else fakeapi.status(404, "not found")
 
+    def _replace_config_map(self, request: kmock.Request) -> kmock.Response:
+        self.objects["ConfigMap", name_of(request)] = request.data
+        return ok(request.data)
+
     def _log(self, request: kmock.Request) -> kmock.Response:
         pod = request.url.path.rsplit("/", 2)[-2]
         if ("Pod", pod) not in self.objects:
@@ -324,7 +330,7 @@ def write_kind(request: kmock.Request) -> str | None:
     if path.startswith(EVENTS):
         return "event"
     if path.startswith(CONFIGMAPS):
-        return "evidence"
+        return "evidence" if method in ("POST", "PUT") else f"{method} {path}"
     if path == f"{JOB}/status":
         return "status"
     return {"POST": "create", "DELETE": "delete"}.get(method, f"{method} {path}")
@@ -701,3 +707,21 @@ def test_a_hung_gangs_logs_and_evidence_are_kept_before_its_pods_are_deleted(
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3] and ranks[2]["where"] == "data loading"
     explained = [e for e in events(fake_api.requests) if "FailureExplained" in str(e.data)]
     assert explained, "an Event says it too"
+
+
+def test_a_configmap_of_that_name_that_is_not_the_jobs_is_left_alone(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+) -> None:
+    """Someone's own `<job>-a1-why`: the evidence is not written over it (no confused deputy);
+    the failure is handled as ever, without an evidenceRef."""
+    cluster = Cluster(fake_api, job_body(2, running_status(2)))
+    cluster.put(*worker_pods(2, attempt=1, failed=1))
+    theirs = {"kind": "ConfigMap", "metadata": {"name": names.evidence_name(NAME, attempt=1),
+              "namespace": NS, "uid": "someone"}, "data": {"mine": "yes"}}  # fmt: skip
+    cluster.put(theirs)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert cluster.objects["ConfigMap", names.evidence_name(NAME, attempt=1)] == theirs
+    assert not [r for r in fake_api.requests if r.method.value == "PUT"]
+    [written] = status_patches(fake_api.requests)
+    assert written["lastFailure"]["cause"] == "Crash"
+    assert written["lastFailure"].get("evidenceRef") is None
