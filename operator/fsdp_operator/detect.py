@@ -50,8 +50,10 @@ def _failure(
     diagnosis = ""
     if cause is status.Cause.OOM:
         diagnosis = explain.oom_diagnosis(phase, step=step)
-        seen = "last recorded: " if doc.get("class") == contract.LIVE else ""
-        diagnosis += f" ({seen}{memory})" if diagnosis and memory else ""
+        if doc.get("class") == contract.LIVE:  # sampled at the last phase change, not the kill
+            diagnosis += f" (last recorded: {memory})" if diagnosis and memory else ""
+        elif view := explain.allocator_words(doc.get("memory"), doc.get("ledger")):
+            diagnosis += f" ({view})" if diagnosis else ""
     return status.Failure(
         cause=cause,
         rank=pod.rank if pod else None,

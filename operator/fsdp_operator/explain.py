@@ -211,3 +211,28 @@ def memory_words(memory: object) -> str:
     if isinstance(total, int) and total > 0:
         return f"peak {peak / gib:.1f} of {total / gib:.1f} GiB"
     return f"peak {peak / gib:.1f} GiB"
+
+
+def allocator_words(memory: object, ledger: object) -> str:
+    """An OOM's memory against the ledger's plan: 'allocated 15.2 of 16.0 GiB: persistent
+    shards 6.1, largest gathered block 1.2, the rest (activations, temporaries) 7.9 GiB'."""
+    if not isinstance(memory, dict):
+        return ""
+    gib = 1 << 30
+    cuda = isinstance(memory.get("cudaAllocatedBytes"), int)
+    used = memory.get("cudaAllocatedBytes") if cuda else memory.get("rssBytes")
+    total = memory.get("cudaTotalBytes") if cuda else memory.get("limitBytes")
+    if not isinstance(used, int):
+        return ""
+    words = f"{'allocated' if cuda else 'resident'} {used / gib:.1f}"
+    words += f" of {total / gib:.1f} GiB" if isinstance(total, int) and total > 0 else " GiB"
+    plan = ledger if isinstance(ledger, dict) else {}
+    persistent, gathered = plan.get("persistentBytesPerRank"), plan.get("largestGatheredBytes")
+    if isinstance(persistent, int) and isinstance(gathered, int):
+        rest = max(0, used - persistent - gathered)
+        words += (
+            f": persistent shards {persistent / gib:.1f}, largest gathered block "
+            f"{gathered / gib:.1f}, the rest (activations, temporaries"
+            f"{'' if cuda else ', the runtime'}) {rest / gib:.1f} GiB"
+        )
+    return words

@@ -34,6 +34,10 @@ DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name
 
 RUN_AS_ID = 1000
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+# PyTorch's flight recorder (gloo and NCCL): the last collectives of each rank, which a rank's
+# stall evidence dumps (flight.py). torchtitan turns it on by default the same way.
+FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_ENTRIES = "2000"
 
 
 TemplateError = podmerge.TemplateError
@@ -342,6 +346,8 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         pairs.append((contract.ENV_RESUME_RULES, slot.resume_rules))
     if all(var.name != OMP_NUM_THREADS for var in user):
         pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
+    if all(var.name not in FLIGHT_RECORDER_ENV for var in user):
+        pairs.append((FLIGHT_RECORDER_ENV[0], FLIGHT_RECORDER_ENTRIES))
     env = [{"name": name, "value": escape(value)} for name, value in pairs]
     for var in user:
         entry = var.to_api()

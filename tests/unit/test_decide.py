@@ -834,3 +834,21 @@ def test_the_newest_five_failed_attempts_keep_their_evidence() -> None:
     assert d.collect is not None and d.collect.attempt == 7 and d.collect.drop == (1, 2)
     kept = {h.attempt: h.failure.evidence_ref for h in d.status.history if h.failure}
     assert kept[1] is None and kept[2] is None and kept[3] == "job-a3-why"
+
+
+def test_a_cuda_out_of_memory_error_comes_with_the_allocators_view() -> None:
+    gib = 1 << 30
+    doc = {"class": "OutOfMemory", "rank": 3, "step": 40, "exitCode": 1,
+           "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "phase": "optimizer step",
+           "memory": {"cudaAllocatedBytes": 15 * gib, "cudaTotalBytes": 16 * gib},
+           "ledger": {"persistentBytesPerRank": 12 * gib, "largestGatheredBytes": gib}}  # fmt: skip
+    failed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1,
+              "message": json.dumps(doc)}  # fmt: skip
+    f = dc.decide(observe(pods=pods(r3=failed))).failure
+    assert f is not None and f.cause is st.Cause.OOM and f.phase == "optimizer step"
+    assert f.message == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert f.diagnosis == (
+        "out of memory in optimizer step: likely optimizer state: more replicas shard it "
+        "thinner, or a lighter optimizer (allocated 15.0 of 16.0 GiB: persistent shards 12.0, "
+        "largest gathered block 1.0, the rest (activations, temporaries) 2.0 GiB)"
+    )

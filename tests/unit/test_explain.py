@@ -71,3 +71,15 @@ def test_memory_words_prefer_the_accelerator() -> None:
     assert explain.memory_words(both) == "peak 15.2 of 16.0 GiB"
     assert explain.memory_words({"peakRssBytes": gib}) == "peak 1.0 GiB"
     assert explain.memory_words(None) == ""
+
+
+def test_a_cuda_oom_is_read_against_the_ledgers_plan() -> None:
+    gib = 1 << 30
+    memory = {"cudaAllocatedBytes": 15 * gib, "cudaTotalBytes": 16 * gib, "rssBytes": 3 * gib}
+    ledger = {"persistentBytesPerRank": 6 * gib, "largestGatheredBytes": gib}
+    assert explain.allocator_words(memory, ledger) == (
+        "allocated 15.0 of 16.0 GiB: persistent shards 6.0, largest gathered block 1.0, the rest "
+        "(activations, temporaries) 8.0 GiB"
+    )
+    assert explain.allocator_words(memory, None) == "allocated 15.0 of 16.0 GiB"
+    assert explain.allocator_words({"rssBytes": 2 * gib}, None) == "resident 2.0 GiB"

@@ -23,7 +23,8 @@ def _stalled_gang(tmp_path: Path, fault: str) -> tuple[dict[int, dict], Path, di
     root = tmp_path / "ckpt"
     cfg = worker_config(root, train=training(steps=40))
     run = launch(tmp_path, nproc=RANKS, config=cfg, faults=fault,
-                 extra_env={contract.ENV_HANG_SECONDS: str(HANG_SECONDS)})  # fmt: skip
+                 extra_env={contract.ENV_HANG_SECONDS: str(HANG_SECONDS),
+                            "TORCH_FR_BUFFER_SIZE": "2000"})  # fmt: skip
     try:
         run.wait_for(lambda log: len(explain.evidence_lines(log)) == RANKS, timeout=240)
         live = json.loads(run.term_path.read_text())
@@ -49,6 +50,11 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     # the evidence file of each rank: its record and every thread's stack
     kept = (root / flight.EVIDENCE_DIR / "attempt-1" / "rank-2.txt").read_text()
     assert kept.startswith(contract.EVIDENCE_PREFIX) and "in stall_if" in kept
+    # PyTorch's own flight recorder agrees: rank 0's newest gloo collective never completed
+    assert found[0]["flightRecorder"]["op"] == "gloo:all_gather", found[0]
+    assert found[0]["flightRecorder"]["state"] != "completed"
+    recorded = json.loads((root / flight.EVIDENCE_DIR / "attempt-1" / "rank-0.fr.json").read_text())
+    assert 0 < len(recorded["entries"]) <= flight.FR_ENTRIES_KEPT
     # rank 0's live record: what `OOMKilled` would come with if the kernel killed it now
     assert live["class"] == contract.LIVE and live["step"] == 4
     assert live["phase"] == "forward" and live["memory"]["peakRssBytes"] > 0
@@ -68,3 +74,16 @@ def test_old_attempts_evidence_is_pruned(tmp_path: Path) -> None:
         (base / f"attempt-{attempt}").mkdir(parents=True)
     flight.prune(str(tmp_path), keep=flight.EVIDENCE_ATTEMPTS, current=9)
     assert sorted(p.name for p in base.iterdir()) == [f"attempt-{a}" for a in (5, 6, 7, 8)]
+
+
+def test_an_out_of_memory_error_leaves_its_phase_and_the_ledgers_plan(tmp_path: Path) -> None:
+    """What the CUDA allocator raises (injected here: a CPU has no such error) reaches the
+    termination message with the phase and the plan it is read against."""
+    cfg = worker_config(tmp_path / "ckpt", train=training(steps=8))
+    run = launch(tmp_path, nproc=2, config=cfg, faults="raise_oom_at=0:4:backward").wait()
+    assert run.rc != 0
+    term = run.termination()
+    assert term["class"] == contract.FailureClass.OOM and term["rank"] == 0
+    assert term["phase"] == "backward of block 0" and term["step"] == 3
+    assert term["ledger"]["persistentBytesPerRank"] > 0 and term["memory"]["rssBytes"] > 0
+    assert "injected: CUDA out of memory in backward at step 4" in term["message"]

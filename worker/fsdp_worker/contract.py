@@ -214,5 +214,6 @@ class IntervalInput(enum.StrEnum):
 
 # The termination message is one JSON object with these keys (all present, values may be null):
 TERMINATION_KEYS = ("class", "rank", "step", "exitCode", "message")
-# ...and these optional ones: where the rank was (flight.Recorder.where) and its memory figures.
-TERMINATION_OPTIONAL_KEYS = ("phase", "memory")
+# ...and these optional ones: where the rank was (flight.Recorder.where), its memory figures,
+# and the ledger's planned bytes per rank (persistentBytesPerRank, largestGatheredBytes).
+TERMINATION_OPTIONAL_KEYS = ("phase", "memory", "ledger")

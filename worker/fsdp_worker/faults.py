@@ -58,6 +58,15 @@ def stall_if(where: str, *, rank: int, step: int) -> None:
             time.sleep(3600)
 
 
+def raise_oom_if(where: str, *, rank: int, step: int) -> None:
+    """`raise_oom_at=<rank>:<step>:<where>`: raise torch's OutOfMemoryError there, as the CUDA
+    caching allocator does when an allocation does not fit (the CPU has no such error)."""
+    if _at("raise_oom_at", where, rank=rank, step=step):
+        import torch
+
+        raise torch.OutOfMemoryError(f"injected: CUDA out of memory in {where} at step {step}")
+
+
 def exhaust_memory_if(where: str, *, rank: int, step: int) -> None:
     """`oom_at=<rank>:<step>:<backward|save>`: allocate (and touch) memory until the kernel's
     OOM killer ends the process, as an activation or a staging copy that does not fit would."""

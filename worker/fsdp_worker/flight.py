@@ -14,8 +14,10 @@ So a rank keeps:
   root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept).
 
 Collectives are recorded by wrapping torch.distributed's functions (FSDP2 calls them through
-the module, so its all-gathers and reduce-scatters are seen too): on CPU/gloo this is the
-flight recorder; on GPU NCCL's own (TORCH_NCCL_TRACE_BUFFER_SIZE) says more.
+the module, so its all-gathers and reduce-scatters are seen too). PyTorch's own flight
+recorder (TORCH_FR_BUFFER_SIZE, which the operator sets; gloo and NCCL alike) is dumped beside
+the evidence as JSON (`rank-<R>.fr.json`, its newest 200 entries) and its newest entry joins
+the record.
 
 Cheap by design: a phase change is a few attribute writes and, on each pod's first local
 rank, one fixed-size pwrite; nothing here may raise into training.
@@ -123,6 +125,7 @@ class Recorder:
         self._hang_seconds: float | None = None
         self._reported_stall = False
         self._stop = threading.Event()
+        self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
 
     # --- the training thread's side -------------------------------------------------------
     def enter(self, phase: str, block: int | None = None) -> None:
@@ -207,9 +210,18 @@ class Recorder:
         }
 
     def failure_fields(self) -> dict[str, Any]:
-        """What a failure message adds (termination.write's `extra`)."""
+        """What a failure message adds (termination.write's `extra`): where the rank was, its
+        memory now, and the ledger's plan (an OOM's allocator view is measured against it)."""
         self._sample_memory(force=True)
-        return {"phase": self.where(), "memory": self.memory}
+        fields: dict[str, Any] = {"phase": self.where(), "memory": self.memory}
+        if self.ledger:
+            fields["ledger"] = self.ledger
+        return fields
+
+    def note_ledger(self, planned: dict[str, Any]) -> None:
+        """Keep the ledger's persistent and gathered bytes per rank."""
+        keys = ("persistentBytesPerRank", "largestGatheredBytes")
+        self.ledger = {k: int(planned[k]) for k in keys if isinstance(planned.get(k), int)}
 
     # --- the live record in the termination-message file -----------------------------------
     def open_live(self) -> None:
@@ -284,6 +296,9 @@ class Recorder:
         doc = self.record()
         stacks = thread_stacks()
         path = self._evidence_path()
+        recorded = _flight_recorder()
+        if recorded:
+            doc["flightRecorder"] = _last_entry(recorded)
         if path is not None:
             doc["file"] = path
         line = f"{contract.EVIDENCE_PREFIX} {json.dumps(doc, separators=(',', ':'))}"
@@ -296,6 +311,9 @@ class Recorder:
                 body = (line + "\n" + stacks).encode(errors="replace")[:EVIDENCE_FILE_MAX]
                 with open(path, "wb") as f:
                     f.write(body)
+                if recorded:
+                    with open(path.removesuffix(".txt") + ".fr.json", "w") as f:
+                        json.dump(recorded, f)
             except OSError as exc:
                 log.warning("could not keep the evidence in %s: %s", path, exc)
         return doc
@@ -306,6 +324,37 @@ class Recorder:
         return os.path.join(
             self._evidence_root, EVIDENCE_DIR, f"attempt-{self.attempt}", f"rank-{self.rank}.txt"
         )
+
+
+FR_ENTRIES_KEPT = 200
+
+
+def _flight_recorder() -> dict[str, Any] | None:
+    """PyTorch's own flight recorder of this process (TORCH_FR_BUFFER_SIZE; gloo and NCCL), its
+    newest FR_ENTRIES_KEPT entries; None when it is off or this torch has none. JSON only:
+    nothing is unpickled."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+
+        raw = c10d._dump_fr_trace_json(True, False)
+        doc = json.loads(raw)
+    except Exception:  # an older torch, or no process group: the record above still stands
+        return None
+    if not isinstance(doc, dict) or not doc.get("entries"):
+        return None
+    doc["entries"] = doc["entries"][-FR_ENTRIES_KEPT:]
+    return doc
+
+
+def _last_entry(recorded: dict[str, Any]) -> dict[str, Any]:
+    """The flight recorder's newest entry, in a few words: op, sequence number, state."""
+    last = recorded["entries"][-1]
+    return {
+        "op": last.get("profiling_name"),
+        "seq": last.get("collective_seq_id"),
+        "state": last.get("state"),
+        "processGroup": (last.get("process_group") or [None, None])[1],
+    }
 
 
 def thread_stacks() -> str:

@@ -39,9 +39,12 @@ def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state
     model.materialize(net, device=di.device, seed=tcfg.seed, template=template)
     flight.watch_blocks(net)
     opt = optim.build_optimizer(net, tcfg.optimizer)
+    dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32
+    planned = ledger.planned(net, param_dtype=dtype, world_size=di.world_size)
+    recorder = flight.current()
+    if recorder is not None:  # an OOM's allocator view is read against the plan
+        recorder.note_ledger(planned)
     if di.rank == 0:
-        dtype = parallelize.mp_policy(tcfg.precision).param_dtype or torch.float32
-        planned = ledger.planned(net, param_dtype=dtype, world_size=di.world_size)
         log.info("ledger %s", json.dumps(planned))
     return state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
 
