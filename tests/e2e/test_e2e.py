@@ -369,4 +369,5 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     assert sum(len(v) for v in kept["data"].values()) < 1 << 20
     # each rank's stacks and record, on the job's own claim
     evidence = e2e.claims[namespace, "ckpt"] / "stuck" / ".evidence" / "attempt-1"
-    assert sorted(p.name for p in evidence.iterdir()) == [f"rank-{r}.txt" for r in range(4)]
+    kept_files = sorted(p.name for p in evidence.iterdir())
+    assert kept_files == sorted(f"rank-{r}.{x}" for r in range(4) for x in ("txt", "fr.json"))

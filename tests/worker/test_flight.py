@@ -50,9 +50,11 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     # the evidence file of each rank: its record and every thread's stack
     kept = (root / flight.EVIDENCE_DIR / "attempt-1" / "rank-2.txt").read_text()
     assert kept.startswith(contract.EVIDENCE_PREFIX) and "in stall_if" in kept
-    # PyTorch's own flight recorder agrees: rank 0's newest gloo collective never completed
-    assert found[0]["flightRecorder"]["op"] == "gloo:all_gather", found[0]
-    assert found[0]["flightRecorder"]["state"] != "completed"
+    # PyTorch's own flight recorder agrees: rank 2's newest is the previous step's all_reduce,
+    # the others have one collective more, the all-gather rank 2 never joined
+    fr = {rank: doc["flightRecorder"] for rank, doc in found.items()}
+    assert fr[2]["op"] == "gloo:all_reduce" and fr[0]["op"] == "gloo:all_gather", fr
+    assert fr[0]["seq"] == fr[1]["seq"] == fr[3]["seq"] == fr[2]["seq"] + 1, fr
     recorded = json.loads((root / flight.EVIDENCE_DIR / "attempt-1" / "rank-0.fr.json").read_text())
     assert 0 < len(recorded["entries"]) <= flight.FR_ENTRIES_KEPT
     # rank 0's live record: what `OOMKilled` would come with if the kernel killed it now

@@ -358,10 +358,13 @@ def _last_entry(recorded: dict[str, Any]) -> dict[str, Any]:
 
 
 def thread_stacks() -> str:
-    """Every thread's Python stack, the innermost frames kept when one is very deep."""
+    """Every other thread's Python stack (not the watchdog's own), the innermost frames kept
+    when one is very deep."""
     names = {t.ident: t.name for t in threading.enumerate()}
     parts = []
     for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
         lines = "".join(traceback.format_stack(frame)).splitlines()[-STACK_LINES_MAX:]
         parts.append(f"thread {names.get(ident, ident)}:\n" + "\n".join(lines))
     return "\n".join(parts)
