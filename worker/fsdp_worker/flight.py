@@ -336,7 +336,7 @@ def _flight_recorder() -> dict[str, Any] | None:
     try:
         from torch._C import _distributed_c10d as c10d
 
-        raw = c10d._dump_fr_trace_json(True, False)
+        raw = c10d._dump_fr_trace_json(True, False)  # type: ignore[attr-defined]  # private
         doc = json.loads(raw)
     except Exception:  # an older torch, or no process group: the record above still stands
         return None
