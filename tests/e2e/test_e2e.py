@@ -312,24 +312,31 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     where the others are and keeps every rank's stacks and logs; a kernel OOM kill comes with
     the phase it hit (backward, checkpoint save) and a repeat in the same phase stops the job."""
     jobs = stack.Jobs(e2e.kube, namespace)
-    deadline = 20
+    # Long enough for the first step of a loaded CI machine (counted from the pods' start).
+    hang_policy = {"progressDeadlineSeconds": 40, "maxRestarts": 0}
     # rank 2 (pod 1's first) stops in data loading at step 8; the others wait for it
-    jobs.apply(
-        _faulty(
-            e2e,
-            "stuck",
-            "stall_at=2:8:data",
-            failurePolicy={"progressDeadlineSeconds": deadline, "maxRestarts": 0},
-        )
-    )
+    jobs.apply(_faulty(e2e, "stuck", "stall_at=2:8:data", failurePolicy=hang_policy))
+    # rank 1 (pod 0's second) stops before step 8's end-of-step all_reduce
+    jobs.apply(_faulty(e2e, "blocked", "stall_at=1:8:sync", failurePolicy=hang_policy))
     one = {"replicas": 1, "minReplicas": 1, "nprocPerNode": 1}
     limits = {"limits": {"memory": "2Gi"}, "requests": {"cpu": "500m", "memory": "2Gi"}}
     jobs.apply(_faulty(e2e, "oom-backward", "oom_at=0:6:backward", resources=limits, **one))
     jobs.apply(_faulty(e2e, "oom-save", "oom_at=0:20:save", resources=limits, **one,
                        failurePolicy={"maxRestarts": 0}))  # fmt: skip
+    names_ = ("stuck", "blocked", "oom-backward", "oom-save")
     failed = {name: _wait(jobs, name, "Failed",
                           lambda name=name: (s := jobs.status(name)).get("phase") == "Failed" and s)
-              for name in ("stuck", "oom-backward", "oom-save")}  # fmt: skip
+              for name in names_}  # fmt: skip
+
+    blocked = failed["blocked"]["lastFailure"]
+    assert blocked["cause"] == "Hang" and blocked["pod"] == "blocked-a1-0", blocked
+    assert blocked["phase"] == "end-of-step sync" and blocked["step"] == 7, blocked
+    assert re.match(r"ranks 0,2,3 wait in all_reduce #\d+ \(end-of-step sync, step 8\); "
+                    r"rank 1 in end-of-step sync at step 8, 1 collective behind",
+                    blocked["evidence"]), blocked  # fmt: skip
+    evidence = e2e.claims[namespace, "ckpt"] / "blocked" / ".evidence" / "attempt-1"
+    assert "in stall_if" in (evidence / "rank-1.txt").read_text(), "its stack is kept"
+    assert "in all_reduce" in (evidence / "rank-0.txt").read_text()
 
     hang = failed["stuck"]["lastFailure"]
     assert hang["cause"] == "Hang" and hang["rank"] == 1 and hang["phase"] == "data loading"
