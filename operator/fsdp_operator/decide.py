@@ -78,6 +78,7 @@ class Collect:
     world_size: int
     hang: bool  # compare the ranks' stall records (the others only keep logs)
     drop: tuple[int, ...] = ()  # older attempts whose evidence goes (the newest few are kept)
+    unreadable: tuple[int, ...] = ()  # pods on a node that is gone or none: no log to ask for
 
 
 @dataclasses.dataclass
@@ -436,6 +437,11 @@ def _collect(obs: observed.Observed, failure: status.Failure) -> Collect | None:
     )
     if not pods:
         return None
+    # A lost node's kubelet would keep the read waiting for its timeout, delaying the restart.
+    unreadable = tuple(
+        sorted(p.rank for p in obs.attempt_pods(s.attempt)
+               if p.rank is not None and (not p.node or _node_gone(obs, p)))
+    )  # fmt: skip
     kept = [h.attempt for h in s.history if h.failure is not None and h.failure.evidence_ref]
     drop = tuple(sorted({*kept, s.attempt})[: -explain.EVIDENCE_ATTEMPTS])
     return Collect(
@@ -445,6 +451,7 @@ def _collect(obs: observed.Observed, failure: status.Failure) -> Collect | None:
         world_size=s.world_size or len(pods) * obs.spec.nproc_per_node,
         hang=failure.cause is status.Cause.HANG,
         drop=drop,
+        unreadable=unreadable,
     )
 
 

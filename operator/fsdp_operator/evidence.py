@@ -33,6 +33,8 @@ def _tails(
     share = explain.log_share(len(collect.pods))
 
     def tail(pod: tuple[int, str, str | None]) -> tuple[int, str | None]:
+        if pod[0] in collect.unreadable:
+            return pod[0], None
         try:
             text = api.pod_log_tail(namespace, pod[1], lines=explain.LOG_TAIL_LINES, limit=share)
         except Exception as exc:  # one unreadable log must not hide the others
@@ -74,7 +76,7 @@ def explained(
         if len(odd_pods) == 1:  # one pod is not where the others are: it is the failing one
             pod = odd_pods.pop()
             first = found.get(min(report.odd_ranks))
-            _, name, node = next(p for p in collect.pods if p[0] == pod)
+            _, name, node = next((p for p in collect.pods if p[0] == pod), (pod, None, None))
             update.update(rank=pod, pod=name, node=node)
             if first is not None:
                 update["phase"] = first.get("where")

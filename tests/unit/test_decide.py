@@ -852,3 +852,10 @@ def test_a_cuda_out_of_memory_error_comes_with_the_allocators_view() -> None:
         "thinner, or a lighter optimizer (allocated 15.0 of 16.0 GiB: persistent shards 12.0, "
         "largest gathered block 1.0, the rest (activations, temporaries) 2.0 GiB)"
     )
+
+
+def test_a_lost_nodes_pods_logs_are_not_asked_for() -> None:
+    """Its kubelet cannot answer: the read would only wait out its timeout before the restart."""
+    d = dc.decide(observe(nodes=nodes(down={2: NOW - 31})))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.collect is not None and d.collect.unreadable == (2,)

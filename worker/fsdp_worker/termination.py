@@ -76,9 +76,8 @@ def message(
 ) -> bytes:
     """One JSON object with contract.TERMINATION_KEYS (and `extra`, e.g. the rank's phase),
     under the Kubernetes limit."""
-    doc = dict(
-        zip(contract.TERMINATION_KEYS, (failure_class, rank, step, exit_code, ""), strict=True)
-    )
+    values: tuple[object, ...] = (failure_class, rank, step, exit_code, "")
+    doc: dict[str, object] = dict(zip(contract.TERMINATION_KEYS, values, strict=True))
     doc.update(extra or {})
     budget = contract.TERMINATION_MESSAGE_MAX_BYTES - len(json.dumps(doc).encode()) - 16
     doc["message"] = text.encode()[: max(budget, 0)].decode(errors="ignore")
