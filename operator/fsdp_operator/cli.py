@@ -9,20 +9,41 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import sys
 from typing import Any
 
 import kubernetes
+import urllib3
+import yaml
 from kubernetes.client.exceptions import ApiException
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from fsdp_operator import api, kube, names, status
+from fsdp_worker.contract import CONTRACT_VERSION as CONTRACT
 
 # Stops the operator made on purpose: not failures, so `why` does not list them.
 _PLANNED = (status.Cause.RESIZE.value, status.Cause.SUSPENDED.value, None)
+
+
+# Phase names as column headers short enough for 80 columns (the caption spells them out).
+_SHORT = {"teardown": "down", "schedule": "sched", "rendezvous": "rdzv", "firstStep": "step1"}
+
+
+def _table(title: str, columns: tuple[str, ...], *, wide: tuple[str, ...] = ()) -> Table:
+    """A table that stays readable in 80 columns: no vertical rules, one space between columns,
+    headers never cut; only the `wide` columns (names, messages) fold their cells."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), pad_edge=False)
+    for col in columns:
+        if col in wide:
+            table.add_column(col, overflow="fold", min_width=max(len(col), 8))
+        else:
+            table.add_column(col, no_wrap=True, min_width=len(col))
+    return table
 
 
 def _age(ts: float | None, now: float) -> str:
@@ -58,20 +79,9 @@ def _jobs(custom: Any, namespace: str | None) -> list[dict[str, Any]]:
 
 def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
     now = datetime.datetime.now(datetime.UTC).timestamp()
-    table = Table(title="FSDPJobs")
-    for col in (
-        "namespace",
-        "name",
-        "phase",
-        "world",
-        "step",
-        "ckpt",
-        "ckpt age",
-        "restarts",
-        "app/infra",
-        "reason",
-    ):
-        table.add_column(col)
+    columns = ("namespace", "name", "phase", "world", "step", "ckpt", "restarts", "reason")
+    table = _table("FSDPJobs", columns, wide=("namespace", "name", "reason"))
+    table.caption = "ckpt: newest sealed step (its age); restarts: total (application/infra)"
     for job in _jobs(custom, namespace):
         s = job.get("status") or {}
         ck = s.get("lastCheckpoint") or {}
@@ -82,10 +92,8 @@ def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
             Text(s.get("phase", "-")),
             _fmt(s.get("worldSize")),
             _fmt(s.get("step")),
-            _fmt(ck.get("step")),
-            _age(ck.get("time"), now),
-            _fmt(r.get("total", 0)),
-            f"{r.get('application', 0)}/{r.get('infrastructure', 0)}",
+            f"{_fmt(ck.get('step'))} ({_age(ck.get('time'), now)})",
+            f"{r.get('total', 0)} ({r.get('application', 0)}/{r.get('infrastructure', 0)})",
             Text(s.get("reason", "")),
         )
     console.print(table)
@@ -112,9 +120,11 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
                 f"node={lf.get('node')} exit={lf.get('exitCode')}: {lf.get('message')}"
             )
         )
-    hist = Table(title="attempts: what each failure cost")
-    for col in ("attempt", "world", "resumed from", "ended by", "detect", "recover", "steps lost"):
-        hist.add_column(col)
+    hist = _table(
+        "attempts: what each failure cost",
+        ("attempt", "world", "resumed from", "ended by", "detect", "recover", "steps lost"),
+        wide=("ended by",),
+    )
     lost = 0
     for h in s.get("history") or []:
         lost += h.get("stepsLost") or 0
@@ -136,9 +146,7 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
         namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
     )
     items = sorted(json.loads(events.data)["items"], key=lambda e: e.get("firstTimestamp") or "")
-    ev = Table(title="events")
-    for col in ("time", "type", "reason", "message"):
-        ev.add_column(col)
+    ev = _table("events", ("time", "type", "reason", "message"), wide=("reason", "message"))
     for e in items[-20:]:
         ev.add_row(
             e.get("firstTimestamp") or "",
@@ -165,10 +173,14 @@ def _checkpoints_line(s: dict[str, Any]) -> str:
 
 def _resume_table(history: list[dict[str, Any]]) -> Table:
     """Each attempt's way back to training, phase by phase (status.history[].timeline)."""
-    table = Table(title="time to resume: failure -> first step, by phase (seconds)")
     phases = [phase for phase, _ in status.PHASES]
-    for col in ("attempt", "after", *phases, "total"):
-        table.add_column(col)
+    short = [_SHORT.get(p, p) for p in phases]
+    table = _table(
+        "time to resume: failure -> first step, by phase (seconds)",
+        ("attempt", "after", *short, "total"),
+        wide=("after",),
+    )
+    table.caption = ", ".join(f"{_SHORT[p]}: {p}" for p in phases if p in _SHORT)
     for h in history:
         raw = h.get("timeline")
         if not raw:
@@ -336,27 +348,113 @@ def _ranks(pod: int, nproc: int) -> str:
     return f"{pod * nproc}-{(pod + 1) * nproc - 1}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fsdpctl", description=__doc__.splitlines()[0])
-    parser.add_argument("-n", "--namespace", default=None)
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default=None,
+        help="default: the kubeconfig context's namespace, else 'default'",
+    )
+    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    parser.add_argument("--context", default=None, help="default: the current context")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
-    for verb in ("describe", "suspend", "resume"):
-        sub.add_parser(verb).add_argument("name")
+    listing = sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
+    listing.add_argument("-A", "--all-namespaces", action="store_true")
+    listing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    describing = sub.add_parser("describe", help="one job: failures, their cost, its Events")
+    describing.add_argument("name")
+    describing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    for verb in ("suspend", "resume"):
+        sub.add_parser(verb, help=f"{verb} a job (its pods save first)").add_argument("name")
     sub.add_parser("why", help="each failed attempt: cause, where, diagnosis").add_argument("name")
     logs_p = sub.add_parser("logs", help="the last log lines a failed attempt's pods left")
     logs_p.add_argument("name")
     logs_p.add_argument("--attempt", type=int, help="default: the newest with evidence kept")
     logs_p.add_argument("--rank", type=int, help="global rank: only the pod that ran it")
-    args = parser.parse_args(argv)
-    client = kube.load_client()
+    sub.add_parser("version", help="this fsdpctl, the API it reads and the worker contract")
+    return parser
+
+
+def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace the kubeconfig's context names, as kubectl uses it; else 'default'."""
+    try:
+        contexts, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (kubernetes.config.ConfigException, OSError):
+        return "default"
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else active
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+
+
+def _version() -> str:
+    try:
+        mine = importlib.metadata.version("fsdp-operator")
+    except importlib.metadata.PackageNotFoundError:
+        mine = "unknown"
+    return f"fsdpctl {mine} (FSDPJob {api.GROUP}/{api.VERSION}, worker contract {CONTRACT})"
+
+
+def _dump(doc: Any, fmt: str) -> None:
+    """-o json|yaml: the objects as the API server holds them, for scripts."""
+    if fmt == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _refusal(exc: ApiException) -> str:
+    """An API error in one line: a 403 says which permission is missing (the server names it)."""
+    try:
+        message = str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except ValueError:
+        message = str(exc.reason)
+    if exc.status == 403:
+        return f"forbidden: {message} (ask for that permission, or use another --context)"
+    if exc.status == 401:
+        return f"not logged in to the cluster: {message}"
+    return f"the API server answered {exc.status}: {message}"
+
+
+def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
+    args = _parser(prog).parse_args(argv)
+    if args.command == "version":
+        print(_version())
+        return 0
+    try:
+        return _run(args)
+    except ApiException as exc:
+        print(f"{prog}: {_refusal(exc)}", file=sys.stderr)
+    except kubernetes.config.ConfigException as exc:
+        print(f"{prog}: no usable kubeconfig: {exc}", file=sys.stderr)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        print(f"{prog}: cannot reach the API server: {exc}", file=sys.stderr)
+    return 1
+
+
+def kubectl_main() -> int:
+    """`kubectl fsdp ...`: kubectl runs `kubectl-fsdp` from PATH as a plugin."""
+    return main(prog="kubectl fsdp")
+
+
+def _run(args: argparse.Namespace) -> int:
+    client = kube.load_client(args.kubeconfig, context=args.context)
     custom = kubernetes.client.CustomObjectsApi(client)
     console = Console()
+    namespace = args.namespace or _context_namespace(args.kubeconfig, args.context)
     if args.command == "list":
-        list_jobs(custom, args.namespace, console)
+        scope = None if args.all_namespaces else namespace
+        if args.output != "table":
+            _dump({"items": _jobs(custom, scope)}, args.output)
+            return 0
+        list_jobs(custom, scope, console)
         return 0
-    namespace = args.namespace or "default"
     if args.command == "describe":
+        if args.output != "table":
+            job = _read_job(custom, namespace, args.name)
+            if job is None:
+                return 1
+            _dump(job, args.output)
+            return 0
         describe(custom, kubernetes.client.CoreV1Api(client), namespace, args.name, console)
         return 0
     if args.command == "why":

@@ -37,9 +37,11 @@ class NotLeader(RuntimeError):
     """A write refused before it was sent: this replica does not (or no longer) lead."""
 
 
-def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
+def load_client(
+    config_file: str | None = None, *, context: str | None = None
+) -> kubernetes.client.ApiClient:
     """In-cluster credentials when running in a pod, else `config_file`, $KUBECONFIG or
-    ~/.kube/config.
+    ~/.kube/config (its `context`, else the current one).
 
     No retries inside the client, and sockets close with SO_LINGER 0 (a reset): a write given
     up on (its timeout passed while the network was cut) is neither sent again nor delivered
@@ -48,11 +50,13 @@ def load_client(config_file: str | None = None) -> kubernetes.client.ApiClient:
     """
     conf = kubernetes.client.Configuration()
     try:
-        if config_file is not None:
+        if config_file is not None or context is not None:
             raise kubernetes.config.ConfigException("a kubeconfig was given")
         kubernetes.config.load_incluster_config(client_configuration=conf)
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config(config_file=config_file, client_configuration=conf)
+        kubernetes.config.load_kube_config(
+            config_file=config_file, context=context, client_configuration=conf
+        )
     conf.connection_pool_maxsize = 32  # a pass's creates and deletes go out together
     conf.retries = False  # a write given up on is never sent again, later, by urllib3
     conf.socket_options = [

@@ -71,9 +71,11 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     # the failed attempt's pods are gone; its logs were kept before they went
     failure = done["history"][0]["failure"]
     assert failure["evidenceRef"] and failure["pod"] == done["lastFailure"]["pod"]
+    # as a kubectl plugin: `kubectl fsdp` runs kubectl-fsdp from PATH (installed beside fsdpctl)
+    plugin = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     why = subprocess.run(
-        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "why", name],
-        env=env, capture_output=True, text=True, check=True,
+        [str(jobs.cluster.bin_dir / "kubectl"), "fsdp", "-n", jobs.ns, "why", name],
+        env=plugin, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "attempt 1: Crash" in why and "message: injected" in why, why
     logs = subprocess.run(

@@ -231,3 +231,116 @@ def test_logs_for_a_rank_out_of_range_says_which_ranks_exist(
     assert cli.logs(answers, answers, "demo", "tiny", 3, 4, console) == 2
     assert "ranks kept: 0-1, 2-3" in capsys.readouterr().err
     assert out.getvalue() == ""
+
+
+# --- 80 columns, and the command line a kubectl user expects ------------------------------------
+def _busy_job() -> dict[str, Any]:
+    tl = {"launched": 1.0, "scheduled": 2.0, "running": 3.0, "rendezvous": 5.0, "loaded": 6.0,
+          "firstStep": 7.0}  # fmt: skip
+    later = {"cause": "NodeLost", "failed": 10.0, "detected": 12.0, "gangGone": 12.5, **tl}
+    return {
+        "metadata": {"name": "a-very-long-training-job-name-for-llama",
+                     "namespace": "team-research-prod"},  # fmt: skip
+        "status": {
+            "phase": "Restarting", "attempt": 2, "step": 120, "reason": "CircuitBreaker",
+            "restarts": {"total": 12, "application": 9, "infrastructure": 3},
+            "history": [
+                {"attempt": 1, "cause": "NodeLost", "worldSize": 64, "detectSeconds": 52.3,
+                 "recoverSeconds": 14.2, "stepsLost": 113, "timeline": tl},
+                {"attempt": 2, "worldSize": 64, "resumedFromStep": 1000, "timeline": later},
+            ],
+        },
+    }  # fmt: skip
+
+
+def _headers_intact(text: str, headers: tuple[str, ...]) -> None:
+    assert "…" not in text, text
+    for header in headers:
+        assert header in text, f"{header!r} missing:\n{text}"
+
+
+def test_tables_stay_readable_in_80_columns() -> None:
+    job = _busy_job()
+    answers = Answers(job, [{"firstTimestamp": "2026-12-02T07:00:00Z", "type": "Warning",
+                             "reason": "FailureDetected", "message": GLOO}])  # fmt: skip
+    out = io.StringIO()
+    cli.describe(answers, answers, "demo", "x", Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    _headers_intact(
+        text,
+        (
+            "attempt",
+            "resumed from",
+            "ended by",
+            "steps lost",
+            "after",
+            "detect",
+            "down",
+            "sched",
+            "rdzv",
+            "step1",
+            "total",
+            "NodeLost",
+            "message",
+        ),
+    )
+
+    class Listing:
+        def list_cluster_custom_object(self, *_: Any, **__: Any) -> Any:
+            return types.SimpleNamespace(data=json.dumps({"items": [job]}))
+
+    out = io.StringIO()
+    cli.list_jobs(Listing(), None, Console(file=out, width=80, color_system=None))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    _headers_intact(text, ("namespace", "name", "phase", "world", "step", "ckpt", "restarts",
+                           "reason", "12 (9/3)", "Restarting"))  # fmt: skip
+
+
+def test_the_namespace_defaults_to_the_kubeconfig_contexts(tmp_path: Any) -> None:
+    config = tmp_path / "config"
+    cluster = {"server": "https://127.0.0.1:1"}
+    config.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "a",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
+                     {"name": "b", "context": {"cluster": "c", "user": "u"}}],
+    }))  # fmt: skip
+    assert cli._context_namespace(str(config), None) == "team-a"
+    assert cli._context_namespace(str(config), "b") == "default"
+    assert cli._context_namespace(str(tmp_path / "none"), None) == "default"
+
+
+def test_a_refusal_is_one_line_that_names_the_missing_permission(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    message = ('fsdpjobs.fsdpoperator.io is forbidden: User "dev" cannot list resource "fsdpjobs" '
+               'in API group "fsdpoperator.io" in the namespace "prod"')  # fmt: skip
+    refused = ApiException(status=403, reason="Forbidden")
+    refused.body = json.dumps({"kind": "Status", "message": message})
+
+    def run(_: Any) -> int:
+        raise refused
+
+    monkeypatch.setattr(cli, "_run", run)
+    assert cli.main(["-n", "prod", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"fsdpctl: forbidden: {message}")
+
+    def unreachable(_: Any) -> int:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(cli, "_run", unreachable)
+    assert cli.main(["why", "tiny"], prog="kubectl fsdp") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kubectl fsdp: cannot reach the API server:") and "Traceback" not in err
+
+
+def test_version_and_json_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["version"]) == 0
+    assert "fsdpoperator.io/" in capsys.readouterr().out
+    job = _busy_job()
+    cli._dump({"items": [job]}, "json")
+    assert json.loads(capsys.readouterr().out)["items"][0] == job
