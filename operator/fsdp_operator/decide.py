@@ -113,15 +113,20 @@ def stamp(now: float) -> str:
 
 
 def _set_condition(
-    d: Decision, now: float, *, kind: str, true: bool, reason: str, msg: str
+    d: Decision, obs: observed.Observed, *, kind: str, true: bool, reason: str, msg: str
 ) -> None:
     value = "True" if true else "False"
     conds = [c for c in d.status.conditions if c.type != kind]
     old = next((c for c in d.status.conditions if c.type == kind), None)
-    when = old.last_transition_time if old and old.status == value else stamp(now)
+    when = old.last_transition_time if old and old.status == value else stamp(obs.now)
     conds.append(
         status.Condition(
-            type=kind, status=value, reason=reason, message=msg, last_transition_time=when
+            type=kind,
+            status=value,
+            reason=reason,
+            message=msg,
+            last_transition_time=when,
+            observed_generation=obs.generation,
         )
     )
     d.status.conditions = sorted(conds, key=lambda c: c.type)
@@ -133,16 +138,14 @@ def _phase(
     s = d.status
     s.phase, s.reason, s.message = phase, reason, msg
     progressing = phase in (status.Phase.PENDING, status.Phase.RUNNING, status.Phase.RESTARTING)
-    _set_condition(d, obs.now, kind="Progressing", true=progressing, reason=reason, msg=msg)
+    _set_condition(d, obs, kind="Progressing", true=progressing, reason=reason, msg=msg)
     _set_condition(
-        d, obs.now, kind="Suspended", true=phase is status.Phase.SUSPENDED, reason=reason, msg=msg
+        d, obs, kind="Suspended", true=phase is status.Phase.SUSPENDED, reason=reason, msg=msg
     )
     _set_condition(
-        d, obs.now, kind="Complete", true=phase is status.Phase.SUCCEEDED, reason=reason, msg=msg
+        d, obs, kind="Complete", true=phase is status.Phase.SUCCEEDED, reason=reason, msg=msg
     )
-    _set_condition(
-        d, obs.now, kind="Failed", true=phase is status.Phase.FAILED, reason=reason, msg=msg
-    )
+    _set_condition(d, obs, kind="Failed", true=phase is status.Phase.FAILED, reason=reason, msg=msg)
 
 
 def _track(d: Decision, obs: observed.Observed) -> None:
@@ -476,7 +479,7 @@ def _conflicts(d: Decision, obs: observed.Observed) -> None:
     old = next((c for c in d.status.conditions if c.type == CONFLICT), None)
     if not obs.conflicts:
         if old is not None and old.status == "True":
-            _set_condition(d, obs.now, kind=CONFLICT, true=False, reason="Resolved", msg="")
+            _set_condition(d, obs, kind=CONFLICT, true=False, reason="Resolved", msg="")
         return
     first = obs.conflicts[0]
     more = f" (and {len(obs.conflicts) - 1} more)" if len(obs.conflicts) > 1 else ""
@@ -488,7 +491,7 @@ def _conflicts(d: Decision, obs: observed.Observed) -> None:
         )
     if old is None or old.status != "True" or old.message != msg:
         d.emit(first.kind.value, msg, warning=True)
-    _set_condition(d, obs.now, kind=CONFLICT, true=True, reason=first.kind.value, msg=msg)
+    _set_condition(d, obs, kind=CONFLICT, true=True, reason=first.kind.value, msg=msg)
 
 
 def _blocked(d: Decision, obs: observed.Observed) -> bool:

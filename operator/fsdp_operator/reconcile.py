@@ -440,6 +440,7 @@ class Reconciler:
             reason=type(exc).__name__,
             message=message,
             last_transition_time=decide.stamp(now),
+            observed_generation=body["metadata"].get("generation"),
         )
         conditions = [c for c in job_status.conditions if c.type != decide.RECONCILE_ERROR]
         patch = {

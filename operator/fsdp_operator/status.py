@@ -334,6 +334,11 @@ class Condition(_Model):
     last_transition_time: str = Field(
         description="When status last changed (RFC 3339, UTC, whole seconds)."
     )
+    observed_generation: int | None = Field(
+        None,
+        description="The metadata.generation of the spec this condition was set for: older "
+        "than the job's generation means the operator has not acted on the newest spec yet.",
+    )
 
 
 class ExcludedNode(_Model):
@@ -456,5 +461,8 @@ class FSDPJobStatus(_Model):
         "from.",
     )
     conditions: list[Condition] = Field(
-        default_factory=list, max_length=16, description="Standard Kubernetes conditions."
+        default_factory=list,
+        max_length=16,
+        description="Standard Kubernetes conditions, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

@@ -514,6 +514,10 @@ def test_replicas_edit_down_is_applied_by_a_planned_restart() -> None:
     spec = make_spec(replicas=2, minReplicas=1)
     d = dc.decide(observe(spec=spec, generation=2))
     assert d.status.reason == st.Cause.RESIZE and d.status.observed_generation == 2
+    # each condition says which spec it was set for, as Kubernetes' own conditions do
+    assert {c.type: c.observed_generation for c in d.status.conditions} == {
+        "Complete": 2, "Failed": 2, "Progressing": 2, "Suspended": 2
+    }  # fmt: skip
 
 
 # --- lifecycle ----------------------------------------------------------------------------------
