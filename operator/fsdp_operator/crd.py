@@ -103,6 +103,7 @@ def schema_of(model: type[Any]) -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     cols = [
         ("Phase", "string", ".status.phase", "Lifecycle phase"),
+        ("Reason", "string", ".status.reason", "Why it is in its phase, in one word"),
         ("World", "integer", ".status.worldSize", "Ranks in the current attempt"),
         ("Step", "integer", ".status.step", "Last completed training step"),
         ("Checkpoint", "integer", ".status.lastCheckpoint.step", "Newest complete checkpoint"),

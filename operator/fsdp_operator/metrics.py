@@ -51,21 +51,34 @@ RESUME = prom.Histogram(
     ["cause"],
     buckets=_BUCKETS,
 )
-GOODPUT = prom.Gauge(
-    "fsdpjob_goodput_ratio", "Share of wall time on steps that count", ["namespace", "job"]
-)
+# Per-job series are labelled job_namespace and job_name: `namespace` and `job` are the labels
+# Prometheus gives every scraped target, and would turn ours into exported_namespace/_job.
+JOB = ["job_namespace", "job_name"]
+GOODPUT = prom.Gauge("fsdpjob_goodput_ratio", "Share of wall time on steps that count", JOB)
 LOST = prom.Gauge(
-    "fsdpjob_lost_seconds",
-    "Wall time that did not advance training, by cause",
-    ["namespace", "job", "cause"],
+    "fsdpjob_lost_seconds", "Wall time that did not advance training, by cause", [*JOB, "cause"]
 )
 CHECKPOINT_INTERVAL = prom.Gauge(
-    "fsdpjob_checkpoint_interval_steps",
-    "Steps between checkpoints the workers use now",
-    ["namespace", "job"],
+    "fsdpjob_checkpoint_interval_steps", "Steps between checkpoints the workers use now", JOB
 )
 CKPT_AGE = prom.Gauge(
-    "fsdpjob_checkpoint_age_seconds", "Age of the newest complete checkpoint", ["namespace", "job"]
+    "fsdpjob_checkpoint_age_seconds",
+    "Age of the newest complete checkpoint at the job's last pass (see the timestamp)",
+    JOB,
+)
+CKPT_TIME = prom.Gauge(
+    "fsdpjob_checkpoint_timestamp_seconds",
+    "When the newest complete checkpoint was sealed (unix seconds): alert on time() minus it, "
+    "which keeps growing when passes stop",
+    JOB,
+)
+JOB_FAILURES = prom.Counter(
+    "fsdpjob_job_failures_total", "Failures detected, per job and cause", [*JOB, "cause"]
+)
+RECONCILE_ERRORS = prom.Counter(
+    "fsdpjob_reconcile_errors_total",
+    "Reconcile passes that failed (the job's ReconcileError condition says why)",
+    ["reason"],
 )
 
 PASSES = prom.Counter("fsdpjob_reconcile_passes_total", "Reconcile passes run (all jobs)")
@@ -90,6 +103,7 @@ _lock = threading.Lock()
 _phases: dict[tuple[str, str], str] = {}
 _phase_counts: dict[str, int] = {}
 _causes: dict[tuple[str, str], set[str]] = {}  # LOST series per job, removed with the job
+_failed: dict[tuple[str, str], set[str]] = {}  # JOB_FAILURES series per job, the same
 
 
 def count_phase(namespace: str, name: str, phase: str | None) -> None:
@@ -118,13 +132,22 @@ def set_lost(namespace: str, name: str, lost_seconds: Mapping[str, float]) -> No
         LOST.labels(namespace, name, cause).set(lost_seconds.get(cause, 0.0))
 
 
+def count_failure(namespace: str, name: str, cause: str) -> None:
+    """One more failure of this job: which job is in a restart storm can be asked."""
+    with _lock:
+        _failed.setdefault((namespace, name), set()).add(cause)
+    JOB_FAILURES.labels(namespace, name, cause).inc()
+
+
 def forget(namespace: str, name: str) -> None:
     count_phase(namespace, name, None)
     with _lock:
         causes = _causes.pop((namespace, name), set())
-    for gauge in (CKPT_AGE, GOODPUT, CHECKPOINT_INTERVAL):
+        failed = _failed.pop((namespace, name), set())
+    for gauge in (CKPT_AGE, CKPT_TIME, GOODPUT, CHECKPOINT_INTERVAL):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
-    for cause in causes:
-        with contextlib.suppress(KeyError):
-            LOST.remove(namespace, name, cause)
+    for series, seen in ((LOST, causes), (JOB_FAILURES, failed)):
+        for cause in seen:
+            with contextlib.suppress(KeyError):
+                series.remove(namespace, name, cause)

@@ -185,6 +185,7 @@ class Reconciler:
         except kube.NotLeader:
             raise  # not this job's failure: nothing to report (and no right to write it)
         except Exception as exc:
+            metrics.RECONCILE_ERRORS.labels(type(exc).__name__).inc()
             try:
                 self._report_error(body, exc, written=self._written.pop((namespace, name), None))
             except Exception:  # the report is advice; the pass's own error is what is raised

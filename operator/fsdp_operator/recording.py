@@ -15,6 +15,7 @@ def record(*, job: names.JobRef, obs: observed.Observed, decision: decide.Decisi
     failure = decision.failure
     if failure is not None:
         metrics.FAILURES.labels(failure.cause.value).inc()
+        metrics.count_failure(job.namespace, job.name, failure.cause.value)
         metrics.DETECT.labels(failure.cause.value).observe(max(0.0, obs.now - failure.time))
     if decision.launch is not None and decision.launch.attempt > 1:
         cause = s.history[-2].cause if len(s.history) > 1 else None
@@ -27,6 +28,7 @@ def record(*, job: names.JobRef, obs: observed.Observed, decision: decide.Decisi
     if checkpoint is not None and checkpoint.time is not None:
         age = max(0.0, obs.now - checkpoint.time)
         metrics.CKPT_AGE.labels(job.namespace, job.name).set(age)
+        metrics.CKPT_TIME.labels(job.namespace, job.name).set(checkpoint.time)
     _record_cost(job, decision)
 
 

@@ -51,7 +51,7 @@ def test_examples_apply_and_show_printer_columns(
         crd.kubectl("apply", "-n", kube_namespace, "-f", str(path))
     out = crd.kubectl("get", "fsdpjobs", "-n", kube_namespace).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "WORLD", "STEP", "CHECKPOINT", "RESTARTS", "AGE"]
+    assert header == ["NAME", "PHASE", "REASON", "WORLD", "STEP", "CHECKPOINT", "RESTARTS", "AGE"]
     assert {"tiny-cpu", "llama-1b"} <= {line.split()[0] for line in out.splitlines()[1:]}
     # the short name and the category work too
     assert "tiny-cpu" in crd.kubectl("get", "fsdpj", "-n", kube_namespace).stdout

@@ -71,7 +71,7 @@ def test_an_injected_crash_produces_a_complete_time_to_resume_breakdown(
     for phase, _ in st.PHASES:
         assert f'fsdpjob_time_to_resume_phase_seconds_count{{phase="{phase}"}}' in metrics
     assert 'fsdpjob_time_to_resume_seconds_count{cause="Crash"}' in metrics
-    assert f'fsdpjob_goodput_ratio{{job="{name}",namespace="{jobs.ns}"}}' in metrics
+    assert f'fsdpjob_goodput_ratio{{job_name="{name}",job_namespace="{jobs.ns}"}}' in metrics
 
 
 def test_auto_interval_reports_its_choice_and_carries_the_failure_record(

@@ -1,0 +1,34 @@
+"""The operator's own series: what a platform's Prometheus can ask, and what it keeps."""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+from fsdp_operator import metrics
+
+
+def _value(name: str, **labels: str) -> float | None:
+    return prom.REGISTRY.get_sample_value(name, labels)
+
+
+def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
+    for series in (metrics.GOODPUT, metrics.LOST, metrics.CKPT_AGE, metrics.CKPT_TIME,
+                   metrics.CHECKPOINT_INTERVAL, metrics.JOB_FAILURES):  # fmt: skip
+        names = set(series._labelnames)
+        assert {"job_namespace", "job_name"} <= names and not names & {"namespace", "job"}
+
+
+def test_which_job_is_in_a_restart_storm_can_be_asked_and_is_forgotten_with_it() -> None:
+    for _ in range(3):
+        metrics.count_failure("team-a", "storm", "Crash")
+    metrics.count_failure("team-a", "calm", "OOMKilled")
+    metrics.CKPT_TIME.labels("team-a", "storm").set(1_700_000_000.0)
+    storm = {"job_namespace": "team-a", "job_name": "storm", "cause": "Crash"}
+    assert _value("fsdpjob_job_failures_total", **storm) == 3
+    metrics.forget("team-a", "storm")
+    assert _value("fsdpjob_job_failures_total", **storm) is None
+    assert _value("fsdpjob_checkpoint_timestamp_seconds", job_namespace="team-a",
+                  job_name="storm") is None  # fmt: skip
+    calm = {"job_namespace": "team-a", "job_name": "calm", "cause": "OOMKilled"}
+    assert _value("fsdpjob_job_failures_total", **calm) == 1
+    metrics.forget("team-a", "calm")
