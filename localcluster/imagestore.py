@@ -32,6 +32,10 @@ IMAGE_NAME = "io.containerd.image.name"
 """The index annotation ``ctr images import`` takes as the image's exact name."""
 
 
+STAGING_SUFFIX = "-incoming"
+"""What ``send`` appends to an image's name while it unpacks (the old image keeps the name)."""
+
+
 class ImageError(RuntimeError):
     """A build or load step failed; the message names the command and its output's tail."""
 
@@ -155,6 +159,11 @@ class Containerd:
         info = ("snapshots", f"--snapshotter={self.snapshotter}", "info", key)
         return self._ctr(*info, check=False) is not None
 
+    def rename(self, source: str, target: str) -> None:
+        """Move the name `target` to the image `source` names, then drop `source`."""
+        self._ctr("images", "tag", "--force", source, target)
+        self._ctr("images", "rm", source)
+
     def held(self) -> set[str]:
         """The digests of every blob in this namespace's content store."""
         return set((self._ctr("content", "ls", "--quiet") or "").split())
@@ -229,7 +238,14 @@ def send(node: Containerd, *, layout: Path, ref: str, name: str | None = None) -
             if layer["digest"] not in held and not node.has_snapshot(chain_id(diff_ids[: i + 1])):
                 digests.append(layer["digest"])
         target = name or ref
-        named = {**descriptor, "annotations": {IMAGE_NAME: target, REF_NAME: target}}
+        # Unpacked under a staging name first: imported under `target` straight away, the old
+        # image under that name would lose it before the new one is unpacked, and containerd's
+        # garbage collector could remove a shared layer's snapshot whose blob was left out
+        # (seen: "failed to extract layer ...: content digest ... not found"). The old image
+        # pins those snapshots until the name moves.
+        staging = f"{target}{STAGING_SUFFIX}"
+        named = {**descriptor, "annotations": {IMAGE_NAME: staging, REF_NAME: staging}}
         index = json.dumps({"schemaVersion": 2, "manifests": [named]}).encode()
         node.import_tar(layout, index=index, digests=digests)
+        node.rename(staging, target)
         return len(digests) - 2
