@@ -199,7 +199,10 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     worker does not report (an older image) is None, never an error."""
 
     def num(name: str) -> float | None:
-        return _finite(samples.get(name))
+        value = samples.get(name)
+        if value is None and name in contract.LEGACY_METRIC_NAMES:  # an older kit's name
+            value = samples.get(contract.LEGACY_METRIC_NAMES[name])
+        return _finite(value)
 
     def whole(name: str) -> int | None:
         v = num(name)

@@ -181,3 +181,28 @@ def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() ->
     old = observe.progress_of({contract.METRIC_STEP: 7.0})
     assert old.step == 7 and old.milestones == {} and old.interval is None
     assert old.checkpoint_step is None and old.resumed_from is None
+
+
+def test_the_goodput_totals_are_counters_that_only_rise() -> None:
+    m = metrics.Metrics()
+    m.steps_run.set(3)
+    m.steps_run.set(5)
+    m.steps_run.set(4)  # never: a process's total does not fall; the counter keeps 5
+    m.ckpt_blocked.set(0.5)
+    m.ckpt_blocked.inc(0.25)
+    page = m.render()
+    assert "# TYPE fsdp_train_steps_run_total counter" in page
+    got = observe.progress_of(kube.contract_samples(page))
+    assert got.steps_run == 5 and got.blocked_seconds == 0.75
+
+
+def test_an_older_kits_goodput_gauges_are_still_read() -> None:
+    """Trainers built on the kit before 0.2 serve the totals as gauges named `..._sum`."""
+    page = (
+        "# TYPE fsdp_train_step gauge\nfsdp_train_step 12\n"
+        "# TYPE fsdp_train_steps_run gauge\nfsdp_train_steps_run 7\n"
+        "# TYPE fsdp_train_step_seconds_sum gauge\nfsdp_train_step_seconds_sum 3.5\n"
+        "# TYPE fsdp_checkpoint_blocked_seconds_sum gauge\nfsdp_checkpoint_blocked_seconds_sum 1\n"
+    )
+    got = observe.progress_of(kube.contract_samples(page))
+    assert (got.step, got.steps_run, got.train_seconds, got.blocked_seconds) == (12, 7, 3.5, 1.0)

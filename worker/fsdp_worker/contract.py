@@ -190,9 +190,17 @@ METRIC_CKPT_SAVE_SECONDS = "fsdp_checkpoint_save_seconds"  # label kind="blockin
 METRIC_CKPT_BYTES = "fsdp_checkpoint_bytes"
 # Time to resume and goodput, the worker's side (this process only; rank 0's view):
 METRIC_MILESTONE = "fsdp_worker_milestone_timestamp_seconds"  # label milestone=Milestone
-METRIC_STEPS_RUN = "fsdp_train_steps_run"  # gauge: optimizer steps this process completed
-METRIC_STEP_SECONDS_SUM = "fsdp_train_step_seconds_sum"  # gauge: seconds those steps took
-METRIC_CKPT_BLOCKED = "fsdp_checkpoint_blocked_seconds_sum"  # gauge: training blocked on saves
+# Counters: they only rise within a process, and a new process starts again at 0.
+METRIC_STEPS_RUN = "fsdp_train_steps_run_total"  # optimizer steps this process completed
+METRIC_STEP_SECONDS_SUM = "fsdp_train_seconds_total"  # seconds those steps took
+METRIC_CKPT_BLOCKED = "fsdp_checkpoint_blocked_seconds_total"  # training blocked on saves
+# Their names before 0.2 (gauges named like a summary's `_sum`, which Prometheus' own checks
+# reject): still read from trainers built on an older kit.
+LEGACY_METRIC_NAMES = {
+    METRIC_STEPS_RUN: "fsdp_train_steps_run",
+    METRIC_STEP_SECONDS_SUM: "fsdp_train_step_seconds_sum",
+    METRIC_CKPT_BLOCKED: "fsdp_checkpoint_blocked_seconds_sum",
+}
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)
 

@@ -9,6 +9,7 @@ records what it is given (and the time of a milestone).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import prometheus_client as prom
@@ -16,6 +17,26 @@ import prometheus_client as prom
 from fsdp_worker import contract, interval
 
 log = logging.getLogger(__name__)
+
+
+class Total:
+    """A counter set from the running total the training loop keeps (it only rises)."""
+
+    def __init__(
+        self, name: str, doc: str, registry: prom.CollectorRegistry = prom.REGISTRY
+    ) -> None:
+        self._counter = prom.Counter(name, doc, registry=registry)
+        self._total = 0.0
+        self._lock = threading.Lock()
+
+    def set(self, total: float) -> None:
+        with self._lock:
+            if total > self._total:
+                self._counter.inc(total - self._total)
+                self._total = total
+
+    def inc(self, amount: float) -> None:
+        self.set(self._total + amount)
 
 
 class Metrics:
@@ -47,10 +68,16 @@ class Metrics:
         self.milestone = gauge(
             contract.METRIC_MILESTONE, "Unix time of this process's milestones.", ("milestone",)
         )
-        self.steps_run = gauge(contract.METRIC_STEPS_RUN, "Steps this process completed.")
-        self.step_seconds_sum = gauge(contract.METRIC_STEP_SECONDS_SUM, "Seconds of those steps.")
-        self.ckpt_blocked = gauge(
-            contract.METRIC_CKPT_BLOCKED, "Seconds training waited on checkpoint saves."
+        self.steps_run = Total(
+            contract.METRIC_STEPS_RUN, "Steps this process completed.", self.registry
+        )
+        self.step_seconds_sum = Total(
+            contract.METRIC_STEP_SECONDS_SUM, "Seconds of those steps.", self.registry
+        )
+        self.ckpt_blocked = Total(
+            contract.METRIC_CKPT_BLOCKED,
+            "Seconds training waited on checkpoint saves.",
+            self.registry,
         )
         self.interval = gauge(contract.METRIC_INTERVAL, "Steps between checkpoints now.")
         self.interval_input = gauge(

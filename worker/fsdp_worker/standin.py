@@ -34,7 +34,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from fsdp_worker import catalog, config, contract, interval
+from fsdp_worker import catalog, config, contract, interval, metrics
 
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
@@ -209,9 +209,9 @@ class StandIn:
         gauge_step = gauge(contract.METRIC_STEP, "last completed step")
         gauge_time = gauge(contract.METRIC_LAST_STEP_TIME, "time of the last step")
         milestone = gauge(contract.METRIC_MILESTONE, "milestones", ("milestone",))
-        steps_run = gauge(contract.METRIC_STEPS_RUN, "steps this process")
-        step_sum = gauge(contract.METRIC_STEP_SECONDS_SUM, "seconds of those steps")
-        blocked = gauge(contract.METRIC_CKPT_BLOCKED, "seconds blocked on saves")
+        steps_run = metrics.Total(contract.METRIC_STEPS_RUN, "steps this process")
+        step_sum = metrics.Total(contract.METRIC_STEP_SECONDS_SUM, "seconds of those steps")
+        blocked = metrics.Total(contract.METRIC_CKPT_BLOCKED, "seconds blocked on saves")
         every = gauge(contract.METRIC_INTERVAL, "steps between checkpoints")
         inputs = gauge(contract.METRIC_INTERVAL_INPUT, "inputs of auto", ("input",))
         sealed = gauge(contract.METRIC_CKPT_STEP, "step of the newest complete checkpoint")
