@@ -17,7 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -77,22 +77,30 @@ def helm() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def render_chart(*, namespace: str = OP_NS, release: str = OP_SA) -> list[dict[str, Any]]:
+KUBE_VERSION = "v1.37.2"
+"""The local cluster's Kubernetes (localcluster/build-binaries.sh): `helm template` checks the
+chart's kubeVersion against it (a helm built by `go install` would otherwise assume v1.20)."""
+
+
+def helm_template(
+    *, namespace: str = OP_NS, release: str = OP_SA, values: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart with `--set`-style `values` (KEY=VALUE); not checked."""
+    argv = [str(helm()), "template", release, str(ROOT / "charts" / "fsdp-operator"),
+            "--namespace", namespace, "--kube-version", KUBE_VERSION]  # fmt: skip
+    for value in values:
+        argv += ["--set", value]
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+def render_chart(
+    *, namespace: str = OP_NS, release: str = OP_SA, values: Sequence[str] = ()
+) -> list[dict[str, Any]]:
     """`helm template` of the chart: the objects a `helm install` would create."""
-    rendered = subprocess.run(
-        [
-            str(helm()),
-            "template",
-            release,
-            str(ROOT / "charts" / "fsdp-operator"),
-            "--namespace",
-            namespace,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+    done = helm_template(namespace=namespace, release=release, values=values)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm template failed: {done.stderr.strip()}")
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def install_rbac(cluster: controlplane.Cluster) -> Path:

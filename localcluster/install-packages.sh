@@ -6,6 +6,7 @@ set -euo pipefail
 declare -A NEED=(
   [containerd]=containerd [runc]=runc [podman]=podman [debootstrap]=debootstrap
   [iptables]=iptables [conntrack]=conntrack [nsenter]=util-linux [ip]=iproute2
+  [promtool]=prometheus   # the monitoring tests: Prometheus itself and promtool
 )
 missing=()
 for cmd in "${!NEED[@]}"; do command -v "$cmd" >/dev/null || missing+=("${NEED[$cmd]}"); done

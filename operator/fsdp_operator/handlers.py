@@ -22,9 +22,8 @@ import uuid
 from typing import Any
 
 import kopf
-import prometheus_client
 
-from fsdp_operator import api, cache, manager, names, observe, settings
+from fsdp_operator import api, cache, manager, metrics, names, observe, settings
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]
@@ -126,7 +125,12 @@ async def startup(memo: kopf.Memo, **kwargs: Any) -> None:
     memo.manager = made
     made.start()
     if conf.metrics_port:
-        prometheus_client.start_http_server(conf.metrics_port)
+        metrics.serve(
+            conf.metrics_port,
+            certfile=conf.metrics_cert_file,
+            keyfile=conf.metrics_key_file,
+            client_cafile=conf.metrics_client_ca_file,
+        )
 
 
 @kopf.on.cleanup()

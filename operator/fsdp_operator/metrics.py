@@ -72,6 +72,11 @@ CKPT_TIME = prom.Gauge(
     "which keeps growing when passes stop",
     JOB,
 )
+JOB_PHASE = prom.Gauge(
+    "fsdpjob_job_phase",
+    "1 for each job's current phase (one series per job): joins per-job alerts to running jobs",
+    [*JOB, "phase"],
+)
 JOB_FAILURES = prom.Counter(
     "fsdpjob_job_failures_total", "Failures detected, per job and cause", [*JOB, "cause"]
 )
@@ -120,6 +125,11 @@ def count_phase(namespace: str, name: str, phase: str | None) -> None:
             if value is not None:
                 _phase_counts[value] = _phase_counts.get(value, 0) + delta
                 JOBS.labels(value).set(_phase_counts[value])
+        if old is not None:
+            with contextlib.suppress(KeyError):
+                JOB_PHASE.remove(namespace, name, old)
+        if phase is not None:
+            JOB_PHASE.labels(namespace, name, phase).set(1)
 
 
 def set_lost(namespace: str, name: str, lost_seconds: Mapping[str, float]) -> None:
@@ -151,3 +161,20 @@ def forget(namespace: str, name: str) -> None:
         for cause in seen:
             with contextlib.suppress(KeyError):
                 series.remove(namespace, name, cause)
+
+
+def serve(port: int, *, certfile: str = "", keyfile: str = "", client_cafile: str = "") -> None:
+    """The metrics endpoint on `port`: plain HTTP, or TLS (mutual TLS with a client CA)."""
+    if bool(certfile) != bool(keyfile):
+        raise ValueError(
+            "FSDPOP_METRICS_CERT_FILE and FSDPOP_METRICS_KEY_FILE: set both (TLS) or neither"
+        )
+    if client_cafile and not certfile:
+        raise ValueError("FSDPOP_METRICS_CLIENT_CA_FILE needs FSDPOP_METRICS_CERT_FILE/KEY_FILE")
+    prom.start_http_server(
+        port,
+        certfile=certfile or None,
+        keyfile=keyfile or None,
+        client_cafile=client_cafile or None,
+        client_auth_required=bool(client_cafile),
+    )

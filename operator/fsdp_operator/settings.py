@@ -19,6 +19,12 @@ class Settings:
     workers pick (`auto`), so lineage is then the workers' job."""
     metrics_port: int = 8000
     """Port of the operator's own Prometheus endpoint (0 disables it)."""
+    metrics_cert_file: str = ""
+    """With metrics_key_file: serve the metrics endpoint over TLS with this certificate (PEM)."""
+    metrics_key_file: str = ""
+    """The certificate's private key (PEM)."""
+    metrics_client_ca_file: str = ""
+    """With TLS: accept only scrapers whose client certificate this CA signed (mutual TLS)."""
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     """kopf's liveness probe endpoint."""
     scrape_timeout_seconds: float = 1.0
@@ -69,6 +75,9 @@ class Settings:
         return cls(
             storage_template=e.get("FSDPOP_STORAGE_TEMPLATE", ""),
             metrics_port=int(e.get("FSDPOP_METRICS_PORT", "8000")),
+            metrics_cert_file=e.get("FSDPOP_METRICS_CERT_FILE", ""),
+            metrics_key_file=e.get("FSDPOP_METRICS_KEY_FILE", ""),
+            metrics_client_ca_file=e.get("FSDPOP_METRICS_CLIENT_CA_FILE", ""),
             liveness_endpoint=e.get("FSDPOP_LIVENESS", "http://0.0.0.0:8080/healthz"),
             scrape_timeout_seconds=float(e.get("FSDPOP_SCRAPE_TIMEOUT_SECONDS", "1")),
             scrape_max_interval_seconds=float(e.get("FSDPOP_SCRAPE_MAX_INTERVAL_SECONDS", "60")),

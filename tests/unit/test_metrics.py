@@ -13,7 +13,8 @@ def _value(name: str, **labels: str) -> float | None:
 
 def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
     for series in (metrics.GOODPUT, metrics.LOST, metrics.CKPT_AGE, metrics.CKPT_TIME,
-                   metrics.CHECKPOINT_INTERVAL, metrics.JOB_FAILURES):  # fmt: skip
+                   metrics.CHECKPOINT_INTERVAL, metrics.JOB_FAILURES,
+                   metrics.JOB_PHASE):  # fmt: skip
         names = set(series._labelnames)
         assert {"job_namespace", "job_name"} <= names and not names & {"namespace", "job"}
 
@@ -32,3 +33,14 @@ def test_which_job_is_in_a_restart_storm_can_be_asked_and_is_forgotten_with_it()
     calm = {"job_namespace": "team-a", "job_name": "calm", "cause": "OOMKilled"}
     assert _value("fsdpjob_job_failures_total", **calm) == 1
     metrics.forget("team-a", "calm")
+
+
+def test_each_job_has_one_phase_series_that_follows_it_and_goes_with_it() -> None:
+    job = {"job_namespace": "team-b", "job_name": "llm"}
+    metrics.count_phase("team-b", "llm", "Running")
+    assert _value("fsdpjob_job_phase", **job, phase="Running") == 1
+    metrics.count_phase("team-b", "llm", "Restarting")
+    assert _value("fsdpjob_job_phase", **job, phase="Running") is None
+    assert _value("fsdpjob_job_phase", **job, phase="Restarting") == 1
+    metrics.forget("team-b", "llm")
+    assert _value("fsdpjob_job_phase", **job, phase="Restarting") is None

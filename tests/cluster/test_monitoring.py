@@ -1,0 +1,268 @@
+"""What a platform's Prometheus gets: metric pages promtool accepts, alert rules it unit-tests.
+
+`promtool` is Debian's (package `prometheus`, installed by `make packages`). The rules are the
+chart's, rendered by the real helm with the chart's default thresholds; each alert is tested
+firing and, on a near miss, not firing.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import prometheus_client as prom
+import yaml
+
+from fsdp_operator import metrics as operator_metrics
+from fsdp_worker import contract, interval
+from fsdp_worker import metrics as worker_metrics
+from harness import stack
+
+
+def _promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> str:
+    done = subprocess.run(["promtool", *args], input=stdin, capture_output=True, text=True, cwd=cwd)
+    assert done.returncode == 0, f"promtool {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def test_the_operators_page_passes_promtool_check_metrics() -> None:
+    operator_metrics.count_phase("team-m", "llm", "Running")
+    operator_metrics.count_failure("team-m", "llm", "Crash")
+    operator_metrics.CKPT_TIME.labels("team-m", "llm").set(1_700_000_000)
+    operator_metrics.GOODPUT.labels("team-m", "llm").set(0.9)
+    operator_metrics.RECONCILE_ERRORS.labels("Conflict").inc()
+    try:
+        page = prom.generate_latest(prom.REGISTRY).decode()
+        assert "fsdpjob_job_failures_total{" in page and "fsdpjob_job_phase{" in page
+        _promtool("check", "metrics", stdin=page)
+    finally:
+        operator_metrics.forget("team-m", "llm")
+
+
+def test_the_workers_page_passes_promtool_check_metrics() -> None:
+    m = worker_metrics.Metrics()
+    m.step.set(12)
+    m.steps_run.set(12)
+    m.step_seconds_sum.set(3.0)
+    m.ckpt_blocked.set(0.5)
+    m.reached(contract.Milestone.FIRST_STEP)
+    m.ckpt_seconds.labels(kind="blocking").set(0.2)
+    m.chose(
+        interval.Choice(
+            steps=50,
+            auto=True,
+            save_seconds=2.0,
+            step_seconds=0.25,
+            mtbf_seconds=3600.0,
+            failures=1,
+        )
+    )
+    page = m.render()
+    assert "fsdp_train_steps_run_total 12.0" in page
+    _promtool("check", "metrics", stdin=page)
+
+
+# --- the chart's alert rules -------------------------------------------------------------
+
+
+def _rules() -> dict[str, Any]:
+    docs = stack.render_chart(
+        values=["metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"]
+    )
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    return dict(rule["spec"])
+
+
+def _alerts(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {r["alert"]: r for group in spec["groups"] for r in group["rules"]}
+
+
+def _expected(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """An alert as promtool reports it: the rule's labels and the series' own, annotations
+    with `$labels` filled in (the rules use no other template)."""
+
+    def fill(text: str) -> str:
+        return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
+
+    annotations = {k: fill(v) for k, v in rule.get("annotations", {}).items()}
+    return {"exp_labels": {**rule.get("labels", {}), **labels}, "exp_annotations": annotations}
+
+
+JOB = {"job_namespace": "team-a", "job_name": "llm"}
+OTHER = {"job_namespace": "team-a", "job_name": "calm"}
+
+
+def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def _cases(alerts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """(input series, alert, evaluation time, the alerts expected then): each alert fires on
+    its condition and not on a near miss beside it."""
+
+    def case(
+        alert: str, at: str, series: list[dict[str, str]], firing: list[dict[str, str]]
+    ) -> dict[str, Any]:
+        expected = [_expected(alerts[alert], labels) for labels in firing]
+        return {
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [{"eval_time": at, "alertname": alert, "exp_alerts": expected}],
+        }
+
+    running = _series("fsdpjob_job_phase", {**JOB, "phase": "Running"}, "1x120")
+    finished = _series("fsdpjob_job_phase", {**OTHER, "phase": "Succeeded"}, "1x120")
+    return [
+        # no replica leads (both standing by), then one does
+        case(
+            "FSDPOperatorNoLeader",
+            "5m",
+            [
+                _series("fsdpjob_operator_leader", {"pod": "op-0"}, "0x10"),
+                _series("fsdpjob_operator_leader", {"pod": "op-1"}, "0x10"),
+            ],
+            [{}],
+        ),
+        case(
+            "FSDPOperatorNoLeader",
+            "5m",
+            [
+                _series("fsdpjob_operator_leader", {"pod": "op-0"}, "0x10"),
+                _series("fsdpjob_operator_leader", {"pod": "op-1"}, "1x10"),
+            ],
+            [],
+        ),
+        # no operator scraped at all is no leader too
+        case("FSDPOperatorNoLeader", "5m", [_series("up", {"pod": "x"}, "1x10")], [{}]),
+        # 10 failed passes a minute for 20 minutes, against 1 every 10 minutes
+        case(
+            "FSDPOperatorReconcileErrors",
+            "20m",
+            [
+                _series("fsdpjob_reconcile_errors_total", {"reason": "Forbidden"}, "0+10x30"),
+                _series("fsdpjob_reconcile_errors_total", {"reason": "Conflict"}, "0+0.1x30"),
+            ],
+            [{"reason": "Forbidden"}],
+        ),
+        # most scrapes fail (a default-deny NetworkPolicy), then most succeed
+        case(
+            "FSDPOperatorHangDetectionBlind",
+            "25m",
+            [
+                _series("fsdpjob_operator_scrapes_total", {"result": "failed"}, "0+10x30"),
+                _series("fsdpjob_operator_scrapes_total", {"result": "ok"}, "0+1x30"),
+            ],
+            [{}],
+        ),
+        case(
+            "FSDPOperatorHangDetectionBlind",
+            "25m",
+            [
+                _series("fsdpjob_operator_scrapes_total", {"result": "failed"}, "0+1x30"),
+                _series("fsdpjob_operator_scrapes_total", {"result": "ok"}, "0+10x30"),
+            ],
+            [],
+        ),
+        # llm fails every 5 minutes; calm failed once and then trained
+        case(
+            "FSDPJobRestartStorm",
+            "20m",
+            [
+                _series(
+                    "fsdpjob_job_failures_total",
+                    {**JOB, "cause": "Crash"},
+                    "1 1 1 1 1 2 2 2 2 2 3 3 3 3 3 4 4 4 4 4 5",
+                ),
+                _series("fsdpjob_job_failures_total", {**OTHER, "cause": "OOMKilled"}, "1x20"),
+            ],
+            [JOB],
+        ),
+        # a running job at 50% goodput for 40 minutes; a finished one at 50% is left alone
+        case(
+            "FSDPJobLowGoodput",
+            "40m",
+            [
+                _series("fsdpjob_goodput_ratio", JOB, "0.5x60"),
+                running,
+                _series("fsdpjob_goodput_ratio", OTHER, "0.5x60"),
+                finished,
+            ],
+            [JOB],
+        ),
+        case(
+            "FSDPJobLowGoodput",
+            "40m",
+            [_series("fsdpjob_goodput_ratio", JOB, "0.95x60"), running],
+            [],
+        ),
+        # llm sealed its last checkpoint at time 0; calm, finished, too; at 70 minutes only
+        # the running job is told
+        case(
+            "FSDPJobCheckpointTooOld",
+            "70m",
+            [
+                _series("fsdpjob_checkpoint_timestamp_seconds", JOB, "0x80"),
+                running,
+                _series("fsdpjob_checkpoint_timestamp_seconds", OTHER, "0x80"),
+                finished,
+            ],
+            [JOB],
+        ),
+        # one that seals every 10 minutes never is
+        case(
+            "FSDPJobCheckpointTooOld",
+            "70m",
+            [
+                _series(
+                    "fsdpjob_checkpoint_timestamp_seconds",
+                    JOB,
+                    " ".join(str(600 * (i // 10)) for i in range(80)),
+                ),
+                running,
+            ],
+            [],
+        ),
+    ]
+
+
+def test_the_charts_alerts_pass_promtool_check_and_fire_when_they_should(
+    tmp_path: Path,
+) -> None:
+    spec = _rules()
+    alerts = _alerts(spec)
+    assert set(alerts) == {
+        "FSDPOperatorNoLeader",
+        "FSDPOperatorReconcileErrors",
+        "FSDPOperatorHangDetectionBlind",
+        "FSDPJobRestartStorm",
+        "FSDPJobLowGoodput",
+        "FSDPJobCheckpointTooOld",
+    }
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
+    _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
+    cases = _cases(alerts)
+    assert {c["alert_rule_test"][0]["alertname"] for c in cases} == set(alerts)
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": cases}
+    (tmp_path / "alerts_test.yaml").write_text(yaml.safe_dump(tests, sort_keys=False))
+    out = _promtool("test", "rules", "alerts_test.yaml", cwd=tmp_path)
+    assert "SUCCESS" in out
+
+
+def test_alert_thresholds_are_values() -> None:
+    docs = stack.render_chart(
+        values=[
+            "metrics.prometheusRule.enabled=true",
+            "metrics.prometheusRule.thresholds.goodputBelow=0.6",
+            "metrics.prometheusRule.thresholds.checkpointOlderThanSeconds=7200",
+        ]
+    )
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    alerts = _alerts(rule["spec"])
+    assert "fsdpjob_goodput_ratio < 0.6" in alerts["FSDPJobLowGoodput"]["expr"]
+    assert "> 7200" in alerts["FSDPJobCheckpointTooOld"]["expr"]
+    refused = stack.helm_template(values=["metrics.prometheusRule.thresholds.goodputBelow=1.5"])
+    assert refused.returncode != 0 and "goodputBelow" in refused.stderr
