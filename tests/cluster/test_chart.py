@@ -224,6 +224,9 @@ def test_edit_and_view_users_get_fsdpjob_rights_through_aggregation(
 ) -> None:
     """A tenant bound to the built-in `edit` role may run FSDPJobs; `view` may only read them."""
     ns = "tenant-roles"
+    # kubectl resolves `fsdpjobs.fsdpoperator.io` by discovery; without the CRD it asks about a
+    # core-group resource of that whole name, which no role grants
+    stack.install_crd(cluster)
     cluster.kubectl("create", "namespace", ns)
     roles = [
         d
@@ -250,8 +253,17 @@ def test_edit_and_view_users_get_fsdpjob_rights_through_aggregation(
         lambda: can("alice", "create"),
         timeout=60,
         context=lambda: cluster.kubectl(
-            "get", "clusterrole", "edit", "-o", "yaml", check=False
-        ).stdout,
+            "auth",
+            "can-i",
+            "create",
+            "fsdpjobs.fsdpoperator.io",
+            "-n",
+            ns,
+            "--as",
+            "alice",
+            check=False,
+        ).stderr
+        + cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml", check=False).stdout,
     )
     stack.wait_for("view to include FSDPJob list", lambda: can("bob", "list"), timeout=60)
     assert can("alice", "delete") and can("bob", "get")
