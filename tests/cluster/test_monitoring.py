@@ -7,6 +7,7 @@ firing and, on a near miss, not firing.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -18,7 +19,7 @@ import yaml
 from fsdp_operator import metrics as operator_metrics
 from fsdp_worker import contract, interval
 from fsdp_worker import metrics as worker_metrics
-from harness import stack
+from harness import prometheus, stack
 
 
 def _promtool(*args: str, stdin: str | None = None, cwd: Path | None = None) -> str:
@@ -266,3 +267,51 @@ def test_alert_thresholds_are_values() -> None:
     assert "> 7200" in alerts["FSDPJobCheckpointTooOld"]["expr"]
     refused = stack.helm_template(values=["metrics.prometheusRule.thresholds.goodputBelow=1.5"])
     assert refused.returncode != 0 and "goodputBelow" in refused.stderr
+
+
+def test_the_charts_monitors_make_a_prometheus_configuration_promtool_accepts(
+    tmp_path: Path,
+) -> None:
+    """harness.prometheus turns the chart's PodMonitors into scrape jobs (the e2e suite's
+    Prometheus runs on them); the result is a configuration Prometheus accepts."""
+    docs = stack.render_chart(
+        values=["metrics.podMonitor.enabled=true", "metrics.workerPodMonitor.enabled=true"]
+    )
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert {m["metadata"]["name"] for m in monitors} == {stack.OP_SA, f"{stack.OP_SA}-workers"}
+    jobs = [prometheus.scrape_job(m, tmp_path / "pods.json", "15s") for m in monitors]
+    workers = next(j for j in jobs if j["job_name"].endswith("-workers"))
+    targets = {r.get("target_label") for r in workers["relabel_configs"]}
+    assert {"job_namespace", "job_name"} <= targets, "worker series get the operator's job labels"
+    config = {"scrape_configs": jobs}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+
+
+def test_the_dashboard_is_grafana_json_with_a_query_per_panel() -> None:
+    docs = stack.render_chart(values=["metrics.dashboard.enabled=true"])
+    (board,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(board["data"]["fsdp-operator.json"])
+    assert dashboard["uid"] == "fsdp-operator"
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert variables == {"datasource", "job_namespace", "job_name"}
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    titles = {p["title"] for p in panels}
+    for wanted in (
+        "Phase",
+        "Step rate",
+        "Goodput",
+        "Time to resume by phase (p50)",
+        "Lost time by cause",
+        "Checkpoint age",
+        "Checkpoint interval",
+        "Leader",
+        "Reconcile passes",
+        "API requests",
+        "Reconcile errors",
+    ):
+        assert wanted in titles, wanted
+    for panel in panels:
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+        assert panel["datasource"]["uid"] == "${datasource}"
