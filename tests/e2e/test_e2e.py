@@ -22,8 +22,8 @@ import yaml
 from fsdp_operator import names
 from fsdp_worker import catalog, contract
 from fsdp_worker import faults as faults_mod
-from harness import stack
-from tests.e2e.conftest import E2E, NAMESPACE, WORKER_UID
+from harness import prometheus, stack
+from tests.e2e.conftest import E2E, NAMESPACE, RELEASE, WORKER_UID
 
 # Longer than any one wait below, so a wait that runs out says why (status, Events, the
 # operator's log) before pytest-timeout would stop the test without a word.
@@ -378,3 +378,129 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     evidence = e2e.claims[namespace, "ckpt"] / "stuck" / ".evidence" / "attempt-1"
     kept_files = sorted(p.name for p in evidence.iterdir())
     assert kept_files == sorted(f"rank-{r}.{x}" for r in range(4) for x in ("txt", "fr.json"))
+
+
+def _substituted(expr: str, namespace: str, job: str) -> str:
+    """A dashboard query with its template variables set to one job."""
+    return expr.replace("$job_namespace", namespace).replace("$job_name", job)
+
+
+def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
+    e2e: E2E, namespace: str, tmp_path: Path
+) -> None:
+    """Debian's Prometheus, configured from the chart's PodMonitors and PrometheusRule (as
+    prometheus-operator would be), scrapes the operator and the jobs it finds among the
+    cluster's pods (harness.prometheus: Debian's build lacks Kubernetes SD): every dashboard
+    panel's query returns series for a running job that restarted once, every alert's
+    metrics are there, and the restart-storm alert fires for a job whose every attempt
+    crashes."""
+    docs = stack.render_chart(
+        namespace=NAMESPACE,
+        release=RELEASE,
+        values=[
+            "metrics.podMonitor.enabled=true",
+            "metrics.workerPodMonitor.enabled=true",
+            "metrics.prometheusRule.enabled=true",
+            "metrics.dashboard.enabled=true",
+        ],
+    )
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    (board,) = [
+        d for d in docs if d["kind"] == "ConfigMap" and "dashboard" in d["metadata"]["name"]
+    ]
+    dashboard = json.loads(board["data"]["fsdp-operator.json"])
+    prom = prometheus.Prometheus(
+        tmp_path / "prometheus",
+        monitors=monitors,
+        rules=rule["spec"],
+        list_pods=lambda: list(e2e.kube.get_json("pods", "-A")["items"]),
+    )
+    prom.start()
+    jobs = stack.Jobs(e2e.kube, namespace)
+    try:
+        # trains until the test deletes it: its series must still be there for every query
+        jobs.apply(_job(e2e, "steady", training={"steps": 100 * STEPS}))
+        storm = _job(
+            e2e,
+            "storm",
+            replicas=1,
+            minReplicas=1,
+            nprocPerNode=1,
+            failurePolicy={
+                "maxRestartsWithoutProgress": 30,  # the alert wants 3; a slow machine, more
+                "backoff": {"initialSeconds": 1, "maxSeconds": 2},
+            },
+        )
+        storm["spec"]["trainer"] = {"module": "no_such_trainer"}  # every attempt exits 1
+        jobs.apply(storm)
+        first = _running(jobs, "steady", 1)
+        ckpt = e2e.claims[namespace, "ckpt"] / "steady"
+        _wait(jobs, "steady", "a checkpoint of attempt 1", lambda: _sealed(ckpt, attempt=1))
+        e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)
+        _wait(
+            jobs,
+            "steady",
+            "attempt 2 training after the crash",
+            lambda: "TrainingResumed" in jobs.events("steady") or None,
+        )
+
+        def context() -> str:
+            return f"targets:\n{prom.targets()}\nprometheus log:\n{prom.log_tail()}\n" + (
+                _story(jobs, "steady")
+            )
+
+        storm_alert = (
+            f'ALERTS{{alertname="FSDPJobRestartStorm",alertstate="firing",'
+            f'job_namespace="{namespace}",job_name="storm"}}'
+        )
+        stack.wait_for(
+            "the restart-storm alert firing for storm",
+            lambda: prom.query(storm_alert),
+            timeout=300,
+            every=2.0,
+            context=lambda: context() + _story(jobs, "storm"),
+        )
+        quiet = (
+            f'ALERTS{{alertname="FSDPJobRestartStorm",job_namespace="{namespace}",'
+            f'job_name="steady"}}'
+        )
+        assert not prom.query(quiet), "one crash is not a storm"
+
+        queries = [
+            (panel["title"], _substituted(target["expr"], namespace, "steady"))
+            for panel in dashboard["panels"]
+            for target in panel.get("targets", [])
+        ]
+        assert len(queries) >= 15
+        for title, expr in queries:
+            stack.wait_for(
+                f"series for panel {title!r}: {expr}",
+                lambda e=expr: prom.query(e),
+                timeout=120,
+                every=2.0,
+                context=context,
+            )
+        per_job = f'job_namespace="{namespace}",job_name="steady"'
+        for group in rule["spec"]["groups"]:
+            for alert in group["rules"]:
+                prom.query(alert["expr"])  # every expression evaluates
+                for metric in set(re.findall(r"\b(fsdpjob_\w+)", alert["expr"])):
+                    if metric == "fsdpjob_reconcile_errors_total":
+                        continue  # labelled by exception type: no series before the first error
+                    selector = metric if "operator" in metric else f"{metric}{{{per_job}}}"
+                    stack.wait_for(
+                        f"series {selector} for alert {alert['alert']}",
+                        lambda s=selector: prom.query(s),
+                        timeout=60,
+                        every=2.0,
+                        context=context,
+                    )
+        # the workers' series carry the same job labels as the operator's
+        assert prom.query(f"fsdp_train_step{{{per_job}}}")
+    finally:
+        prom.stop()
+        for name in ("steady", "storm"):
+            jobs.cluster.kubectl(
+                "delete", "fsdpjob", "-n", namespace, name, "--wait=false", check=False
+            )
