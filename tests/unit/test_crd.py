@@ -21,6 +21,49 @@ def test_committed_crd_matches_the_model() -> None:
     assert committed == crd.render(), "run: python -m fsdp_operator.crd > crds/fsdpjobs.yaml"
 
 
+def test_committed_api_reference_matches_the_crd() -> None:
+    committed = (ROOT / "docs" / "api.md").read_text()
+    wanted = "run: python -m fsdp_operator.crd --reference > docs/api.md"
+    assert committed == crd.reference(), wanted
+
+
+def _paths(node: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for name, child in (node.get("properties") or {}).items():
+        out.append(f"{prefix}{name}")
+        inner = child.get("items") if child.get("type") == "array" else child
+        mark = "[]" if inner is not child else ""
+        out += _paths(inner or {}, f"{prefix}{name}{mark}.")
+    return out
+
+
+def test_the_api_reference_has_a_row_for_every_field_and_every_rule() -> None:
+    text = crd.reference()
+    root = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for part in ("spec", "status"):
+        section = text.split(f"## {part}\n", 1)[1].split("\n## ", 1)[0]
+        fields = _paths(root["properties"][part])
+        assert len(fields) > 50
+        for field in fields:
+            assert f"| `{field}`" in section, f"{part}.{field} has no row"
+    rules = [
+        check["message"]
+        for node in _nodes(root)
+        for check in node.get("x-kubernetes-validations") or []
+    ]
+    assert len(rules) >= 15
+    for message in rules:
+        assert " ".join(message.split()) in text, message
+
+
+def _nodes(node: Any) -> list[dict[str, Any]]:
+    if isinstance(node, list):
+        return [n for item in node for n in _nodes(item)]
+    if not isinstance(node, dict):
+        return []
+    return [node] + [n for value in node.values() for n in _nodes(value)]
+
+
 def _int_or_string(node: dict[str, Any]) -> bool:
     """The one union a structural schema allows: Kubernetes' int-or-string (quantities)."""
     return bool(node.get("x-kubernetes-int-or-string")) and node["anyOf"] == [
