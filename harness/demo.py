@@ -117,11 +117,14 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
             timeout=600,
         )
         _show(cluster)
-        subprocess.run(
-            [sys.executable, "-m", "fsdp_operator.cli", "-n", NS, "describe", "tiny-cpu"],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-            check=False,
-        )
+        # what a user runs next; a CLI that fails here fails the demo (it once crashed on a
+        # gloo error's brackets while the demo still exited 0)
+        for command in ("describe", "why"):
+            subprocess.run(
+                [sys.executable, "-m", "fsdp_operator.cli", "-n", NS, command, "tiny-cpu"],
+                env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+                check=True,
+            )
     finally:
         op.stop()
 
