@@ -120,7 +120,8 @@ def test_a_failing_pass_backs_off_1_2_4_to_a_bound_and_starts_over_after_a_succe
 
     def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
         started.append(time.monotonic())
-        step = script[len(started) - 1]
+        # a pod event that lands during the "gone" pass earns one more look: gone again
+        step = script[min(len(started), len(script)) - 1]
         if step == "fail":
             raise RuntimeError("namespace is being terminated")
         return reconcile.Outcome(delay=0.0) if step == "ok" else None
@@ -138,7 +139,8 @@ def test_a_failing_pass_backs_off_1_2_4_to_a_bound_and_starts_over_after_a_succe
         made.job_event("ns", "busy", type_="ADDED", version="1")
         owner = [{"kind": api.KIND, "name": "busy"}]
         while len(made.loops):
-            made.pod_event("ns", owner)  # a stream of pod events while the passes fail
+            if len(started) < len(script):  # a stream of pod events while the passes fail
+                made.pod_event("ns", owner)
             await asyncio.sleep(0.005)
 
     logging.getLogger("fsdp_operator.loops").disabled = True  # the expected tracebacks
@@ -149,8 +151,8 @@ def test_a_failing_pass_backs_off_1_2_4_to_a_bound_and_starts_over_after_a_succe
     assert waits == [0.1, 0.2, 0.4, 0.4, 0.1, 0.2]  # to the bound; over again after a success
     gaps = [b - a for a, b in itertools.pairwise(started)]
     expected = [0.1, 0.2, 0.4, 0.4, 0.01, 0.1, 0.2]
-    assert len(gaps) == len(expected), gaps
-    for gap, want in zip(gaps, expected, strict=True):
+    assert len(expected) <= len(gaps) <= len(expected) + 1, gaps
+    for gap, want in zip(gaps, expected, strict=False):
         assert gap >= want * 0.9, (gaps, expected)  # events never cut a wait short
 
 
