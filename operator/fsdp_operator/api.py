@@ -48,6 +48,33 @@ def _immutable(field: str) -> dict[str, Any]:
     return _rules(_cel("self == oldSelf", f"{field} is immutable"))
 
 
+# What the API server would refuse when it creates the pod (core/v1 validation), said at
+# admission of the FSDPJob instead of in its status after the operator's dry run.
+_TOLERATION_RULES = (
+    _cel(
+        "self.all(t, !has(t.operator) || t.operator in ['Exists', 'Equal'])",
+        "tolerations[].operator must be Exists or Equal",
+    ),
+    _cel(
+        "self.all(t, !has(t.effect) || "
+        "t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",
+        "tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute",
+    ),
+    _cel(
+        "self.all(t, (has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))",
+        "a toleration without a key must have operator Exists",
+    ),
+    _cel(
+        "self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",
+        "a toleration with operator Exists has no value",
+    ),
+    _cel(
+        "self.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))",
+        "tolerations[].tolerationSeconds needs effect NoExecute",
+    ),
+)
+
+
 class Backoff(_Model):
     """Exponential backoff between attempts."""
 
@@ -272,6 +299,7 @@ class PodOverrides(_Model):
         default_factory=list,
         max_length=64,
         description="Taints the worker pods tolerate (e.g. those of GPU nodes).",
+        json_schema_extra=_rules(*_TOLERATION_RULES),
     )
     affinity: kubetypes.Affinity | None = Field(
         None,

@@ -208,10 +208,16 @@ def _cell(text: str) -> str:
     return _words(text).replace("|", "\\|")
 
 
+def _rule_lines(path: str, node: dict[str, Any]) -> list[str]:
+    return [
+        f"- `{path}`: {_words(check['message'])} (`{_words(check['rule'])}`)"
+        for check in node.get("x-kubernetes-validations") or []
+    ]
+
+
 def _fields(node: dict[str, Any], path: str, out: list[str], rules: list[str]) -> None:
     """One table row per field under `node`, depth first; CEL rules gathered per object."""
-    for check in node.get("x-kubernetes-validations") or []:
-        rules.append(f"- `{path or '.'}`: {_words(check['message'])} (`{_words(check['rule'])}`)")
+    rules += _rule_lines(path or ".", node)
     required = set(node.get("required") or [])
     for name, child in (node.get("properties") or {}).items():
         field = f"{path}.{name}" if path else name
@@ -219,6 +225,8 @@ def _fields(node: dict[str, Any], path: str, out: list[str], rules: list[str]) -
         row = [shown, _type(child), _cell(child.get("description", "")), _cell(_limits(child))]
         out.append("| " + " | ".join(row) + " |")
         inner = child.get("items") if child.get("type") == "array" else child
+        if inner is not child:  # a list's own rules (its items' come with them)
+            rules += _rule_lines(field, child)
         if isinstance(inner, dict) and (
             "properties" in inner or inner.get("x-kubernetes-validations")
         ):

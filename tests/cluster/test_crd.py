@@ -110,6 +110,11 @@ INVALID = [
     ("trainer", {"module": "a", "script": "/b.py"}, "exactly one of module and script"),
     ("trainer", {"script": "/opt/../etc/x.py"}, "spec.trainer.script"),
     ("checkpoint.completion", "Guess", "spec.checkpoint.completion"),
+    ("template.spec.tolerations", [{"key": "gpu", "operator": "Equals"}], "Exists or Equal"),
+    ("template.spec.tolerations", [{"key": "gpu", "effect": "NoRun"}], "effect must be"),
+    ("template.spec.tolerations", [{"value": "x"}], "without a key must have operator Exists"),
+    ("template.spec.tolerations", [{"key": "g", "operator": "Exists", "value": "x"}], "no value"),
+    ("template.spec.tolerations", [{"key": "g", "tolerationSeconds": 5}], "needs effect NoExecute"),
 ]
 
 
@@ -123,6 +128,19 @@ def test_invalid_spec_rejected_naming_the_field(
     assert done.returncode != 0, f"accepted: {path}={value!r}"
     assert field in done.stderr, done.stderr
     assert "modulus by zero" not in done.stderr, "only the real error, not a rule's crash"
+
+
+def test_the_tolerations_gpu_nodes_want_are_admitted(
+    crd: controlplane.Cluster, kube_namespace: str
+) -> None:
+    tolerations = [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"operator": "Exists"},
+        {"key": "pool", "operator": "Equal", "value": "train", "effect": "PreferNoSchedule"},
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "tolerationSeconds": 30},
+    ]
+    done = _apply(crd, kube_namespace, _with("template.spec.tolerations", tolerations))
+    assert done.returncode == 0, done.stderr
 
 
 def test_immutable_fields(crd: controlplane.Cluster, kube_namespace: str) -> None:
