@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any
 
+import argcomplete
+import argcomplete.shell_integration
 import kubernetes
 import urllib3
 import yaml
@@ -77,16 +79,42 @@ def _jobs(custom: Any, namespace: str | None) -> list[dict[str, Any]]:
     return list(json.loads(resp.data)["items"])
 
 
-def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
+_LIST_COLUMNS: tuple[str, ...] = (
+    "namespace",
+    "name",
+    "phase",
+    "world",
+    "step",
+    "ckpt",
+    "restarts",
+    "reason",
+)
+_WIDE_COLUMNS = ("attempt", "goodput", "age", "last failure")
+
+
+def _last_failure(s: dict[str, Any]) -> str:
+    """-o wide: the latest failure, where: `OOMKilled pod 3 (gpu-node-7)`."""
+    failure = s.get("lastFailure") or {}
+    if not failure:
+        return "-"
+    said = str(failure.get("cause", "?"))
+    if failure.get("rank") is not None:
+        said += f" pod {failure['rank']}"
+    return said + (f" ({failure['node']})" if failure.get("node") else "")
+
+
+def list_jobs(custom: Any, namespace: str | None, console: Console, *, wide: bool = False) -> None:
     now = datetime.datetime.now(datetime.UTC).timestamp()
-    columns = ("namespace", "name", "phase", "world", "step", "ckpt", "restarts", "reason")
-    table = _table("FSDPJobs", columns, wide=("namespace", "name", "reason"))
+    columns, folded = _LIST_COLUMNS, ("namespace", "name", "reason", "last failure")
+    if wide:  # more than 80 columns: what `kubectl get -o wide` users look for next
+        columns += _WIDE_COLUMNS
+    table = _table("FSDPJobs", columns, wide=folded)
     table.caption = "ckpt: newest sealed step (its age); restarts: total (application/infra)"
     for job in _jobs(custom, namespace):
         s = job.get("status") or {}
         ck = s.get("lastCheckpoint") or {}
         r = s.get("restarts") or {}
-        table.add_row(
+        row: list[str | Text] = [
             Text(job["metadata"]["namespace"]),
             Text(job["metadata"]["name"]),
             Text(s.get("phase", "-")),
@@ -95,7 +123,16 @@ def list_jobs(custom: Any, namespace: str | None, console: Console) -> None:
             f"{_fmt(ck.get('step'))} ({_age(ck.get('time'), now)})",
             f"{r.get('total', 0)} ({r.get('application', 0)}/{r.get('infrastructure', 0)})",
             Text(s.get("reason", "")),
-        )
+        ]
+        if wide:
+            fraction = (s.get("goodput") or {}).get("fraction")
+            row += [
+                _fmt(s.get("attempt")),
+                "-" if fraction is None else f"{100 * fraction:.0f}%",
+                _age(s.get("started"), now),
+                Text(_last_failure(s)),
+            ]
+        table.add_row(*row)
     console.print(table)
 
 
@@ -361,19 +398,46 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     listing = sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
     listing.add_argument("-A", "--all-namespaces", action="store_true")
-    listing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    listing.add_argument(
+        "-o", "--output", choices=("table", "wide", "json", "yaml"), default="table"
+    )
     describing = sub.add_parser("describe", help="one job: failures, their cost, its Events")
-    describing.add_argument("name")
+    _job_name(describing)
     describing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     for verb in ("suspend", "resume"):
-        sub.add_parser(verb, help=f"{verb} a job (its pods save first)").add_argument("name")
-    sub.add_parser("why", help="each failed attempt: cause, where, diagnosis").add_argument("name")
+        _job_name(sub.add_parser(verb, help=f"{verb} a job (its pods save first)"))
+    _job_name(sub.add_parser("why", help="each failed attempt: cause, where, diagnosis"))
     logs_p = sub.add_parser("logs", help="the last log lines a failed attempt's pods left")
-    logs_p.add_argument("name")
+    _job_name(logs_p)
     logs_p.add_argument("--attempt", type=int, help="default: the newest with evidence kept")
     logs_p.add_argument("--rank", type=int, help="global rank: only the pod that ran it")
     sub.add_parser("version", help="this fsdpctl, the API it reads and the worker contract")
+    completing = sub.add_parser(
+        "completion",
+        help="the shell code that completes commands, flags and job names",
+        description='e.g. in ~/.bashrc: eval "$(fsdpctl completion bash)"',
+    )
+    completing.add_argument("shell", choices=("bash", "zsh", "fish"))
     return parser
+
+
+def _job_name(parser: argparse.ArgumentParser) -> None:
+    """The job-name argument; the shell completes it from the namespace's FSDPJobs."""
+    name = parser.add_argument("name")
+    name.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
+
+
+def _complete_names(prefix: str, parsed_args: argparse.Namespace, **_: Any) -> list[str]:
+    """Job names for the shell: nothing (never a traceback) when the cluster cannot say."""
+    try:
+        client = kube.load_client(parsed_args.kubeconfig, context=parsed_args.context)
+        namespace = parsed_args.namespace or _context_namespace(
+            parsed_args.kubeconfig, parsed_args.context
+        )
+        jobs = _jobs(kubernetes.client.CustomObjectsApi(client), namespace)
+    except Exception:  # a completion must not fail the shell
+        return []
+    return [j["metadata"]["name"] for j in jobs if j["metadata"]["name"].startswith(prefix)]
 
 
 def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -416,9 +480,18 @@ def _refusal(exc: ApiException) -> str:
 
 
 def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
-    args = _parser(prog).parse_args(argv)
+    parser = _parser(prog)
+    argcomplete.autocomplete(parser)  # answers the shell's completion request, then exits
+    args = parser.parse_args(argv)
     if args.command == "version":
         print(_version())
+        return 0
+    if args.command == "completion":
+        # `kubectl fsdp` is completed by kubectl itself (its plugins' completion is their own)
+        code: str = argcomplete.shell_integration.shellcode(  # type: ignore[no-untyped-call]
+            [prog], shell=args.shell
+        )
+        print(code)
         return 0
     try:
         return _run(args)
@@ -443,10 +516,10 @@ def _run(args: argparse.Namespace) -> int:
     namespace = args.namespace or _context_namespace(args.kubeconfig, args.context)
     if args.command == "list":
         scope = None if args.all_namespaces else namespace
-        if args.output != "table":
+        if args.output in ("json", "yaml"):
             _dump({"items": _jobs(custom, scope)}, args.output)
             return 0
-        list_jobs(custom, scope, console)
+        list_jobs(custom, scope, console, wide=args.output == "wide")
         return 0
     if args.command == "describe":
         if args.output != "table":

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
+import tomllib
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from fsdp_operator import cli
+from fsdp_operator import api, cli
+from tests import fakeapi
 
 GLOO = (
     "[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Read error [10.0.0.2]:29500:"
@@ -344,3 +350,98 @@ def test_version_and_json_output(capsys: pytest.CaptureFixture[str]) -> None:
     job = _busy_job()
     cli._dump({"items": [job]}, "json")
     assert json.loads(capsys.readouterr().out)["items"][0] == job
+
+
+class _Listing:
+    def __init__(self, *jobs: dict[str, Any]) -> None:
+        self.items = list(jobs)
+
+    def list_cluster_custom_object(self, *_: Any, **__: Any) -> Any:
+        return types.SimpleNamespace(data=json.dumps({"items": self.items}))
+
+
+def test_wide_listing_adds_attempt_goodput_age_and_the_last_failure() -> None:
+    job = _busy_job()
+    job["status"].update(
+        goodput={"since": 1.0, "fraction": 0.874},
+        lastFailure={"cause": "OOMKilled", "rank": 3, "node": "gpu-node-7", "time": 9.0},
+    )
+    out = io.StringIO()
+    cli.list_jobs(_Listing(job), None, Console(file=out, width=200, color_system=None), wide=True)
+    text = out.getvalue()
+    _headers_intact(text, ("attempt", "goodput", "age", "last failure", "87%"))
+    assert "OOMKilled pod 3 (gpu-node-7)" in text
+    out = io.StringIO()
+    cli.list_jobs(_Listing(job), None, Console(file=out, width=200, color_system=None))
+    assert "goodput" not in out.getvalue() and "OOMKilled" not in out.getvalue()
+
+
+def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
+    """What the shell would offer for `line` (argcomplete's protocol, as bash runs it)."""
+    answer = tmp_path / "completions"
+    done = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli"],
+        env={**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
+             "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_STDOUT_FILENAME": str(answer), **env},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return answer.read_text().split()
+
+
+def test_the_shell_completes_commands_flags_and_outputs(tmp_path: Path) -> None:
+    assert _complete("fsdpctl d", tmp_path) == ["describe"]
+    assert set(_complete("fsdpctl ", tmp_path)) >= {"list", "describe", "why", "logs", "completion"}
+    assert set(_complete("fsdpctl list -o ", tmp_path)) == {"table", "wide", "json", "yaml"}
+    assert "--attempt" in _complete("fsdpctl logs x --", tmp_path)
+    # job names come from the cluster; with none to ask, none (and no traceback)
+    nowhere = tmp_path / "kubeconfig"
+    nowhere.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    offered = _complete("fsdpctl why ", tmp_path, KUBECONFIG=str(nowhere))
+    assert [c for c in offered if not c.startswith("-")] == []
+
+
+def test_the_shell_completes_job_names_from_the_namespace(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path
+) -> None:
+    jobs = [
+        {"metadata": {"name": n, "namespace": "team"}} for n in ("train-7b", "train-1b", "eval")
+    ]
+    fake_api[f"get /apis/{api.GROUP}/{api.VERSION}/namespaces/team/{api.PLURAL}"] << {"items": jobs}
+    kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig")
+    line = f"fsdpctl --kubeconfig {kubeconfig} -n team describe tr"
+    assert sorted(_complete(line, tmp_path)) == ["train-1b", "train-7b"]
+
+
+def test_completion_prints_the_shells_registration(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["completion", "bash"]) == 0
+    code = capsys.readouterr().out
+    assert "complete " in code and "fsdpctl" in code
+
+
+def test_fsdpctl_runs_without_the_operators_own_dependencies() -> None:
+    """The `cli` extra (kubernetes, rich, argcomplete, prometheus-client) is enough: kopf and
+    torch (and aiohttp, which only the operator's scraper imports) are never imported."""
+    blocker = (
+        "import sys, importlib.abc\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('kopf', 'aiohttp', 'torch', 'numpy'):\n"
+        "            raise ImportError(f'{name} is not in the cli extra')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from fsdp_operator import cli\n"
+        "sys.exit(cli.main(['version']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", blocker], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("fsdpctl ")
+
+
+def test_the_cli_extra_is_part_of_the_operators() -> None:
+    """The operator image installs `operator`; fsdpctl in it needs all of `cli`."""
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert set(extras["cli"]) <= set(extras["operator"])
+    assert not any(d.startswith(("kopf", "aiohttp", "torch")) for d in extras["cli"])
