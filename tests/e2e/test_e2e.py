@@ -312,8 +312,10 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     where the others are and keeps every rank's stacks and logs; a kernel OOM kill comes with
     the phase it hit (backward, checkpoint save) and a repeat in the same phase stops the job."""
     jobs = stack.Jobs(e2e.kube, namespace)
-    # Long enough for the first step of a loaded CI machine (counted from the pods' start).
-    hang_policy = {"progressDeadlineSeconds": 40, "maxRestarts": 0}
+    # Long enough for the first step of a loaded CI machine (counted from the pods' start), where
+    # these four jobs start ten ranks on two cores: at 40 s a busy run declared "blocked" hung
+    # before its first step, with no phase to tell.
+    hang_policy = {"progressDeadlineSeconds": 90, "maxRestarts": 0}
     # rank 2 (pod 1's first) stops in data loading at step 8; the others wait for it
     jobs.apply(_faulty(e2e, "stuck", "stall_at=2:8:data", failurePolicy=hang_policy))
     # rank 1 (pod 0's second) stops before step 8's end-of-step all_reduce
@@ -330,7 +332,7 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
 
     blocked = failed["blocked"]["lastFailure"]
     assert blocked["cause"] == "Hang" and blocked["pod"] == "blocked-a1-0", blocked
-    assert blocked["phase"] == "end-of-step sync" and blocked["step"] == 7, blocked
+    assert blocked.get("phase") == "end-of-step sync" and blocked.get("step") == 7, blocked
     assert re.match(r"ranks 0,2,3 wait in all_reduce #\d+ \(end-of-step sync, step 8\); "
                     r"rank 1 in end-of-step sync at step 8, 1 collective behind",
                     blocked["evidence"]), blocked  # fmt: skip
@@ -339,7 +341,8 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     assert "in all_reduce" in (evidence / "rank-0.txt").read_text()
 
     hang = failed["stuck"]["lastFailure"]
-    assert hang["cause"] == "Hang" and hang["rank"] == 1 and hang["phase"] == "data loading"
+    assert hang["cause"] == "Hang" and hang.get("rank") == 1, hang
+    assert hang.get("phase") == "data loading", hang
     assert hang["pod"] == "stuck-a1-1" and hang["node"], hang
     assert hang["step"] == 7, hang
     assert re.match(r"ranks 0,1,3 wait in all_gather_into_tensor #\d+ \(forward, step 8\); "
@@ -473,14 +476,12 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
             for target in panel.get("targets", [])
         ]
         assert len(queries) >= 15
+
+        def series(what: str, expr: str) -> None:
+            stack.wait_for(what, lambda: prom.query(expr), timeout=120, every=2.0, context=context)
+
         for title, expr in queries:
-            stack.wait_for(
-                f"series for panel {title!r}: {expr}",
-                lambda e=expr: prom.query(e),
-                timeout=120,
-                every=2.0,
-                context=context,
-            )
+            series(f"series for panel {title!r}: {expr}", expr)
         per_job = f'job_namespace="{namespace}",job_name="steady"'
         for group in rule["spec"]["groups"]:
             for alert in group["rules"]:
@@ -489,13 +490,7 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
                     if metric == "fsdpjob_reconcile_errors_total":
                         continue  # labelled by exception type: no series before the first error
                     selector = metric if "operator" in metric else f"{metric}{{{per_job}}}"
-                    stack.wait_for(
-                        f"series {selector} for alert {alert['alert']}",
-                        lambda s=selector: prom.query(s),
-                        timeout=60,
-                        every=2.0,
-                        context=context,
-                    )
+                    series(f"series {selector} for alert {alert['alert']}", selector)
         # the workers' series carry the same job labels as the operator's
         assert prom.query(f"fsdp_train_step{{{per_job}}}")
     finally:
