@@ -32,8 +32,8 @@ project = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
 [open(f'/requirements/{extra}.txt', 'w').write('\n'.join(project['dependencies'] \
  + project['optional-dependencies'][extra]) + '\n') for extra in ('operator', 'worker')]"
 
-# The project itself (fsdp_operator, fsdp_worker, localcluster), installed non-editable into a
-# prefix that the images copy over /opt/venv as one small last layer.
+# The project itself (fsdp_operator, fsdp_worker; not the test cluster), installed
+# non-editable into a prefix that the images copy over /opt/venv as one small last layer.
 FROM venv AS project
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -41,7 +41,6 @@ RUN pip install --no-input setuptools==80.9.0
 COPY pyproject.toml README.md /src/
 COPY operator/ /src/operator/
 COPY worker/ /src/worker/
-COPY localcluster/ /src/localcluster/
 RUN pip install --no-input --no-deps --no-build-isolation --no-index --prefix=/install /src
 
 # Wheels are downloaded into $WHEELS and installed from there: a wheelhouse survives where pip's

@@ -136,6 +136,13 @@ def image_id(ref: str) -> str | None:
     return _run(["podman", "image", "inspect", "--format", "{{.Id}}", ref]).strip()
 
 
+def python_in(ref: str, code: str) -> str:
+    """What ``python -c code`` prints in a container of ``ref`` (no network): what the image
+    really ships, for tests."""
+    argv = ["podman", "run", "--rm", "--network", "none", "--entrypoint", "python", ref, "-c"]
+    return _run([*argv, code])
+
+
 def _size(ref: str) -> int:
     return int(_run(["podman", "image", "inspect", "--format", "{{.Size}}", ref]))
 
