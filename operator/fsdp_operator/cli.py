@@ -487,9 +487,10 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
         print(_version())
         return 0
     if args.command == "completion":
-        # `kubectl fsdp` is completed by kubectl itself (its plugins' completion is their own)
+        # for the `fsdpctl` executable; kubectl completes `kubectl fsdp` only through a
+        # `kubectl_complete-fsdp` executable, which this package does not install (yet)
         code: str = argcomplete.shell_integration.shellcode(  # type: ignore[no-untyped-call]
-            [prog], shell=args.shell
+            ["fsdpctl"], shell=args.shell
         )
         print(code)
         return 0
