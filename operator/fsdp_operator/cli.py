@@ -489,10 +489,7 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
     if args.command == "completion":
         # for the `fsdpctl` executable; kubectl completes `kubectl fsdp` only through a
         # `kubectl_complete-fsdp` executable, which this package does not install (yet)
-        code: str = argcomplete.shell_integration.shellcode(  # type: ignore[no-untyped-call]
-            ["fsdpctl"], shell=args.shell
-        )
-        print(code)
+        print(argcomplete.shell_integration.shellcode(["fsdpctl"], shell=args.shell))
         return 0
     try:
         return _run(args)
