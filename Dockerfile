@@ -38,7 +38,7 @@ FROM venv AS project
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN pip install --no-input setuptools==80.9.0
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY operator/ /src/operator/
 COPY worker/ /src/worker/
 RUN pip install --no-input --no-deps --no-build-isolation --no-index --prefix=/install /src
