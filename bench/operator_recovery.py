@@ -102,7 +102,7 @@ def node_loss_trials(jobs: harness.Jobs, op: harness.Operator, n: int) -> list[d
             cond = next(c for c in op.cluster.get_json("node", node)["status"]["conditions"]
                         if c["type"] == "Ready")  # fmt: skip
             not_ready = harness_ts(cond["lastTransitionTime"])
-            detected = s["history"][0]["ended"]
+            detected = harness_ts(s["history"][0]["ended"])
             row = {"heartbeat_stop_to_detect": detected - lost_at,
                    "not_ready_to_detect": detected - not_ready}  # fmt: skip
             out.append(row)

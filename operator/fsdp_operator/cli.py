@@ -48,10 +48,12 @@ def _table(title: str, columns: tuple[str, ...], *, wide: tuple[str, ...] = ()) 
     return table
 
 
-def _age(ts: float | None, now: float) -> str:
-    if ts is None:
+def _age(ts: str | float | None, now: float) -> str:
+    """How long ago a status time (RFC 3339; a number from an operator before 0.2) was."""
+    at = status.unix_seconds(ts)
+    if not isinstance(at, int | float):
         return "-"
-    secs = int(now - ts)
+    secs = int(now - at)
     return (
         f"{secs // 3600}h{secs % 3600 // 60:02d}m"
         if secs >= 3600

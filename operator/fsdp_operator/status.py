@@ -6,12 +6,45 @@ so the models are the operator's memory. Pure data: no I/O, no clock reads, no k
 
 from __future__ import annotations
 
+import datetime
 import enum
+from typing import Annotated
 
 import pydantic
 from pydantic import Field
 
 from fsdp_worker import config, interval
+
+
+def unix_seconds(value: object) -> object:
+    """A status time as the operator computes with it: unix seconds. The status says RFC 3339;
+    a number (what operators before 0.2 wrote) is taken as it is, so an upgrade reads old
+    status."""
+    if not isinstance(value, str):
+        return value
+    try:
+        at = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an RFC 3339 time") from None
+    if at.tzinfo is None:
+        raise ValueError(f"{value!r} has no time zone (RFC 3339 needs Z or an offset)")
+    return at.timestamp()
+
+
+def rfc3339(unix: float) -> str:
+    """Unix seconds as Kubernetes writes a MicroTime: UTC, microseconds, `Z`."""
+    at = datetime.datetime.fromtimestamp(unix, datetime.UTC)
+    return at.isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+# A point in time: a float in the operator's arithmetic, RFC 3339 in the status (as Kubernetes
+# APIs write times; microseconds, as in a Lease's or an Event's MicroTime).
+Time = Annotated[
+    float,
+    pydantic.BeforeValidator(unix_seconds),
+    pydantic.PlainSerializer(rfc3339, return_type=str, when_used="json"),
+    pydantic.WithJsonSchema({"type": "string", "format": "date-time"}),
+]
 
 
 class _Model(config._Model):
@@ -84,9 +117,9 @@ class CheckpointRef(_Model):
         "(checkpoint.completion: DCPMetadata).",
     )
     world_size: int = Field(description="The world size that wrote it; 0: not known.")
-    time: float | None = Field(
+    time: Time | None = Field(
         None,
-        description="When it was sealed, in unix seconds: the time in its marker, the "
+        description="When it was sealed: the time in its marker, the "
         "modification time of DCP's .metadata (checkpoint.completion: DCPMetadata), or, when "
         "the operator cannot read the checkpoints, when rank 0 reported it.",
     )
@@ -155,27 +188,27 @@ class Failure(_Model):
         description="The ConfigMap (in the job's namespace) keeping this attempt's evidence "
         "and each pod's last log lines: `fsdpctl why` and `fsdpctl logs` read it.",
     )
-    time: float = Field(
-        description="When the attempt stopped being useful, in unix seconds: the pod's exit, "
+    time: Time = Field(
+        description="When the attempt stopped being useful: the pod's exit, "
         "the node going NotReady, the last step before a hang, or the end of the pending "
         "timeout (eviction, vanished pods: when the operator saw it).",
     )
 
 
 class Timeline(_Model):
-    """How an attempt came to train: unix times in order, from its predecessor's stop (absent
+    """How an attempt came to train: times in order, from its predecessor's stop (absent
     for the job's first attempt) to its own first step. Worker times are rank 0's report."""
 
     cause: Cause | None = Field(None, description="Why the previous attempt ended.")
-    failed: float | None = Field(None, description="The previous attempt stopped being useful.")
-    detected: float | None = Field(None, description="The operator detected that end.")
-    gang_gone: float | None = Field(None, description="No pod of an earlier attempt was left.")
-    launched: float | None = Field(None, description="This attempt's pods were created.")
-    scheduled: float | None = Field(None, description="Every pod was bound to a node.")
-    running: float | None = Field(None, description="Every pod's container was running.")
-    rendezvous: float | None = Field(None, description="Rank 0's process group was up.")
-    loaded: float | None = Field(None, description="Model built, checkpoint loaded.")
-    first_step: float | None = Field(None, description="The first optimizer step completed.")
+    failed: Time | None = Field(None, description="The previous attempt stopped being useful.")
+    detected: Time | None = Field(None, description="The operator detected that end.")
+    gang_gone: Time | None = Field(None, description="No pod of an earlier attempt was left.")
+    launched: Time | None = Field(None, description="This attempt's pods were created.")
+    scheduled: Time | None = Field(None, description="Every pod was bound to a node.")
+    running: Time | None = Field(None, description="Every pod's container was running.")
+    rendezvous: Time | None = Field(None, description="Rank 0's process group was up.")
+    loaded: Time | None = Field(None, description="Model built, checkpoint loaded.")
+    first_step: Time | None = Field(None, description="The first optimizer step completed.")
 
 
 # (phase, milestone it ends at): each phase runs from the previous milestone to its own, so the
@@ -237,10 +270,10 @@ class HistoryEntry(_Model):
     """One attempt: a launch of the whole gang of worker pods, and how it ended."""
 
     attempt: int = Field(description="The attempt's number (1 for the first).")
-    started: float | None = Field(None, description="When its pods were created (unix seconds).")
-    ended: float | None = Field(
+    started: Time | None = Field(None, description="When its pods were created.")
+    ended: Time | None = Field(
         None,
-        description="When the operator ended it (unix seconds); null while it runs, and for an "
+        description="When the operator ended it; null while it runs, and for an "
         "attempt that completed the training.",
     )
     cause: Cause | None = Field(
@@ -270,7 +303,7 @@ class HistoryEntry(_Model):
     )
     timeline: Timeline | None = Field(
         None,
-        description="How it came to train: unix times from the previous attempt's stop (absent "
+        description="How it came to train: times from the previous attempt's stop (absent "
         "for the first attempt) to its own first step. Worker times are rank 0's report.",
     )
     failure: Failure | None = Field(
@@ -285,7 +318,7 @@ class HistoryEntry(_Model):
 class Goodput(_Model):
     """Where the job's wall time went, since its first attempt was launched."""
 
-    since: float = Field(description="When the first attempt was launched (unix seconds).")
+    since: Time = Field(description="When the first attempt was launched.")
     wall_seconds: float = Field(
         0.0, description="Seconds from since to now, or to the job's finish."
     )
@@ -345,11 +378,11 @@ class ExcludedNode(_Model):
     """A node kept out of new attempts after it was lost under one."""
 
     node: str = Field(description="The node's name.")
-    until: float = Field(description="New attempts avoid it until this time (unix seconds).")
+    until: Time = Field(description="New attempts avoid it until this time.")
 
 
 class FSDPJobStatus(_Model):
-    """`status` of an FSDPJob. Times are unix seconds (floats) unless they are conditions'."""
+    """`status` of an FSDPJob. Times are RFC 3339, UTC, to the microsecond; durations seconds."""
 
     phase: Phase = Field(
         Phase.PENDING,
@@ -379,13 +412,13 @@ class FSDPJobStatus(_Model):
         None,
         description="Last completed training step, as rank 0 reported it or a checkpoint proves.",
     )
-    last_progress_time: float | None = Field(
+    last_progress_time: Time | None = Field(
         None,
-        description="When the operator last saw step advance in this attempt (unix seconds); "
+        description="When the operator last saw step advance in this attempt; "
         "failurePolicy.progressDeadlineSeconds counts from it.",
     )
-    attempt_started: float | None = Field(
-        None, description="When the current attempt's pods were created (unix seconds)."
+    attempt_started: Time | None = Field(
+        None, description="When the current attempt's pods were created."
     )
     resumed_from_step: int | None = Field(
         None,
@@ -404,18 +437,17 @@ class FSDPJobStatus(_Model):
         "the operator read it: a restart must find it or an older one, never start at step 0.",
     )
     pods_created: bool = Field(False, description="Every pod of the attempt was seen once.")
-    next_attempt_at: float | None = Field(None, description="Backoff: next attempt not before.")
-    failure_observed: float | None = Field(None, description="When the last teardown began.")
+    next_attempt_at: Time | None = Field(None, description="Backoff: next attempt not before.")
+    failure_observed: Time | None = Field(None, description="When the last teardown began.")
     drain: bool = Field(False, description="Wait for old pods to exit (they save on SIGTERM).")
-    started: float | None = Field(
+    started: Time | None = Field(
         None,
-        description="When the job started, or last resumed from suspension (unix seconds): "
+        description="When the job started, or last resumed from suspension: "
         "activeDeadlineSeconds counts from it.",
     )
-    finished: float | None = Field(
+    finished: Time | None = Field(
         None,
-        description="When the job Succeeded or Failed (unix seconds); ttlSecondsAfterFinished "
-        "counts from it.",
+        description="When the job Succeeded or Failed; ttlSecondsAfterFinished " "counts from it.",
     )
     last_checkpoint: CheckpointRef | None = Field(
         None,

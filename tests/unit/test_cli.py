@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 import types
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from fsdp_operator import api, cli
+from fsdp_operator import api, cli, status
 from tests import fakeapi
 
 GLOO = (
@@ -240,10 +241,16 @@ def test_logs_for_a_rank_out_of_range_says_which_ranks_exist(
 
 
 # --- 80 columns, and the command line a kubectl user expects ------------------------------------
+def _at(seconds: float) -> str:
+    """A status time (RFC 3339, as the operator writes them), `seconds` after a fixed start."""
+    return status.rfc3339(1_796_283_000 + seconds)
+
+
 def _busy_job() -> dict[str, Any]:
-    tl = {"launched": 1.0, "scheduled": 2.0, "running": 3.0, "rendezvous": 5.0, "loaded": 6.0,
-          "firstStep": 7.0}  # fmt: skip
-    later = {"cause": "NodeLost", "failed": 10.0, "detected": 12.0, "gangGone": 12.5, **tl}
+    tl = {"launched": _at(1), "scheduled": _at(2), "running": _at(3), "rendezvous": _at(5),
+          "loaded": _at(6), "firstStep": _at(7)}  # fmt: skip
+    later = {"cause": "NodeLost", "failed": _at(10), "detected": _at(12), "gangGone": _at(12.5),
+             **tl}  # fmt: skip
     return {
         "metadata": {"name": "a-very-long-training-job-name-for-llama",
                      "namespace": "team-research-prod"},  # fmt: skip
@@ -363,13 +370,16 @@ class _Listing:
 def test_wide_listing_adds_attempt_goodput_age_and_the_last_failure() -> None:
     job = _busy_job()
     job["status"].update(
-        goodput={"since": 1.0, "fraction": 0.874},
-        lastFailure={"cause": "OOMKilled", "rank": 3, "node": "gpu-node-7", "time": 9.0},
+        goodput={"since": _at(1), "fraction": 0.874},
+        lastFailure={"cause": "OOMKilled", "rank": 3, "node": "gpu-node-7", "time": _at(9)},
+        started=status.rfc3339(time.time() - 3725),  # RFC 3339, as the status says it
+        lastCheckpoint={"step": 1000, "worldSize": 64, "time": status.rfc3339(time.time() - 95)},
     )
     out = io.StringIO()
     cli.list_jobs(_Listing(job), None, Console(file=out, width=200, color_system=None), wide=True)
     text = out.getvalue()
     _headers_intact(text, ("attempt", "goodput", "age", "last failure", "87%"))
+    assert "1h02m" in text and "1000 (1m35s)" in text  # ages from RFC 3339 times
     assert "OOMKilled pod 3 (gpu-node-7)" in text
     out = io.StringIO()
     cli.list_jobs(_Listing(job), None, Console(file=out, width=200, color_system=None))

@@ -185,3 +185,41 @@ def test_crd_has_no_yaml_anchors() -> None:
     rendered = crd.render()
     assert "&id" not in rendered
     assert "*id" not in rendered
+
+
+def _status_props(node: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for name, child in (node.get("properties") or {}).items():
+        out.append((f"{prefix}{name}", child))
+        inner = child.get("items") if child.get("type") == "array" else child
+        out += _status_props(inner or {}, f"{prefix}{name}.")
+    return out
+
+
+def test_status_times_are_rfc3339_and_an_older_operators_numbers_still_read() -> None:
+    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    props = _status_props(schema["status"])
+    times = {path for path, p in props if p.get("format") == "date-time"}
+    assert {"started", "lastProgressTime", "lastCheckpoint.time", "history.timeline.firstStep",
+            "goodput.since", "excludedNodes.until"} <= times  # fmt: skip
+    assert all(props_[1].get("type") == "string" for props_ in props if props_[0] in times)
+    assert not [path for path, p in props if "unix" in p.get("description", "")]
+
+    at = 1_796_283_000.123456
+    s = status.FSDPJobStatus(
+        started=at,
+        last_checkpoint=status.CheckpointRef(
+            path="/ckpt/step-10", step=10, world_size=2, time=at + 1
+        ),
+    )
+    raw = s.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert raw["started"] == "2026-12-03T07:30:00.123456Z"
+    assert raw["lastCheckpoint"]["time"] == "2026-12-03T07:30:01.123456Z"
+    back = status.FSDPJobStatus.model_validate(raw)
+    assert back.started == pytest.approx(at, abs=1e-6)
+    assert back.model_dump(mode="json", by_alias=True, exclude_none=True) == raw  # stable
+    # an upgrade: the status an operator before 0.2 wrote (unix seconds) is read as it was
+    assert status.FSDPJobStatus.model_validate({**raw, "started": 1.5e9}).started == 1.5e9
+    for bad, says in (("yesterday", "not an RFC 3339 time"), ("2026-12-03T07:30:00", "time zone")):
+        with pytest.raises(pydantic.ValidationError, match=says):
+            status.FSDPJobStatus.model_validate({"started": bad})
