@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import io
 import json
+import os
 import sys
 from typing import Any
 
@@ -489,8 +491,7 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
         print(_version())
         return 0
     if args.command == "completion":
-        # for the `fsdpctl` executable; kubectl completes `kubectl fsdp` only through a
-        # `kubectl_complete-fsdp` executable, which this package does not install (yet)
+        # for the `fsdpctl` executable; kubectl's own completion asks `kubectl_complete-fsdp`
         print(argcomplete.shell_integration.shellcode(["fsdpctl"], shell=args.shell))
         return 0
     try:
@@ -507,6 +508,38 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
 def kubectl_main() -> int:
     """`kubectl fsdp ...`: kubectl runs `kubectl-fsdp` from PATH as a plugin."""
     return main(prog="kubectl fsdp")
+
+
+class _Completed(Exception):
+    pass
+
+
+def _stop(code: int) -> None:
+    raise _Completed(code)
+
+
+def kubectl_complete_main(argv: list[str] | None = None) -> int:
+    """`kubectl_complete-fsdp ARG... WORD`: what kubectl's own shell completion runs for `kubectl
+    fsdp ARG... WORD<TAB>` (its plugin completion protocol, kubectl >= 1.26): one candidate a
+    line, then cobra's directive `:4` (complete no file names). The same candidates as fsdpctl's
+    completion: commands, flags, choices and the namespace's job names."""
+    words = list(sys.argv[1:] if argv is None else argv) or [""]
+    line = " ".join(["kubectl-fsdp", *words])  # the last word is the one being completed
+    os.environ.update(
+        {"_ARGCOMPLETE": "1", "_ARGCOMPLETE_IFS": "\n", "COMP_LINE": line,
+         "COMP_POINT": str(len(line))}
+    )  # fmt: skip
+    for shell_specific in ("_ARGCOMPLETE_SHELL", "_ARGCOMPLETE_DFS"):
+        os.environ.pop(shell_specific, None)
+    out = io.StringIO()
+    try:
+        argcomplete.autocomplete(
+            _parser("kubectl fsdp"), exit_method=_stop, output_stream=out, append_space=False
+        )
+    except _Completed:
+        pass
+    print("\n".join([*filter(None, out.getvalue().split("\n")), ":4"]))
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -78,6 +78,12 @@ def test_crash_restarts_from_newest_complete_checkpoint(
         env=plugin, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "attempt 1: Crash" in why and "message: injected" in why, why
+    # and kubectl's own completion offers the namespace's jobs (through kubectl_complete-fsdp)
+    offered = subprocess.run(
+        [str(jobs.cluster.bin_dir / "kubectl"), "__complete", "fsdp", "-n", jobs.ns, "why", ""],
+        env=plugin, capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert name in offered and offered[-1] == ":4", offered
     logs = subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "logs", name, "--attempt", "1",
          "--rank", "0"], env=env, capture_output=True, text=True, check=True,

@@ -423,6 +423,29 @@ def test_the_shell_completes_job_names_from_the_namespace(
     assert sorted(_complete(line, tmp_path)) == ["train-1b", "train-7b"]
 
 
+def _kubectl_complete(*words: str) -> list[str]:
+    """What `kubectl fsdp WORDS<TAB>` offers: kubectl runs `kubectl_complete-fsdp WORDS` from
+    PATH (its plugin completion protocol) and reads one candidate a line, then `:directive`."""
+    program = Path(sys.executable).parent / "kubectl_complete-fsdp"  # installed with fsdpctl
+    done = subprocess.run([program, *words], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    *offered, directive = done.stdout.splitlines()
+    assert directive == ":4"  # cobra's ShellCompDirectiveNoFileComp: no file names
+    return offered
+
+
+def test_kubectl_completes_the_plugin_through_its_completion_executable(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path
+) -> None:
+    assert _kubectl_complete("d") == ["describe"]
+    assert set(_kubectl_complete("list", "-o", "")) == {"table", "wide", "json", "yaml"}
+    jobs = [{"metadata": {"name": n, "namespace": "team"}} for n in ("train-7b", "eval")]
+    fake_api[f"get /apis/{api.GROUP}/{api.VERSION}/namespaces/team/{api.PLURAL}"] << {"items": jobs}
+    kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig")
+    offered = _kubectl_complete("--kubeconfig", str(kubeconfig), "-n", "team", "why", "")
+    assert [c for c in offered if not c.startswith("-")] == ["train-7b", "eval"]
+
+
 def test_completion_prints_the_shells_registration(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["completion", "bash"]) == 0
     code = capsys.readouterr().out
