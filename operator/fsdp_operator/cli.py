@@ -8,6 +8,7 @@ Renders with rich. Talks to the API only through kube.py's client loader; makes 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.metadata
 import io
@@ -532,12 +533,10 @@ def kubectl_complete_main(argv: list[str] | None = None) -> int:
     for shell_specific in ("_ARGCOMPLETE_SHELL", "_ARGCOMPLETE_DFS"):
         os.environ.pop(shell_specific, None)
     out = io.StringIO()
-    try:
+    with contextlib.suppress(_Completed):  # argcomplete "exits" when it has answered
         argcomplete.autocomplete(
             _parser("kubectl fsdp"), exit_method=_stop, output_stream=out, append_space=False
         )
-    except _Completed:
-        pass
     print("\n".join([*filter(None, out.getvalue().split("\n")), ":4"]))
     return 0
 
