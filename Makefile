@@ -47,7 +47,7 @@ images: venv packages
 	$(VPY) -m localcluster.images build --target all
 
 test: venv cluster-bin lint typecheck images
-	$(VPY) -m pytest -q -p no:cacheprovider
+	$(VPY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: venv
 	$(VPY) -m pytest -q tests/unit
