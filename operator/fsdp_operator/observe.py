@@ -8,7 +8,6 @@ and the node Ready condition with its transition time.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -25,7 +24,7 @@ def ts(value: str | None) -> float | None:
     """RFC 3339 timestamp -> unix seconds."""
     if not value:
         return None
-    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    return status.parse_rfc3339(value)
 
 
 quantity = api.quantity

@@ -16,12 +16,8 @@ from pydantic import Field
 from fsdp_worker import config, interval
 
 
-def unix_seconds(value: object) -> object:
-    """A status time as the operator computes with it: unix seconds. The status says RFC 3339;
-    a number (what operators before 0.2 wrote) is taken as it is, so an upgrade reads old
-    status."""
-    if not isinstance(value, str):
-        return value
+def parse_rfc3339(value: str) -> float:
+    """An RFC 3339 time (a status time, an object's timestamp) -> unix seconds."""
     try:
         at = datetime.datetime.fromisoformat(value)
     except ValueError:
@@ -29,6 +25,13 @@ def unix_seconds(value: object) -> object:
     if at.tzinfo is None:
         raise ValueError(f"{value!r} has no time zone (RFC 3339 needs Z or an offset)")
     return at.timestamp()
+
+
+def unix_seconds(value: object) -> object:
+    """A status time as the operator computes with it: unix seconds. The status says RFC 3339;
+    a number (what operators before 0.2 wrote) is taken as it is, so an upgrade reads old
+    status."""
+    return parse_rfc3339(value) if isinstance(value, str) else value
 
 
 def rfc3339(unix: float) -> str:

@@ -27,14 +27,19 @@ def test_committed_api_reference_matches_the_crd() -> None:
     assert committed == crd.reference(), wanted
 
 
-def _paths(node: dict[str, Any], prefix: str = "") -> list[str]:
+def _fields(node: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every property below `node` with its schema, by path (`items[].field` for lists)."""
     out = []
     for name, child in (node.get("properties") or {}).items():
-        out.append(f"{prefix}{name}")
+        out.append((f"{prefix}{name}", child))
         inner = child.get("items") if child.get("type") == "array" else child
         mark = "[]" if inner is not child else ""
-        out += _paths(inner or {}, f"{prefix}{name}{mark}.")
+        out += _fields(inner or {}, f"{prefix}{name}{mark}.")
     return out
+
+
+def _paths(node: dict[str, Any]) -> list[str]:
+    return [path for path, _ in _fields(node)]
 
 
 def test_the_api_reference_has_a_row_for_every_field_and_every_rule() -> None:
@@ -187,22 +192,13 @@ def test_crd_has_no_yaml_anchors() -> None:
     assert "*id" not in rendered
 
 
-def _status_props(node: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for name, child in (node.get("properties") or {}).items():
-        out.append((f"{prefix}{name}", child))
-        inner = child.get("items") if child.get("type") == "array" else child
-        out += _status_props(inner or {}, f"{prefix}{name}.")
-    return out
-
-
 def test_status_times_are_rfc3339_and_an_older_operators_numbers_still_read() -> None:
     schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-    props = _status_props(schema["status"])
+    props = _fields(schema["status"])
     times = {path for path, p in props if p.get("format") == "date-time"}
-    assert {"started", "lastProgressTime", "lastCheckpoint.time", "history.timeline.firstStep",
-            "goodput.since", "excludedNodes.until"} <= times  # fmt: skip
-    assert all(props_[1].get("type") == "string" for props_ in props if props_[0] in times)
+    assert {"started", "lastProgressTime", "lastCheckpoint.time", "history[].timeline.firstStep",
+            "goodput.since", "excludedNodes[].until"} <= times  # fmt: skip
+    assert all(p.get("type") == "string" for path, p in props if path in times)
     assert not [path for path, p in props if "unix" in p.get("description", "")]
 
     at = 1_796_283_000.123456
