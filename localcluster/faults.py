@@ -35,7 +35,7 @@ from pathlib import Path
 from signal import SIGCONT, SIGSTOP
 from typing import Any
 
-from localcluster import kubeclient, nodeconf, procs
+from localcluster import kubeclient, nodeconf, nodes, procs
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
@@ -122,7 +122,7 @@ class Faults:
         """Every live process of the pod's containers (for checks; not a fault)."""
         found: set[int] = set()
         for directory in self._container_dirs(namespace, pod):
-            for procs_file in directory.rglob("cgroup.procs"):
+            for procs_file in nodes.cgroup_files(directory, "cgroup.procs"):
                 with contextlib.suppress(OSError, ValueError):
                     found.update(int(p) for p in procs_file.read_text().split())
         return sorted(found)
@@ -154,7 +154,7 @@ class Faults:
     def _container_pids(self, namespace: str, pod: str, container: str | None) -> list[int]:
         found: set[int] = set()
         for directory in self._container_dirs(namespace, pod, container=container):
-            for procs_file in directory.rglob("cgroup.procs"):
+            for procs_file in nodes.cgroup_files(directory, "cgroup.procs"):
                 with contextlib.suppress(OSError, ValueError):
                     found.update(int(p) for p in procs_file.read_text().split())
         return sorted(found)

@@ -22,7 +22,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import yaml
@@ -120,23 +120,28 @@ def advertise_gpus(kubectl: Callable[..., object], name: str, count: int) -> Non
 
 
 # --- teardown --------------------------------------------------------------------------------
+def cgroup_files(root: Path, name: str) -> Iterator[Path]:
+    """Every `name` file under a cgroup directory. Containers' cgroups vanish while they die:
+    os.walk skips a directory gone under it, where Path.rglob raised FileNotFoundError (seen
+    in a teardown)."""
+    for directory, _, files in os.walk(root):
+        if name in files:
+            yield Path(directory) / name
+
+
 def _cgroup_pids(path: str) -> set[int]:
     found: set[int] = set()
     for hierarchy in ("pids", "memory", "freezer"):
-        root = CGROUP_FS / hierarchy / path.strip("/")
-        if root.is_dir():
-            for procs in root.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError, ValueError):
-                    found.update(int(p) for p in procs.read_text().split())
+        for procs in cgroup_files(CGROUP_FS / hierarchy / path.strip("/"), "cgroup.procs"):
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(p) for p in procs.read_text().split())
     return found
 
 
 def _thaw(path: str) -> None:
-    root = CGROUP_FS / "freezer" / path.strip("/")
-    if root.is_dir():
-        for state in root.rglob("freezer.state"):
-            with contextlib.suppress(OSError):
-                state.write_text("THAWED")
+    for state in cgroup_files(CGROUP_FS / "freezer" / path.strip("/"), "freezer.state"):
+        with contextlib.suppress(OSError):
+            state.write_text("THAWED")
 
 
 def kill_containers(cgroup_root: str) -> None:
@@ -181,9 +186,10 @@ def remove_cgroup_root(path: str) -> None:
         root = CGROUP_FS / hierarchy / path.strip("/")
         if not root.is_dir():
             continue
-        for sub in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-            with contextlib.suppress(OSError):
-                sub.rmdir()
+        for directory, _, _ in os.walk(root, topdown=False):  # the deepest first
+            if directory != str(root):
+                with contextlib.suppress(OSError):
+                    os.rmdir(directory)
         with contextlib.suppress(OSError):
             root.rmdir()
             root.parent.rmdir()  # the shared parent, once the last node is gone
