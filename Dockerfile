@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The project's images from one file (docs/images.md):
 #   docker build --target operator -t fsdp-operator:0.1.0 .  kopf operator, no torch
-#   docker build --target worker   -t fsdp-worker:0.1.0 .    torch 2.9.1 with its CUDA wheels
+#   docker build --target worker   -t fsdp-worker:0.1.0 .    torch 2.15.0 with its CUDA wheels
 #   docker build --target pause    -t fsdp-pause:3.10 .      a pod sandbox: catatonit -P
 # On this machine `python -m localcluster.images build` builds them with podman from
 # BASE=localhost/fsdp-base:bookworm (Debian's own packages) and a wheelhouse on the host.
@@ -22,16 +22,6 @@ ENV PATH=/opt/venv/bin:$PATH \
 # One pip for both bases (Debian's is 23.0, the slim image's 24.0): the host venv's.
 RUN python3 -m venv /opt/venv && pip install --no-input pip==26.3
 
-# Each image's requirements as a file, so that a pyproject edit elsewhere (a dev tool, a lint
-# rule) leaves the big dependency layers cached: their cache key is this file's content.
-FROM venv AS requirements
-COPY pyproject.toml /src/pyproject.toml
-RUN mkdir /requirements && python -c "\
-import tomllib; \
-project = tomllib.load(open('/src/pyproject.toml', 'rb'))['project']; \
-[open(f'/requirements/{extra}.txt', 'w').write('\n'.join(project['dependencies'] \
- + project['optional-dependencies'][extra]) + '\n') for extra in ('operator', 'worker')]"
-
 # The project itself (fsdp_operator, fsdp_worker; not the test cluster), installed
 # non-editable into a prefix that the images copy over /opt/venv as one small last layer.
 FROM venv AS project
@@ -43,6 +33,10 @@ COPY operator/ /src/operator/
 COPY worker/ /src/worker/
 RUN pip install --no-input --no-deps --no-build-isolation --no-index --prefix=/install /src
 
+# Each image installs its lock file, requirements/<image>.lock (`make lock` writes them from
+# pyproject.toml): every package pinned with its sha256, so two builds get the same bytes or
+# fail; the big layers' cache key is that file, so a pyproject edit elsewhere (a dev tool, a lint
+# rule) leaves them cached. Wheels only: nothing is built from source at image build.
 # Wheels are downloaded into $WHEELS and installed from there: a wheelhouse survives where pip's
 # HTTP cache does not (a proxy that sends no Cache-Control makes pip cache nothing), and the
 # local build mounts one from the host there, so that a rebuild downloads nothing.
@@ -50,10 +44,12 @@ FROM venv AS operator
 ARG WHEELS=/root/.cache/wheels
 ARG PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 ARG PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY --from=requirements /requirements/operator.txt /opt/venv/requirements.txt
+COPY requirements/operator.lock /opt/venv/requirements.lock
 RUN --mount=type=cache,target=/root/.cache/wheels \
-    pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
-    && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
+    pip download --no-input --require-hashes --no-deps --only-binary=:all: --dest "$WHEELS" \
+        -r /opt/venv/requirements.lock \
+    && pip install --no-input --require-hashes --no-deps --only-binary=:all: --no-index \
+        --find-links "$WHEELS" -r /opt/venv/requirements.lock
 COPY --from=project /install/ /opt/venv/
 # A name for uid 1000: kopf (getpass.getuser) and torch's cache paths look it up and fail
 # with "uid not found" otherwise. A small layer after the big one, so it stays cached.
@@ -73,10 +69,12 @@ ARG PIP_DISABLE_PIP_VERSION_CHECK=1
 ENV TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
     TRITON_CACHE_DIR=/tmp/.triton/cache \
     CUDA_CACHE_PATH=/tmp/.nv/ComputeCache
-COPY --from=requirements /requirements/worker.txt /opt/venv/requirements.txt
+COPY requirements/worker.lock /opt/venv/requirements.lock
 RUN --mount=type=cache,target=/root/.cache/wheels \
-    pip download --no-input --dest "$WHEELS" -r /opt/venv/requirements.txt \
-    && pip install --no-input --no-index --find-links "$WHEELS" -r /opt/venv/requirements.txt
+    pip download --no-input --require-hashes --no-deps --only-binary=:all: --dest "$WHEELS" \
+        -r /opt/venv/requirements.lock \
+    && pip install --no-input --require-hashes --no-deps --only-binary=:all: --no-index \
+        --find-links "$WHEELS" -r /opt/venv/requirements.lock
 COPY --from=project /install/ /opt/venv/
 # A name for uid 1000: kopf (getpass.getuser) and torch's cache paths look it up and fail
 # with "uid not found" otherwise. A small layer after the big one, so it stays cached.

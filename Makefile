@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover
-.PHONY: kwok-bin bench-fleet
+.PHONY: kwok-bin bench-fleet lock
 
 venv: $(STAMP)
 
@@ -41,6 +41,16 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
+# The images' hash-locked requirements (requirements/*.lock, installed by the Dockerfile with
+# --require-hashes), resolved from pyproject.toml for the images' Python and platform. Run it
+# after changing a dependency; tests/unit/test_locks.py fails until the locks agree.
+LOCK_ARGS := --generate-hashes --no-header --no-annotate --quiet --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28
+lock: venv
+	mkdir -p requirements
+	$(VENV)/bin/uv pip compile pyproject.toml --extra operator $(LOCK_ARGS) -o requirements/operator.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra worker $(LOCK_ARGS) -o requirements/worker.lock
+
 # The project's images, built here with podman from a Debian base (docs/images.md); the
 # cluster tests load them into every node's containerd, by digest.
 images: venv packages
@@ -61,8 +71,8 @@ gpu-check: venv
 	GPU_PY=$(VPY) bash tests/worker/gpu_check.sh
 
 # The worker tests against another torch release, in its own venv (pyproject pins what the
-# worker image ships; this is how a bump is tried): make worker-compat TORCH=2.15.0
-TORCH ?= 2.15.0
+# worker image ships; this is how a bump is tried): make worker-compat TORCH=2.14.1
+TORCH ?= 2.14.1
 worker-compat:
 	test -x .venv-torch-$(TORCH)/bin/python || $(PY) -m venv .venv-torch-$(TORCH)
 	.venv-torch-$(TORCH)/bin/python -m pip install -q torch==$(TORCH) 'pydantic>=2.7,<3' pyyaml \

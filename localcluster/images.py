@@ -44,7 +44,7 @@ PAUSE = "localhost/fsdp-pause:3.10"
 OPERATOR = f"localhost/fsdp-operator:{VERSION}"
 """``python -m fsdp_operator run``: kopf and the Kubernetes client, no torch."""
 WORKER = f"localhost/fsdp-worker:{VERSION}"
-"""torchrun with torch 2.9.1 and its CUDA wheels (~7 GB)."""
+"""torchrun with torch 2.15.0 and its CUDA 13.2 wheels (~5.9 GB)."""
 
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN_SUITE = "bookworm"

@@ -60,6 +60,7 @@ def init() -> DistInfo:
     world = dist.get_world_size()
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     ckpt_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+    assert isinstance(ckpt_group, dist.ProcessGroup)  # every rank is in it
     log.info(
         "rank %d of %d on device %s, backend %s, torch %s",
         dist.get_rank(),

@@ -54,8 +54,10 @@ _COLLECTIVES = (
     "all_reduce",
     "all_gather",
     "all_gather_into_tensor",
+    "all_gather_single",  # FSDP2's all-gather since torch 2.1x
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reduce_scatter_single",  # and its reduce-scatter
     "broadcast",
     "barrier",
     "all_to_all_single",
@@ -336,7 +338,7 @@ def _flight_recorder() -> dict[str, Any] | None:
     try:
         from torch._C import _distributed_c10d as c10d
 
-        raw = c10d._dump_fr_trace_json(True, False)  # type: ignore[attr-defined]  # private
+        raw = c10d._dump_fr_trace_json(True, False)  # private, typed since torch 2.1x
         doc = json.loads(raw)
     except Exception:  # an older torch, or no process group: the record above still stands
         return None

@@ -87,7 +87,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.checkpoint_activations and self.training:
-            return cast(torch.Tensor, checkpoint(self._forward, x, use_reentrant=False))
+            return checkpoint(self._forward, x, use_reentrant=False)
         return self._forward(x)
 
 
