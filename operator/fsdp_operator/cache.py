@@ -25,9 +25,10 @@ from typing import Any
 from fsdp_operator import api, names, observed
 
 _ACTIVE = ("Pending", "Running", "Unknown")
-# What observe.pod_view reads of a pod's conditions and container states. The rest (Ready,
-# Initialized, ContainersReady, a running container's start) was 14 of a kept pod's 22 dicts.
-_POD_CONDITIONS = ("PodScheduled", "DisruptionTarget")
+# What observe.pod_view reads of a pod's conditions and container states. The rest
+# (Initialized, ContainersReady, a running container's start) was 14 of a kept pod's 22 dicts.
+# Ready is rank 0's progress probe (templates.progress_probe): kept with its transition time.
+_POD_CONDITIONS = ("PodScheduled", "DisruptionTarget", "Ready")
 _STATES = ("terminated", "waiting")
 
 
@@ -62,6 +63,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
             "podIP": status.get("podIP"),
             "conditions": [
                 {k: _shared(c[k]) for k in ("type", "status", "reason") if k in c}
+                | (
+                    {"lastTransitionTime": c.get("lastTransitionTime")}
+                    if c.get("type") == "Ready"
+                    else {}
+                )
                 for c in status.get("conditions") or []
                 if c.get("type") in _POD_CONDITIONS
             ],
@@ -150,6 +156,8 @@ class View:
     progress: observed.Progress | None = None
     """Rank 0's newest scrape not yet seen by a pass (probe.Prober.take), of `progress_pod`."""
     progress_pod: str = ""
+    scrape: observed.ScrapeHealth | None = None
+    """How the scrapes of rank 0's endpoint have gone lately (probe.Prober.health)."""
 
 
 def job_key(namespace: str, job_name: str) -> tuple[str, str]:
@@ -269,14 +277,19 @@ class Store:
         return found
 
     def view(
-        self, namespace: str, name: str, latest: tuple[str, observed.Progress] | None = None
+        self,
+        namespace: str,
+        name: str,
+        latest: tuple[str, observed.Progress] | None = None,
+        scrape: observed.ScrapeHealth | None = None,
     ) -> View:
         """A copy of what the store holds for one pass of one job; `latest` is rank 0's newest
-        scrape (pod name, progress) not yet seen by a pass."""
+        scrape (pod name, progress) not yet seen by a pass, `scrape` how scrapes went."""
         return View(
             pods=list(self.pods.get(job_key(namespace, name), ())),
             nodes=self.nodes(),
             used=self.usage.totals(),
             progress=latest[1] if latest else None,
             progress_pod=latest[0] if latest else "",
+            scrape=scrape,
         )

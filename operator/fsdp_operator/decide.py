@@ -28,6 +28,7 @@ EXPECT_SECONDS = 60.0
 CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
+PROGRESS_OBSERVED = "ProgressObserved"  # condition: whether rank 0's metrics answer the operator
 GOODPUT_REFRESH_SECONDS = 30.0  # goodput alone changes every pass: write it at most this often
 PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED})  # ends that are not failures
 
@@ -170,9 +171,35 @@ def _track(d: Decision, obs: observed.Observed) -> None:
     if prog is not None:
         _worker_report(d, prog, obs.now)
         _quarantined_by_pods(d, prog, obs.checkpoint_dir)
+    _progress_observed(d, obs)
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
     if ck is not None and ours and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+
+
+def _progress_observed(d: Decision, obs: observed.Observed) -> None:
+    """Say whether the operator reads rank 0's progress. When it cannot (a NetworkPolicy that
+    blocks its scrape is the common cause), step, goodput and time to resume stop moving, and
+    a hang is judged on rank 0's readiness probe alone (detect._hung): never on the silence."""
+    scrape = obs.scrape
+    if scrape is None or 0 < scrape.failures < observed.BLIND_AFTER:
+        return  # no running rank 0 to read, or one miss that may be a blip
+    old = next((c for c in d.status.conditions if c.type == PROGRESS_OBSERVED), None)
+    if not scrape.blind:
+        if old is None or old.status != "True":
+            msg = f"rank 0's metrics at {scrape.address} answer the operator's scrapes"
+            _set_condition(d, obs, kind=PROGRESS_OBSERVED, true=True, reason="Scraped", msg=msg)
+        return
+    msg = (
+        f"rank 0's metrics at {scrape.address} do not answer the operator "
+        f"({scrape.failures} scrapes in a row; last: {scrape.error}). Step and goodput are not "
+        "updated; a hang is judged on rank 0's readiness probe (is a NetworkPolicy blocking "
+        f'the operator? docs/install.md, "Network policies")'
+    )
+    if old is None or old.status != "False":
+        d.emit("ProgressUnobserved", msg, warning=True)
+    if old is None or old.status != "False" or old.message.split(" (")[0] != msg.split(" (")[0]:
+        _set_condition(d, obs, kind=PROGRESS_OBSERVED, true=False, reason="ScrapeFailing", msg=msg)
 
 
 def _completion_report(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -> None:

@@ -148,6 +148,20 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     if baseline is None or obs.now - baseline < deadline + HANG_EVIDENCE_GRACE_SECONDS:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
+    if obs.scrape is not None and obs.scrape.blind:
+        # The operator's scrapes get no answer (a NetworkPolicy, a slow network): its silence
+        # is missing data, not evidence. The kubelet's readiness probe of rank 0, asked from
+        # rank 0's own node, is: Ready means a step within the deadline.
+        if rank0.ready:
+            return None
+        since = rank0.ready_changed
+        at = baseline if since is None else max(baseline, since - deadline)
+        msg = (
+            f"rank 0's readiness probe reports no step progress within {deadline}s "
+            f"(rank 0 at step {obs.status.step} when last scraped; the operator's scrape of "
+            f"{obs.scrape.address} gets no answer: {obs.scrape.error})"
+        )
+        return _failure(status.Cause.HANG, rank0, at=at, message=msg)
     msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"
     # The job stopped being useful at its last progress; the deadline is the detection time.
     return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)

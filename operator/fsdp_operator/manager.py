@@ -175,8 +175,10 @@ class Manager:
     async def _run_pass(self, namespace: str, name: str) -> reconcile.Outcome | None:
         # The view is made here and dropped with the pass: a loop asleep holds no copy (1,000
         # jobs would keep 1,000 copies of every node's usage).
-        latest = self.prober.take((namespace, name)) if self.prober is not None else None
-        view = self.store.view(namespace, name, latest)
+        key = (namespace, name)
+        latest = self.prober.take(key) if self.prober is not None else None
+        health = self.prober.health(key) if self.prober is not None else None
+        view = self.store.view(namespace, name, latest, health)
         return await asyncio.get_running_loop().run_in_executor(
             self._passes, self.reconciler.run_pass, namespace, name, view
         )

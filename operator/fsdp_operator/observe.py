@@ -62,6 +62,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     term = _terminated(pod)
     phase = pod.get("status", {}).get("phase", "Pending")
     scheduled = _condition(pod, "PodScheduled")
+    ready = _condition(pod, "Ready")
     return observed.PodView(
         name=meta["name"],
         attempt=attempt,
@@ -79,6 +80,8 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         unschedulable=scheduled.get("reason") == "Unschedulable",
         image_error=_waiting_reason(pod),
         ip=pod.get("status", {}).get("podIP"),
+        ready=None if not ready else ready.get("status") == "True",
+        ready_changed=ts(ready.get("lastTransitionTime")),
     )
 
 

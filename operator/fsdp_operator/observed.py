@@ -41,6 +41,8 @@ class PodView:
     unschedulable: bool = False  # PodScheduled=False reason Unschedulable
     image_error: str = ""  # waiting reason such as ErrImagePull, InvalidImageName
     ip: str | None = None
+    ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
+    ready_changed: float | None = None  # that condition's lastTransitionTime
 
     def worker_cause(self) -> dict[str, Any]:
         """The worker's JSON termination message, or {} when it wrote none (or garbage)."""
@@ -129,6 +131,25 @@ class Progress:
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
 
 
+BLIND_AFTER = 2
+"""Consecutive failed scrapes after which the operator no longer reads its own silence as the
+job's: a hang is then judged on the kubelet's readiness probe of rank 0 (detect._hung)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ScrapeHealth:
+    """How the operator's scrapes of rank 0's metrics endpoint have gone lately."""
+
+    pod: str  # rank 0's pod the endpoint belongs to
+    failures: int  # consecutive scrapes without an answer (0: the last one answered)
+    error: str = ""  # what the last failed scrape met
+    address: str = ""  # ip:port scraped
+
+    @property
+    def blind(self) -> bool:
+        return self.failures >= BLIND_AFTER
+
+
 @dataclasses.dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass knows. `now` is passed in: decisions never read a clock."""
@@ -143,6 +164,7 @@ class Observed:
     checkpoints_visible: bool = True  # whether this operator can read the job's checkpoints
     checkpoint_dir: str = ""  # the job's checkpoint directory as its pods see it
     progress: Progress | None = None
+    scrape: ScrapeHealth | None = None  # of the current attempt's running rank 0
     spec_error: str = ""  # what only the operator can check (templating), "" when fine
     created: float | None = None  # the FSDPJob's creationTimestamp
     conflicts: Sequence[Conflict] = ()  # never adopted: the job waits while any exists

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 Fetch = Callable[[str, float], Awaitable[str | None]]
 
 
+class ScrapeError(Exception):
+    """A scrape that got no metrics page: what it met (a timeout, a refusal, an HTTP status)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     pod: str
@@ -49,6 +53,7 @@ class _Slot:
     target: Target
     due: float
     failures: int = 0
+    error: str = ""  # what the newest failed scrape met
     progress: observed.Progress | None = None
     fresh: bool = False  # not yet handed to a pass
     busy: bool = False
@@ -105,6 +110,15 @@ class Prober:
         slot.fresh = False
         return slot.target.pod, slot.progress
 
+    def health(self, key: Hashable) -> observed.ScrapeHealth | None:
+        """How the scrapes of the job's rank 0 have gone: consecutive failures and the last
+        error (None: nothing scraped for it yet)."""
+        slot = self._slots.get(key)
+        if slot is None or (slot.failures == 0 and slot.progress is None):
+            return None
+        address = f"{slot.target.ip}:{names.METRICS_PORT}"
+        return observed.ScrapeHealth(slot.target.pod, slot.failures, slot.error, address)
+
     def forget(self, key: Hashable) -> None:
         self._slots.pop(key, None)
 
@@ -130,39 +144,52 @@ class Prober:
             if self._session is not None:
                 await self._session.close()
 
-    async def _get(self, ip: str, timeout: float) -> str | None:
+    async def _get(self, ip: str, timeout: float) -> str:
+        """Rank 0's metrics page; ScrapeError says what stood in the way."""
         if self._fetch is not None:
-            return await self._fetch(ip, timeout)
+            text = await self._fetch(ip, timeout)
+            if text is None:
+                raise ScrapeError("no answer")
+            return text
         if self._session is None:
             self._session = aiohttp.ClientSession()
         url = f"http://{ip}:{names.METRICS_PORT}/metrics"
         try:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
-                    return None
+                    raise ScrapeError(f"HTTP {resp.status} from {url}")
                 return (await resp.content.read(1 << 20)).decode("utf-8", "replace")
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            return None
+        except TimeoutError as err:
+            raise ScrapeError(f"GET {url}: no answer within {timeout:g}s") from err
+        except (aiohttp.ClientError, OSError) as err:
+            raise ScrapeError(f"GET {url}: {err or type(err).__name__}") from err
 
     async def _scrape(self, key: Hashable, slot: _Slot) -> None:
         try:
+            text, error = None, ""
             async with self._sem:
-                text = await self._get(slot.target.ip, self._timeout)
+                try:
+                    text = await self._get(slot.target.ip, self._timeout)
+                except ScrapeError as err:
+                    error = str(err)
             metrics.SCRAPES.labels("ok" if text is not None else "failed").inc()
             now = self._clock()
             if self._slots.get(key) is not slot:
                 return  # the target changed while this scrape ran
             if text is None:
-                slot.failures += 1
+                slot.failures, slot.error = slot.failures + 1, error
                 slot.due = now + min(slot.target.every, 2.0 ** (slot.failures - 1))
+                if slot.failures == observed.BLIND_AFTER:
+                    self._on_change(key)  # a pass says so (a condition) and stops trusting time
                 return
-            slot.failures = 0
+            recovered = slot.failures >= observed.BLIND_AFTER
+            slot.failures, slot.error = 0, ""
             progress = observe.progress_of(kube.contract_samples(text))
             changed = _key_facts(progress) != _key_facts(slot.progress)
             slot.progress, slot.fresh = progress, True
             starting = slot.target.starting
             slot.due = now + (self._startup if starting else slot.target.every)
-            if changed:
+            if changed or recovered:
                 self._on_change(key)
         except Exception:  # a scrape is advice: never let one end the prober
             log.exception("scrape for %s failed", key)

@@ -101,6 +101,15 @@ def _progress(
     return view.progress
 
 
+def _scrape(
+    pods: list[observed.PodView], job_status: status.FSDPJobStatus, view: cache.View
+) -> observed.ScrapeHealth | None:
+    rank0 = _rank0(pods, job_status)
+    if rank0 is None or view.scrape is None or view.scrape.pod != rank0.name:
+        return None
+    return view.scrape
+
+
 # Refusals of a worker pod's dry run that a fixed cluster clears: the spec is not at fault, so
 # the pass fails (and is retried, backing off) instead of failing the job as InvalidSpec. A
 # ResourceQuota that is full; the operator's own RBAC missing a verb; a namespace being deleted.
@@ -258,6 +267,7 @@ class Reconciler:
             checkpoints_visible=found.visible,
             checkpoint_dir=names.checkpoint_dir(spec.checkpoint.root, job.name),
             progress=_progress(pods, job_status, view),
+            scrape=_scrape(pods, job_status, view),
             spec_error=error,
             created=observe.ts(meta.get("creationTimestamp")),
             conflicts=[*conflicts, *found.conflicts],

@@ -92,6 +92,25 @@ def _ports() -> list[dict[str, Any]]:
     ]
 
 
+def progress_probe(spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """Rank 0's readiness probe: its /progress answer (contract.PROGRESS_PATH) says whether a
+    step came within the progress deadline. The kubelet asks from rank 0's own node, which
+    NetworkPolicies leave open, so the Ready condition carries the evidence of a hang where the
+    operator's scrape is blocked (detect._hung). Asked every sixth of the deadline (1-30 s);
+    two misses in a row: a hang shows at most a third of the deadline late."""
+    deadline = spec.failure_policy.progress_deadline_seconds
+    return {
+        "httpGet": {
+            "path": f"{contract.PROGRESS_PATH}?within={deadline}",
+            "port": names.METRICS_PORT_NAME,
+        },
+        "periodSeconds": max(1, min(30, deadline // 6)),
+        "timeoutSeconds": 5,
+        "failureThreshold": 2,
+        "successThreshold": 1,
+    }
+
+
 def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
     """The headless Service giving every worker pod a DNS name (stable across attempts)."""
     ports = [
@@ -109,7 +128,7 @@ def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
         },
         "spec": {
             "clusterIP": "None",
-            # Ranks resolve rank 0 before any readiness exists (workers have no probe).
+            # Ranks resolve rank 0 before it is Ready (its probe says it stepped lately).
             "publishNotReadyAddresses": True,
             "selector": names.selector_labels(job.name),
             "ports": ports,
@@ -300,6 +319,7 @@ def _launch(slot: _Slot) -> list[str]:
 def _container(slot: _Slot) -> dict[str, Any]:
     spec = slot.spec
     resources = spec.resources.to_api()
+    probe = {"readinessProbe": progress_probe(spec)} if slot.node_rank == 0 else {}
     return {
         "name": names.CONTAINER_NAME,
         "image": spec.image,
@@ -315,6 +335,7 @@ def _container(slot: _Slot) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
             "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the volumes
         },
+        **probe,
     }
 
 

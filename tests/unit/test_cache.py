@@ -33,7 +33,12 @@ def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
                 "lastTransitionTime": "2026-12-01T10:00:00Z",
             },
             {"type": "PodScheduled", "status": "True"},
-            {"type": "Ready", "status": "False", "reason": "PodFailed"},
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "PodFailed",
+                "lastTransitionTime": "2026-12-01T10:00:05Z",
+            },
             {"type": "ContainersReady", "status": "False", "reason": "PodFailed"},
         ],  # fmt: skip
         "containerStatuses": [
@@ -62,9 +67,11 @@ def test_a_slim_pod_reads_as_the_whole_pod_and_is_much_smaller() -> None:
     assert observe.pod_view(slim) == observe.pod_view(full)
     view = observe.pod_view(slim)
     assert view is not None and view.exit_code == 137 and view.disrupted and view.ip
+    assert view.ready is False and view.ready_changed == observe.ts("2026-12-01T10:00:05Z")
     assert cache.pod_requests(slim) == cache.pod_requests(full) != {}
     assert len(repr(slim)) < len(repr(full)) / 3
-    assert [c["type"] for c in slim["status"]["conditions"]] == ["DisruptionTarget", "PodScheduled"]
+    kept = [c["type"] for c in slim["status"]["conditions"]]
+    assert kept == ["DisruptionTarget", "PodScheduled", "Ready"]  # Ready: rank 0's progress probe
 
 
 def test_a_slim_running_pod_keeps_no_container_state_and_a_waiting_one_its_reason() -> None:

@@ -314,6 +314,61 @@ def test_no_hang_while_steps_advance() -> None:
     assert d.failure is None and d.status.last_progress_time == NOW
 
 
+BLIND = ob.ScrapeHealth(
+    "job-a1-0", failures=3, error="GET http://10.0.0.5:9400/metrics: no answer within 1s",
+    address="10.0.0.5:9400",
+)  # fmt: skip
+
+
+def _progress_condition(d: dc.Decision) -> st.Condition | None:
+    return next((c for c in d.status.conditions if c.type == dc.PROGRESS_OBSERVED), None)
+
+
+@pytest.mark.parametrize(
+    ("ready", "ready_changed", "hang_at"),
+    [
+        pytest.param(True, NOW - 150, None, id="ready-rank0-is-progress"),
+        pytest.param(False, NOW - 2, NOW - 2 - 100, id="probe-says-stale"),
+        pytest.param(None, None, NOW - 103, id="no-probe-verdict-as-today"),
+    ],
+)
+def test_a_blind_scrape_is_no_evidence_rank0s_readiness_probe_is(
+    ready: bool | None, ready_changed: float | None, hang_at: float | None
+) -> None:
+    """Where the operator's scrapes get no answer (a NetworkPolicy), its silence is missing
+    data: a hang is declared only on the kubelet's verdict on rank 0's progress probe."""
+    status = running_status(last_progress_time=NOW - 103)
+    rank0 = {"ready": ready, "ready_changed": ready_changed}
+    d = dc.decide(observe(status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0)))
+    cond = _progress_condition(d)
+    assert cond is not None and cond.status == "False" and cond.reason == "ScrapeFailing"
+    assert "10.0.0.5:9400" in cond.message and "no answer within 1s" in cond.message
+    if hang_at is None:
+        assert d.failure is None and d.status.phase is st.Phase.RUNNING
+        assert "ProgressUnobserved" in [e.reason for e in d.events]
+        return
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG
+    assert d.failure.time == hang_at
+    assert "readiness probe" in d.failure.message and "no answer within 1s" in d.failure.message
+
+
+def test_the_progress_condition_turns_back_and_is_written_once_per_change() -> None:
+    d = dc.decide(observe(scrape=BLIND, pods=pods(r0={"ready": True})))
+    blind = _progress_condition(d)
+    assert blind is not None and blind.status == "False"
+    again = dc.decide(observe(status=d.status, scrape=dataclasses.replace(BLIND, failures=9),
+                              pods=pods(r0={"ready": True})))  # fmt: skip
+    assert again.status.conditions == d.status.conditions
+    assert "ProgressUnobserved" not in [e.reason for e in again.events]
+    one_miss = dataclasses.replace(BLIND, failures=1)
+    assert dc.decide(observe(status=d.status, scrape=one_miss)).status.conditions == (
+        d.status.conditions
+    )
+    back = dc.decide(observe(status=d.status, scrape=dataclasses.replace(BLIND, failures=0)))
+    cond = _progress_condition(back)
+    assert cond is not None and cond.status == "True" and cond.reason == "Scraped"
+
+
 @pytest.mark.parametrize(
     ("over", "cause", "phase"),
     [

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from fsdp_operator import names, probe
+from fsdp_operator.observed import ScrapeHealth
 from fsdp_worker import contract
 
 pytestmark = pytest.mark.timeout(60)
@@ -62,7 +63,7 @@ def test_a_new_step_wakes_the_job_once_and_is_handed_to_one_pass() -> None:
 
 
 def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
-    async def scenario() -> tuple[probe.Prober, list[object], float]:
+    async def scenario() -> tuple[dict[str, ScrapeHealth | None], list[object], float]:
         woken: list[object] = []
         prober = probe.Prober(on_change=woken.append, timeout=0.3, concurrency=2)
         async with endpoint("127.0.0.22", {}, hang=True), endpoint("127.0.0.23", {"step": 1}):
@@ -76,12 +77,19 @@ def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
                 await asyncio.sleep(0.01)
             first_good = loop.time() - start
             await asyncio.sleep(3.0)
+            health = {key: prober.health(key) for key in ("dead", "hung", "good")}
             runner.cancel()
-        return prober, woken, first_good
+        return health, woken, first_good
 
-    prober, woken, first_good = asyncio.run(scenario())
-    assert woken[0] == "good" and "hung" not in woken and "dead" not in woken
+    health, woken, first_good = asyncio.run(scenario())
+    assert woken[0] == "good"
+    # A job whose endpoint stops answering is woken once, when the operator stops reading its
+    # silence as the job's (observed.BLIND_AFTER misses: a condition says so), not per miss.
+    assert woken.count("hung") == 1 and woken.count("dead") == 1
     assert first_good < 1.0  # not queued behind the hung endpoint's timeouts
     # The dead endpoint: tries at 0, 1, 2 (+1), 4 (+2) s... about 3 in 3 s, not 30.
-    dead = prober._slots["dead"]
-    assert 2 <= dead.failures <= 4
+    dead, hung, good = health["dead"], health["hung"], health["good"]
+    assert dead is not None and dead.blind and 2 <= dead.failures <= 4
+    assert dead.address == f"127.0.0.24:{names.METRICS_PORT}" and "127.0.0.24" in dead.error
+    assert hung is not None and hung.blind and "no answer within 0.3s" in hung.error
+    assert good is not None and good.failures == 0 and not good.blind

@@ -175,6 +175,12 @@ NON_RETRYABLE_EXIT_CODES = frozenset({int(ExitCode.CONFIG_ERROR)})
 TERMINATION_MESSAGE_MAX_BYTES = 4096  # Kubernetes truncates at 4096 per container
 
 # --- Prometheus metrics served by rank 0 (the operator scrapes step and last-step time) --------
+# Beside them, on the same port, rank 0 answers GET PROGRESS_PATH?within=S: 200 while its last
+# step (before the first: its start) is at most S seconds old, 503 after. The operator points
+# rank 0's readinessProbe there: the kubelet asks from the pod's own node, so the evidence of a
+# hang reaches the operator through the pod's Ready condition where a NetworkPolicy blocks its
+# scrape (docs/contract.md, "Progress").
+PROGRESS_PATH = "/progress"
 METRIC_STEP = "fsdp_train_step"  # gauge: last completed optimizer step
 METRIC_LAST_STEP_TIME = "fsdp_train_last_step_timestamp_seconds"  # gauge: unix time of it
 METRIC_LOSS = "fsdp_train_loss"

@@ -11,8 +11,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import prometheus_client as prom
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from fsdp_worker import contract, interval
 
@@ -102,8 +107,49 @@ class Metrics:
     def serve(self, port: int) -> None:
         if port <= 0:
             return
-        prom.start_http_server(port, registry=self.registry)
+        serve(port, self.registry)
         log.info("metrics on :%d", port)
 
     def render(self) -> str:
         return prom.generate_latest(self.registry).decode()
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape a second is no news
+        pass
+
+
+def serve(port: int, registry: prom.CollectorRegistry = prom.REGISTRY) -> None:
+    """Serve ``registry`` on every path, as prometheus_client does, and ``PROGRESS_PATH`` for
+    the kubelet's readiness probe (contract.PROGRESS_PATH), from a daemon thread."""
+    metrics_app = prom.make_wsgi_app(registry)
+    started = time.time()
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != contract.PROGRESS_PATH:
+            page: Iterable[bytes] = metrics_app(environ, start_response)
+            return page
+        code, text = progress_answer(registry, environ.get("QUERY_STRING", ""), started)
+        start_response(code, [("Content-Type", "text/plain; charset=utf-8")])
+        return [text.encode()]
+
+    server = make_server("", port, app, ThreadingWSGIServer, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+
+
+def progress_answer(
+    registry: prom.CollectorRegistry, query: str, started: float, now: float | None = None
+) -> tuple[str, str]:
+    """The HTTP status and text of ``GET /progress?within=S``: whether the last step (or the
+    start, before any step) is at most S seconds old. S defaults to 60."""
+    now = time.time() if now is None else now
+    try:
+        within = float(urllib.parse.parse_qs(query).get("within", ["60"])[0])
+    except ValueError:
+        return "400 Bad Request", "within: seconds expected\n"
+    last = registry.get_sample_value(contract.METRIC_LAST_STEP_TIME) or 0.0
+    step = registry.get_sample_value(contract.METRIC_STEP)
+    since, what = (last, f"step {step:.0f}") if last > 0 else (started, "start, no step yet")
+    age = now - since
+    text = f"last progress ({what}) {age:.0f}s ago, allowed {within:.0f}s\n"
+    return ("200 OK" if age <= within else "503 Service Unavailable"), text

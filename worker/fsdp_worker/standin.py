@@ -235,9 +235,7 @@ class StandIn:
         if self.rank == 0:
             os.makedirs(self.root, exist_ok=True)
             catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
-            prom.start_http_server(
-                _env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT)
-            )
+            metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
         gauge_step.set(self.step)
         resumed.set(-1 if self.resumed_from is None else self.resumed_from)
         time.sleep(self.start_time)
