@@ -6,7 +6,8 @@
 #   ETCD_VERSION  pinned etcd release
 #   COREDNS_VERSION  pinned CoreDNS release (built with only the plugins the Corefile names)
 #   The volume provisioner builds from provisioner/ next to this script (its go.mod pins the
-#   sig-storage provisioner library), again whenever that source changes.
+#   sig-storage provisioner library), again whenever that source changes; netpol (NetworkPolicy
+#   enforcement, the kube-network-policies library) likewise from netpol/.
 #   FSDPOP_CACHE  cache root (default ~/.cache/fsdp-operator)
 set -euo pipefail
 
@@ -17,6 +18,7 @@ CACHE="${FSDPOP_CACHE:-$HOME/.cache/fsdp-operator}"
 OUT="$CACHE/k8s-$KUBE_VERSION/bin"
 WORK="$CACHE/k8s-$KUBE_VERSION/src"
 PROVISIONER_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/provisioner" && pwd)"
+NETPOL_SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/netpol" && pwd)"
 # The node side (kubelet, kube-proxy) and kubeadm (certificates, kubeconfigs) build from the same
 # module graph: ~40 s more each.
 KUBE_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm)
@@ -102,15 +104,21 @@ GO
   go build -trimpath -ldflags "-s -w" -o "$OUT/coredns.tmp" .
   mv "$OUT/coredns.tmp" "$OUT/coredns"
 fi
-# The source is this repository's, so the binary is keyed by its hash, not by a version.
-provisioner_hash=$(cd "$PROVISIONER_SRC" && cat go.mod go.sum main.go | sha256sum | cut -d' ' -f1)
-if [ ! -x "$OUT/local-dir-provisioner" ] ||
-  [ "$(cat "$OUT/local-dir-provisioner.source" 2>/dev/null)" != "$provisioner_hash" ]; then
-  echo "building local-dir-provisioner..." >&2
-  # readonly: a build never rewrites the go.mod and go.sum it was given.
-  (cd "$PROVISIONER_SRC" && GOFLAGS=-mod=readonly go build -buildvcs=false -trimpath \
-    -ldflags "-s -w" -o "$OUT/local-dir-provisioner.tmp" .)
-  mv "$OUT/local-dir-provisioner.tmp" "$OUT/local-dir-provisioner"
-  echo "$provisioner_hash" >"$OUT/local-dir-provisioner.source"
-fi
+# Our own Go mains (a source dir with go.mod, go.sum, main.go): keyed by their hash, not by a
+# version. readonly: a build never rewrites the go.mod and go.sum it was given.
+build_local() {
+  local name=$1 src=$2 hash
+  hash=$(cd "$src" && cat go.mod go.sum main.go | sha256sum | cut -d' ' -f1)
+  if [ ! -x "$OUT/$name" ] || [ "$(cat "$OUT/$name.source" 2>/dev/null)" != "$hash" ]; then
+    echo "building $name..." >&2
+    (cd "$src" && GOFLAGS=-mod=readonly go build -buildvcs=false -trimpath \
+      -ldflags "-s -w" -o "$OUT/$name.tmp" .)
+    mv "$OUT/$name.tmp" "$OUT/$name"
+    echo "$hash" >"$OUT/$name.source"
+  fi
+}
+build_local local-dir-provisioner "$PROVISIONER_SRC"
+# NetworkPolicy enforcement: the upstream kube-network-policies controller, one per node, in
+# one process (netpol/main.go says why).
+build_local netpol "$NETPOL_SRC"
 echo "$OUT"

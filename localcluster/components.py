@@ -334,3 +334,30 @@ def storage_class() -> dict[str, Any]:
         "reclaimPolicy": "Delete",
         "volumeBindingMode": "Immediate",
     }
+
+
+def netpol_rbac(user: str) -> dict[str, Any]:
+    """What kube-network-policies' own install.yaml grants its controller (list and watch of
+    pods, namespaces and NetworkPolicies), bound to ``user``."""
+    name = "kube-network-policies"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "resources": ["networkpolicies"],
+                "verbs": ["list", "watch"],
+            },
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    }
+    return {"apiVersion": "v1", "kind": "List", "items": [role, binding]}

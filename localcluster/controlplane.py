@@ -271,6 +271,7 @@ class Cluster:
             self._spawn(f"kubelet-{node.name}", nodeconf.kubelet_args(node, zone=zone))
             self._poll(f"kubelet-{node.name}", nodes.DEVICE_PLUGIN_SOCKET.exists, deadline)
         self._start_kube_proxy(hostname=layouts[0].name)
+        self._start_network_policies([node.name for node in layouts])
         for node in layouts:
             ready = functools.partial(self.node_ready, node.name)
             self._poll(f"kubelet-{node.name}", ready, deadline)
@@ -290,6 +291,16 @@ class Cluster:
             json.dumps(nodeconf.kube_proxy_config(kubeconfig=kubeconfig, hostname=hostname))
         )
         self._spawn("kube-proxy", ["kube-proxy", "--config", str(config)])
+
+    def _start_network_policies(self, node_names: list[str]) -> None:
+        """NetworkPolicies enforced by the upstream kube-network-policies controller, one for
+        every node (netpol/main.go says why), with the rights its own manifest grants."""
+        user = "system:kube-network-policies"
+        kubeconfig = self._kubeadm.user(self._layout.kubeconfigs / "netpol.conf", client=user)
+        self.kubectl("apply", "-f", "-", input=json.dumps(components.netpol_rbac(user)))
+        argv = ["netpol", f"--kubeconfig={kubeconfig}", f"--node={node_names[0]}",
+                f"--queue={network.POLICY_QUEUE}"]  # fmt: skip
+        self._spawn("netpol", argv)
 
     def _default_account_exists(self) -> bool:
         done = self.kubectl("get", "serviceaccount", "default", "--namespace=default", check=False)

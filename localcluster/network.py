@@ -28,6 +28,9 @@ BRIDGE_NET = ipaddress.ip_network("10.244.0.0/17")
 SERVICE_RANGE = ipaddress.ip_network("10.96.0.0/16")
 GATEWAY = "10.244.0.1"
 FENCE_CHAIN = "FSDPLC-FENCE"
+POLICY_CHAIN = "FSDPLC-NETPOL"
+POLICY_QUEUE = 100
+"""The NFQUEUE the NetworkPolicy controller (localcluster/netpol) reads."""
 MAX_NODES = 200
 USERS = Path("/run/fsdplc/network")
 """One file per cluster using the bridge: its state dir and a live process of it."""
@@ -126,6 +129,7 @@ def up(nodes: int) -> None:
     for net in (POD_RANGE, SERVICE_RANGE):
         _run("ip", "route", "replace", "blackhole", str(net))
     _fence()
+    _policy_queue()
 
 
 def _ensure_address(cidr: str) -> None:
@@ -135,34 +139,45 @@ def _ensure_address(cidr: str) -> None:
 
 def _fence() -> None:
     """Drop pod-range packets forwarded anywhere but the bridge (ip_forward may be on)."""
-    if _run("iptables", "-w", "-n", "-L", FENCE_CHAIN, check=False):
-        _run("iptables", "-w", "-F", FENCE_CHAIN)
+    rules = [[d, str(POD_RANGE), "!", "-o", BRIDGE, "-j", "DROP"] for d in ("-s", "-d")]
+    _chain(FENCE_CHAIN, rules, first=True)
+
+
+def _policy_queue() -> None:
+    """Hand each new connection between pods (bridged, so it passes FORWARD) to the
+    NetworkPolicy controller's NFQUEUE (localcluster/netpol), which accepts or drops it. The
+    upstream controller queues with nftables' own queue expression, which this kernel lacks;
+    iptables' NFQUEUE target is the same queue. ``--queue-bypass``: with no controller
+    listening, packets pass. Traffic between a pod and its node (the kubelet's probes, the
+    cluster DNS, the API server) never crosses FORWARD: node traffic is always allowed."""
+    queue = ["-j", "NFQUEUE", "--queue-num", str(POLICY_QUEUE), "--queue-bypass"]
+    rules = [
+        ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
+        ["-s", str(POD_RANGE), "-d", str(POD_RANGE), *queue],
+    ]
+    _chain(POLICY_CHAIN, rules, first=False)
+
+
+def _chain(name: str, rules: list[list[str]], *, first: bool) -> None:
+    """Chain ``name`` holding exactly ``rules``, jumped to from FORWARD (first or last)."""
+    if _run("iptables", "-w", "-n", "-L", name, check=False):
+        _run("iptables", "-w", "-F", name)
     else:
-        _run("iptables", "-w", "-N", FENCE_CHAIN)
-    for direction in ("-s", "-d"):
-        _run(
-            "iptables",
-            "-w",
-            "-A",
-            FENCE_CHAIN,
-            direction,
-            str(POD_RANGE),
-            "!",
-            "-o",
-            BRIDGE,
-            "-j",
-            "DROP",
-        )
-    jump = ("FORWARD", "-j", FENCE_CHAIN)
+        _run("iptables", "-w", "-N", name)
+    for rule in rules:
+        _run("iptables", "-w", "-A", name, *rule)
+    jump = ("FORWARD", "-j", name)
     if subprocess.run(["iptables", "-w", "-C", *jump], capture_output=True).returncode != 0:
-        _run("iptables", "-w", "-I", *jump)
+        _run("iptables", "-w", "-I" if first else "-A", *jump)
 
 
 def down() -> None:
-    """Remove the bridge, routes and fence (pods' veths go with the bridge's ports)."""
+    """Remove the bridge, routes, fence and policy queue (pods' veths go with the bridge's
+    ports)."""
     _run("ip", "link", "del", BRIDGE, check=False)
     for net in (POD_RANGE, SERVICE_RANGE):
         _run("ip", "route", "del", "blackhole", str(net), check=False)
-    _run("iptables", "-w", "-D", "FORWARD", "-j", FENCE_CHAIN, check=False)
-    _run("iptables", "-w", "-F", FENCE_CHAIN, check=False)
-    _run("iptables", "-w", "-X", FENCE_CHAIN, check=False)
+    for chain in (FENCE_CHAIN, POLICY_CHAIN):
+        _run("iptables", "-w", "-D", "FORWARD", "-j", chain, check=False)
+        _run("iptables", "-w", "-F", chain, check=False)
+        _run("iptables", "-w", "-X", chain, check=False)

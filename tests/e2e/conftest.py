@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
+import yaml
 
+from fsdp_operator import names
 from harness import stack
 from localcluster import faults as local_faults
 from localcluster import images
@@ -100,6 +102,38 @@ class E2E:
         self.dynamic = dynamic
         self.claims: dict[tuple[str, str], Path] = {}
         """(namespace, claim) -> the claim's directory as this machine sees it."""
+
+    def gang_only(self, namespace: str, job: str) -> None:
+        """A NetworkPolicy that lets only the job's own pods into its pods, as a tenant's
+        default-deny does: the operator's scrape of rank 0 gets no answer, the gang's own
+        traffic passes, and so do the kubelet's probes (they come from the pod's node).
+        Enforced here by kube-network-policies (localcluster/netpol), on kind by kindnet."""
+        job_label = {names.Label.JOB.value: job}
+        policy = {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": f"{job}-gang-only", "namespace": namespace},
+            "spec": {
+                "podSelector": {"matchLabels": job_label},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": job_label}}]}],
+            },
+        }
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(policy))
+
+    def tenant_policies(self, namespace: str) -> None:
+        """examples/networkpolicy.yaml, for this operator's namespace: deny by default, let
+        FSDPJobs' gangs, DNS and the operator's scrape through."""
+        docs = list(
+            yaml.safe_load_all((stack.ROOT / "examples" / "networkpolicy.yaml").read_text())
+        )
+        for doc in docs:
+            for rule in doc["spec"].get("ingress", []):
+                for peer in rule["from"]:
+                    labels = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                    if labels.get("kubernetes.io/metadata.name") == "fsdp-system":
+                        labels["kubernetes.io/metadata.name"] = NAMESPACE
+        self.kube.kubectl("apply", "-n", namespace, "-f", "-", input=stack.as_list(docs))
 
     def claim(self, namespace: str, name: str = "ckpt") -> Path:
         """A ReadWriteMany claim in `namespace`; returns its directory as this machine sees it.

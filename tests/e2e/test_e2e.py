@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fsdp_operator import names
+from fsdp_operator import names, observe
 from fsdp_worker import catalog, contract
 from fsdp_worker import faults as faults_mod
 from harness import prometheus, stack
@@ -122,6 +123,9 @@ def test_the_charts_two_replicas_run_on_two_nodes_and_one_leads(e2e: E2E) -> Non
 
 
 def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
+    """In a namespace that denies all traffic but what examples/networkpolicy.yaml lets
+    through (issue 21): the gang, DNS, and the operator's scrape."""
+    e2e.tenant_policies(namespace)
     jobs = stack.Jobs(e2e.kube, namespace)
     # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
     jobs.apply(_job(e2e, "survivor", training={"steps": STEPS}))
@@ -150,6 +154,8 @@ def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> 
                  lambda: (s := jobs.status("survivor")).get("phase") == "Succeeded" and s,
                  timeout=600)  # fmt: skip
     assert done["step"] == STEPS and done["restarts"]["total"] >= 2
+    # the operator's scrape is let through: it saw the steps, not only the final report
+    assert _condition(done, "ProgressObserved").get("status") == "True", done
     _check_checkpoints(ckpt, global_batch=16)
 
 
@@ -325,10 +331,19 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     jobs.apply(_faulty(e2e, "oom-backward", "oom_at=0:6:backward", resources=limits, **one))
     jobs.apply(_faulty(e2e, "oom-save", "oom_at=0:20:save", resources=limits, **one,
                        failurePolicy={"maxRestarts": 0}))  # fmt: skip
+    # Where a NetworkPolicy keeps the operator from rank 0's metrics (issue 21), its silence is
+    # no evidence: "blind" trains on past its deadline untouched, and "stuck" is still caught
+    # as Hang, on the kubelet's readiness probe of its rank 0.
+    jobs.apply(_faulty(e2e, "blind", "step_sleep=1", **one, failurePolicy=hang_policy,
+                       training={"steps": 100000}))  # fmt: skip
+    for name in ("blind", "stuck"):
+        e2e.gang_only(namespace, name)
+    blocked_at = time.time()
     names_ = ("stuck", "blocked", "oom-backward", "oom-save")
     failed = {name: _wait(jobs, name, "Failed",
                           lambda name=name: (s := jobs.status(name)).get("phase") == "Failed" and s)
               for name in names_}  # fmt: skip
+    _blind_job_trains_on(e2e, jobs, blocked_at, deadline=90)
 
     blocked = failed["blocked"]["lastFailure"]
     assert blocked["cause"] == "Hang" and blocked["pod"] == "blocked-a1-0", blocked
@@ -342,10 +357,13 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
 
     hang = failed["stuck"]["lastFailure"]
     assert hang["cause"] == "Hang" and hang.get("rank") == 1, hang
+    assert "readiness probe reports no step progress" in hang["message"], hang
     assert hang.get("phase") == "data loading", hang
     assert hang["pod"] == "stuck-a1-1" and hang["node"], hang
     assert hang["step"] == 7, hang
-    assert re.match(r"ranks 0,1,3 wait in all_gather_into_tensor #\d+ \(forward, step 8\); "
+    # FSDP2's all-gather: all_gather_into_tensor up to torch 2.9, all_gather_single since
+    gather = r"all_gather_(into_tensor|single)"
+    assert re.match(rf"ranks 0,1,3 wait in {gather} #\d+ \(forward, step 8\); "
                     r"rank 2 in data loading at step 8", hang["evidence"]), hang  # fmt: skip
     assert hang["diagnosis"].startswith("rank 2 not where the others are")
     assert "FailureExplained" in jobs.events("stuck")
@@ -381,6 +399,38 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     evidence = e2e.claims[namespace, "ckpt"] / "stuck" / ".evidence" / "attempt-1"
     kept_files = sorted(p.name for p in evidence.iterdir())
     assert kept_files == sorted(f"rank-{r}.{x}" for r in range(4) for x in ("txt", "fr.json"))
+
+
+def _condition(job_status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in job_status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def _blind_job_trains_on(e2e: E2E, jobs: stack.Jobs, blocked_at: float, *, deadline: int) -> None:
+    """The operator cannot scrape "blind": it says so, and declares no Hang past the deadline
+    while the kubelet finds rank 0 stepping."""
+    seen = _wait(jobs, "blind", "ProgressObserved=False",
+                 lambda: _condition(s := jobs.status("blind"), "ProgressObserved").get("status")
+                 == "False" and s)  # fmt: skip
+    cond = _condition(seen, "ProgressObserved")
+    assert cond["reason"] == "ScrapeFailing" and f":{names.METRICS_PORT}" in cond["message"], cond
+    rank0 = e2e.kube.get_json("pod", "-n", jobs.ns, "blind-a1-0")
+    (container,) = rank0["status"]["containerStatuses"]
+    started = observe.ts(container["state"]["running"]["startedAt"])
+    told = observe.ts(cond["lastTransitionTime"])
+    assert started is not None and told is not None
+    print(f"scrape blocked from the start; rank 0 running -> ProgressObserved=False: "
+          f"{told - max(started, blocked_at):.1f}s")  # fmt: skip
+    # past the deadline, its grace and two probe periods, counted from rank 0's start
+    until = started + deadline + 2 + 2 * max(1, min(30, deadline // 6)) + 5
+    _wait(jobs, "blind", "past its deadline", lambda: time.time() > until,
+          timeout=max(0.0, until - time.time()) + 30)  # fmt: skip
+    job = jobs.status("blind")
+    assert job["phase"] == "Running" and job["attempt"] == 1 and not job.get("lastFailure"), job
+    rank0 = e2e.kube.get_json("pod", "-n", jobs.ns, "blind-a1-0")
+    ready = _condition(rank0["status"], "Ready")
+    assert ready.get("status") == "True", rank0["status"]  # the kubelet: a step within 90 s
+    assert "ProgressUnobserved" in jobs.events("blind")
+    jobs.cluster.kubectl("delete", "fsdpjob", "-n", jobs.ns, "blind", "--wait=false")
 
 
 def _substituted(expr: str, namespace: str, job: str) -> str:
