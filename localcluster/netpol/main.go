@@ -55,8 +55,12 @@ func main() {
 		// DNS goes to the host here (the cluster DNS is a host process), which the node's own
 		// traffic rule lets through anyway; the DNS race this works around is fixed in 6.12.
 		NetfilterBug1766Fix: false,
-		NRIdisabled:         true, // pod IPs from the API server; the nodes' containerd has no NRI
-		FailOpen:            true, // a full queue passes packets, as iptables' --queue-bypass does
+		// NRI on: the nodes' containerd 1.6 has no NRI socket, so the plugin only logs that it
+		// cannot connect and pod IPs come from the API server. Off, v0.8.0 dereferences the
+		// absent plugin for any packet whose address is no known pod's (a pod just gone, one
+		// the informer has not seen yet) and the controller dies: seen beside a busy loop.
+		NRIdisabled: false,
+		FailOpen:    true, // a full queue passes packets, as iptables' --queue-bypass does
 	}
 	controller, err := networkpolicy.NewController(client,
 		factory.Networking().V1().NetworkPolicies(), factory.Core().V1().Namespaces(),
