@@ -187,12 +187,12 @@ def _progress_observed(d: Decision, obs: observed.Observed) -> None:
     old = next((c for c in d.status.conditions if c.type == PROGRESS_OBSERVED), None)
     if not scrape.blind:
         if old is None or old.status != "True":
-            msg = f"rank 0's metrics at {scrape.address} answer the operator's scrapes"
+            msg = f"the operator's scrapes reach rank 0's metrics port at {scrape.address}"
             _set_condition(d, obs, kind=PROGRESS_OBSERVED, true=True, reason="Scraped", msg=msg)
         return
     msg = (
-        f"rank 0's metrics at {scrape.address} do not answer the operator "
-        f"({scrape.failures} scrapes in a row; last: {scrape.error}). Step and goodput are not "
+        f"the operator's scrapes do not reach rank 0's metrics port at {scrape.address} "
+        f"({scrape.failures} in a row; last: {scrape.error}). Step and goodput are not "
         "updated; a hang is judged on rank 0's readiness probe (is a NetworkPolicy blocking "
         f'the operator? docs/install.md, "Network policies")'
     )

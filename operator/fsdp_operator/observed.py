@@ -131,9 +131,13 @@ class Progress:
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
 
 
-BLIND_AFTER = 2
-"""Consecutive failed scrapes after which the operator no longer reads its own silence as the
-job's: a hang is then judged on the kubelet's readiness probe of rank 0 (detect._hung)."""
+BLIND_AFTER = 3
+"""Scrapes in a row that could not reach rank 0's pod (no answer: a NetworkPolicy drops them,
+a network in the way) after which the operator no longer reads its own silence as the job's: a
+hang is then judged on the kubelet's readiness probe of rank 0 (detect._hung). Three, about 6 s
+with the prober's backoff: one or two slow answers on a loaded node are no news. A refused
+connection reached the pod (its server is not up, or has stopped): that is the pod's state,
+judged as ever."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +145,7 @@ class ScrapeHealth:
     """How the operator's scrapes of rank 0's metrics endpoint have gone lately."""
 
     pod: str  # rank 0's pod the endpoint belongs to
-    failures: int  # consecutive scrapes without an answer (0: the last one answered)
+    failures: int  # scrapes in a row that could not reach the pod (0: the last one reached it)
     error: str = ""  # what the last failed scrape met
     address: str = ""  # ip:port scraped
 

@@ -30,7 +30,14 @@ Fetch = Callable[[str, float], Awaitable[str | None]]
 
 
 class ScrapeError(Exception):
-    """A scrape that got no metrics page: what it met (a timeout, a refusal, an HTTP status)."""
+    """A scrape that got no metrics page: what it met (a timeout, a refusal, an HTTP status).
+    ``reached``: the pod answered (refused the connection, or sent an HTTP error), so nothing
+    stands between the operator and the pod; what failed is the pod's (its server is not up,
+    or is gone: a finishing rank 0 stops serving before its pod ends)."""
+
+    def __init__(self, message: str, *, reached: bool = False) -> None:
+        super().__init__(message)
+        self.reached = reached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +60,7 @@ class _Slot:
     target: Target
     due: float
     failures: int = 0
+    unreached: int = 0  # of those in a row, the ones where the pod could not be reached
     error: str = ""  # what the newest failed scrape met
     progress: observed.Progress | None = None
     fresh: bool = False  # not yet handed to a pass
@@ -111,13 +119,13 @@ class Prober:
         return slot.target.pod, slot.progress
 
     def health(self, key: Hashable) -> observed.ScrapeHealth | None:
-        """How the scrapes of the job's rank 0 have gone: consecutive failures and the last
-        error (None: nothing scraped for it yet)."""
+        """How the scrapes of the job's rank 0 have gone: how many in a row could not reach
+        the pod, and the last error (None: nothing scraped for it yet)."""
         slot = self._slots.get(key)
-        if slot is None or (slot.failures == 0 and slot.progress is None):
+        if slot is None or (slot.unreached == 0 and slot.progress is None):
             return None
         address = f"{slot.target.ip}:{names.METRICS_PORT}"
-        return observed.ScrapeHealth(slot.target.pod, slot.failures, slot.error, address)
+        return observed.ScrapeHealth(slot.target.pod, slot.unreached, slot.error, address)
 
     def forget(self, key: Hashable) -> None:
         self._slots.pop(key, None)
@@ -157,39 +165,42 @@ class Prober:
         try:
             async with self._session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 if resp.status != 200:
-                    raise ScrapeError(f"HTTP {resp.status} from {url}")
+                    raise ScrapeError(f"HTTP {resp.status} from {url}", reached=True)
                 return (await resp.content.read(1 << 20)).decode("utf-8", "replace")
         except TimeoutError as err:
             raise ScrapeError(f"GET {url}: no answer within {timeout:g}s") from err
         except (aiohttp.ClientError, OSError) as err:
-            raise ScrapeError(f"GET {url}: {err or type(err).__name__}") from err
+            cause = getattr(err, "os_error", err)
+            reached = isinstance(cause, ConnectionRefusedError | ConnectionResetError)
+            raise ScrapeError(f"GET {url}: {err or type(err).__name__}", reached=reached) from err
 
     async def _scrape(self, key: Hashable, slot: _Slot) -> None:
         try:
-            text, error = None, ""
+            text, error, reached = None, "", False
             async with self._sem:
                 try:
                     text = await self._get(slot.target.ip, self._timeout)
                 except ScrapeError as err:
-                    error = str(err)
+                    error, reached = str(err), err.reached
             metrics.SCRAPES.labels("ok" if text is not None else "failed").inc()
             now = self._clock()
             if self._slots.get(key) is not slot:
                 return  # the target changed while this scrape ran
+            was_blind = slot.unreached >= observed.BLIND_AFTER
             if text is None:
                 slot.failures, slot.error = slot.failures + 1, error
+                slot.unreached = 0 if reached else slot.unreached + 1
                 slot.due = now + min(slot.target.every, 2.0 ** (slot.failures - 1))
-                if slot.failures == observed.BLIND_AFTER:
-                    self._on_change(key)  # a pass says so (a condition) and stops trusting time
+                if slot.unreached == observed.BLIND_AFTER or (was_blind and reached):
+                    self._on_change(key)  # a pass says so (a condition) and how it judges
                 return
-            recovered = slot.failures >= observed.BLIND_AFTER
-            slot.failures, slot.error = 0, ""
+            slot.failures, slot.unreached, slot.error = 0, 0, ""
             progress = observe.progress_of(kube.contract_samples(text))
             changed = _key_facts(progress) != _key_facts(slot.progress)
             slot.progress, slot.fresh = progress, True
             starting = slot.target.starting
             slot.due = now + (self._startup if starting else slot.target.every)
-            if changed or recovered:
+            if changed or was_blind:
                 self._on_change(key)
         except Exception:  # a scrape is advice: never let one end the prober
             log.exception("scrape for %s failed", key)
