@@ -44,7 +44,10 @@ def _show(cluster: controlplane.Cluster) -> None:
 
 def _job() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
-    doc["spec"]["training"]["steps"] = 400  # long enough to watch three recoveries
+    # Long enough to watch three recoveries and the grow-back: at 400 steps (torch 2.15) the job
+    # finished before the returning node's exclusion ended, so it never grew back; at 2000 the
+    # grow-back came at step 531.
+    doc["spec"]["training"]["steps"] = 1200
     doc["spec"]["image"] = images.WORKER  # built here: no registry is reachable
     return doc
 
