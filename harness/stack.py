@@ -8,6 +8,7 @@ Workers are the real `fsdp_worker` or the torch-free stand-in, under real torchr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -48,22 +49,18 @@ def free_port() -> int:
 
 
 def install_crd(cluster: controlplane.Cluster) -> None:
-    cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "fsdpjobs.yaml"))
+    """The FSDPJob and FSDPRuntimeProfile CRDs, once both are Established."""
+    for name in ("fsdpjobs", "fsdpruntimeprofiles"):
+        cluster.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / f"{name}.yaml"))
     # Not `kubectl wait`: it fails outright while a new CRD has no status.conditions yet.
     query = "jsonpath={.status.conditions[?(@.type=='Established')].status}"
-    wait_for(
-        "the FSDPJob CRD Established",
-        lambda: cluster.kubectl(
-            "get",
-            "crd",
-            "fsdpjobs.fsdpoperator.io",
-            "-o",
-            query,
-            check=False,
-        ).stdout
-        == "True",
-        timeout=60,
-    )
+
+    def established(name: str) -> bool:
+        got = cluster.kubectl("get", "crd", f"{name}.fsdpoperator.io", "-o", query, check=False)
+        return got.stdout == "True"
+
+    for name in ("fsdpjobs", "fsdpruntimeprofiles"):
+        wait_for(f"the {name} CRD Established", functools.partial(established, name), timeout=60)
 
 
 def helm() -> Path:
@@ -83,32 +80,46 @@ chart's kubeVersion against it (a helm built by `go install` would otherwise ass
 
 
 def helm_template(
-    *, namespace: str = OP_NS, release: str = OP_SA, values: Sequence[str] = ()
+    *,
+    namespace: str = OP_NS,
+    release: str = OP_SA,
+    values: Sequence[str] = (),
+    json_values: Sequence[str] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """`helm template` of the chart with `--set`-style `values` (KEY=VALUE); not checked."""
+    """`helm template` of the chart with `--set`-style `values` (KEY=VALUE) and `--set-json`
+    ones (KEY=JSON); not checked."""
     argv = [str(helm()), "template", release, str(ROOT / "charts" / "fsdp-operator"),
             "--namespace", namespace, "--kube-version", KUBE_VERSION]  # fmt: skip
     for value in values:
         argv += ["--set", value]
+    for value in json_values:
+        argv += ["--set-json", value]
     return subprocess.run(argv, capture_output=True, text=True)
 
 
 def render_chart(
-    *, namespace: str = OP_NS, release: str = OP_SA, values: Sequence[str] = ()
+    *,
+    namespace: str = OP_NS,
+    release: str = OP_SA,
+    values: Sequence[str] = (),
+    json_values: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """`helm template` of the chart: the objects a `helm install` would create."""
-    done = helm_template(namespace=namespace, release=release, values=values)
+    done = helm_template(
+        namespace=namespace, release=release, values=values, json_values=json_values
+    )
     if done.returncode != 0:
         raise RuntimeError(f"helm template failed: {done.stderr.strip()}")
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
-def install_rbac(cluster: controlplane.Cluster) -> Path:
+def install_rbac(cluster: controlplane.Cluster, json_values: Sequence[str] = ()) -> Path:
     """Everything the chart installs but the Deployment: ServiceAccount, ClusterRole and its
-    binding, and the admission policies. Returns a kubeconfig acting as that account."""
+    binding, the admission policies and runtime profiles (`json_values`: `--set-json`). Returns a
+    kubeconfig acting as that account."""
     docs = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OP_NS}},
-        *(d for d in render_chart() if d["kind"] != "Deployment"),
+        *(d for d in render_chart(json_values=json_values) if d["kind"] != "Deployment"),
     ]
     cluster.kubectl(
         "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": docs})

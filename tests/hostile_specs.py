@@ -27,6 +27,9 @@ class Case:
     field: str  # must appear in the refusal, in Kubernetes' notation: a.b[0].c
     mutate: Callable[[dict[str, Any]], None]
     dry_run_only: bool = False  # only the API server knows (the model alone accepts it)
+    # names PROFILE (gpu-ib): run in a namespace the profile lists unless `listed` is False
+    profile: bool = False
+    listed: bool = True
 
 
 BASE: dict[str, Any] = {
@@ -40,8 +43,27 @@ BASE: dict[str, Any] = {
 }
 
 
+# The runtime profile the profile cases name: the cluster tests install it with the chart
+# (runtimeProfiles) and list their namespace in it; the unit tests hand it to the operator's check.
+PROFILE = "gpu-ib"
+PROFILE_REGISTRY = "registry.test/ml"
+PROFILE_SPEC: dict[str, Any] = {
+    "namespaces": [],
+    "capabilities": ["IPC_LOCK"],
+    "resources": {"rdma/ib": "2"},
+    "imageRegistries": [PROFILE_REGISTRY],
+    "priorityClassNames": ["training"],
+    "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}],
+    "shmSize": "1Gi",
+}
+
+
 def spec_of(case: Case) -> dict[str, Any]:
     doc = copy.deepcopy(BASE)
+    if case.profile:  # a spec its profile allows, before the case makes it hostile
+        doc["runtimeProfile"] = PROFILE
+        doc["image"] = f"{PROFILE_REGISTRY}/fsdp-worker:test"
+        doc["template"]["spec"]["capabilities"] = ["IPC_LOCK"]
     case.mutate(doc)
     return doc
 
@@ -138,6 +160,28 @@ CASES: list[Case] = [
             {"topologyKey": "kubernetes.io/hostname", "namespaces": ["kube-system"]}]}})),
     Case("system-priority", A, f"{TPL}.priorityClassName",
          _set(f"{TPL}.priorityClassName", "system-node-critical")),
+    # --- runtime profiles: what only a cluster admin's FSDPRuntimeProfile grants --------------
+    Case("capability-without-profile", A, f"{TPL}.capabilities",
+         _set(f"{TPL}.capabilities", ["IPC_LOCK"])),
+    Case("rdma-without-profile", A, "resources", _set("resources", {"limits": {"rdma/ib": "1"}})),
+    Case("hugepages-without-profile", A, "resources",
+         _set("resources", {"limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"}})),
+    Case("capability-sys-admin", A, f"{TPL}.capabilities",
+         _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_ADMIN"]), profile=True),
+    Case("profile-namespace-not-listed", A, "spec.runtimeProfile", lambda d: None,
+         profile=True, listed=False),
+    Case("profile-capability-not-granted", A, f"spec.{TPL}.capabilities",
+         _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_NICE"]), profile=True),
+    Case("profile-registry-not-listed", A, "spec.image",
+         _set("image", "docker.io/evil/fsdp-worker:test"), profile=True),
+    Case("profile-registry-prefix-trick", A, "spec.image",
+         _set("image", f"{PROFILE_REGISTRY}.evil.example/fsdp-worker:test"), profile=True),
+    Case("profile-rdma-over-grant", A, "spec.resources",
+         _set("resources", {"limits": {"rdma/ib": "4"}}), profile=True),
+    Case("profile-priority-not-allowed", A, f"spec.{TPL}.priorityClassName",
+         _set(f"{TPL}.priorityClassName", "urgent"), profile=True),
+    Case("profile-missing", OP, "spec.runtimeProfile",
+         _set("runtimeProfile", "no-such-profile"), profile=True),
     # --- type confusion and unknown fields ----------------------------------------------------
     Case("affinity-unknown-field", A, f"{TPL}.affinity.nodeAffinity.bogus",
          _set(f"{TPL}.affinity", {"nodeAffinity": {"bogus": True}})),

@@ -9,6 +9,7 @@ rejects bad specs at admission). No I/O, no clock, no kopf.
 from __future__ import annotations
 
 import decimal
+import enum
 import re
 from typing import Annotated, Any
 
@@ -154,6 +155,8 @@ class CheckpointSpec(config.CheckpointConfig):
         )
 
 
+PROFILE_ONLY_RESOURCES = ("rdma/", "hugepages-")
+"""Resource name prefixes only a profile grants (the chart's admissionPolicies default)."""
 RESERVED_ENV_PREFIX = "FSDP_"  # the worker reads this prefix (FSDP_WORKER_CONFIG_FILE, ...)
 RESERVED_VOLUME_PREFIX = "fsdp-"  # the operator's own volumes
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -283,6 +286,13 @@ def _check_keys(values: dict[str, str], *, what: str) -> dict[str, str]:
     return values
 
 
+class Capability(enum.StrEnum):
+    """A capability a runtime profile may grant: what GPU networking needs, nothing more."""
+
+    IPC_LOCK = "IPC_LOCK"  # RDMA: pin (register) memory for InfiniBand/RoCE verbs
+    SYS_NICE = "SYS_NICE"  # NUMA binding and thread priorities of data-loader and NCCL threads
+
+
 class PodOverrides(_Model):
     """`spec.template.spec`: the pod fields a user may set, as Kubernetes types them.
 
@@ -345,6 +355,13 @@ class PodOverrides(_Model):
         pattern=NAME_PATTERN,
         max_length=253,
         description="Scheduler that places the worker pods; unset: the cluster's default.",
+    )
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        max_length=len(Capability),
+        description="Linux capabilities added to the worker container (all others stay "
+        "dropped). Only with spec.runtimeProfile, and only those its profile grants.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
     )
 
     @pydantic.field_validator("priority_class_name")
@@ -518,6 +535,25 @@ _SPEC_RULES = _rules(
         fieldPath=".training",
     ),
     _cel(
+        "!has(self.template.spec.capabilities) || size(self.template.spec.capabilities) == 0"
+        " || has(self.runtimeProfile)",
+        "template.spec.capabilities needs spec.runtimeProfile: capabilities come only from a"
+        " runtime profile the cluster admin made",
+        fieldPath=".template.spec.capabilities",
+    ),
+    _cel(
+        "has(self.runtimeProfile) || !has(self.resources) || "
+        + " && ".join(
+            f"(!has(self.resources.{part}) || self.resources.{part}.all(k, "
+            + " && ".join(f"!k.startsWith('{p}')" for p in PROFILE_ONLY_RESOURCES)
+            + "))"
+            for part in ("limits", "requests")
+        ),
+        "resources under rdma/ and hugepages- come only from a runtime profile"
+        " (spec.runtimeProfile)",
+        fieldPath=".resources",
+    ),
+    _cel(
         "self.checkpoint.root == oldSelf.checkpoint.root",
         "checkpoint.root is immutable",
         fieldPath=".checkpoint.root",
@@ -582,6 +618,15 @@ class FSDPJobSpec(_Model):
         default_factory=PodTemplate,
         description="Labels, annotations and pod fields merged into every worker pod.",
     )
+    runtime_profile: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description="The FSDPRuntimeProfile (cluster-scoped, the cluster admin's) the worker "
+        'pods are made under: what they may have beyond Pod Security "restricted" (e.g. '
+        "IPC_LOCK, RDMA devices, a runtime class) and what it adds (NCCL variables, /dev/shm "
+        "size, pull secrets). Unset: restricted, nothing added.",
+    )
 
     model_config = pydantic.ConfigDict(json_schema_extra=_SPEC_RULES)
 
@@ -590,6 +635,14 @@ class FSDPJobSpec(_Model):
         if self.min_replicas is not None and self.min_replicas > self.replicas:
             raise ValueError(f"minReplicas={self.min_replicas} must be <= replicas={self.replicas}")
         self.training.accumulation_steps(self.replicas * self.nproc_per_node)
+        if self.template.spec.capabilities and self.runtime_profile is None:
+            raise ValueError(
+                f"template.spec.capabilities={[str(c) for c in self.template.spec.capabilities]}"
+                " needs spec.runtimeProfile: capabilities come only from a runtime profile the"
+                " cluster admin made"
+            )
+        if self.runtime_profile is None and (refused := resource_refusal(self, granted={})):
+            raise ValueError(refused)
         return self
 
     @property
@@ -626,3 +679,189 @@ def quantity(value: str | int | float) -> float:
     if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):  # a decimal exponent
         return float(decimal.Decimal(number + suffix))
     raise ValueError(f"not a quantity: {value!r} (unknown suffix {suffix!r})")
+
+
+# --- Runtime profiles -------------------------------------------------------------------------
+# An FSDPRuntimeProfile is the cluster admin's: cluster-scoped, and no tenant role may write it.
+# A job names one in spec.runtimeProfile. The chart's admission policies check every FSDPJob
+# that names one and every pod the operator makes under one against it (the API server's
+# ValidatingAdmissionPolicy with the profile as its parameter); `refusal` below is the
+# operator's own copy of the job-level check.
+
+PROFILE_KIND = "FSDPRuntimeProfile"
+PROFILE_PLURAL = "fsdpruntimeprofiles"
+PROFILE_SINGULAR = "fsdpruntimeprofile"
+PROFILE_SHORT_NAMES = ["fsdprp"]
+RESTRICTED_PROFILE = "restricted"
+"""The chart's own profile, which grants nothing: the admission policy's parameter for every
+pod made under no profile (or under one the chart does not bind)."""
+REGISTRY_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*$"
+)
+_OWN_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+class ProfileEnv(_Model):
+    """A variable every worker pod under the profile gets (a job's own env wins)."""
+
+    name: str = _reserved_name(
+        pattern=ENV_NAME_PATTERN,
+        max_length=128,
+        prefix=RESERVED_ENV_PREFIX,
+        description=f"Variable name; names starting with {RESERVED_ENV_PREFIX} are reserved.",
+    )
+    value: str = Field(
+        max_length=4096,
+        description="The value, as written ('$(' is refused: Kubernetes would expand it).",
+        json_schema_extra=_rules(
+            _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
+        ),
+    )
+
+    @pydantic.field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        return _refuse_reserved(name, kind="env", prefix=RESERVED_ENV_PREFIX)
+
+    @pydantic.field_validator("value")
+    @classmethod
+    def _no_expansion(cls, value: str) -> str:
+        if "$(" in value:
+            raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
+        return value
+
+
+DnsLabel = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
+ObjectName = Annotated[str, Field(max_length=253, pattern=NAME_PATTERN)]
+
+
+class RuntimeProfileSpec(_Model):
+    """`spec` of an FSDPRuntimeProfile: what its jobs may have beyond restricted, and get."""
+
+    namespaces: list[DnsLabel] = Field(
+        default_factory=list,
+        max_length=1024,
+        description="The namespaces whose FSDPJobs may name this profile (empty: none).",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    capabilities: list[Capability] = Field(
+        default_factory=list,
+        max_length=len(Capability),
+        description="Capabilities a job may ask for in template.spec.capabilities.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    resources: dict[str, kubetypes.Quantity] = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Resources added to every worker container's requests and limits, e.g. "
+        "{rdma/ib: 1, hugepages-2Mi: 2Gi}. Names under rdma/ and hugepages- come only from a "
+        "profile; a job may ask for at most these amounts. Not cpu, memory or "
+        "ephemeral-storage (the job's own).",
+        json_schema_extra=_rules(
+            _KEYS_RULE,
+            _cel(
+                "self.all(k, !(k in " + str(list(_OWN_RESOURCES)) + "))",
+                "resources may not name cpu, memory or ephemeral-storage (the job's own)",
+            ),
+        ),
+    )
+    runtime_class_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description="RuntimeClass of the worker pods (e.g. nvidia).",
+    )
+    shm_size: kubetypes.Quantity | None = Field(
+        None,
+        description="Size limit of the worker pods' /dev/shm (a memory-backed emptyDir; unset: "
+        "no limit of its own, the pod's memory bounds it).",
+    )
+    env: list[ProfileEnv] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Variables every worker container gets, e.g. NCCL_IB_HCA, NCCL_SOCKET_IFNAME;"
+        " a job's own env of the same name wins.",
+    )
+    image_registries: list[Annotated[str, Field(max_length=255, pattern=REGISTRY_PATTERN)]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Registries (host[:port][/path]) a job's image must come from, matched "
+        "as written: `registry.example.com/team` admits registry.example.com/team/<image>. "
+        "Empty: any.",
+    )
+    image_pull_secrets: list[ObjectName] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets (in the job's namespace) the worker pods pull their image with.",
+    )
+    priority_class_names: list[ObjectName] = Field(
+        default_factory=list,
+        max_length=64,
+        description="PriorityClasses a job may set in template.spec.priorityClassName. Empty: "
+        "any (the system-* ones stay refused).",
+    )
+
+    @pydantic.field_validator("resources")
+    @classmethod
+    def _resources(cls, values: dict[str, Any]) -> dict[str, Any]:
+        own = [k for k in values if k in _OWN_RESOURCES]
+        if own:
+            raise ValueError(f"resources may not name {own[0]!r} (the job's own)")
+        _check_keys({k: str(v) for k, v in values.items()}, what="resource")
+        return values
+
+    def refusal(self, spec: FSDPJobSpec, *, namespace: str, name: str) -> str:
+        """Why a job in `namespace` may not have `spec` under this profile ("" when it may).
+        The chart's admission policy for FSDPJobs says the same at admission."""
+        if namespace not in self.namespaces:
+            return (
+                f"spec.runtimeProfile={name!r}: namespace {namespace!r} is not one of the"
+                f" profile's namespaces {self.namespaces}"
+            )
+        extra = [str(c) for c in spec.template.spec.capabilities if c not in self.capabilities]
+        if extra:
+            return (
+                f"spec.template.spec.capabilities: {extra[0]} is not granted by runtime profile"
+                f" {name!r} (it grants {[str(c) for c in self.capabilities]})"
+            )
+        if self.image_registries and not any(
+            spec.image.startswith(r + "/") for r in self.image_registries
+        ):
+            return (
+                f"spec.image={spec.image!r} is not from a registry runtime profile {name!r}"
+                f" allows {self.image_registries}"
+            )
+        wanted = spec.template.spec.priority_class_name
+        if self.priority_class_names and wanted and wanted not in self.priority_class_names:
+            return (
+                f"spec.template.spec.priorityClassName={wanted!r} is not one runtime profile"
+                f" {name!r} allows {self.priority_class_names}"
+            )
+        return resource_refusal(spec, granted=self.resources, profile=name)
+
+
+def resource_refusal(
+    spec: FSDPJobSpec, *, granted: dict[str, Any], profile: str | None = None
+) -> str:
+    """A profile-only resource (rdma/, hugepages-) the job asks for beyond its profile's."""
+    asked = {**(spec.resources.requests or {}), **(spec.resources.limits or {})}
+    for key, value in asked.items():
+        if not key.startswith(PROFILE_ONLY_RESOURCES):
+            continue
+        if key not in granted:
+            where = f"runtime profile {profile!r}" if profile else "no runtime profile"
+            return (
+                f"spec.resources: {key} comes only from a runtime profile, and {where}" " grants it"
+            )
+        if quantity(value) > quantity(granted[key]):
+            return (
+                f"spec.resources: {key}={value} exceeds runtime profile {profile!r}'s"
+                f" {granted[key]}"
+            )
+    return ""
+
+
+class FSDPRuntimeProfile(_Model):
+    """The object as the operator reads it: only its spec matters."""
+
+    spec: RuntimeProfileSpec

@@ -150,6 +150,23 @@ class Kube:
             raise
         return dict(_data(resp))
 
+    def get_profile(self, name: str) -> dict[str, Any] | None:
+        """The FSDPRuntimeProfile `name` (cluster-scoped), or None when there is none."""
+        try:
+            resp = self.custom.get_cluster_custom_object(
+                api.GROUP,
+                api.VERSION,
+                api.PROFILE_PLURAL,
+                name,
+                _preload_content=False,
+                _request_timeout=READ_TIMEOUT,
+            )
+        except ApiException as exc:
+            if _ok_statuses(exc, 404):
+                return None
+            raise
+        return dict(_data(resp))
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
         """One merge patch of the whole status (None values clear fields); returns the job's
         resourceVersion after it."""

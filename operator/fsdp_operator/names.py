@@ -57,6 +57,8 @@ class Label(enum.StrEnum):
     NODE_RANK = f"{PREFIX}node-rank"
     REPLICAS = f"{PREFIX}replicas"  # pods in this attempt
     WORLD_SIZE = f"{PREFIX}world-size"  # ranks in this attempt (replicas x nprocPerNode)
+    # the FSDPRuntimeProfile the pod was made under; the admission policy checks it by this
+    RUNTIME_PROFILE = f"{PREFIX}runtime-profile"
     APP_NAME = "app.kubernetes.io/name"
     APP_INSTANCE = "app.kubernetes.io/instance"
     APP_COMPONENT = "app.kubernetes.io/component"

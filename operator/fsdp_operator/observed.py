@@ -174,6 +174,7 @@ class Observed:
     conflicts: Sequence[Conflict] = ()  # never adopted: the job waits while any exists
     validated_generation: int | None = None  # a server-side dry run passed for it this pass
     created_at: float | None = None  # this process created the current attempt's pods then
+    profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, read this pass
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

@@ -33,11 +33,15 @@ class TemplateError(ValueError):
     """A spec the CRD accepted but the operator cannot turn into pods. Names field and value."""
 
 
-def volumes(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
-    """The operator's volumes (shared memory, the checkpoint claim) then the user's."""
+def volumes(spec: api.FSDPJobSpec, *, shm_size: str | int | None = None) -> list[dict[str, Any]]:
+    """The operator's volumes (shared memory, its size a runtime profile's `shm_size`; the
+    checkpoint claim) then the user's."""
     _check_user_volumes(spec)
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if shm_size is not None:
+        shm["sizeLimit"] = str(shm_size)
     result: list[dict[str, Any]] = [
-        {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+        {"name": SHM_VOLUME, "emptyDir": shm},
         {"name": TMP_VOLUME, "emptyDir": {}},
     ]
     if spec.checkpoint.claim_name:

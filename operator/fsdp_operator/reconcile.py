@@ -63,19 +63,29 @@ def first_launch(spec: api.FSDPJobSpec, attempt: int = 1) -> decide.Launch:
     return decide.Launch(attempt=max(1, attempt), replicas=spec.replicas, resume_path="")
 
 
-def check_spec(body: dict[str, Any], job: names.JobRef) -> tuple[api.FSDPJobSpec | None, str]:
-    """Parse the spec and dry-run templating: what the CRD cannot catch becomes a reason."""
+ProfileOf = Callable[[str], api.RuntimeProfileSpec | None]
+"""A runtime profile's spec by name; None when there is none of that name."""
+
+
+def check_spec(
+    body: dict[str, Any], job: names.JobRef, profile_of: ProfileOf = lambda name: None
+) -> tuple[api.FSDPJobSpec | None, str, api.RuntimeProfileSpec | None]:
+    """Parse the spec, read its runtime profile and dry-run templating: what the CRD cannot
+    catch becomes a reason."""
     try:
         spec = api.FSDPJobSpec.model_validate(body.get("spec") or {})
     except pydantic.ValidationError as exc:
         first = exc.errors()[0]
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"])
-        return None, f"spec{where}: {first['msg']}"
+        return None, f"spec{where}: {first['msg']}", None
+    profile = None
     try:
-        templates.worker_pod(job, spec, first_launch(spec), node_rank=0)
+        if spec.runtime_profile is not None:
+            profile = profile_of(spec.runtime_profile)
+        templates.worker_pod(job, spec, first_launch(spec), node_rank=0, profile=profile)
     except ValueError as exc:
-        return spec, str(exc)
-    return spec, ""
+        return spec, str(exc), profile
+    return spec, "", profile
 
 
 def _rank0(
@@ -237,7 +247,7 @@ class Reconciler:
         job = names.JobRef.of(body)
         job_status = observe.status_of(body.get("status"))
         generation = meta.get("generation", 0)
-        spec, error = check_spec(body, job)
+        spec, error, profile = check_spec(body, job, self._profile)
         if spec is None:  # no spec to reason about: fail with the reason, touch nothing
             spec = api.FSDPJobSpec(replicas=1, image="invalid")
             return observed.Observed(
@@ -245,7 +255,7 @@ class Reconciler:
             )
         validated = job_status.validated_generation
         if not error and validated != generation and job_status.phase not in status.TERMINAL_PHASES:
-            error = self._dry_run(job, spec, job_status.attempt)
+            error = self._dry_run(job, spec, job_status.attempt, profile)
             validated = None if error else generation
         with self._created_lock:
             created_at = self._created_at.get((job.uid, job_status.attempt))
@@ -273,9 +283,29 @@ class Reconciler:
             conflicts=[*conflicts, *found.conflicts],
             validated_generation=validated,
             created_at=created_at,
+            profile=profile,
         )
 
-    def _dry_run(self, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> str:
+    def _profile(self, name: str) -> api.RuntimeProfileSpec | None:
+        """The runtime profile's spec as the API server has it now (one GET; profile jobs
+        only). A revoked grant shows at the next pass, and the job fails naming it."""
+        found = self.kube.get_profile(name)
+        if found is None:
+            return None
+        try:
+            return api.FSDPRuntimeProfile.model_validate({"spec": found.get("spec") or {}}).spec
+        except pydantic.ValidationError as exc:
+            raise ValueError(
+                f"spec.runtimeProfile={name!r}: the profile is invalid: {exc}"
+            ) from exc
+
+    def _dry_run(
+        self,
+        job: names.JobRef,
+        spec: api.FSDPJobSpec,
+        attempt: int,
+        profile: api.RuntimeProfileSpec | None,
+    ) -> str:
         """What the API server says of rank 0's pod ("" when it would admit it).
 
         Admission knows what the CRD cannot: Pod Security, admission policies, LimitRanges,
@@ -287,6 +317,7 @@ class Reconciler:
             first_launch(spec, attempt),
             node_rank=0,
             worker_module=self.settings.worker_module,
+            profile=profile,
         )
         meta = pod["metadata"]
         meta["generateName"] = f"{meta.pop('name')}-dryrun-"
@@ -358,7 +389,7 @@ class Reconciler:
             )
         )
         if d.launch is not None:
-            self._create_gang(job, obs.spec, d.launch)
+            self._create_gang(job, obs.spec, d.launch, obs.profile)
         for ev in d.events:
             self.kube.event(job, type_=ev.type.value, reason=ev.reason, message=ev.message)
         recording.record(job=job, obs=obs, decision=d)
@@ -383,7 +414,13 @@ class Reconciler:
         if words:
             d.emit("FailureExplained", f"attempt {collect.attempt}: {words}", warning=True)
 
-    def _create_gang(self, job: names.JobRef, spec: api.FSDPJobSpec, launch: decide.Launch) -> None:
+    def _create_gang(
+        self,
+        job: names.JobRef,
+        spec: api.FSDPJobSpec,
+        launch: decide.Launch,
+        profile: api.RuntimeProfileSpec | None,
+    ) -> None:
         """The Service, then the attempt's pods, all at once (a 64-node gang is up in about the
         time of one create); none if a name is someone else's.
 
@@ -392,7 +429,9 @@ class Reconciler:
         job waits while someone else holds one of its names. The next pass sees the conflict,
         creates nothing and says so in a condition.
         """
-        pods = templates.worker_pods(job, spec, launch, worker_module=self.settings.worker_module)
+        pods = templates.worker_pods(
+            job, spec, launch, worker_module=self.settings.worker_module, profile=profile
+        )
         if self._held_by_another(job, templates.service(job=job, spec=spec)):
             return
         held = list(self._writers.map(lambda pod: self._held_by_another(job, pod), pods))

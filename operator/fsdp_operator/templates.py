@@ -143,6 +143,7 @@ def worker_pods(
     *,
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
+    profile: api.RuntimeProfileSpec | None = None,
 ) -> list[dict[str, Any]]:
     """Every rank's pod of one attempt, rank order."""
     return [
@@ -153,6 +154,7 @@ def worker_pods(
             node_rank=rank,
             cluster_domain=cluster_domain,
             worker_module=worker_module,
+            profile=profile,
         )
         for rank in range(launch.replicas)
     ]
@@ -172,6 +174,7 @@ class _Slot:
     worker_module: str = "fsdp_worker"
     reliability: str = ""  # FSDP_RELIABILITY, set only for intervalSteps: auto
     resume_rules: str = ""  # FSDP_RESUME_RULES, set only when the pods choose (auto)
+    profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, as read this pass
 
     @property
     def world_size(self) -> int:
@@ -190,9 +193,11 @@ def worker_pod(
     node_rank: int,
     cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
     worker_module: str = DEFAULT_WORKER_MODULE,
+    profile: api.RuntimeProfileSpec | None = None,
 ) -> dict[str, Any]:
     """One worker pod of `launch`'s attempt: torchrun with a static node rank, restricted,
-    owned by the job."""
+    owned by the job. Under `spec.runtimeProfile` (`profile` is that object's spec, None when
+    it was not found) the pod gets what the profile adds and the capabilities the job asks."""
     if not re.fullmatch(config.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
         raise TemplateError(f"worker module {worker_module!r} is not a dotted module name")
     slot = _Slot(
@@ -206,8 +211,10 @@ def worker_pod(
         worker_module=worker_module,
         reliability=launch.reliability,
         resume_rules=launch.resume_rules,
+        profile=profile,
     )
     _check_shape(slot)
+    _check_profile(slot)
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -229,7 +236,7 @@ def worker_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [_container(slot)],
-        "volumes": podmerge.volumes(spec),
+        "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None),
         "affinity": podmerge.affinity(
             overrides.affinity,
             job_name=job.name,
@@ -242,9 +249,26 @@ def worker_pod(
         "tolerations": [toleration.to_api() for toleration in overrides.tolerations],
         "priorityClassName": overrides.priority_class_name,
         "schedulerName": overrides.scheduler_name,
+        "runtimeClassName": profile.runtime_class_name if profile else None,
+        "imagePullSecrets": [{"name": n} for n in profile.image_pull_secrets] if profile else [],
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
+
+
+def _check_profile(slot: _Slot) -> None:
+    """The job may use its runtime profile as asked (the admission policies say the same)."""
+    name = slot.spec.runtime_profile
+    if name is None:
+        return
+    if slot.profile is None:
+        raise TemplateError(
+            f"spec.runtimeProfile={name!r}: no {api.PROFILE_KIND} of that name (ask the cluster"
+            f" admin; `kubectl get {api.PROFILE_PLURAL}` lists them)"
+        )
+    refused = slot.profile.refusal(slot.spec, namespace=slot.job.namespace, name=name)
+    if refused:
+        raise TemplateError(refused)
 
 
 def _check_shape(slot: _Slot) -> None:
@@ -270,6 +294,8 @@ def _pod_metadata(slot: _Slot) -> dict[str, Any]:
         names.Label.REPLICAS.value: str(slot.replicas),
         names.Label.WORLD_SIZE.value: str(slot.world_size),
     }
+    if spec.runtime_profile is not None:
+        labels[names.Label.RUNTIME_PROFILE.value] = spec.runtime_profile
     annotations = {
         **_user_keys(spec.template.metadata.annotations),
         names.Annotation.RESUME_FROM.value: slot.resume_path,
@@ -318,7 +344,7 @@ def _launch(slot: _Slot) -> list[str]:
 
 def _container(slot: _Slot) -> dict[str, Any]:
     spec = slot.spec
-    resources = spec.resources.to_api()
+    resources = _resources(slot)
     probe = {"readinessProbe": progress_probe(spec)} if slot.node_rank == 0 else {}
     return {
         "name": names.CONTAINER_NAME,
@@ -332,11 +358,26 @@ def _container(slot: _Slot) -> dict[str, Any]:
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": {
+                "drop": ["ALL"],
+                **({"add": sorted(caps)} if (caps := spec.template.spec.capabilities) else {}),
+            },
             "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the volumes
         },
         **probe,
     }
+
+
+def _resources(slot: _Slot) -> dict[str, Any]:
+    """The job's resources, plus its profile's (RDMA devices, hugepages) in requests and limits
+    (extended resources and hugepages need both, and equal); a job asking less gets less."""
+    resources = slot.spec.resources.to_api()
+    granted = slot.profile.resources if slot.profile else {}
+    asked = {**resources.get("requests", {}), **resources.get("limits", {})}
+    amounts = {k: str(asked.get(k, v)) for k, v in granted.items()}  # the job may ask less
+    for part in ("requests", "limits") if granted else ():
+        resources[part] = {**resources.get(part, {}), **amounts}
+    return resources
 
 
 def worker_config(spec: api.FSDPJobSpec) -> config.WorkerConfig:
@@ -369,6 +410,9 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
     if all(var.name not in FLIGHT_RECORDER_ENV for var in user):
         pairs.append((FLIGHT_RECORDER_ENV[0], FLIGHT_RECORDER_ENTRIES))
+    own = {var.name for var in user}
+    defaults = slot.profile.env if slot.profile else []  # the profile's (NCCL_*)
+    pairs += [(default.name, default.value) for default in defaults if default.name not in own]
     env = [{"name": name, "value": escape(value)} for name, value in pairs]
     for var in user:
         entry = var.to_api()

@@ -52,13 +52,17 @@ def test_worker_pods_meet_pod_security_restricted(cluster: controlplane.Cluster)
 def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster) -> None:
     ns = "restricted-operator"
     _restricted_namespace(cluster, ns)
+    stack.install_crd(cluster)  # the chart makes its own runtime profile (a custom resource)
     docs = stack.render_chart(namespace=ns, release="fsdp-operator")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
-                     "ServiceAccount", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
-                     "ValidatingAdmissionPolicyBinding",
-                     "ValidatingAdmissionPolicyBinding"]  # fmt: skip
+                     "Deployment", "FSDPRuntimeProfile", "PodDisruptionBudget", "Role",
+                     "RoleBinding", "Service", "ServiceAccount",
+                     *["ValidatingAdmissionPolicy"] * 4,
+                     *["ValidatingAdmissionPolicyBinding"] * 4]  # fmt: skip
+    # the one profile is the chart's own, granting nothing: pods made under no profile
+    (builtin,) = _by_kind(docs, "FSDPRuntimeProfile")
+    assert builtin["metadata"]["name"] == "fsdp-operator-restricted" and builtin["spec"] == {}
     lease_role = next(d for d in docs if d["kind"] == "Role")
     assert lease_role["metadata"]["namespace"] == ns  # leader election: its own namespace only
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from localcluster import controlplane
+from tests import hostile_specs as hs
 from tests.integration import harness
 
 
@@ -19,7 +21,9 @@ def operator(
     cluster: controlplane.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[harness.Operator]:
     harness.install_crd(cluster)
-    kubeconfig = harness.install_rbac(cluster)
+    # with the runtime profile the hostile table's profile cases name (tests/hostile_specs.py)
+    profiles = json.dumps({hs.PROFILE: hs.PROFILE_SPEC})
+    kubeconfig = harness.install_rbac(cluster, json_values=[f"runtimeProfiles={profiles}"])
     op = harness.Operator(cluster, kubeconfig, Path(tmp_path_factory.mktemp("operator")))
     op.start()
     try:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fsdp_operator import api, names
 from localcluster import controlplane
 from tests import hostile_specs as hs
 from tests.integration import harness
@@ -24,8 +25,9 @@ def _job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
             "metadata": {"name": name}, "spec": spec}  # fmt: skip
 
 
-def _apply(jobs: harness.Jobs, doc: dict[str, Any], **kw: Any) -> Any:
-    return jobs.cluster.kubectl("apply", "-n", jobs.ns, "-f", "-", input=json.dumps(doc),
+def _apply(jobs: harness.Jobs, doc: dict[str, Any], dry_run: str = "", **kw: Any) -> Any:
+    flags = [f"--dry-run={dry_run}"] if dry_run else []
+    return jobs.cluster.kubectl("apply", "-n", jobs.ns, *flags, "-f", "-", input=json.dumps(doc),
                                 check=False, **kw)  # fmt: skip
 
 
@@ -33,16 +35,38 @@ ADMISSION = [c for c in hs.CASES if c.where is hs.Where.ADMISSION]
 OPERATOR = [c for c in hs.CASES if c.where is hs.Where.OPERATOR]
 
 
+def _profile_lists(jobs: harness.Jobs, *namespaces: str) -> None:
+    """The cluster admin lists `namespaces` in the test profile; returns once admission says
+    so for jobs.ns (the policy reads its parameters from a watch: a moment behind the patch)."""
+    patch = json.dumps({"spec": {"namespaces": list(namespaces)}})
+    jobs.cluster.kubectl("patch", api.PROFILE_PLURAL, hs.PROFILE, "--type=merge", "-p", patch)
+    probe = _job("probe", hs.spec_of(hs.Case("probe", hs.Where.ADMISSION, "", lambda d: None,
+                                             profile=True)))  # fmt: skip
+    want = jobs.ns in namespaces
+
+    def admitted() -> bool:
+        done = _apply(jobs, probe, dry_run="server")
+        return (done.returncode == 0) == want
+
+    harness.wait_for(f"profile {hs.PROFILE} lists {namespaces} at admission", admitted,
+                     timeout=30)  # fmt: skip
+
+
 def test_hostile_specs_are_refused_at_admission_naming_the_field(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
     refused = []
-    for case in ADMISSION:
-        done = _apply(jobs, _job(f"h-{case.id}", hs.spec_of(case)))
-        assert done.returncode != 0, f"{case.id}: admitted"
-        assert case.field in done.stderr, f"{case.id}: {done.stderr}"
-        refused.append(case.id)
-    assert jobs.pods() == [] and len(refused) == len(ADMISSION)
+    unlisted = [c for c in ADMISSION if not c.listed]
+    rest = [c for c in ADMISSION if c.listed]
+    # the profile's namespace rule first, then every other case from a namespace it lists
+    for cases, listed in ((unlisted, ["someone-else"]), (rest, [jobs.ns])):
+        _profile_lists(jobs, *listed)
+        for case in cases:
+            done = _apply(jobs, _job(f"h-{case.id}", hs.spec_of(case)))
+            assert done.returncode != 0, f"{case.id}: admitted"
+            assert case.field in done.stderr, f"{case.id}: {done.stderr}"
+            refused.append(case.id)
+    assert jobs.pods() == [] and sorted(refused) == sorted(c.id for c in ADMISSION)
     names = jobs.cluster.kubectl("get", "fsdpjobs", "-n", jobs.ns, "-o", "name").stdout
     assert names.strip() == ""
 
@@ -130,6 +154,84 @@ def test_fsdpjob_creators_must_be_allowed_to_create_pods(
                     f"--serviceaccount={ns}:alice")  # fmt: skip
     harness.wait_for("alice admitted once she may create pods",
                      lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
+
+
+def _profile_pod(name: str, *caps: str, label: str | None = hs.PROFILE, **spec: Any) -> Any:
+    pod = _pod(name, capabilities={"drop": ["ALL"], "add": list(caps)})
+    pod["spec"]["containers"][0]["image"] = f"{hs.PROFILE_REGISTRY}/fsdp-worker:test"
+    if label is not None:
+        pod["metadata"]["labels"] = {names.Label.RUNTIME_PROFILE.value: label}
+    pod["spec"]["containers"][0].update(spec)
+    return pod
+
+
+def test_a_job_under_its_runtime_profile_gets_ipc_lock_and_nothing_more(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """The profile the chart made (hs.PROFILE_SPEC) grants IPC_LOCK and rdma/ib to jobs in the
+    namespaces it lists; the API server holds the operator's own credentials to it."""
+    cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
+    _profile_lists(jobs, ns)
+    name = harness.unique("ib")
+    doc = harness.job_doc(name, runtimeProfile=hs.PROFILE,
+                          image=f"{hs.PROFILE_REGISTRY}/fsdp-worker:test",
+                          template={"spec": {"capabilities": ["IPC_LOCK"]}})  # fmt: skip
+    jobs.apply(doc)
+    pods = harness.wait_for(
+        f"{name}'s pods created", lambda: len(p := jobs.pods(name)) == 2 and p,
+        timeout=60, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )  # fmt: skip
+    for pod in pods:
+        c = pod["spec"]["containers"][0]
+        assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+        assert c["resources"]["limits"]["rdma/ib"] == "2"
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in c["env"]
+        assert pod["metadata"]["labels"][names.Label.RUNTIME_PROFILE] == hs.PROFILE
+    jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", ns, "--wait=false")
+
+    # The same pods, made by hand with the operator's credentials: only what the profile grants.
+    assert _create(cluster, ns, _profile_pod("ok", "IPC_LOCK"), kubeconfig=creds).returncode == 0
+    refusals = {
+        "ghost": (_profile_pod("ghost", "IPC_LOCK", label="made-up"), "does not bind"),
+        "no-profile": (_profile_pod("none", "IPC_LOCK", label=None), "NET_BIND_SERVICE"),
+        "not-granted": (_profile_pod("nice", "SYS_NICE"), "runtime profile gpu-ib grants"),
+        "ceiling": (_profile_pod("admin", "SYS_ADMIN"), "NET_BIND_SERVICE"),
+        "registry": (_profile_pod("reg", image="docker.io/evil/x:1"), "not from a registry"),
+        "rdma": (_profile_pod("rdma", resources={"limits": {"rdma/ib": "4"}}), "rdma/"),
+    }
+    for case, (pod, words) in refusals.items():
+        done = _create(cluster, ns, pod, kubeconfig=creds)
+        assert done.returncode != 0 and words in done.stderr, (case, done.stderr)
+    # a namespace the profile does not list
+    done = _create(cluster, "default", _profile_pod("elsewhere", "IPC_LOCK"), kubeconfig=creds)
+    assert done.returncode != 0 and "may not use runtime profile" in done.stderr, done.stderr
+
+
+def test_only_a_cluster_admin_may_create_or_edit_a_runtime_profile(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """Even a cluster-wide `edit` (which may run FSDPJobs everywhere) cannot grant itself more."""
+    cluster, ns = jobs.cluster, jobs.ns
+    cluster.kubectl("create", "serviceaccount", "bob", "-n", ns)
+    cluster.kubectl("create", "clusterrolebinding", f"bob-edit-{ns}", "--clusterrole=edit",
+                    f"--serviceaccount={ns}:bob")  # fmt: skip
+    try:
+        bob = cluster.kubeconfig_for_serviceaccount(ns, "bob")
+        harness.wait_for("bob may create FSDPJobs", lambda: cluster.kubectl(
+            "auth", "can-i", "create", "fsdpjobs.fsdpoperator.io", "-n", ns,
+            kubeconfig=bob, check=False).stdout.strip() == "yes")  # fmt: skip
+        mine = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.PROFILE_KIND,
+                "metadata": {"name": f"bob-{ns}"},
+                "spec": {"namespaces": [ns], "capabilities": ["IPC_LOCK", "SYS_NICE"]}}  # fmt: skip
+        done = cluster.kubectl("create", "-f", "-", input=json.dumps(mine), kubeconfig=bob,
+                               check=False)  # fmt: skip
+        assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
+        patch = json.dumps({"spec": {"namespaces": [ns], "capabilities": ["SYS_NICE"]}})
+        done = cluster.kubectl("patch", api.PROFILE_PLURAL, hs.PROFILE, "--type=merge", "-p",
+                               patch, kubeconfig=bob, check=False)  # fmt: skip
+        assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding", f"bob-edit-{ns}", check=False)
 
 
 def _conflict(jobs: harness.Jobs, name: str) -> dict[str, Any] | None:

@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_committed_crd_matches_the_model() -> None:
     committed = (ROOT / "crds" / "fsdpjobs.yaml").read_text()
     assert committed == crd.render(), "run: python -m fsdp_operator.crd > crds/fsdpjobs.yaml"
+    committed = (ROOT / "crds" / "fsdpruntimeprofiles.yaml").read_text()
+    wanted = "run: python -m fsdp_operator.crd --profile > crds/fsdpruntimeprofiles.yaml"
+    assert committed == crd.render(profile=True), wanted
+    chart = ROOT / "charts" / "fsdp-operator" / "crds"
+    assert sorted(p.name for p in chart.iterdir()) == sorted(
+        p.name for p in (ROOT / "crds").iterdir()
+    )
 
 
 def test_committed_api_reference_matches_the_crd() -> None:

@@ -7,18 +7,24 @@ same table runs against the real API server and operator in tests/integration/te
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from fsdp_operator import names, reconcile
+from fsdp_operator import api, names, reconcile
 from tests import hostile_specs as hs
 
 JOB = names.JobRef(name="hostile", namespace="team-a", uid="00000000-0000-0000-0000-000000000001")
 
 
+PROFILE = api.RuntimeProfileSpec.model_validate({**hs.PROFILE_SPEC, "namespaces": ["team-a"]})
+
+
 def _check(case: hs.Case) -> str:
-    body = {"metadata": {"name": JOB.name, "namespace": JOB.namespace, "uid": JOB.uid},
+    job = JOB if case.listed else dataclasses.replace(JOB, namespace="team-b")
+    body = {"metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
             "spec": hs.spec_of(case)}  # fmt: skip
-    return reconcile.check_spec(body, JOB)[1]
+    return reconcile.check_spec(body, job, {hs.PROFILE: PROFILE}.get)[1]
 
 
 def test_the_base_spec_is_fine() -> None:
@@ -40,3 +46,9 @@ def test_operator_check_refuses_naming_the_field(case: hs.Case) -> None:
 @pytest.mark.parametrize("case", [c for c in hs.CASES if c.dry_run_only], ids=lambda c: c.id)
 def test_only_the_api_server_knows(case: hs.Case) -> None:
     assert _check(case) == ""
+
+
+def test_the_profile_cases_start_from_a_spec_the_profile_allows() -> None:
+    assert (
+        _check(hs.Case("profile-base", hs.Where.ADMISSION, "", lambda d: None, profile=True)) == ""
+    )

@@ -550,3 +550,88 @@ def test_completion_proof_is_the_operators_not_the_workers() -> None:
     assert spec.checkpoint.completion is contract.Proof.DCP_METADATA
     doc = json.loads(env(pod(spec))[contract.ENV_CONFIG])
     assert "completion" not in doc["checkpoint"], "the worker config stays what workers parse"
+
+
+# --- runtime profiles ----------------------------------------------------------------------------
+GPU_PROFILE = api.RuntimeProfileSpec.model_validate(
+    {
+        "namespaces": ["team-a"],
+        "capabilities": ["IPC_LOCK", "SYS_NICE"],
+        "resources": {"rdma/ib": 2, "hugepages-2Mi": "1Gi"},
+        "runtimeClassName": "nvidia",
+        "shmSize": "64Gi",
+        "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}, {"name": "NCCL_DEBUG", "value": "INFO"}],
+        "imagePullSecrets": ["regcred"],
+    }
+)
+
+
+def test_a_pod_under_a_runtime_profile_gets_what_it_grants_and_adds() -> None:
+    spec = make_spec(runtimeProfile="gpu-ib", template__spec__capabilities=["IPC_LOCK"])
+    p = pod(spec, profile=GPU_PROFILE)
+    c = container(p)
+    assert p["metadata"]["labels"][names.Label.RUNTIME_PROFILE] == "gpu-ib"
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    for part in ("requests", "limits"):  # extended resources need both, equal
+        assert c["resources"][part]["rdma/ib"] == "2"
+        assert c["resources"][part]["hugepages-2Mi"] == "1Gi"
+    assert (
+        c["resources"]["limits"]["nvidia.com/gpu"]
+        == TYPICAL["resources"]["limits"]["nvidia.com/gpu"]
+    )
+    assert p["spec"]["runtimeClassName"] == "nvidia"
+    assert p["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    shm = next(v for v in p["spec"]["volumes"] if v["name"] == "fsdp-shm")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "64Gi"}
+    # the profile's NCCL defaults, but the job's own NCCL_DEBUG=WARN wins (and appears once)
+    names_in_env = [e["name"] for e in c["env"]]
+    assert env(p)["NCCL_IB_HCA"] == "mlx5" and names_in_env.count("NCCL_DEBUG") == 1
+    assert env(p)["NCCL_DEBUG"] == "WARN"
+
+
+def test_a_job_may_ask_less_of_a_profile_resource_never_more() -> None:
+    spec = make_spec(
+        runtimeProfile="gpu-ib", resources={"limits": {"nvidia.com/gpu": "8", "rdma/ib": "1"}}
+    )
+    assert container(pod(spec, profile=GPU_PROFILE))["resources"]["requests"]["rdma/ib"] == "1"
+    spec = make_spec(runtimeProfile="gpu-ib", resources={"limits": {"rdma/ib": "3"}})
+    with pytest.raises(templates.TemplateError, match=r"spec.resources: rdma/ib=3 exceeds"):
+        pod(spec, profile=GPU_PROFILE)
+
+
+def test_without_a_profile_the_pod_is_restricted_as_before() -> None:
+    p = pod()
+    assert names.Label.RUNTIME_PROFILE.value not in p["metadata"]["labels"]
+    assert container(p)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert "runtimeClassName" not in p["spec"] and "imagePullSecrets" not in p["spec"]
+    with pytest.raises(pydantic.ValidationError, match="needs spec.runtimeProfile"):
+        make_spec(template__spec__capabilities=["IPC_LOCK"])
+    with pytest.raises(pydantic.ValidationError, match="rdma/ib comes only from a runtime"):
+        make_spec(resources={"limits": {"rdma/ib": "1"}})
+
+
+@pytest.mark.parametrize(
+    ("namespace", "changes", "refusal"),
+    [
+        pytest.param("team-b", {}, "namespace 'team-b' is not one of", id="namespace"),
+        pytest.param("team-a", {"runtimeProfile": "gone"}, "no FSDPRuntimeProfile", id="missing"),
+        pytest.param(
+            "team-a",
+            {"image": "registry.test/ml/w:1"},
+            None,
+            id="any-registry-when-none-listed",
+        ),
+    ],
+)
+def test_the_operator_checks_the_profile_as_admission_does(
+    namespace: str, changes: dict[str, Any], refusal: str | None
+) -> None:
+    spec = make_spec(**{"runtimeProfile": "gpu-ib", **changes})
+    job = names.JobRef(name=JOB.name, namespace=namespace, uid=JOB.uid)
+    profile = None if spec.runtime_profile == "gone" else GPU_PROFILE
+    launch = decide.Launch(attempt=1, replicas=4, resume_path="")
+    if refusal is None:
+        templates.worker_pod(job, spec, launch, node_rank=0, profile=profile)
+        return
+    with pytest.raises(templates.TemplateError, match=refusal):
+        templates.worker_pod(job, spec, launch, node_rank=0, profile=profile)
