@@ -273,3 +273,35 @@ def test_edit_and_view_users_get_fsdpjob_rights_through_aggregation(
     assert can("alice", "delete") and can("bob", "get")
     assert not can("bob", "create") and not can("bob", "delete")
     assert not can("carol", "list")  # bound to nothing
+
+
+def test_each_runtime_profile_gets_its_own_binding_and_the_rest_the_default() -> None:
+    values = yaml.safe_load(
+        (stack.ROOT / "examples" / "chart-values" / "gpu-rdma.yaml").read_text()
+    )
+    profiles = json.dumps(values["runtimeProfiles"])
+    docs = stack.render_chart(json_values=[f"runtimeProfiles={profiles}"])
+    made = {d["metadata"]["name"]: d["spec"] for d in _by_kind(docs, "FSDPRuntimeProfile")}
+    assert made == {
+        "fsdp-operator-restricted": {},
+        "gpu-rdma": values["runtimeProfiles"]["gpu-rdma"],
+    }
+    bindings = {
+        d["metadata"]["name"]: d["spec"]
+        for d in _by_kind(docs, "ValidatingAdmissionPolicyBinding")
+        if d["spec"]["policyName"] == "fsdp-operator-runtime-profile-pods"
+    }
+    label = "fsdpoperator.io/runtime-profile"
+    mine = bindings["fsdp-operator-runtime-profile-gpu-rdma"]
+    assert mine["paramRef"] == {"name": "gpu-rdma", "parameterNotFoundAction": "Deny"}
+    assert mine["matchResources"]["objectSelector"] == {"matchLabels": {label: "gpu-rdma"}}
+    default = bindings["fsdp-operator-runtime-profile-pods"]
+    assert default["paramRef"]["name"] == "fsdp-operator-restricted"
+    assert default["matchResources"]["objectSelector"]["matchExpressions"] == [
+        {"key": label, "operator": "NotIn", "values": ["gpu-rdma"]}
+    ]
+    # switched off, the restricted policy holds every pod to NET_BIND_SERVICE again
+    off = stack.render_chart(values=["admissionPolicies.runtimeProfiles=false"])
+    assert not _by_kind(off, "FSDPRuntimeProfile")
+    restricted = next(d for d in off if d["metadata"]["name"] == "fsdp-operator-restricted-pods")
+    assert "IPC_LOCK" not in json.dumps(restricted["spec"])

@@ -635,3 +635,23 @@ def test_the_operator_checks_the_profile_as_admission_does(
         return
     with pytest.raises(templates.TemplateError, match=refusal):
         templates.worker_pod(job, spec, launch, node_rank=0, profile=profile)
+
+
+def test_the_gpu_rdma_example_job_gets_its_profile() -> None:
+    root = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    values = yaml.safe_load((root / "chart-values" / "gpu-rdma.yaml").read_text())
+    profile = api.RuntimeProfileSpec.model_validate(values["runtimeProfiles"]["gpu-rdma"])
+    doc = yaml.safe_load((root / "llama-7b-rdma.yaml").read_text())
+    spec = api.FSDPJobSpec.model_validate(doc["spec"])
+    job = names.JobRef(name="llama-7b", namespace="team-a", uid=JOB.uid)
+    p = templates.worker_pod(job, spec, decide.Launch(1, 16, ""), node_rank=3, profile=profile)
+    c = container(p)
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert c["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert p["spec"]["runtimeClassName"] == "nvidia"
+    assert env(p)["NCCL_IB_GID_INDEX"] == "3"
+    elsewhere = names.JobRef(name="llama-7b", namespace="team-b", uid=JOB.uid)
+    with pytest.raises(templates.TemplateError, match="namespace 'team-b'"):
+        templates.worker_pod(
+            elsewhere, spec, decide.Launch(1, 16, ""), node_rank=0, profile=profile
+        )
