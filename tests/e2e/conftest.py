@@ -37,6 +37,7 @@ from localcluster import faults as local_faults
 from localcluster import images
 
 NAMESPACE = "fsdp-e2e"
+PROFILE = "e2e-rdma"
 RELEASE = "fsdp-e2e"
 WORKER_UID = stack.WORKER_UID
 
@@ -218,6 +219,12 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
     values = {
         "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
         "settings.nodeExclusionSeconds": "20", "settings.drainTimeoutSeconds": "30",
+        # a runtime profile as an admin writes one for RDMA (no devices here): the crash and
+        # node loss scenario runs under it; it lists that test's namespace itself
+        f"runtimeProfiles.{PROFILE}.capabilities": "{IPC_LOCK}",
+        f"runtimeProfiles.{PROFILE}.shmSize": "512Mi",
+        f"runtimeProfiles.{PROFILE}.env[0].name": "NCCL_SOCKET_IFNAME",
+        f"runtimeProfiles.{PROFILE}.env[0].value": "eth0",
     }  # fmt: skip
     stack.install_chart(kube, values=values, namespace=NAMESPACE, release=RELEASE)
     try:

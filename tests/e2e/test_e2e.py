@@ -24,7 +24,7 @@ from fsdp_operator import names, observe
 from fsdp_worker import catalog, contract
 from fsdp_worker import faults as faults_mod
 from harness import prometheus, stack
-from tests.e2e.conftest import E2E, NAMESPACE, RELEASE, WORKER_UID
+from tests.e2e.conftest import E2E, NAMESPACE, PROFILE, RELEASE, WORKER_UID
 
 # Longer than any one wait below, so a wait that runs out says why (status, Events, the
 # operator's log) before pytest-timeout would stop the test without a word.
@@ -124,12 +124,25 @@ def test_the_charts_two_replicas_run_on_two_nodes_and_one_leads(e2e: E2E) -> Non
 
 def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
     """In a namespace that denies all traffic but what examples/networkpolicy.yaml lets
-    through (issue 21): the gang, DNS, and the operator's scrape."""
+    through (issue 21): the gang, DNS, and the operator's scrape. Under the admin's runtime
+    profile (conftest's PROFILE): the pods run with IPC_LOCK on the real runtime, as a tenant
+    namespace for RDMA jobs is set up (docs/install.md: Pod Security privileged there, the
+    chart's policies holding the operator's pods to restricted plus the grant)."""
     e2e.tenant_policies(namespace)
+    e2e.kube.kubectl("label", "namespace", namespace, "--overwrite",
+                     "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    patch = json.dumps({"spec": {"namespaces": [namespace]}})
+    e2e.kube.kubectl("patch", "fsdpruntimeprofiles", PROFILE, "--type=merge", "-p", patch)
     jobs = stack.Jobs(e2e.kube, namespace)
     # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
-    jobs.apply(_job(e2e, "survivor", training={"steps": STEPS}))
+    job = _job(e2e, "survivor", training={"steps": STEPS}, runtimeProfile=PROFILE,
+               template={"spec": {"capabilities": ["IPC_LOCK"]}})  # fmt: skip
+    # the profile's patch reaches the admission policy through a watch: a moment behind
+    stack.wait_for("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False,
+    ).returncode == 0, timeout=30)  # fmt: skip
     first = _running(jobs, "survivor", 1)
+    _report_capabilities(e2e, namespace, first[0])
     # The faults land by the checkpoints on disk, not by status.step: that is scraped every
     # progressDeadlineSeconds / 4 (22 s here), and a CI run whose steps took 0.16 s had the
     # job 125 steps further than its status said, so attempt 2 finished all steps before the
@@ -159,6 +172,19 @@ def test_job_survives_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> 
                  timeout=600)  # fmt: skip
     assert done["step"] == STEPS and done["restarts"]["total"] >= 2
     _check_checkpoints(ckpt, global_batch=16)
+
+
+def _report_capabilities(e2e: E2E, namespace: str, pod: dict[str, Any]) -> None:
+    """The profile's capability reaches the container on the real runtime (its bounding set
+    is IPC_LOCK alone), and its NCCL variable the environment. Printed: the effective set and
+    the memlock limit the non-root worker really has (docs/operator.md, "Runtime profiles")."""
+    name = pod["metadata"]["name"]
+    shell = "grep -E '^Cap(Bnd|Eff)' /proc/self/status; ulimit -l; echo $NCCL_SOCKET_IFNAME"
+    out = e2e.kube.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", shell).stdout
+    print(f"\n{name} under runtime profile {PROFILE}:\n{out}")
+    caps = dict(line.split(":\t") for line in out.splitlines() if line.startswith("Cap"))
+    assert int(caps["CapBnd"], 16) == 1 << 14, out  # CAP_IPC_LOCK, nothing else
+    assert out.strip().splitlines()[-1] == "eth0", out
 
 
 def _sealed(root: Path, *, attempt: int) -> int | None:
