@@ -4,8 +4,8 @@ a registry on loopback. Decides whether the local cluster should serve images fr
 Per repetition, a fresh containerd (Debian's, the nodes' version) in a temporary root:
 
 - ``first``: the image arrives at a node that holds nothing (import: ``imagestore.send``; pull:
-  ``ctr images pull`` from go-containerregistry's ``crane registry serve``, whose blobs are the
-  layout's own files, so nothing is copied to publish them);
+  ``localcluster.registry``, by digest from go-containerregistry's ``crane registry serve``,
+  whose blobs are the layout's own files, so nothing is copied to publish them);
 - ``again``: after ``nodes.discard_layers`` (each node keeps snapshots, not layer blobs: the
   disk holds the 7 GB worker once per node), the same layers arrive under a new name: what a
   code change costs for every layer it did not touch.
@@ -19,96 +19,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from localcluster import images, imagestore, nodes
+from localcluster import images, imagestore, nodes, registry
 
 RESULTS = Path(__file__).parent / "results" / "image_delivery.json"
-CRANE = "github.com/google/go-containerregistry/cmd/crane@v0.22.1"
-
-
-def _crane() -> Path:
-    gobin = images.cache_dir() / "ggcr-v0.22.1" / "bin"
-    if not (gobin / "crane").exists():
-        env = {**os.environ, "GOBIN": str(gobin), "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
-        subprocess.run(["go", "install", "-trimpath", CRANE], env=env, check=True)
-    return gobin / "crane"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextmanager
-def _containerd(root: Path) -> Iterator[Path]:
-    sock = root / "containerd.sock"
-    config = root / "config.toml"
-    config.write_text(
-        f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
-        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
-        f'[grpc]\n  address = "{sock}"\n'
-    )
-    with (root / "containerd.log").open("w") as log:
-        proc = subprocess.Popen(
-            ["/usr/bin/containerd", "--config", str(config)], stdout=log, stderr=log
-        )
-    try:
-        nodes.wait_socket(sock, lambda: proc.poll() is None)
-        yield sock
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-@contextmanager
-def _registry(layout: Path, ref: str, tags: tuple[str, ...]) -> Iterator[tuple[int, Path]]:
-    """crane's registry serving ``layout``'s blobs, with ``ref``'s manifest under ``tags``."""
-    port, log_path = _free_port(), layout.parent / "registry-bench.log"
-    argv = [str(_crane()), "registry", "serve", "--address", f"127.0.0.1:{port}"]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([*argv, "--disk", str(layout / "blobs")], stdout=log, stderr=log)
-    try:
-        descriptor = imagestore.entry(layout, ref)
-        assert descriptor is not None, f"{layout} holds no {ref}"
-        body = imagestore.blob(layout, descriptor["digest"]).read_bytes()
-        repo = ref.split("/", 1)[1].split(":")[0]
-        deadline = time.monotonic() + 30
-        for tag in tags:
-            while True:
-                url = f"http://127.0.0.1:{port}/v2/{repo}/manifests/{tag}"
-                headers = {"Content-Type": descriptor["mediaType"]}
-                request = urllib.request.Request(url, data=body, method="PUT", headers=headers)
-                try:
-                    urllib.request.urlopen(request, timeout=5).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-        yield port, log_path
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-def _blob_gets(log: Path) -> int:
-    return sum("GET /v2/" in line and "/blobs/" in line for line in log.read_text().splitlines())
 
 
 def _import(layout: Path, ref: str, root: Path) -> dict[str, Any]:
-    with _containerd(root) as sock:
+    with nodes.scratch_containerd(root) as sock:
         node = imagestore.Containerd(address=sock, namespace="k8s.io", snapshotter="overlayfs")
         start = time.monotonic()
         first_layers = imagestore.send(node, layout=layout, ref=ref)
@@ -126,24 +50,23 @@ def _import(layout: Path, ref: str, root: Path) -> dict[str, Any]:
 
 
 def _pull(layout: Path, ref: str, root: Path) -> dict[str, Any]:
-    tag = ref.rsplit(":", 1)[1]
-    hosts = root / "hosts"
-    with _registry(layout, ref, (tag, "again")) as (port, log), _containerd(root) as sock:
-        (hosts / "localhost").mkdir(parents=True)
-        (hosts / "localhost" / "hosts.toml").write_text(
-            f'server = "http://127.0.0.1:{port}"\n[host."http://127.0.0.1:{port}"]\n'
-            '  capabilities = ["pull", "resolve"]\n'
-        )
-        ctr = nodes.ctr_command(sock)
-        pull = [*ctr, "images", "pull", "--hosts-dir", str(hosts), "--snapshotter", "overlayfs"]
+    """localcluster.registry's way: a pull by digest; again after a rebuild, as a new image."""
+    with (
+        registry.Registry(layout, cache=images.cache_dir()) as served,
+        nodes.scratch_containerd(root) as sock,
+    ):
+        node = imagestore.Containerd(address=sock, namespace="k8s.io", snapshotter="overlayfs")
         start = time.monotonic()
-        subprocess.run([*pull, ref], check=True, capture_output=True)
-        first, fetched = time.monotonic() - start, _blob_gets(log)
+        served.pull(node, ref)
+        first, fetched = time.monotonic() - start, served.blob_gets()
         first_layers = fetched - 1  # less the config blob
-        nodes.discard_layers(ctr, ref)
+        nodes.discard_layers(nodes.ctr_command(sock), ref)
+        node.run("images", "rm", ref)
+        for line in node.run("images", "ls", "-q").splitlines():
+            node.run("images", "rm", line)  # the pinned name too: the next pull is a new image
         start = time.monotonic()
-        subprocess.run([*pull, ref.rsplit(":", 1)[0] + ":again"], check=True, capture_output=True)
-        again, again_layers = time.monotonic() - start, _blob_gets(log) - fetched
+        served.pull(node, ref)
+        again, again_layers = time.monotonic() - start, served.blob_gets() - fetched
     return {
         "first_s": first,
         "first_layers": first_layers,
@@ -164,7 +87,6 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix="delivery-") as tmp:
                 runs[way].append(deliver(layout, args.ref, Path(tmp)))
                 print(way, runs[way][-1], flush=True)
-                nodes.unmount_under(Path(tmp))
     descriptor = imagestore.entry(layout, args.ref)
     assert descriptor is not None
     manifest = imagestore.read(imagestore.blob(layout, descriptor["digest"]))

@@ -19,6 +19,7 @@ than the one whose socket it is given. It knows nothing about Kubernetes; stdlib
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from localcluster import imagestore
+from localcluster import imagestore, registry
 
 VERSION = "0.1.0"
 """The project's version (pyproject.toml's, which ``build`` checks): the images' tag."""
@@ -281,33 +282,63 @@ def _require(ref: str) -> str:
     return ident
 
 
+DELIVERY_ENV = "FSDPLC_IMAGE_DELIVERY"
+"""How images reach the nodes: ``import`` (default: only the layers a node lacks) or
+``registry`` (each node pulls by digest from a registry on loopback; localcluster/registry.py
+says why it is not the default)."""
+
+
+def delivery() -> str:
+    way = os.environ.get(DELIVERY_ENV, "import")
+    if way not in ("import", "registry"):
+        raise ImageError(f"{DELIVERY_ENV}={way!r}: must be import or registry")
+    return way
+
+
 def ensure_loaded(
-    *, address: Path, refs: Sequence[str], namespace: str = "k8s.io", snapshotter: str = "overlayfs"
+    *,
+    address: Path,
+    refs: Sequence[str],
+    namespace: str = "k8s.io",
+    snapshotter: str = "overlayfs",
+    way: str | None = None,
 ) -> list[str]:
     """Make the containerd at ``address`` hold each of ``refs`` as podman builds it now.
 
     A ref already there at the same config digest (podman's image ID) and unpacked for
     ``snapshotter`` is left alone (four ``ctr`` calls); any other is exported (``export``) and
-    imported, sending only the layers that containerd lacks. Returns the refs imported.
-    ``namespace`` ``k8s.io`` is the one the kubelet's CRI reads.
+    delivered ``way`` (default ``delivery()``): imported, sending only the layers that
+    containerd lacks, or pulled by digest from a registry on loopback. Returns the refs
+    delivered. ``namespace`` ``k8s.io`` is the one the kubelet's CRI reads.
     """
     node = imagestore.Containerd(address=address, namespace=namespace, snapshotter=snapshotter)
-    imported = []
-    for ref in refs:
-        want = f"sha256:{_require(ref)}"
-        if node.config_digest(ref) == want:
-            continue
-        start = time.monotonic()
-        imagestore.send(node, layout=export(ref), ref=ref)
-        if node.config_digest(ref) != want:
-            raise ImageError(f"{ref} was imported into {address} but is not there as {want}")
-        print(
-            f"{ref}: imported into {address} in {time.monotonic() - start:.1f} s",
-            file=sys.stderr,
-            flush=True,
-        )
-        imported.append(ref)
-    return imported
+    way = way or delivery()
+    delivered = []
+    served: registry.Registry | None = None
+    with contextlib.ExitStack() as stack:
+        for ref in refs:
+            want = f"sha256:{_require(ref)}"
+            if node.config_digest(ref) == want:
+                continue
+            start = time.monotonic()
+            layout = export(ref)  # one layout holds every image
+            if way == "registry":
+                if served is None:
+                    served = stack.enter_context(registry.Registry(layout, cache=cache_dir()))
+                served.pull(node, ref)
+                how = "pulled by digest from the loopback registry"
+            else:
+                imagestore.send(node, layout=layout, ref=ref)
+                how = "imported"
+            if node.config_digest(ref) != want:
+                raise ImageError(f"{ref} was delivered to {address} but is not there as {want}")
+            print(
+                f"{ref}: {how} into {address} in {time.monotonic() - start:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            delivered.append(ref)
+    return delivered
 
 
 def _parser() -> argparse.ArgumentParser:

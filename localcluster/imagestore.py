@@ -135,6 +135,10 @@ class Containerd:
             raise failed(argv, returncode=proc.returncode, output=proc.stderr or proc.stdout)
         return proc.stdout
 
+    def run(self, *args: str) -> str:
+        """``ctr <args>`` here; ImageError naming the command when it fails."""
+        return self._ctr(*args) or ""
+
     def _json(self, digest: str) -> dict[str, Any]:
         document: dict[str, Any] = json.loads(self._ctr("content", "get", digest) or "{}")
         return document

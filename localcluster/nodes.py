@@ -238,3 +238,27 @@ def forget_containers(ctr: Sequence[str]) -> None:
 def remove_state(node: nodeconf.NodeLayout) -> None:
     unmount_under(node.state)
     shutil.rmtree(node.state / "kubelet", ignore_errors=True)
+
+
+@contextlib.contextmanager
+def scratch_containerd(root: Path) -> Iterator[Path]:
+    """A containerd of the nodes' version under ``root``, without CRI (benchmarks and image
+    tests: nothing of a cluster's); yields its socket."""
+    sock = root / "containerd.sock"
+    config = root / "config.toml"
+    config.write_text(
+        f'version = 2\nroot = "{root}/root"\nstate = "{root}/state"\n'
+        'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n'
+        f'[grpc]\n  address = "{sock}"\n'
+    )
+    with (root / "containerd.log").open("w") as log:
+        proc = subprocess.Popen(
+            ["/usr/bin/containerd", "--config", str(config)], stdout=log, stderr=log
+        )
+    try:
+        wait_socket(sock, lambda: proc.poll() is None)
+        yield sock
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        unmount_under(root)

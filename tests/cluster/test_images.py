@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
-from localcluster import images
+from localcluster import images, imagestore, nodes
 
 pytestmark = pytest.mark.skipif(
     shutil.which("podman") is None, reason="needs podman (a container engine) to run the images"
@@ -32,3 +33,20 @@ def test_the_operator_image_has_the_operator_and_neither_torch_nor_the_test_clus
 def test_the_worker_image_has_torch_and_no_kubernetes_client_nor_the_test_cluster() -> None:
     """Workers hold no credentials: no Kubernetes client in their image."""
     assert _modules(images.WORKER) == {"fsdp_operator", "fsdp_worker", "torch"}
+
+
+def test_a_node_pulls_an_image_by_digest_from_the_loopback_registry(tmp_path: Path) -> None:
+    """FSDPLC_IMAGE_DELIVERY=registry: go-containerregistry's registry serves the image layout,
+    and a node's containerd (the nodes' version) pulls by manifest digest, then holds the
+    image under the name the kubelet asks for, at podman's config digest; a second load moves
+    nothing."""
+    ref = images.PAUSE
+    with nodes.scratch_containerd(tmp_path) as sock:
+        assert images.ensure_loaded(address=sock, refs=[ref], way="registry") == [ref]
+        node = imagestore.Containerd(address=sock, namespace="k8s.io", snapshotter="overlayfs")
+        assert node.config_digest(ref) == f"sha256:{images.image_id(ref)}"
+        listed = node.run("images", "ls", "-q").split()
+        assert ref in listed and any(
+            name.startswith("localhost/fsdp-pause@sha256:") for name in listed
+        )
+        assert images.ensure_loaded(address=sock, refs=[ref], way="registry") == []
