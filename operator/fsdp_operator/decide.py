@@ -184,6 +184,8 @@ def _progress_observed(d: Decision, obs: observed.Observed) -> None:
     scrape = obs.scrape
     if scrape is None or 0 < scrape.failures < observed.BLIND_AFTER:
         return  # no running rank 0 to read, or one miss that may be a blip
+    if not scrape.blind and not scrape.answered:
+        return  # rank 0 reached but serving nothing yet: its own state (detect._hung)
     old = next((c for c in d.status.conditions if c.type == PROGRESS_OBSERVED), None)
     if not scrape.blind:
         if old is None or old.status != "True":

@@ -148,7 +148,24 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     if baseline is None or obs.now - baseline < deadline + HANG_EVIDENCE_GRACE_SECONDS:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
-    if obs.scrape is not None and obs.scrape.blind:
+    scrape = obs.scrape
+    if (
+        scrape is not None
+        and not scrape.blind
+        and not scrape.answered
+        and obs.status.last_progress_time is None
+    ):
+        # Reached, and refused every time: nothing serves on rank 0's metrics port. Its
+        # training processes serve it once the gang has met (torchrun spawns them after every
+        # node's agent joined the rendezvous; the kit serves after init_process_group), so the
+        # gang never met: a name not yet resolvable, a node's network, not the user's code.
+        msg = (
+            f"the gang never met: rank 0 served nothing on {scrape.address} in "
+            f"{obs.now - baseline:.0f}s of every pod running (last: {scrape.error}); the ranks'"
+            " logs say where the rendezvous stopped"
+        )
+        return _failure(status.Cause.RENDEZVOUS, rank0, at=baseline, message=msg)
+    if scrape is not None and scrape.blind:
         # The operator's scrapes get no answer (a NetworkPolicy, a slow network): its silence
         # is missing data, not evidence. The kubelet's readiness probe of rank 0, asked from
         # rank 0's own node, is: Ready means a step within the deadline.
@@ -159,7 +176,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         msg = (
             f"rank 0's readiness probe reports no step progress within {deadline}s "
             f"(rank 0 at step {obs.status.step} when last scraped; the operator's scrape of "
-            f"{obs.scrape.address} gets no answer: {obs.scrape.error})"
+            f"{scrape.address} gets no answer: {scrape.error})"
         )
         return _failure(status.Cause.HANG, rank0, at=at, message=msg)
     msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"

@@ -148,6 +148,7 @@ class ScrapeHealth:
     failures: int  # scrapes in a row that could not reach the pod (0: the last one reached it)
     error: str = ""  # what the last failed scrape met
     address: str = ""  # ip:port scraped
+    answered: bool = True  # a scrape of this pod got its metrics (False: refused every time)
 
     @property
     def blind(self) -> bool:

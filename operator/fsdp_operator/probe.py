@@ -120,12 +120,14 @@ class Prober:
 
     def health(self, key: Hashable) -> observed.ScrapeHealth | None:
         """How the scrapes of the job's rank 0 have gone: how many in a row could not reach
-        the pod, and the last error (None: nothing scraped for it yet)."""
+        the pod, the last error, and whether the pod ever served its metrics (None: nothing
+        scraped for it yet)."""
         slot = self._slots.get(key)
-        if slot is None or (slot.unreached == 0 and slot.progress is None):
+        if slot is None or (slot.failures == 0 and slot.progress is None):
             return None
         address = f"{slot.target.ip}:{names.METRICS_PORT}"
-        return observed.ScrapeHealth(slot.target.pod, slot.unreached, slot.error, address)
+        answered = slot.progress is not None
+        return observed.ScrapeHealth(slot.target.pod, slot.unreached, slot.error, address, answered)
 
     def forget(self, key: Hashable) -> None:
         self._slots.pop(key, None)

@@ -83,6 +83,8 @@ class Cause(enum.StrEnum):
     NODE_LOST = "NodeLost"
     EVICTED = "Evicted"  # DisruptionTarget, or the pod vanished under us
     HANG = "Hang"  # progress deadline passed
+    # the deadline passed before rank 0 served at all: the gang never met (infrastructure)
+    RENDEZVOUS = "RendezvousTimeout"
     UNSCHEDULABLE = "Unschedulable"  # pending timeout: shrink
     IMAGE_PULL = "ImagePullError"  # pending with image errors: permanent
     RESIZE = "Resize"  # planned restart to grow back or apply a replicas edit
@@ -100,7 +102,7 @@ class Budget(enum.StrEnum):
 
 
 def budget_of(cause: Cause) -> Budget:
-    if cause in (Cause.NODE_LOST, Cause.EVICTED, Cause.UNSCHEDULABLE):
+    if cause in (Cause.NODE_LOST, Cause.EVICTED, Cause.UNSCHEDULABLE, Cause.RENDEZVOUS):
         return Budget.INFRASTRUCTURE
     if cause in (Cause.RESIZE, Cause.SUSPENDED):
         return Budget.NONE
@@ -140,7 +142,8 @@ class Restarts(_Model):
     infrastructure: int = Field(
         0,
         description="Restarts after the cluster failed the job (node lost, eviction or "
-        "preemption, pods unschedulable): failurePolicy.maxInfraRestarts bounds them.",
+        "preemption, pods unschedulable, a gang that never met): failurePolicy.maxInfraRestarts "
+        "bounds them.",
     )
     without_progress: int = Field(
         0,

@@ -226,6 +226,27 @@ def test_hang_is_caught_by_the_progress_deadline(
     jobs.patch(name, {"suspend": True})
 
 
+def test_a_gang_that_never_meets_is_not_charged_as_the_users_hang(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """Attempt 1's rank 0 serves nothing past the progress deadline (the stand-in holds its
+    metrics back, as the kit does until its process group is up): RendezvousTimeout, on the
+    infrastructure budget, and attempt 2 trains."""
+    name = harness.unique("meet")
+    jobs.apply(harness.job_doc(name, training={"steps": 400}, env={"STANDIN_MEET_SECONDS": 600}))
+    s = harness.wait_for(
+        "attempt 1 ended as a gang that never met",
+        lambda: (s := jobs.status(name)).get("attempt", 0) >= 2 and s,
+        timeout=120, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )  # fmt: skip
+    assert s["history"][0]["cause"] == "RendezvousTimeout", s["history"]
+    assert "the gang never met" in s["history"][0]["failure"]["message"]
+    assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["application"] == 0, s
+    _step_at_least(jobs, name, 6)  # the stand-in holds back in attempt 1 only
+    assert jobs.status(name)["restarts"]["application"] == 0
+    jobs.patch(name, {"suspend": True})
+
+
 def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:

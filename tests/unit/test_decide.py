@@ -320,6 +320,41 @@ BLIND = ob.ScrapeHealth(
 )  # fmt: skip
 
 
+REFUSED = ob.ScrapeHealth(
+    "job-a1-0", failures=0, error="GET http://10.0.0.5:9400/metrics: Connect call failed",
+    address="10.0.0.5:9400", answered=False,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("scrape", "cause"),
+    [
+        pytest.param(REFUSED, st.Cause.RENDEZVOUS, id="never-served-the-gang-never-met"),
+        pytest.param(dataclasses.replace(REFUSED, answered=True), st.Cause.HANG, id="served"),
+        pytest.param(None, st.Cause.HANG, id="never-scraped-as-before"),
+    ],
+)
+def test_a_gang_that_never_met_is_not_the_users_hang(
+    scrape: ob.ScrapeHealth | None, cause: st.Cause
+) -> None:
+    """Past the deadline with no step in the attempt: if rank 0 never served its metrics (the
+    kit serves them once the process group is up; torchrun spawns it once the agents met),
+    the attempt ends RendezvousTimeout, charged to the infrastructure budget and not to the
+    no-progress breaker; otherwise a Hang, as before."""
+    status = running_status(last_progress_time=None)
+    status.history[-1].timeline = st.Timeline(running=NOW - 103)
+    d = dc.decide(observe(status=status, progress=None, scrape=scrape))
+    assert d.failure is not None and d.failure.cause is cause, d.failure
+    restarts = d.status.restarts
+    if cause is st.Cause.RENDEZVOUS:
+        assert "the gang never met" in d.failure.message and "10.0.0.5:9400" in d.failure.message
+        assert (restarts.infrastructure, restarts.application) == (1, 0)
+        assert restarts.without_progress == 0
+        assert _progress_condition(d) is None, "refused is no scrape failure"
+    else:
+        assert (restarts.infrastructure, restarts.application) == (0, 1)
+
+
 def _progress_condition(d: dc.Decision) -> st.Condition | None:
     return next((c for c in d.status.conditions if c.type == dc.PROGRESS_OBSERVED), None)
 

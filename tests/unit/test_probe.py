@@ -96,6 +96,8 @@ def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
     hung, dead, good = health["hung"], health["dead"], health["good"]
     assert hung is not None and hung.blind and "no answer within 0.3s" in hung.error
     assert hung.address == f"127.0.0.22:{names.METRICS_PORT}"
-    assert dead is None, "refused, never scraped: nothing to report"
+    # refused every time: reached, never served (what a gang that has not met looks like)
+    assert dead is not None and not dead.answered and not dead.blind and dead.failures == 0
+    assert hung.answered is False and good is not None and good.answered
     assert 2 <= tries["dead"] <= 4  # tries at 0, 1 (+1), 3 (+2), 7 (+4, its interval) s: not 50
     assert good is not None and good.failures == 0 and not good.blind

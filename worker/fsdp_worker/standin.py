@@ -16,6 +16,8 @@ Behaviour knobs (plain env a job may set in spec.template.spec.env):
   STANDIN_FAIL_CODE      ... with this exit code (78 writes a ConfigError cause)
   STANDIN_SAVE_SECONDS   extra seconds each checkpoint blocks (default 0)
   STANDIN_START_SECONDS  seconds before "rendezvous" and before "loaded" (default 0)
+  STANDIN_MEET_SECONDS   seconds rank 0 serves nothing at first, as a gang that has not met ...
+  STANDIN_MEET_ATTEMPT   ... in this attempt only (default 1; 0 = every attempt)
 
 `intervalSteps: auto` follows the real rule (interval.py) with the knobs as its measured
 costs, so that every rank, stepping on its own clock, picks the same checkpoint steps.
@@ -170,6 +172,15 @@ class StandIn:
             time.sleep(0.02)
         return int(self.storage.read_bytes(name))
 
+    def _serve(self) -> None:
+        """Rank 0: raise the fence, then serve the metrics (held back first, as a gang that has
+        not met would: the kit serves once its process group is up)."""
+        os.makedirs(self.root, exist_ok=True)
+        catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
+        if _env_int("STANDIN_MEET_ATTEMPT", 1) in (0, self.attempt):
+            time.sleep(float(os.environ.get("STANDIN_MEET_SECONDS", "0")))
+        metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
+
     def _maybe_fail(self) -> None:
         at = _env_int("STANDIN_FAIL_AT_STEP", -1)
         which = _env_int("STANDIN_FAIL_ATTEMPT", 1)
@@ -233,9 +244,7 @@ class StandIn:
                     inputs.labels(input=key.value).set(value)
 
         if self.rank == 0:
-            os.makedirs(self.root, exist_ok=True)
-            catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
-            metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
+            self._serve()
         gauge_step.set(self.step)
         resumed.set(-1 if self.resumed_from is None else self.resumed_from)
         time.sleep(self.start_time)
