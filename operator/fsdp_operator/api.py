@@ -701,34 +701,20 @@ REGISTRY_PATTERN = (
 _OWN_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 
-class ProfileEnv(_Model):
+class ProfileEnv(EnvVar):
     """A variable every worker pod under the profile gets (a job's own env wins)."""
 
-    name: str = _reserved_name(
-        pattern=ENV_NAME_PATTERN,
-        max_length=128,
-        prefix=RESERVED_ENV_PREFIX,
-        description=f"Variable name; names starting with {RESERVED_ENV_PREFIX} are reserved.",
-    )
-    value: str = Field(
-        max_length=4096,
-        description="The value, as written ('$(' is refused: Kubernetes would expand it).",
+    model_config = pydantic.ConfigDict(
         json_schema_extra=_rules(
-            _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
-        ),
+            _cel("has(self.value) && !has(self.valueFrom)", "a profile's env sets value only")
+        )
     )
 
-    @pydantic.field_validator("name")
-    @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        return _refuse_reserved(name, kind="env", prefix=RESERVED_ENV_PREFIX)
-
-    @pydantic.field_validator("value")
-    @classmethod
-    def _no_expansion(cls, value: str) -> str:
-        if "$(" in value:
-            raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
-        return value
+    @pydantic.model_validator(mode="after")
+    def _value_only(self) -> ProfileEnv:
+        if self.value is None or self.valueFrom is not None:
+            raise ValueError(f"profile env {self.name!r}: set value (and no valueFrom)")
+        return self
 
 
 DnsLabel = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]

@@ -105,6 +105,17 @@ def _ok_statuses(exc: ApiException, *codes: int) -> bool:
     return exc.status in codes
 
 
+def _read(read: Callable[..., Any], *args: str) -> dict[str, Any] | None:
+    """A custom object as a dict, or None when it does not exist (404)."""
+    try:
+        resp = read(*args, _preload_content=False, _request_timeout=READ_TIMEOUT)
+    except ApiException as exc:
+        if _ok_statuses(exc, 404):
+            return None
+        raise
+    return dict(_data(resp))
+
+
 class Kube:
     """Thin, typed-by-dict access to the objects an FSDPJob owns."""
 
@@ -134,38 +145,13 @@ class Kube:
 
     # --- the FSDPJob --------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            resp = self.custom.get_namespaced_custom_object(
-                api.GROUP,
-                api.VERSION,
-                namespace,
-                api.PLURAL,
-                name,
-                _preload_content=False,
-                _request_timeout=READ_TIMEOUT,
-            )
-        except ApiException as exc:
-            if _ok_statuses(exc, 404):
-                return None
-            raise
-        return dict(_data(resp))
+        read = self.custom.get_namespaced_custom_object
+        return _read(read, api.GROUP, api.VERSION, namespace, api.PLURAL, name)
 
     def get_profile(self, name: str) -> dict[str, Any] | None:
         """The FSDPRuntimeProfile `name` (cluster-scoped), or None when there is none."""
-        try:
-            resp = self.custom.get_cluster_custom_object(
-                api.GROUP,
-                api.VERSION,
-                api.PROFILE_PLURAL,
-                name,
-                _preload_content=False,
-                _request_timeout=READ_TIMEOUT,
-            )
-        except ApiException as exc:
-            if _ok_statuses(exc, 404):
-                return None
-            raise
-        return dict(_data(resp))
+        read = self.custom.get_cluster_custom_object
+        return _read(read, api.GROUP, api.VERSION, api.PROFILE_PLURAL, name)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
         """One merge patch of the whole status (None values clear fields); returns the job's

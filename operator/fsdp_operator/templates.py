@@ -412,7 +412,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         pairs.append((FLIGHT_RECORDER_ENV[0], FLIGHT_RECORDER_ENTRIES))
     own = {var.name for var in user}
     defaults = slot.profile.env if slot.profile else []  # the profile's (NCCL_*)
-    pairs += [(default.name, default.value) for default in defaults if default.name not in own]
+    pairs += [(var.name, var.value or "") for var in defaults if var.name not in own]
     env = [{"name": name, "value": escape(value)} for name, value in pairs]
     for var in user:
         entry = var.to_api()
