@@ -308,6 +308,11 @@ class Operator:
             FSDPOP_LIVENESS=self.liveness_url,
             FSDPOP_NODE_EXCLUSION_SECONDS="20",
             FSDPOP_DRAIN_TIMEOUT_SECONDS="30",
+            # the local kubelets renew their 4 s Leases every second (kwok's 8 s ones every 2 s):
+            # 8 missed is 8 s of silence, as the local node-monitor grace
+            FSDPOP_NODE_LEASE_MISSED_RENEWALS=os.environ.get(
+                "FSDPOP_NODE_LEASE_MISSED_RENEWALS", "8"
+            ),
             FSDPOP_IDENTITY=self.identity,
             FSDPOP_LEASE_NAMESPACE=OP_NS,
         )

@@ -158,6 +158,8 @@ class View:
     progress_pod: str = ""
     scrape: observed.ScrapeHealth | None = None
     """How the scrapes of rank 0's endpoint have gone lately (probe.Prober.health)."""
+    lease_lost: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    """Nodes lost by their Leases, with their silence in seconds (Store.lease_lost)."""
 
 
 def job_key(namespace: str, job_name: str) -> tuple[str, str]:
@@ -241,6 +243,9 @@ class Store:
         self.usage = Usage()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_list: list[NodeRecord] | None = None
+        self.lease_lost: Mapping[str, float] = {}
+        """Nodes lost by their Leases (nodelease.LeaseClock.lost), replaced whole, never
+        changed in place: views share it."""
 
     def node_seen(self, record: NodeRecord) -> bool:
         """Keep a node's record; True when a node already known changed in what a pass reads
@@ -292,4 +297,5 @@ class Store:
             progress=latest[1] if latest else None,
             progress_pod=latest[0] if latest else "",
             scrape=scrape,
+            lease_lost=self.lease_lost,
         )

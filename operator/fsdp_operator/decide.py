@@ -345,7 +345,7 @@ def _delete_all(
 
 def _node_gone(obs: observed.Observed, pod: observed.PodView) -> bool:
     node = obs.node(pod.node) if pod.node else None
-    return bool(pod.node) and (node is None or not node.ready)
+    return bool(pod.node) and (node is None or not node.usable)
 
 
 def _close_history(

@@ -85,6 +85,10 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
         if node is None:
             msg = f"node {pod.node} of pod {pod.name} no longer exists"
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
+        silent = node.lease_silent_seconds
+        if silent is not None:  # its last renewal is when it was lost
+            msg = f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s)"
+            return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
             msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"

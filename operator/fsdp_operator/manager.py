@@ -8,6 +8,8 @@ its own around a fake reconciler. Who is woken by what:
 - a node event wakes only the jobs with pods on that node and the jobs waiting for capacity,
   and only when something a pass reads of the node changed (not a heartbeat);
 - rank 0's progress is scraped by probe.Prober beside the passes; a change wakes the job;
+- a node lost by its Lease (nodelease.py, checked every LEASE_TICK_SECONDS) wakes the jobs with
+  pods on it, and one that renews again the jobs waiting for capacity;
 - otherwise a job wakes at its own deadlines (decide.py), or after its Outcome's delay.
 
 Every replica keeps its store warm; only the leader of the Lease (leader.py) runs loops. Losing
@@ -21,10 +23,23 @@ import concurrent.futures
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
-from fsdp_operator import api, cache, heap, kube, leader, loops, metrics, probe, reconcile, settings
+from fsdp_operator import (
+    api,
+    cache,
+    heap,
+    kube,
+    leader,
+    loops,
+    metrics,
+    nodelease,
+    probe,
+    reconcile,
+    settings,
+)
 
 Key = tuple[str, str]
 TRIM_SECONDS = 30.0  # free memory glibc keeps goes back to the kernel this often (heap.trim)
+LEASE_TICK_SECONDS = 0.5  # how often the node Lease clock is read for nodes lost or back
 
 
 class Passes(Protocol):
@@ -49,12 +64,14 @@ class Manager:
         store: cache.Store | None = None,
         prober: probe.Prober | None = None,
         elector: leader.Elector | None = None,
+        leases: nodelease.LeaseWatch | None = None,
     ) -> None:
         self.reconciler = reconciler
         self.settings = config
         self.store = store if store is not None else cache.Store()
         self.prober = prober
         self.elector = elector
+        self.leases = leases
         self.jobs: Mapping[Key, Any] = {}
         """kopf's `fsdp_jobs` index (every FSDPJob known), given at start-up."""
         self.synced = False
@@ -104,7 +121,16 @@ class Manager:
             metrics.LEADER.set(1)
         window = elector.write_timeout if elector is not None else None
         reconciler = reconcile.Reconciler(kube.Kube(client, write_window=window), config)
-        manager = cls(reconciler, config=config, elector=elector)
+        leases = None
+        if config.node_lease_missed_renewals > 0:
+            clock = nodelease.LeaseClock(missed=config.node_lease_missed_renewals)
+            leases = nodelease.LeaseWatch(
+                client,
+                clock,
+                namespace=config.node_lease_namespace,
+                timeout_seconds=config.watch_server_timeout,
+            )
+        manager = cls(reconciler, config=config, elector=elector, leases=leases)
         manager.prober = probe.Prober(
             on_change=manager.on_progress,
             timeout=config.scrape_timeout_seconds,
@@ -119,6 +145,9 @@ class Manager:
             self._tasks.append(asyncio.create_task(self.prober.run(), name="prober"))
         if self.elector is not None:
             self._tasks.append(asyncio.create_task(self.elector.run(), name="leader-election"))
+        if self.leases is not None:
+            self.leases.start()
+            self._tasks.append(asyncio.create_task(self._watch_leases(), name="node-leases"))
         trim = heap.trim_every(TRIM_SECONDS)
         self._tasks.append(asyncio.create_task(trim, name="malloc-trim"))
 
@@ -126,6 +155,8 @@ class Manager:
         await self.loops.stop()
         for task in self._tasks:
             task.cancel()
+        if self.leases is not None:
+            self.leases.stop()
         if self.elector is not None:
             await self.elector.release()
         self.reconciler.close()
@@ -166,6 +197,27 @@ class Manager:
     def node_seen(self, record: cache.NodeRecord) -> None:
         if self.store.node_seen(record):
             self.loops.wake(self.store.jobs_on_node(record.name, api.KIND) | self.loops.wants_nodes)
+
+    async def _watch_leases(self) -> None:
+        assert self.leases is not None
+        while True:
+            await asyncio.sleep(LEASE_TICK_SECONDS)
+            clock = self.leases.clock
+            self.leases_read(clock.lost(), healthy=clock.healthy())
+
+    def leases_read(self, lost: dict[str, float], *, healthy: bool) -> None:
+        """The nodes lost by their Leases now: wake whom a change concerns."""
+        before = self.store.lease_lost
+        self.store.lease_lost = lost
+        metrics.NODES_LEASE_LOST.set(len(lost))
+        metrics.NODE_LEASES_SEEN.set(1 if healthy else 0)
+        wake: set[Key] = set()
+        for name in lost.keys() - before.keys():
+            wake |= self.store.jobs_on_node(name, api.KIND)
+        if before.keys() - lost.keys():
+            wake |= self.loops.wants_nodes  # a node renews again: room to grow back
+        if wake:
+            self.loops.wake(wake)
 
     def on_progress(self, key: Hashable) -> None:
         if isinstance(key, tuple) and key in self.loops:

@@ -97,6 +97,13 @@ FENCED = prom.Counter(
     "Writes refused before sending because this replica was not (or no longer) the leader",
 )
 LEADER = prom.Gauge("fsdpjob_operator_leader", "1 while this replica holds the leader Lease")
+NODES_LEASE_LOST = prom.Gauge(
+    "fsdpjob_operator_nodes_lease_lost", "Nodes whose kubelet stopped renewing their Lease"
+)
+NODE_LEASES_SEEN = prom.Gauge(
+    "fsdpjob_operator_node_leases_healthy",
+    "1 while the watch of node Leases is open and renewals flow (else no node is lost by Lease)",
+)
 SCRAPES = prom.Counter(
     "fsdpjob_operator_scrapes_total", "Scrapes of rank 0's metrics endpoint", ["result"]
 )

@@ -134,15 +134,17 @@ def node_views(
     *,
     spec: api.FSDPJobSpec,
     used: Mapping[str, Mapping[str, float]],
+    lease_lost: Mapping[str, float] | None = None,
 ) -> observed.NodeIndex:
     """Nodes with readiness and whether one more worker of this job would fit there, each
     worked out when first read.
 
     `used` sums the requests of active pods NOT of this job: our own pods free their room on
-    restart.
+    restart. `lease_lost`: the nodes lost by their Leases, with their silence (nodelease.py).
     """
     needs, nothing = _Needs.of(spec), dict[str, float]()
     records = {n.name: n for n in nodes}
+    silent = lease_lost or {}
 
     def view(name: str) -> observed.NodeView:
         n = records[name]
@@ -152,6 +154,7 @@ def node_views(
             not_ready_since=n.not_ready_since,
             schedulable=n.schedulable,
             fits=_fits(n, needs, used.get(n.name, nothing)),
+            lease_silent_seconds=silent.get(n.name),
         )
 
     return observed.NodeIndex(list(records), view)

@@ -80,6 +80,13 @@ class NodeView:
     not_ready_since: float | None = None  # when Ready stopped being True
     schedulable: bool = True  # not cordoned
     fits: bool = True  # a worker pod of this job fits (selector, taints, free resources)
+    lease_silent_seconds: float | None = None
+    """Set when the node is lost by its Lease (nodelease.py): no renewal seen for this long."""
+
+    @property
+    def usable(self) -> bool:
+        """Ready, and its kubelet still renews its Lease."""
+        return self.ready and self.lease_silent_seconds is None
 
 
 class NodeIndex(Sequence[NodeView]):
@@ -193,7 +200,7 @@ class Observed:
         nodes, a pass asks only whether the largest size it could use fits)."""
         found = 0
         for n in self.nodes:
-            if n.ready and n.schedulable and n.fits and n.name not in excluded:
+            if n.usable and n.schedulable and n.fits and n.name not in excluded:
                 found += 1
                 if enough is not None and found >= enough:
                     break

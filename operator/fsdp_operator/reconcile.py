@@ -262,7 +262,9 @@ class Reconciler:
         just = created_at is not None and now - created_at < decide.EXPECT_SECONDS
         pods, conflicts = self._owned_pods(job, job_status, view.pods, just_created=just)
         own = [p for p in view.pods if observe.owned_by(p, job)]
-        nodes = observe.node_views(view.nodes, spec=spec, used=cache.without(view.used, own))
+        nodes = observe.node_views(
+            view.nodes, spec=spec, used=cache.without(view.used, own), lease_lost=view.lease_lost
+        )
         base = checkpoints.storage_for(job, spec, self.settings.storage_template)
         found = checkpoints.newest(job, spec, job_status, base, deep=self.settings.deep_verify)
         return observed.Observed(

@@ -56,17 +56,25 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     docs = stack.render_chart(namespace=ns, release="fsdp-operator")
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "Deployment", "FSDPRuntimeProfile", "PodDisruptionBudget", "Role",
-                     "RoleBinding", "Service", "ServiceAccount",
+                     "Deployment", "FSDPRuntimeProfile", "PodDisruptionBudget", "Role", "Role",
+                     "RoleBinding", "RoleBinding", "Service", "ServiceAccount",
                      *["ValidatingAdmissionPolicy"] * 4,
                      *["ValidatingAdmissionPolicyBinding"] * 4]  # fmt: skip
     # the one profile is the chart's own, granting nothing: pods made under no profile
     (builtin,) = _by_kind(docs, "FSDPRuntimeProfile")
     assert builtin["metadata"]["name"] == "fsdp-operator-restricted" and builtin["spec"] == {}
-    lease_role = next(d for d in docs if d["kind"] == "Role")
+    roles = {d["metadata"]["name"]: d for d in _by_kind(docs, "Role")}
+    lease_role = roles["fsdp-operator-leader-election"]
     assert lease_role["metadata"]["namespace"] == ns  # leader election: its own namespace only
     assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
                                     "verbs": ["get", "create", "update"]}]  # fmt: skip
+    # nodes lost by their Leases: the kubelets' Leases, read-only, in kube-node-lease only
+    node_leases = roles["fsdp-operator-node-leases"]
+    assert node_leases["metadata"]["namespace"] == "kube-node-lease"
+    assert node_leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                     "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    off = stack.render_chart(release="fsdp-operator", values=["settings.nodeLeaseMissedRenewals=0"])
+    assert "fsdp-operator-node-leases" not in {d["metadata"]["name"] for d in off}
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["replicas"] == 2
     role = next(
@@ -75,7 +83,9 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     assert role["rules"] == yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
     flat = json.dumps(role["rules"])
     assert "secrets" not in flat and '"*"' not in flat and "pods/exec" not in flat
-    warnings = _dry_run(cluster, ns, docs)
+    elsewhere = [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
+    _dry_run(cluster, "kube-node-lease", elsewhere)
+    warnings = _dry_run(cluster, ns, [d for d in docs if d not in elsewhere])
     assert "violate" not in warnings
 
 

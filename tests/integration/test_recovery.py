@@ -156,19 +156,29 @@ def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> di
 def test_node_loss_force_deletes_and_restarts_elsewhere(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
+    """The node's kubelet stops (SIGSTOP: no heartbeats, its containers run on). With a 300 s
+    nodeLossGraceSeconds, NotReady alone would restart the job 5 minutes after the node turned
+    NotReady; its Lease, silent for 8 renewals while the other nodes renew, loses it at once."""
     name = harness.unique("nodeloss")
-    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    doc = harness.job_doc(name, training={"steps": 400})
+    doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 300
+    jobs.apply(doc)
     victim = next(p for p in _pods_of(jobs, name, 1) if p["metadata"]["name"].endswith("-1"))
     lost = victim["spec"]["nodeName"]
     _step_at_least(jobs, name, 6)
     faults = _faults(operator)
+    stopped = time.monotonic()
     faults.lose_node(lost)
     try:
         s = harness.wait_for(
             "restart after node loss", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-            timeout=60, context=operator.log_tail,
+            timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
         )  # fmt: skip
+        print(
+            f"kubelet stopped -> attempt 2 in {time.monotonic() - stopped:.1f}s; {s['history'][0]}"
+        )
         assert s["lastFailure"]["cause"] == "NodeLost" and s["lastFailure"]["node"] == lost
+        assert "stopped renewing its Lease" in s["lastFailure"]["message"], s["lastFailure"]
         assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["application"] == 0
         assert [e["node"] for e in s["excludedNodes"]] == [lost]
         pods = _pods_of(jobs, name, 2)

@@ -263,6 +263,21 @@ def test_node_not_ready_past_grace_is_node_loss_with_force_delete() -> None:
     assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
 
 
+def test_a_node_silent_on_its_lease_is_lost_before_it_turns_not_ready() -> None:
+    """Still Ready in the API, but its kubelet stopped renewing: lost now, not after NotReady
+    plus the grace: its pod is force-deleted, the node is excluded and counts as no capacity."""
+    views = nodes()
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0)
+    d = dc.decide(observe(nodes=views))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.failure.node == "node-2" and d.failure.time == NOW - 12.0
+    assert "stopped renewing its Lease (12s)" in d.failure.message
+    assert {x.name for x in d.delete if x.force} == {"job-a1-2"}
+    assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
+    assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
+    assert observe(nodes=views).capacity(excluded=[]) == 3
+
+
 def test_node_loss_beats_the_crashes_it_causes() -> None:
     crashed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
     d = dc.decide(observe(pods=pods(r0=crashed), nodes=nodes(down={2: NOW - 60})))

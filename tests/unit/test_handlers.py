@@ -13,13 +13,23 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+import prometheus_client
 import pytest
 
-from fsdp_operator import api, cache, handlers, loops, manager, observe, reconcile, settings
+from fsdp_operator import (
+    api,
+    cache,
+    handlers,
+    loops,
+    manager,
+    observe,
+    reconcile,
+    settings,
+)
 
 PassFn = Callable[[str, str, cache.View], "reconcile.Outcome | None"]
 
@@ -271,6 +281,45 @@ def test_a_node_change_wakes_the_jobs_on_it_and_those_waiting_for_room_only() ->
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
     assert sorted(woken) == ["on-n1", "waiting"]
+
+
+def test_a_node_lost_by_its_lease_wakes_the_jobs_on_it_and_its_return_those_waiting() -> None:
+    woken: list[str] = []
+    seen: list[Mapping[str, float]] = []
+
+    def run_pass(namespace: str, name: str, view: cache.View) -> reconcile.Outcome | None:
+        woken.append(name)
+        seen.append(view.lease_lost)
+        return reconcile.Outcome(delay=60.0, wants_nodes=name == "waiting")
+
+    made, _ = make(run_pass)
+    pod = {"spec": {"nodeName": "n1"},
+           "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]}}  # fmt: skip
+    made.store.pods = {cache.job_key("ns", "on-n1"): [pod]}
+
+    async def settled(count: int) -> None:
+        while len(woken) < count:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        for job in ("on-n1", "waiting", "elsewhere"):
+            made.job_event("ns", job, type_="ADDED", version="1")
+        await settled(3)
+        woken.clear()
+        made.leases_read({"n1": 5.0}, healthy=True)
+        await settled(1)
+        assert woken == ["on-n1"] and seen[-1] == {"n1": 5.0}
+        made.leases_read({"n1": 5.5}, healthy=True)  # still lost: nobody
+        await asyncio.sleep(0.1)
+        assert woken == ["on-n1"]
+        made.leases_read({}, healthy=True)  # it renews again: room for the job waiting
+        await settled(2)
+        await made.loops.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert woken == ["on-n1", "waiting"]
+    assert prometheus_client.REGISTRY.get_sample_value("fsdpjob_operator_node_leases_healthy") == 1
 
 
 def test_the_handlers_reach_the_manager_through_kopfs_memo_only() -> None:

@@ -1,0 +1,111 @@
+"""nodelease.LeaseClock: a node is lost only on evidence, by this process's clock.
+
+The kubelets here renew a 4 s Lease every second (period 1 s); 3 missed renewals lose a node.
+Each case plays renewals second by second and reads `lost()` at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_operator import nodelease
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lease(name: str, renew: int, duration: int = 4) -> dict[str, object]:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "renewTime": f"2026-12-03T10:00:{renew:02d}.000000Z",
+            "leaseDurationSeconds": duration,
+        },
+    }
+
+
+def play(
+    seconds: int, renewing: dict[str, range], *, start: int = 0
+) -> tuple[nodelease.LeaseClock, Clock]:
+    """A listing of every node at second `start`, then each node in `renewing` renews at
+    the seconds of its range; returns the clock read at second `start + seconds`."""
+    clock = Clock()
+    leases = nodelease.LeaseClock(missed=3, clock=clock)
+    leases.opened()
+    for name in renewing:
+        leases.seen(lease(name, start))
+    for t in range(start + 1, start + seconds + 1):
+        clock.now = 1000.0 + t
+        for name, when in renewing.items():
+            if t in when:
+                leases.seen(lease(name, t))
+    return leases, clock
+
+
+@pytest.mark.parametrize(
+    ("renewing", "seconds", "lost"),
+    [
+        pytest.param({"a": range(1, 20), "b": range(1, 20)}, 19, {}, id="both-renew"),
+        pytest.param({"a": range(1, 20), "b": range(1, 5)}, 19, {"b": 15.0}, id="b-stops"),
+        pytest.param({"a": range(1, 20), "b": range(1, 5)}, 6, {}, id="b-within-3-periods"),
+        pytest.param({"a": range(1, 20), "b": range(1, 5)}, 7, {"b": 3.0}, id="b-at-3-periods"),
+        pytest.param({"a": range(1, 5), "b": range(1, 5)}, 19, {}, id="api-server-stall"),
+        pytest.param({"a": range(1, 5)}, 19, {}, id="one-node-alone"),
+        pytest.param({"a": range(1, 20), "b": range(15, 20)}, 19, {}, id="b-renews-again"),
+    ],
+)
+def test_a_node_is_lost_only_while_others_renew(
+    renewing: dict[str, range], seconds: int, lost: dict[str, float]
+) -> None:
+    leases, _ = play(seconds, renewing)
+    assert leases.lost() == lost
+
+
+def test_after_a_stall_every_node_gets_a_full_window_again() -> None:
+    """The API server stalls for 10 s: no renewal lands. When it is back, a renews at once and
+    b only 2 s later: b is not lost for the stall (its window starts when renewals flowed)."""
+    renewing = {"a": [*range(1, 4), *range(14, 30)], "b": [*range(1, 4), *range(16, 30)]}
+    clock = Clock()
+    leases = nodelease.LeaseClock(missed=3, clock=clock)
+    leases.opened()
+    for t in range(1, 30):
+        clock.now = 1000.0 + t
+        for name, when in renewing.items():
+            if t in when:
+                leases.seen(lease(name, t))
+        if t >= 14:  # b silent since second 3, but judged only since a renewed at 14
+            assert leases.lost() == {}, f"second {t}"
+    assert leases.healthy()
+
+
+def test_a_closed_watch_loses_nobody_and_a_reopened_one_earns_its_health_again() -> None:
+    leases, clock = play(19, {"a": range(1, 20), "b": range(1, 5)})
+    assert set(leases.lost()) == {"b"}
+    leases.closed()
+    assert leases.lost() == {} and not leases.healthy()
+    leases.opened()  # a listing: nothing has renewed since
+    leases.seen(lease("a", 19))
+    leases.seen(lease("b", 4))
+    assert leases.lost() == {} and not leases.healthy()
+    for t in range(20, 24):
+        clock.now = 1000.0 + t
+        leases.seen(lease("a", t))
+    assert leases.lost() == {"b": 19.0}  # silent since second 4, judged since second 20
+
+
+def test_a_deleted_lease_is_forgotten() -> None:
+    leases, _ = play(19, {"a": range(1, 20), "b": range(1, 5)})
+    leases.gone("b")
+    assert leases.lost() == {}
+    leases.keep_only({"c"})
+    assert leases.lost() == {}
+
+
+def test_at_least_one_missed_renewal() -> None:
+    with pytest.raises(ValueError, match="missed renewals"):
+        nodelease.LeaseClock(missed=0)
