@@ -6,9 +6,16 @@ Each case plays renewals second by second and reads `lost()` at the end.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kmock
 import pytest
 
-from fsdp_operator import nodelease
+from fsdp_operator import kube, nodelease
+from tests import fakeapi
 
 
 class Clock:
@@ -19,7 +26,7 @@ class Clock:
         return self.now
 
 
-def lease(name: str, renew: int, duration: int = 4) -> dict[str, object]:
+def lease(name: str, renew: int, duration: int = 4) -> dict[str, Any]:
     return {
         "metadata": {"name": name},
         "spec": {
@@ -109,3 +116,69 @@ def test_a_deleted_lease_is_forgotten() -> None:
 def test_at_least_one_missed_renewal() -> None:
     with pytest.raises(ValueError, match="missed renewals"):
         nodelease.LeaseClock(missed=0)
+
+
+# --- LeaseWatch against a fake API server (tests/fakeapi.py) ---------------------------------
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+
+
+def stored(name: str, version: int) -> dict[str, Any]:
+    doc = lease(name, version)
+    doc["metadata"]["resourceVersion"] = str(version)
+    return doc
+
+
+def events(*docs: dict[str, Any]) -> kmock.Response:
+    """A watch answer: one JSON event per line, as the API server streams them."""
+    return kmock.Response(
+        status=200, payload=b"".join(json.dumps(d).encode() + b"\n" for d in docs)
+    )
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[tuple[fakeapi.FakeAPI, nodelease.LeaseWatch]]:
+    with fakeapi.serve() as server:
+        client = kube.load_client(str(server.kubeconfig(tmp_path / "kubeconfig")))
+        clock = nodelease.LeaseClock(missed=3)
+        yield server, nodelease.LeaseWatch(client, clock, retry_seconds=0.01)
+
+
+def test_the_watch_goes_on_from_the_listing_and_its_bookmarks(
+    api: tuple[fakeapi.FakeAPI, nodelease.LeaseWatch],
+) -> None:
+    server, watch = api
+    listing = {"metadata": {"resourceVersion": "5"}, "items": [stored("a", 1), stored("b", 1)]}
+    server.answer(f"get {LEASES}", listing, events(
+        {"type": "MODIFIED", "object": stored("a", 6)},
+        {"type": "DELETED", "object": stored("b", 7)},
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+    ))  # fmt: skip
+    assert watch._list() == "5"
+    assert watch._watch("5") == "9"
+    watched = server.requests[1]
+    assert watched.params["watch"] == "true" and watched.params["resourceVersion"] == "5"
+    assert watched.params["allowWatchBookmarks"] == "true"
+    assert watch.clock.healthy()  # a's renewal arrived on an open watch
+    assert set(watch.clock._nodes) == {"a"}  # b's Lease went with its node
+
+
+def test_a_gone_history_lists_again(api: tuple[fakeapi.FakeAPI, nodelease.LeaseWatch]) -> None:
+    server, watch = api
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    server.answer(f"get {LEASES}", events({"type": "ERROR", "object": gone}))
+    assert watch._watch("5") == ""
+
+
+def test_no_read_access_to_the_leases_loses_no_node(
+    api: tuple[fakeapi.FakeAPI, nodelease.LeaseWatch],
+) -> None:
+    """403 (the chart's Role missing): the thread keeps trying, and the judge never sits."""
+    server, watch = api
+    server[f"get {LEASES}"] << fakeapi.status(403, "leases is forbidden")
+    watch.start()
+    try:
+        server.wait(f"get {LEASES}", 3)
+        assert not watch.clock.healthy() and watch.clock.lost() == {}
+    finally:
+        watch.stop()
