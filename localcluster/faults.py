@@ -223,12 +223,24 @@ class Faults:
     def restore_node(self, node: str) -> None:
         self._kubelet_signal(node, SIGCONT)
 
+    def stall_apiserver(self, seconds: float) -> None:
+        """The API server answers nothing for `seconds` (SIGSTOP, then SIGCONT): every
+        connection stays open and silent, as in a stall; nodes and pods run on."""
+        pid = self._component("apiserver")
+        os.kill(pid, SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            os.kill(pid, SIGCONT)
+
     def _kubelet_signal(self, node: str, signum: int) -> None:
-        registry = procs.Registry(self.state_dir / "cluster.json")
-        pid = registry.pid(f"kubelet-{node}")
+        os.kill(self._component(f"kubelet-{node}"), signum)
+
+    def _component(self, name: str) -> int:
+        pid = procs.Registry(self.state_dir / "cluster.json").pid(name)
         if pid is None:
-            raise FaultError(f"no running kubelet for node {node!r}")
-        os.kill(pid, signum)
+            raise FaultError(f"no running {name}")
+        return pid
 
     def cut_link(self, namespace: str, pod: str) -> None:
         self._link(namespace, pod, "down")
@@ -336,6 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     rank.add_argument("--signal", type=int, default=9)
     for verb in ("lose-node", "restore-node"):
         verbs.add_parser(verb).add_argument("node")
+    verbs.add_parser("stall-apiserver").add_argument("seconds", type=float)
     return parser
 
 

@@ -7,11 +7,12 @@ operator watches the Leases (one namespace, read-only) and measures how long eac
 silent by this process's monotonic clock: a renewal is a change of `spec.renewTime` seen here,
 never the time written in it (another machine's clock).
 
-It acts only on evidence. A node is lost when it missed `missed` renewals in a row while the
-watch was healthy: open, and delivering other nodes' renewals (none missing for two renew
-periods). An API server that stalls, or a watch that falls behind or reconnects, silences every
-node at once: the clock then stops for all of them and starts again only when renewals flow,
-so no node looks lost because the operator could not see. One node alone (nothing to compare
+It acts only on evidence. A node is lost when it missed `missed` renewals in a row (silent for
+`missed` + SLACK renew periods: a renewal a little late is not missed) while the watch was
+healthy: open, and delivering other nodes' renewals (none missing for two renew periods). An
+API server that stalls, or a watch that falls behind or reconnects, silences every node at
+once: the clock then stops for all of them and starts again only when renewals flow, so no
+node looks lost because the operator could not see. One node alone (nothing to compare
 with) is never lost this way; NotReady still catches it.
 
 `LeaseClock` is the bookkeeping (no I/O; unit-tested with a fake clock); `LeaseWatch` feeds it
@@ -38,6 +39,8 @@ NAMESPACE = "kube-node-lease"
 RENEW_FRACTION = 0.25
 """A kubelet renews every this much of its Lease's duration (nodeLeaseRenewIntervalFraction)."""
 DEFAULT_DURATION = 40.0
+SLACK = 0.25
+"""Of a renew period: how late a renewal may be and still count as on time."""
 
 
 @dataclasses.dataclass
@@ -113,7 +116,7 @@ class LeaseClock:
             found = {}
             for name, node in self._nodes.items():
                 silent = now - max(node.at, self._healthy_since)
-                if silent >= self.missed * node.period:
+                if silent >= (self.missed + SLACK) * node.period:
                     found[name] = now - node.at
             return found
 

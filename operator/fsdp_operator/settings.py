@@ -51,10 +51,11 @@ class Settings:
     """Server-side watch timeout: a silently dead watch stream is re-opened this often."""
     watch_client_timeout: int = 90
     """Client-side watch timeout, a little above the server's."""
-    node_lease_missed_renewals: int = 4
-    """A node whose Lease in `node_lease_namespace` missed this many renewals in a row (by this
-    process's clock, while other nodes renewed) is lost, before it turns NotReady
-    (nodelease.py). 0: only NotReady counts."""
+    node_lease_missed_renewals: int = 2
+    """A node whose Lease in `node_lease_namespace` missed this many renewals in a row (silent
+    for this many renew periods and a quarter, by this process's clock, while other nodes
+    renewed) is lost, before it turns NotReady (nodelease.py): 22.5 s on a kubelet's default
+    40 s Lease. 0: only NotReady counts."""
     node_lease_namespace: str = "kube-node-lease"
     worker_module: str = "fsdp_worker"
     """Python module torchrun runs in every pod. `fsdp_worker.standin` is the torch-free stand-in
@@ -94,7 +95,7 @@ class Settings:
             leader_election=e.get("FSDPOP_LEADER_ELECTION", "1") != "0",
             lease_name=e.get("FSDPOP_LEASE_NAME", "fsdp-operator"),
             lease_namespace=e.get("FSDPOP_LEASE_NAMESPACE", e.get("POD_NAMESPACE", "")),
-            node_lease_missed_renewals=int(e.get("FSDPOP_NODE_LEASE_MISSED_RENEWALS", "4")),
+            node_lease_missed_renewals=int(e.get("FSDPOP_NODE_LEASE_MISSED_RENEWALS", "2")),
             node_lease_namespace=e.get("FSDPOP_NODE_LEASE_NAMESPACE", "kube-node-lease"),
             deep_verify=e.get("FSDPOP_DEEP_VERIFY", "") == "1",
             worker_module=e.get("FSDPOP_WORKER_MODULE", "fsdp_worker"),

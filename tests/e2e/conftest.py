@@ -220,7 +220,7 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
         "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
         "settings.nodeExclusionSeconds": "20", "settings.drainTimeoutSeconds": "30",
         # the kubelets here renew their 4 s Leases every second: 8 missed is 8 s of silence,
-        # the local node-monitor grace (the default 4 is 40 s on a kubelet's default Lease)
+        # the local node-monitor grace (the default 2 is 22.5 s on a kubelet's default Lease)
         "settings.nodeLeaseMissedRenewals": "8",
         # a runtime profile as an admin writes one for RDMA (no devices here): the crash and
         # node loss scenario runs under it; it lists that test's namespace itself

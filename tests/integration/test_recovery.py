@@ -7,6 +7,7 @@ user would watch: status, Events, pods.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -192,6 +193,31 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     finally:
         faults.restore_node(lost)
     jobs.patch(name, {"suspend": True})  # free the nodes for the next test
+
+
+def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness.Operator) -> None:
+    """The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
+    operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
+    no node renew in that time, so it judges none, and the job trains on in attempt 1."""
+    name = harness.unique("stall")
+    doc = harness.job_doc(name, training={"steps": 400})
+    doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 300  # NotReady is not the question
+    jobs.apply(doc)
+    _pods_of(jobs, name, 1)
+    _step_at_least(jobs, name, 6)
+    _faults(operator).stall_apiserver(10)
+    s = harness.wait_for(
+        "step 150 after it", lambda: ((s := jobs.status(name)).get("step") or 0) >= 150 and s,
+        timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )  # fmt: skip
+    assert s["attempt"] == 1 and "lastFailure" not in s, s
+    assert not s.get("restarts", {}).get("total"), s
+    jobs.patch(name, {"suspend": True})
+    harness.wait_for("every node Ready again", lambda: all(
+        c["status"] == "True"
+        for n in operator.cluster.get_json("nodes")["items"]
+        for c in n["status"]["conditions"] if c["type"] == "Ready"
+    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
 
 
 @pytest.mark.parametrize(
