@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
-.PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover
+.PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
 .PHONY: kwok-bin bench-fleet lock
 
 venv: $(STAMP)
@@ -89,6 +89,12 @@ bench: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py
 	PYTHONPATH=. $(VPY) bench/pod_start.py
 	$(VPY) bench/worker_ckpt.py --reps 7
+
+# Node loss with the control plane at Kubernetes' defaults (50 s node grace, kubelet Leases of
+# 40 s), by Lease and by NotReady, and an API-server stall longer than a Lease:
+# bench/results/node_loss_production.json (about 10 minutes).
+bench-node-loss: venv cluster-bin images
+	PYTHONPATH=. $(VPY) bench/operator_recovery.py --production-defaults --node-losses 2
 
 # The goodput soak alone (about an hour here): auto against fixed checkpoint intervals under a
 # Poisson fault process; bench/results/goodput.json and docs/goodput.png.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
@@ -37,6 +38,7 @@ from fsdp_operator import (
     settings,
 )
 
+log = logging.getLogger(__name__)
 Key = tuple[str, str]
 TRIM_SECONDS = 30.0  # free memory glibc keeps goes back to the kernel this often (heap.trim)
 LEASE_TICK_SECONDS = 0.5  # how often the node Lease clock is read for nodes lost or back
@@ -213,9 +215,11 @@ class Manager:
         metrics.NODE_LEASES_SEEN.set(1 if healthy else 0)
         wake: set[Key] = set()
         for name in lost.keys() - before.keys():
+            log.warning("node %s lost: no Lease renewal seen for %.1fs", name, lost[name])
             wake |= self.store.jobs_on_node(name, api.KIND)
-        if before.keys() - lost.keys():
-            wake |= self.loops.wants_nodes  # a node renews again: room to grow back
+        if back := before.keys() - lost.keys():
+            log.info("node(s) %s renew their Leases again", ", ".join(sorted(back)))
+            wake |= self.loops.wants_nodes  # room to grow back
         if wake:
             self.loops.wake(wake)
 

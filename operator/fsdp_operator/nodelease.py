@@ -93,6 +93,7 @@ class LeaseClock:
                 return  # a first sighting (a listing, a new node) is no renewal
             if self._open and (self._healthy_since is None or self._stalled(now)):
                 self._healthy_since = now  # renewals flow again: the clocks restart here
+                log.info("node Leases renew (%s first): judging nodes by them from now", name)
             self._last_any = now
 
     def gone(self, name: str) -> None:
@@ -180,6 +181,7 @@ class LeaseWatch:
         doc = json.loads(listed.data)
         self.clock.opened()
         items = doc.get("items") or []
+        log.info("watching %d node Leases in %s", len(items), self.namespace)
         for lease in items:
             self.clock.seen(lease)
         self.clock.keep_only({str(lease.get("metadata", {}).get("name")) for lease in items})
