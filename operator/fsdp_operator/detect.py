@@ -153,6 +153,12 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
+    if scrape is None and rank0.ready is not False:
+        # This process has not scraped rank 0 yet: it has just started, or just taken the lead
+        # (after a failover, or an API-server stall that outlasted its renew deadline), and the
+        # status's last step is old news, not evidence. Its first scrape is due at once; rank
+        # 0's readiness probe failing would be evidence.
+        return None
     if (
         scrape is not None
         and not scrape.blind

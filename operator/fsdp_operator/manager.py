@@ -235,9 +235,14 @@ class Manager:
         latest = self.prober.take(key) if self.prober is not None else None
         health = self.prober.health(key) if self.prober is not None else None
         view = self.store.view(namespace, name, latest, health)
-        return await asyncio.get_running_loop().run_in_executor(
-            self._passes, self.reconciler.run_pass, namespace, name, view
-        )
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                self._passes, self.reconciler.run_pass, namespace, name, view
+            )
+        except BaseException:
+            if latest is not None and self.prober is not None:
+                self.prober.give_back(key, latest)
+            raise
 
     def _on_outcome(self, key: Key, outcome: reconcile.Outcome) -> None:
         if self.prober is not None:

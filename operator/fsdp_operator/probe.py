@@ -118,6 +118,14 @@ class Prober:
         slot.fresh = False
         return slot.target.pod, slot.progress
 
+    def give_back(self, key: Hashable, taken: tuple[str, observed.Progress]) -> None:
+        """A pass that `take`s a scrape and then fails has not seen it: it is news again for
+        the next pass, unless a newer scrape has replaced it (an API-server stall must not
+        swallow the progress rank 0 made meanwhile)."""
+        slot = self._slots.get(key)
+        if slot is not None and slot.progress is taken[1] and slot.target.pod == taken[0]:
+            slot.fresh = True
+
     def health(self, key: Hashable) -> observed.ScrapeHealth | None:
         """How the scrapes of the job's rank 0 have gone: how many in a row could not reach
         the pod, the last error, and whether the pod ever served its metrics (None: nothing

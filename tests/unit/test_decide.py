@@ -308,11 +308,15 @@ def test_a_rank_0_that_has_not_loaded_does_not_take_the_step_back(
     assert d.status.step == shown and d.status.last_progress_time == progress_time
 
 
+SCRAPED = ob.ScrapeHealth("job-a1-0", failures=0, address="10.0.0.5:9400")
+"""The operator's scrapes reach rank 0 and get its metrics (no newer step in them)."""
+
+
 def test_hang_after_progress_deadline() -> None:
     status = running_status(last_progress_time=NOW - 101)
-    assert dc.decide(observe(status=status, progress=None)).failure is None, "ranks' grace"
+    assert dc.decide(observe(status=status, progress=None, scrape=SCRAPED)).failure is None
     status = running_status(last_progress_time=NOW - 103)
-    d = dc.decide(observe(status=status, progress=None))
+    d = dc.decide(observe(status=status, progress=None, scrape=SCRAPED))
     assert d.failure is not None and d.failure.cause is st.Cause.HANG and d.failure.rank == 0
     # useful work stopped at the last progress: detection took the deadline (and then some)
     assert d.failure.time == NOW - 103 and d.status.history[0].detect_seconds == 103
@@ -321,6 +325,28 @@ def test_hang_after_progress_deadline() -> None:
     assert [name for _, name, _ in d.collect.pods] == [p.name for p in pods()]
     assert d.status.history[0].failure is not None
     assert d.status.history[0].failure.cause is st.Cause.HANG
+
+
+@pytest.mark.parametrize(
+    ("ready", "hung"),
+    [
+        pytest.param(None, False, id="no-probe-result-yet"),
+        pytest.param(True, False, id="probe-says-progress"),
+        pytest.param(False, True, id="probe-says-none-is-evidence"),
+    ],
+)
+def test_an_operator_that_has_not_scraped_yet_judges_no_hang_on_old_status(
+    ready: bool | None, hung: bool
+) -> None:
+    """A replica that has just taken the lead (after a failover, or an API-server stall longer
+    than its renew deadline) has no scrape of rank 0 yet, and the status's last step is as old
+    as the stall: old news, not evidence. Its first scrape is due at once; only rank 0's
+    readiness probe failing is evidence meanwhile."""
+    status = running_status(last_progress_time=NOW - 300)
+    d = dc.decide(
+        observe(status=status, progress=None, scrape=None, pods=pods(r0={"ready": ready}))
+    )
+    assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
 
 
 def test_no_hang_while_steps_advance() -> None:
@@ -346,7 +372,6 @@ REFUSED = ob.ScrapeHealth(
     [
         pytest.param(REFUSED, st.Cause.RENDEZVOUS, id="never-served-the-gang-never-met"),
         pytest.param(dataclasses.replace(REFUSED, answered=True), st.Cause.HANG, id="served"),
-        pytest.param(None, st.Cause.HANG, id="never-scraped-as-before"),
     ],
 )
 def test_a_gang_that_never_met_is_not_the_users_hang(

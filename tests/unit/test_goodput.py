@@ -264,7 +264,8 @@ def test_the_progress_deadline_counts_from_running_not_from_launch() -> None:
         last_progress_time=None, attempt_started=NOW - 110, step=None,
         history=[st.HistoryEntry(attempt=1, started=NOW - 110, world_size=4, timeline=tl)],
     )  # fmt: skip
-    d = dc.decide(observe(status=status, progress=None))
+    scraped = ob.ScrapeHealth("job-a1-0", failures=0)
+    d = dc.decide(observe(status=status, progress=None, scrape=scraped))
     assert d.failure is None
-    later = dc.decide(observe(status=status, progress=None, now=NOW + 83))
+    later = dc.decide(observe(status=status, progress=None, now=NOW + 83, scrape=scraped))
     assert later.failure is not None and later.failure.cause is st.Cause.HANG

@@ -62,6 +62,34 @@ def test_a_new_step_wakes_the_job_once_and_is_handed_to_one_pass() -> None:
     assert newer is not None and newer[1].step == 6
 
 
+def test_a_sample_taken_by_a_pass_that_failed_is_news_again_until_a_newer_one_comes() -> None:
+    """A pass that took step 5 and then failed (the API server stalled) has not recorded it:
+    the next pass gets it. Once step 6 has been scraped, step 5 is not handed back."""
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        page = {"step": 5}
+        prober = probe.Prober(on_change=lambda _: None, timeout=0.5)
+        async with endpoint("127.0.0.23", page):
+            runner = asyncio.create_task(prober.run())
+            prober.want("job", probe.Target(pod="p0", ip="127.0.0.23", every=0.1))
+            await asyncio.sleep(0.3)
+            taken = prober.take("job")
+            assert taken is not None
+            prober.give_back("job", taken)
+            again = prober.take("job")
+            page["step"] = 6
+            await asyncio.sleep(0.3)
+            assert again is not None
+            prober.give_back("job", again)  # a newer sample came meanwhile: it is the news
+            newest = prober.take("job")
+            runner.cancel()
+        return taken, again, newest
+
+    taken, again, newest = asyncio.run(scenario())
+    assert again is not None and again[1].step == taken[1].step == 5
+    assert newest is not None and newest[1].step == 6
+
+
 def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
     tries: dict[str, int] = {}
 

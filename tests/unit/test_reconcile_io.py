@@ -252,15 +252,16 @@ class Cluster:
             if kind == "Pod" and observe.owned_by(obj, JOB_REF)
         )
 
-    def view(self) -> cache.View:
-        """What the pods watch shows a pass once caught up: the pods with the job's label."""
+    def view(self, scrape: observed.ScrapeHealth | None = None) -> cache.View:
+        """What the pods watch shows a pass once caught up: the pods with the job's label, and
+        how the scrapes of rank 0 went."""
         label = names.Label.JOB.value
         pods = [
             cache.slim_pod(obj)
             for (kind, _), obj in self.objects.items()
             if kind == "Pod" and obj["metadata"].get("labels", {}).get(label) == NAME
         ]
-        return cache.View(pods=pods, nodes=NODES, used={})
+        return cache.View(pods=pods, nodes=NODES, used={}, scrape=scrape)
 
     def _patch_status(self, request: kmock.Request) -> kmock.Response:
         self.job = merge_patch(self.job, request.data)
@@ -686,7 +687,7 @@ def test_a_hung_gangs_logs_and_evidence_are_kept_before_its_pods_are_deleted(
     cluster.logs[pod0] = "step 11\n" + _stall_line(0, **waiting) + _stall_line(1, **waiting)
     cluster.logs[pod1] = _stall_line(2, where="data loading", step=11, waiting=None, seq=138)
     cluster.logs[pod1] += _stall_line(3, **waiting)
-    reconciler.run_pass(NS, NAME, cluster.view())
+    reconciler.run_pass(NS, NAME, cluster.view(observed.ScrapeHealth(pod0, failures=0)))
     assert write_order(fake_api.requests)[:3] == ["evidence", "status", "delete"], fake_api.log()
     [written] = status_patches(fake_api.requests)
     failure = written["lastFailure"]
