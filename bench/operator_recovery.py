@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,9 @@ def production_node_loss(
     op.stop()
     os.environ[LEASE_ENV] = str(missed)
     op.start()
+    if missed:  # a fresh operator judges Leases from the first renewal it sees flow
+        harness.wait_for("the operator judging node Leases", lambda: _metric(
+            op, "fsdpjob_operator_node_leases_healthy") == 1.0, timeout=60)  # fmt: skip
     faults = lf.Faults.for_cluster(op.cluster.state_dir)
     out = []
     for i in range(n):
@@ -164,6 +168,16 @@ def production_node_loss(
             jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
             harness.wait_for("node ready", lambda: op.cluster.ready_nodes() >= 3, timeout=120)
     return out
+
+
+def _metric(op: harness.Operator, name: str) -> float | None:
+    try:
+        with urllib.request.urlopen(op.metrics_url(), timeout=2) as resp:
+            page = resp.read().decode()
+    except OSError:
+        return None
+    found = [line.split()[-1] for line in page.splitlines() if line.startswith(name + " ")]
+    return float(found[0]) if found else None
 
 
 def api_server_stall(jobs: harness.Jobs, op: harness.Operator, seconds: float) -> dict[str, Any]:
