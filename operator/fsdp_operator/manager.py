@@ -212,7 +212,7 @@ class Manager:
         before = self.store.lease_lost
         self.store.lease_lost = lost
         metrics.NODES_LEASE_LOST.set(len(lost))
-        metrics.NODE_LEASES_SEEN.set(1 if healthy else 0)
+        metrics.NODE_LEASES_HEALTHY.set(1 if healthy else 0)
         wake: set[Key] = set()
         for name in lost.keys() - before.keys():
             log.warning("node %s lost: no Lease renewal seen for %.1fs", name, lost[name])

@@ -100,7 +100,7 @@ LEADER = prom.Gauge("fsdpjob_operator_leader", "1 while this replica holds the l
 NODES_LEASE_LOST = prom.Gauge(
     "fsdpjob_operator_nodes_lease_lost", "Nodes whose kubelet stopped renewing their Lease"
 )
-NODE_LEASES_SEEN = prom.Gauge(
+NODE_LEASES_HEALTHY = prom.Gauge(
     "fsdpjob_operator_node_leases_healthy",
     "1 while the watch of node Leases is open and renewals flow (else no node is lost by Lease)",
 )
