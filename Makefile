@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
-.PHONY: kwok-bin bench-fleet lock
+.PHONY: kwok-bin kueue-bin bench-fleet lock
 
 venv: $(STAMP)
 
@@ -32,6 +32,12 @@ cluster-bin: packages
 kwok-bin:
 	bash localcluster/build-kwok.sh >/dev/null
 test: kwok-bin
+
+# Kueue (the queueing controller, localcluster/kueue.py) with its CRDs and webhook manifests,
+# from its Go module into the cache; tests/integration/test_kueue.py needs it.
+kueue-bin:
+	bash localcluster/build-kueue.sh >/dev/null
+test: kueue-bin
 
 lint: venv
 	$(VENV)/bin/ruff format --check .

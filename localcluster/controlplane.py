@@ -77,7 +77,7 @@ def built_dir(script_name: str, *, override: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     # Another process may take the port between close and use; startup then fails loudly
     # with the component's log, which is rare enough on loopback to accept.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -140,7 +140,7 @@ class Cluster:
             raise ControlPlaneError(f"a cluster is already running in {layout.root}; run down")
         components.reset(layout)
         cluster = cls(layout.root, bin_dir=bin_dir or find_bin_dir(), ports={})
-        cluster.ports = {name: _free_port() for name in components.PORTS}
+        cluster.ports = {name: free_port() for name in components.PORTS}
         try:
             cluster._start(nodes or NodeOptions(), deadline=time.monotonic() + timeout)
         except BaseException:

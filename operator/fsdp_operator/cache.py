@@ -57,6 +57,12 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 {"name": _shared(c.get("name")), "resources": {"requests": _requests_of(c)}}
                 for c in spec.get("containers") or []
             ],
+            # Kueue's admission gate: the pod is queued (queueing.py)
+            **(
+                {"schedulingGates": [{"name": _shared(g.get("name"))} for g in gates]}
+                if (gates := spec.get("schedulingGates"))
+                else {}
+            ),
         },
         "status": {
             "phase": _shared(status.get("phase", "Pending")),

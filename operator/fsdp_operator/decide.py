@@ -12,7 +12,7 @@ import dataclasses
 import datetime
 import enum
 
-from fsdp_operator import detect, explain, goodput, observed, policy, status
+from fsdp_operator import detect, explain, goodput, observed, policy, queueing, status
 from fsdp_worker import catalog, contract, interval
 from fsdp_worker.config import AUTO
 
@@ -26,6 +26,7 @@ RESYNC_SECONDS = 300.0
 # "Fleet"). client-go waits 5 minutes; the pods' own watch events wake the job when seen.
 EXPECT_SECONDS = 60.0
 CONFLICT_POLL_SECONDS = 2.0  # a job waiting on someone else's objects looks again this often
+QUEUED = "Queued"  # condition: the attempt's pods wait for Kueue's admission (queueing.py)
 CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it does not own
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
 PROGRESS_OBSERVED = "ProgressObserved"  # condition: whether rank 0's metrics answer the operator
@@ -66,6 +67,7 @@ class Launch:
     excluded_nodes: tuple[str, ...] = ()
     reliability: str = ""  # FSDP_RELIABILITY (intervalSteps: auto), the same for every pod
     resume_rules: str = ""  # FSDP_RESUME_RULES, with resume_path "auto"
+    queue: queueing.Queue | None = None  # the pods form this attempt's Kueue pod group
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +140,12 @@ def _phase(
 ) -> None:
     s = d.status
     s.phase, s.reason, s.message = phase, reason, msg
-    progressing = phase in (status.Phase.PENDING, status.Phase.RUNNING, status.Phase.RESTARTING)
+    progressing = phase in (
+        status.Phase.PENDING,
+        status.Phase.QUEUED,
+        status.Phase.RUNNING,
+        status.Phase.RESTARTING,
+    )
     _set_condition(d, obs, kind="Progressing", true=progressing, reason=reason, msg=msg)
     _set_condition(
         d, obs, kind="Suspended", true=phase is status.Phase.SUSPENDED, reason=reason, msg=msg
@@ -560,6 +567,8 @@ def _launch(
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None
     s.attempt_started, s.last_progress_time = obs.now, None
+    q = obs.queue
+    s.queue = status.QueueStatus(name=q.name, pod_group=q.group(s.attempt)) if q else None
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else (contract.RESUME_AUTO if rules else None)
     s.resume_rules = rules.to_json() if rules else None
@@ -586,6 +595,7 @@ def _launch(
         tuple(excluded),
         reliability=_reliability(obs, s),
         resume_rules=s.resume_rules or "",
+        queue=obs.queue,
     )
     origin = f"checkpoint step {ck.step}" if ck else "scratch"
     if rules is not None:
@@ -655,7 +665,37 @@ def _complete_creation(d: Decision, obs: observed.Observed, pods: list[observed.
             live,
             reliability=_reliability(obs, s),
             resume_rules=s.resume_rules or "",
+            queue=obs.queue if s.queue is not None else None,
         )
+
+
+def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -> None:
+    """Under Kueue: while any pod of the attempt is gated the job is Queued, with Kueue's
+    reason; the moment every pod is seen ungated it was admitted (the pending timeout counts
+    from then)."""
+    s = d.status
+    q = s.queue
+    if q is None or not pods or q.admitted is not None:
+        return
+    said = obs.admission
+    if any(p.gated for p in pods):
+        why = said.message if said is not None and said.message else "waiting for Kueue"
+        msg = f"LocalQueue {q.name}, pod group {q.pod_group}: {why}"
+        reason = said.reason if said is not None and said.reason else "WaitingForAdmission"
+        if s.phase is not status.Phase.QUEUED:
+            d.emit("Queued", msg)
+        _phase(d, obs, status.Phase.QUEUED, reason, msg)
+        _set_condition(d, obs, kind=QUEUED, true=True, reason=reason, msg=msg)
+        return
+    if len(pods) < (s.replicas or 0):
+        return
+    waited = round(obs.now - (s.attempt_started or obs.now), 3)
+    q.admitted, q.queued_seconds = obs.now, waited
+    by = f" by ClusterQueue {said.cluster_queue}" if said is not None and said.cluster_queue else ""
+    msg = f"admitted{by} after {waited:.1f}s in LocalQueue {q.name}"
+    _phase(d, obs, status.Phase.PENDING, "Admitted", msg)
+    _set_condition(d, obs, kind=QUEUED, true=False, reason="Admitted", msg=msg)
+    d.emit("Admitted", msg)
 
 
 def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decision:
@@ -667,6 +707,7 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
             # A name someone else holds: the gang waits whole (the pods a create made before it
             # met the name are being deleted again by this operator: not a failure).
             return d
+    _queued(d, obs, pods)
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     failure = detect.detect(now_seen)
     if failure is not None:

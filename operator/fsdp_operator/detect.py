@@ -117,12 +117,20 @@ def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fa
     return failure.model_copy(update={"rank": missing[0]})
 
 
+def pending_since(s: status.FSDPJobStatus) -> float | None:
+    """Since when the attempt's pods may be held Pending against them: their creation, or
+    under a Kueue queue their admission (time waiting in a queue is not a failure)."""
+    if s.queue is not None:
+        return s.queue.admitted
+    return s.attempt_started
+
+
 def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
-    started = obs.status.attempt_started
+    started = pending_since(obs.status)
     timeout = obs.spec.failure_policy.pending_timeout_seconds
     if started is None or obs.now - started < timeout:
         return None
-    pending = [p for p in pods if p.phase is observed.PodPhase.PENDING]
+    pending = [p for p in pods if p.phase is observed.PodPhase.PENDING and not p.gated]
     for pod in pending:
         if pod.image_error:
             msg = f"pod {pod.name}: {pod.image_error} for over {timeout}s"
@@ -222,8 +230,9 @@ def next_deadline(obs: observed.Observed) -> float | None:
         node = obs.node(pod.node) if pod.node else None
         if node is not None and not node.ready and node.not_ready_since is not None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
-    if s.attempt_started is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
-        times.append(s.attempt_started + fp.pending_timeout_seconds)
+    since = pending_since(s)
+    if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
+        times.append(since + fp.pending_timeout_seconds)
     baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
         times.append(baseline + fp.progress_deadline_seconds + HANG_EVIDENCE_GRACE_SECONDS)

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 from prometheus_client.parser import text_string_to_metric_families
 
-from fsdp_operator import api, metrics, names
+from fsdp_operator import api, metrics, names, queueing
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,21 @@ class Kube:
         """The FSDPRuntimeProfile `name` (cluster-scoped), or None when there is none."""
         read = self.custom.get_cluster_custom_object
         return _read(read, api.GROUP, api.VERSION, api.PROFILE_PLURAL, name)
+
+    def get_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Kueue's Workload `name` (a queued job's pod group), or None where there is none, or
+        Kueue is not installed (404), or the operator may not read it (403: the reason is then
+        missing from the job's status, nothing else)."""
+        group, version, plural = queueing.WORKLOAD_API
+        try:
+            return _read(
+                self.custom.get_namespaced_custom_object, group, version, namespace, plural, name
+            )
+        except ApiException as exc:
+            if _ok_statuses(exc, 403):
+                log.warning("cannot read Kueue Workload %s/%s: %s", namespace, name, exc.reason)
+                return None
+            raise
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
         """One merge patch of the whole status (None values clear fields); returns the job's

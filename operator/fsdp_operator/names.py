@@ -140,6 +140,14 @@ def pod_name(job_name: str, *, attempt: int, node_rank: int) -> str:
     return f"{job_part(job_name)}-a{attempt}-{node_rank}"
 
 
+def pod_group(job_name: str, *, attempt: int) -> str:
+    """`<job>-g<attempt>`: the Kueue pod group (and Workload) of the gang `attempt` started
+    (queueing.py); a label value and a DNS subdomain."""
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(f"attempt={attempt} must be within 0..{MAX_ATTEMPT}")
+    return f"{job_part(job_name)}-g{attempt}"
+
+
 def evidence_name(job_name: str, *, attempt: int) -> str:
     """The ConfigMap that keeps a failed attempt's explanation and its ranks' log tails:
     `<job>-a<attempt>-why` (owned by the job: deleted with it, never another job's)."""

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator import api, cache, kubetypes, names, observed, status
+from fsdp_operator import api, cache, kubetypes, names, observed, queueing, status
 from fsdp_worker import contract
 
 IMAGE_ERRORS = frozenset(
@@ -63,6 +63,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     phase = pod.get("status", {}).get("phase", "Pending")
     scheduled = _condition(pod, "PodScheduled")
     ready = _condition(pod, "Ready")
+    gates = pod.get("spec", {}).get("schedulingGates") or []
     return observed.PodView(
         name=meta["name"],
         attempt=attempt,
@@ -82,6 +83,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         ip=pod.get("status", {}).get("podIP"),
         ready=None if not ready else ready.get("status") == "True",
         ready_changed=ts(ready.get("lastTransitionTime")),
+        gated=any(g.get("name") == queueing.ADMISSION_GATE for g in gates),
     )
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
-from fsdp_operator import api, status
+from fsdp_operator import api, queueing, status
 
 
 class PodPhase(enum.StrEnum):
@@ -43,6 +43,7 @@ class PodView:
     ip: str | None = None
     ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
     ready_changed: float | None = None  # that condition's lastTransitionTime
+    gated: bool = False  # Kueue's admission scheduling gate: queued, not unschedulable
 
     def worker_cause(self) -> dict[str, Any]:
         """The worker's JSON termination message, or {} when it wrote none (or garbage)."""
@@ -183,6 +184,8 @@ class Observed:
     validated_generation: int | None = None  # a server-side dry run passed for it this pass
     created_at: float | None = None  # this process created the current attempt's pods then
     profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, read this pass
+    queue: queueing.Queue | None = None  # the Kueue LocalQueue the job names (its labels)
+    admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

@@ -33,6 +33,7 @@ from fsdp_operator import (
     observe,
     observed,
     probe,
+    queueing,
     recording,
     settings,
     status,
@@ -267,6 +268,7 @@ class Reconciler:
         )
         base = checkpoints.storage_for(job, spec, self.settings.storage_template)
         found = checkpoints.newest(job, spec, job_status, base, deep=self.settings.deep_verify)
+        queue = queueing.Queue.of(job.name, meta.get("labels"), spec.template.metadata.labels)
         return observed.Observed(
             spec=spec,
             status=job_status,
@@ -286,7 +288,20 @@ class Reconciler:
             validated_generation=validated,
             created_at=created_at,
             profile=profile,
+            queue=queue,
+            admission=self._admission(job, job_status, pods),
         )
+
+    def _admission(
+        self, job: names.JobRef, s: status.FSDPJobStatus, pods: list[observed.PodView]
+    ) -> queueing.Admission | None:
+        """Kueue's Workload of the attempt's pod group, read (one GET) only while a pod of it
+        is gated or its admission was not yet seen: the reason a queued job waits."""
+        q = s.queue
+        current = [p for p in pods if p.attempt == s.attempt]
+        if q is None or q.admitted is not None or not current:
+            return None
+        return queueing.admission_of(self.kube.get_workload(job.namespace, q.pod_group))
 
     def _profile(self, name: str) -> api.RuntimeProfileSpec | None:
         """The runtime profile's spec as the API server has it now (one GET; profile jobs

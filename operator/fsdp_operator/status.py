@@ -63,6 +63,7 @@ class Phase(enum.StrEnum):
     """Where an FSDPJob is in its life (status.phase)."""
 
     PENDING = "Pending"
+    QUEUED = "Queued"
     RUNNING = "Running"
     RESTARTING = "Restarting"
     SUCCEEDED = "Succeeded"
@@ -387,14 +388,31 @@ class ExcludedNode(_Model):
     until: Time = Field(description="New attempts avoid it until this time.")
 
 
+class QueueStatus(_Model):
+    """Kueue's admission of the current attempt's pods (a job labelled
+    kueue.x-k8s.io/queue-name)."""
+
+    name: str = Field(description="The LocalQueue the job waits in.")
+    pod_group: str = Field(description="The pods' Kueue pod group: its Workload's name.")
+    admitted: Time | None = Field(
+        None,
+        description="When the operator saw the attempt's pods ungated (admitted); "
+        "failurePolicy.pendingTimeoutSeconds counts from it.",
+    )
+    queued_seconds: float | None = Field(
+        None, description="How long the attempt waited for admission."
+    )
+
+
 class FSDPJobStatus(_Model):
     """`status` of an FSDPJob. Times are RFC 3339, UTC, to the microsecond; durations seconds."""
 
     phase: Phase = Field(
         Phase.PENDING,
         description="Pending (the first attempt, or the first after a suspension, is starting), "
-        "Running (every pod of the attempt is running), Restarting (an attempt ended and the "
-        "next one is on its way), Suspended (spec.suspend), Succeeded or Failed (final).",
+        "Queued (its pods wait for Kueue to admit them), Running (every pod of the attempt is "
+        "running), Restarting (an attempt ended and the next one is on its way), Suspended "
+        "(spec.suspend), Succeeded or Failed (final).",
     )
     reason: str = Field(
         "",
@@ -443,6 +461,9 @@ class FSDPJobStatus(_Model):
         "the operator read it: a restart must find it or an older one, never start at step 0.",
     )
     pods_created: bool = Field(False, description="Every pod of the attempt was seen once.")
+    queue: QueueStatus | None = Field(
+        None, description="Kueue's admission of the current attempt; null without a queue."
+    )
     next_attempt_at: Time | None = Field(None, description="Backoff: next attempt not before.")
     failure_observed: Time | None = Field(None, description="When the last teardown began.")
     drain: bool = Field(False, description="Wait for old pods to exit (they save on SIGTERM).")

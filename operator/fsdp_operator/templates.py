@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import api, decide, names, podmerge
+from fsdp_operator import api, decide, names, podmerge, queueing
 from fsdp_worker import config, contract
 
 JobRef = names.JobRef
@@ -67,7 +67,12 @@ def owner_reference(job: JobRef) -> dict[str, Any]:
 
 
 def _user_keys(values: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in values.items() if not names.is_operator_key(k)}
+    """The template's own keys, less the operator's and the Kueue keys it sets itself."""
+    return {
+        k: v
+        for k, v in values.items()
+        if not names.is_operator_key(k) and k not in queueing.KUEUE_KEYS
+    }
 
 
 def _labels(job: JobRef, spec: api.FSDPJobSpec, component: names.Component) -> dict[str, str]:
@@ -175,6 +180,7 @@ class _Slot:
     reliability: str = ""  # FSDP_RELIABILITY, set only for intervalSteps: auto
     resume_rules: str = ""  # FSDP_RESUME_RULES, set only when the pods choose (auto)
     profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, as read this pass
+    queue: queueing.Queue | None = None  # Kueue's LocalQueue: the pods are one pod group
 
     @property
     def world_size(self) -> int:
@@ -212,6 +218,7 @@ def worker_pod(
         reliability=launch.reliability,
         resume_rules=launch.resume_rules,
         profile=profile,
+        queue=launch.queue,
     )
     _check_shape(slot)
     _check_profile(slot)
@@ -302,6 +309,12 @@ def _pod_metadata(slot: _Slot) -> dict[str, Any]:
         names.Annotation.RENDEZVOUS_ID.value: names.rendezvous_id(job, attempt=slot.attempt),
         names.Annotation.CONFIG_HASH.value: spec.training.resume_hash(),
     }
+    if slot.queue is not None:
+        queue_labels, queue_annotations = slot.queue.pod_keys(
+            attempt=slot.attempt, count=slot.replicas
+        )
+        labels.update(queue_labels)
+        annotations.update(queue_annotations)
     return {
         "name": slot.pod_name,
         "namespace": job.namespace,
@@ -372,6 +385,9 @@ def _resources(slot: _Slot) -> dict[str, Any]:
     """The job's resources, plus its profile's (RDMA devices, hugepages) in requests and limits
     (extended resources and hugepages need both, and equal); a job asking less gets less."""
     resources = slot.spec.resources.to_api()
+    for part in ("requests", "limits"):  # `nvidia.com/gpu: 8` in YAML is a number: a quantity
+        if isinstance(resources.get(part), dict):
+            resources[part] = {k: str(v) for k, v in resources[part].items()}
     granted = slot.profile.resources if slot.profile else {}
     asked = {**resources.get("requests", {}), **resources.get("limits", {})}
     amounts = {k: str(asked.get(k, v)) for k, v in granted.items()}  # the job may ask less

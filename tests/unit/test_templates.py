@@ -655,3 +655,14 @@ def test_the_gpu_rdma_example_job_gets_its_profile() -> None:
         templates.worker_pod(
             elsewhere, spec, decide.Launch(1, 16, ""), node_rank=0, profile=profile
         )
+
+
+def test_a_quantity_written_as_a_number_reaches_the_pod_as_a_quantity() -> None:
+    """`nvidia.com/gpu: 8` in YAML is an int; the pod API wants a quantity string (the
+    operator's create failed with a pydantic error before)."""
+    spec = api.FSDPJobSpec.model_validate(
+        {**TYPICAL, "resources": {"limits": {"nvidia.com/gpu": 8}, "requests": {"cpu": 2}}}
+    )
+    pod = templates.worker_pod(JOB, spec, decide.Launch(1, 2, ""), node_rank=0)
+    res = pod["spec"]["containers"][0]["resources"]
+    assert res["limits"] == {"nvidia.com/gpu": "8"} and res["requests"] == {"cpu": "2"}

@@ -1,0 +1,117 @@
+"""FSDPJobs under a real Kueue (v0.17.0, built from its Go module) on the local cluster.
+
+Kueue runs as its own process with its webhooks served by URL (localcluster/kueue.py), for the
+plain-pod integration in this module's namespaces only. A job labelled
+`kueue.x-k8s.io/queue-name` waits in its LocalQueue as one pod group: Queued while Kueue holds
+its pods, never charged as Unschedulable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from localcluster import controlplane
+from localcluster import kueue as lk
+from tests.integration import harness
+
+pytestmark = pytest.mark.cluster
+GPUS_PER_POD = 2
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: controlplane.Cluster) -> Iterator[lk.Kueue]:
+    k = lk.Kueue(cluster)
+    k.start()
+    try:
+        yield k
+    finally:
+        k.stop()
+
+
+@pytest.fixture
+def queued_jobs(jobs: harness.Jobs, kueue: lk.Kueue) -> harness.Jobs:
+    kueue.enable(jobs.ns)
+    kueue.queue(jobs.ns, name="team", cluster_queue=f"cq-{jobs.ns}", gpus=4)
+    return jobs
+
+
+def _gpu_job(name: str, *, steps: int, queue: str | None = "team") -> dict:
+    doc = harness.job_doc(
+        name,
+        replicas=2,
+        minReplicas=2,
+        training={"steps": steps},
+        resources={"limits": {"nvidia.com/gpu": GPUS_PER_POD}},
+    )
+    if queue:
+        doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    return doc
+
+
+def _context(jobs: harness.Jobs, kueue: lk.Kueue, *names: str) -> str:
+    lines = []
+    for name in names:
+        s = jobs.status(name)
+        group = (s.get("queue") or {}).get("podGroup")
+        wl = kueue.workload(jobs.ns, group) if group else None
+        lines += [
+            f"{name} status: {json.dumps(s)[:3000]}",
+            f"{name} events: {jobs.events(name)}",
+            f"{name} workload {group}: {json.dumps((wl or {}).get('status'))[:1500]}",
+        ]
+    pods = [
+        (p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("schedulingGates"))
+        for p in jobs.pods()
+    ]
+    lines.append(f"pods: {pods}")
+    lines.append(f"kueue log:\n{lk.procs.tail(kueue.log, 20)}")
+    return "\n".join(lines)
+
+
+def _phase(jobs: harness.Jobs, kueue: lk.Kueue, name: str, phase: str, *, timeout: float) -> dict:
+    return harness.wait_for(
+        f"{name} phase {phase}",
+        lambda: (s := jobs.status(name)).get("phase") == phase and s,
+        timeout=timeout,
+        context=lambda: _context(jobs, kueue, name),
+    )
+
+
+def test_a_job_beyond_the_quota_waits_queued_and_runs_when_the_first_ends(
+    queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
+) -> None:
+    """Quota for 4 GPUs, two jobs of 4: the second is Queued with Kueue's reason for longer
+    than its pendingTimeoutSeconds (10 s), is neither charged nor shrunk, and runs to the end
+    once the first has finished."""
+    jobs = queued_jobs
+    first, second = harness.unique("kq-a"), harness.unique("kq-b")
+    jobs.apply(_gpu_job(first, steps=100))
+    a = _phase(jobs, kueue, first, "Running", timeout=120)
+    assert a["queue"]["admitted"] and a["queue"]["podGroup"] == f"{first}-g1"
+    jobs.apply(_gpu_job(second, steps=20))
+    b = _phase(jobs, kueue, second, "Queued", timeout=60)
+    cond = next(c for c in b["conditions"] if c["type"] == "Queued")
+    assert cond["status"] == "True" and "insufficient" in cond["message"], cond
+    # Waiting its turn past the pending timeout is not a failure.
+    assert harness.wait_for(
+        "first job done", lambda: jobs.status(first).get("phase") == "Succeeded", timeout=180,
+        context=lambda: _context(jobs, kueue, first, second),
+    )  # fmt: skip
+    b = _phase(jobs, kueue, second, "Succeeded", timeout=180)
+    assert b["attempt"] == 1 and b["replicas"] == 2, b
+    assert b["restarts"]["application"] == 0 and b["restarts"]["infrastructure"] == 0
+    assert b["queue"]["queuedSeconds"] > 10  # past pendingTimeoutSeconds, uncharged
+    reasons = jobs.events(second)
+    assert "Queued" in reasons and "Admitted" in reasons and "FailureDetected" not in reasons
+    wl = kueue.workload(jobs.ns, b["queue"]["podGroup"])
+    assert wl is not None and any(
+        c["type"] == "Finished" and c["status"] == "True" for c in wl["status"]["conditions"]
+    ), wl
+    a = jobs.status(first)
+    print(
+        f"admission latency (attempt created -> pods ungated): first job "
+        f"{a['queue']['queuedSeconds']:.2f}s; second job queued {b['queue']['queuedSeconds']:.1f}s"
+    )

@@ -1,0 +1,143 @@
+"""Kueue: a job that names a LocalQueue waits as one pod group, Queued and never charged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fsdp_operator import api, cache, observe, queueing, templates
+from fsdp_operator import decide as dc
+from fsdp_operator import observed as ob
+from fsdp_operator import status as st
+from fsdp_operator.names import JobRef
+from tests.unit.test_decide import NOW, pods, running_status
+from tests.unit.test_decide import observe as observation
+
+QUEUE = queueing.Queue(name="team", job_name="job")
+JOB = JobRef(name="job", namespace="ns", uid="u-1")
+
+
+def queued_status(**over: Any) -> st.FSDPJobStatus:
+    q = st.QueueStatus(name="team", pod_group="job-g1")
+    return running_status(
+        phase=st.Phase.PENDING, last_progress_time=None, step=None, queue=q, **over
+    )
+
+
+def test_the_queue_comes_from_the_job_labels_then_the_template() -> None:
+    assert queueing.Queue.of("job", None, {}) is None
+    got = queueing.Queue.of("job", {queueing.QUEUE_LABEL: "a"}, {queueing.QUEUE_LABEL: "b"})
+    assert got == queueing.Queue(name="a", job_name="job")
+    got = queueing.Queue.of("job", {}, {queueing.QUEUE_LABEL: "b", queueing.PRIORITY_LABEL: "hi"})
+    assert got == queueing.Queue(name="b", job_name="job", priority_class="hi")
+
+
+def test_an_attempts_pods_are_one_pod_group_of_its_size() -> None:
+    spec = api.FSDPJobSpec.model_validate(
+        {
+            "replicas": 3,
+            "image": "w:1",
+            "training": {"globalBatchSize": 3, "microBatchSize": 1},
+            # a template's own Kueue keys would split the group: the operator sets them
+            "template": {"metadata": {"labels": {queueing.GROUP_LABEL: "mine", "team": "x"}}},
+        }
+    )
+    queue = queueing.Queue(name="team", job_name="job", priority_class="high")
+    launch = dc.Launch(attempt=4, replicas=3, resume_path="", queue=queue)
+    made = templates.worker_pods(JOB, spec, launch)
+    for pod in made:
+        labels, notes = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+        assert labels[queueing.QUEUE_LABEL] == "team" and labels["team"] == "x"
+        assert labels[queueing.GROUP_LABEL] == "job-g4"
+        assert labels[queueing.PRIORITY_LABEL] == "high"
+        assert notes[queueing.GROUP_COUNT_ANNOTATION] == "3"
+    plain = templates.worker_pods(JOB, spec, dc.Launch(attempt=4, replicas=3, resume_path=""))
+    keys = {*plain[0]["metadata"]["labels"], *plain[0]["metadata"]["annotations"]}
+    assert not keys & queueing.KUEUE_KEYS  # without a queue: as before, no Kueue keys
+
+
+def test_a_gated_pod_is_seen_as_queued() -> None:
+    pod = {
+        "metadata": {"name": "job-a1-0", "labels": {"fsdpoperator.io/attempt": "1",
+                                                    "fsdpoperator.io/node-rank": "0"}},
+        "spec": {"schedulingGates": [{"name": queueing.ADMISSION_GATE}]},
+        "status": {"phase": "Pending"},
+    }  # fmt: skip
+    view = observe.pod_view(cache.slim_pod(pod))  # as the operator's cache keeps it
+    assert view is not None and view.gated
+    pod["spec"]["schedulingGates"] = [{"name": "someone.else/gate"}]
+    view = observe.pod_view(pod)
+    assert view is not None and not view.gated
+
+
+def test_admission_is_read_from_the_workload_conditions() -> None:
+    waiting = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "QuotaReserved",
+                    "status": "False",
+                    "reason": "Pending",
+                    "message": "insufficient unused quota for nvidia.com/gpu",
+                }
+            ]
+        }
+    }
+    got = queueing.admission_of(waiting)
+    assert got == queueing.Admission(
+        admitted=False, reason="Pending", message="insufficient unused quota for nvidia.com/gpu"
+    )
+    admitted = {"status": {"admission": {"clusterQueue": "cq"}, "conditions": [
+        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+        {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"},
+    ]}}  # fmt: skip
+    assert queueing.admission_of(admitted) == queueing.Admission(
+        admitted=True, reason="Admitted", message="ok", cluster_queue="cq"
+    )
+    assert queueing.admission_of(None) is None
+
+
+GATED = {f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None, "gated": True} for r in range(4)}
+
+
+@pytest.mark.parametrize("waited", [10.0, 5000.0])
+def test_waiting_in_the_queue_is_queued_never_unschedulable(waited: float) -> None:
+    """Past pendingTimeoutSeconds (50 s here) a gated gang is still only Queued: no failure,
+    no budget, no shrink; the reason is Kueue's."""
+    said = queueing.Admission(admitted=False, reason="Pending", message="insufficient quota")
+    status = queued_status(attempt_started=NOW - waited)
+    d = dc.decide(observation(status=status, pods=pods(**GATED), admission=said))
+    assert d.failure is None and d.launch is None and not d.delete
+    s = d.status
+    assert (
+        s.phase is st.Phase.QUEUED and s.reason == "Pending" and "insufficient quota" in s.message
+    )
+    cond = next(c for c in s.conditions if c.type == dc.QUEUED)
+    assert cond.status == "True" and cond.reason == "Pending"
+    assert s.restarts == st.Restarts() and s.replicas == 4
+
+
+def test_the_pending_timeout_counts_from_admission() -> None:
+    status = queued_status(attempt_started=NOW - 500)
+    pending = {f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None, "unschedulable": True}
+               for r in range(4)}  # fmt: skip
+    d = dc.decide(observation(status=status, pods=pods(**pending)))
+    assert d.failure is None and d.status.queue is not None
+    assert d.status.queue.admitted == NOW and d.status.queue.queued_seconds == 500
+    assert d.status.phase is st.Phase.PENDING and d.status.reason == "Admitted"
+    assert "Admitted" in [e.reason for e in d.events]
+    later = dc.decide(observation(status=d.status, pods=pods(**pending), now=NOW + 49))
+    assert later.failure is None
+    late = dc.decide(observation(status=d.status, pods=pods(**pending), now=NOW + 51))
+    assert late.failure is not None and late.failure.cause is st.Cause.UNSCHEDULABLE
+
+
+def test_a_launch_under_a_queue_names_its_pod_group() -> None:
+    d = dc.decide(
+        observation(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None, queue=QUEUE)
+    )
+    assert d.launch is not None and d.launch.queue == QUEUE
+    assert d.status.queue == st.QueueStatus(name="team", pod_group="job-g1")
+    plain = dc.decide(observation(status=st.FSDPJobStatus(), pods=[], checkpoint=None))
+    assert plain.status.queue is None and plain.launch is not None and plain.launch.queue is None
