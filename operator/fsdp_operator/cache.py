@@ -28,7 +28,8 @@ _ACTIVE = ("Pending", "Running", "Unknown")
 # What observe.pod_view reads of a pod's conditions and container states. The rest
 # (Initialized, ContainersReady, a running container's start) was 14 of a kept pod's 22 dicts.
 # Ready is rank 0's progress probe (templates.progress_probe): kept with its transition time.
-_POD_CONDITIONS = ("PodScheduled", "DisruptionTarget", "Ready")
+# TerminationTarget: Kueue evicts the pod's group (queueing.py), with its message.
+_POD_CONDITIONS = ("PodScheduled", "DisruptionTarget", "Ready", "TerminationTarget")
 _STATES = ("terminated", "waiting")
 
 
@@ -72,6 +73,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 | (
                     {"lastTransitionTime": c.get("lastTransitionTime")}
                     if c.get("type") == "Ready"
+                    else {}
+                )
+                | (
+                    {"message": str(c.get("message") or "")[:300]}
+                    if c.get("type") == "TerminationTarget"
                     else {}
                 )
                 for c in status.get("conditions") or []

@@ -32,7 +32,12 @@ from fsdp_operator import api, kube, names, status
 from fsdp_worker.contract import CONTRACT_VERSION as CONTRACT
 
 # Stops the operator made on purpose: not failures, so `why` does not list them.
-_PLANNED = (status.Cause.RESIZE.value, status.Cause.SUSPENDED.value, None)
+_PLANNED = (
+    status.Cause.RESIZE.value,
+    status.Cause.SUSPENDED.value,
+    status.Cause.PREEMPTED.value,
+    None,
+)
 
 
 # Phase names as column headers short enough for 80 columns (the caption spells them out).

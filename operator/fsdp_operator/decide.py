@@ -31,7 +31,8 @@ CONFLICT = "Conflict"  # condition: objects with this job's names/labels that it
 RECONCILE_ERROR = "ReconcileError"  # condition: the operator's last pass failed (reconcile.py)
 PROGRESS_OBSERVED = "ProgressObserved"  # condition: whether rank 0's metrics answer the operator
 GOODPUT_REFRESH_SECONDS = 30.0  # goodput alone changes every pass: write it at most this often
-PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED})  # ends that are not failures
+# ends that are not failures
+PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED, status.Cause.PREEMPTED})
 
 
 class EventType(enum.StrEnum):
@@ -67,7 +68,8 @@ class Launch:
     excluded_nodes: tuple[str, ...] = ()
     reliability: str = ""  # FSDP_RELIABILITY (intervalSteps: auto), the same for every pod
     resume_rules: str = ""  # FSDP_RESUME_RULES, with resume_path "auto"
-    queue: queueing.Queue | None = None  # the pods form this attempt's Kueue pod group
+    queue: queueing.Queue | None = None  # the pods form a Kueue pod group
+    pod_group: str = ""  # its name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,7 @@ class Decision:
     events: list[Event] = dataclasses.field(default_factory=list)
     quarantine: list[str] = dataclasses.field(default_factory=list)
     delete_job: bool = False
+    release: list[str] = dataclasses.field(default_factory=list)  # Kueue Workloads to delete
     requeue_after: float | None = None
     failure: status.Failure | None = None  # detected in this pass (for metrics)
     collect: Collect | None = None  # the failed attempt's evidence, before its pods go
@@ -394,6 +397,8 @@ def _finish(d: Decision, obs: observed.Observed, cause: status.Cause | None, msg
         _phase(d, obs, status.Phase.FAILED, cause.value, msg)
         d.emit(cause.value, msg, warning=True)
         _delete_all(d, obs, keep_finished=True)
+        if s.queue is not None:  # its exited pods stay (logs); its quota goes
+            d.release.append(s.queue.pod_group)
     ttl = obs.spec.ttl_seconds_after_finished
     if ttl is not None:
         d.again(ttl)
@@ -447,7 +452,10 @@ def _on_failure(
     if blame:
         d.emit("NodeExcluded", f"node {blame} excluded for {tun.node_exclusion_seconds:.0f}s")
     delay = policy.backoff_seconds(obs.spec, counters)
-    s.next_attempt_at, s.failure_observed, s.drain = obs.now + delay, obs.now, False
+    # Under Kueue the next attempt's pods may replace these in the same pod group: Kueue
+    # would count pods still running as the group's and delete the newest as excess.
+    s.next_attempt_at, s.failure_observed = obs.now + delay, obs.now
+    s.drain = s.queue is not None
     _phase(d, obs, status.Phase.RESTARTING, failure.cause.value, failure.message)
     d.emit("Restarting", f"tearing down attempt {s.attempt}; next attempt in {delay:.0f}s")
     # A gang with a failed rank cannot finish a collective save: a short grace frees its
@@ -547,7 +555,12 @@ def _launch(
     if s.next_attempt_at is not None and obs.now < s.next_attempt_at:
         d.again(s.next_attempt_at - obs.now)
         return d
-    draining = [p for p in obs.pods if p.attempt <= s.attempt and not _node_gone(obs, p)]
+    exited = (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED)
+    draining = [
+        p
+        for p in obs.pods
+        if p.attempt <= s.attempt and not _node_gone(obs, p) and p.phase not in exited
+    ]
     if (
         s.drain
         and draining
@@ -563,12 +576,12 @@ def _launch(
         # (pods that choose their own are sent to find the newest step sealed)
         s.history[-1].steps_lost = max(0, s.step - (ck.step if ck else (s.sealed_step or 0)))
     rules = _resume_rules(obs, s) if ck is None else None  # the ending attempt's lineage
+    before = s.replicas
     s.attempt += 1
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None
     s.attempt_started, s.last_progress_time = obs.now, None
-    q = obs.queue
-    s.queue = status.QueueStatus(name=q.name, pod_group=q.group(s.attempt)) if q else None
+    _pod_group(d, obs, cause=cause, replicas=replicas, before=before)
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else (contract.RESUME_AUTO if rules else None)
     s.resume_rules = rules.to_json() if rules else None
@@ -596,6 +609,7 @@ def _launch(
         reliability=_reliability(obs, s),
         resume_rules=s.resume_rules or "",
         queue=obs.queue,
+        pod_group=s.queue.pod_group if s.queue else "",
     )
     origin = f"checkpoint step {ck.step}" if ck else "scratch"
     if rules is not None:
@@ -666,7 +680,38 @@ def _complete_creation(d: Decision, obs: observed.Observed, pods: list[observed.
             reliability=_reliability(obs, s),
             resume_rules=s.resume_rules or "",
             queue=obs.queue if s.queue is not None else None,
+            pod_group=s.queue.pod_group if s.queue is not None else "",
         )
+
+
+def _pod_group(
+    d: Decision,
+    obs: observed.Observed,
+    *,
+    cause: status.Cause | None,
+    replicas: int,
+    before: int | None,
+) -> None:
+    """The new attempt's Kueue pod group: the previous one's when its pods can simply be
+    replaced (queueing.KEEPS_GROUP, same size, same queue), else a new one, and the previous
+    group's Workload is released."""
+    s, q, old = d.status, obs.queue, d.status.queue
+    keep = (
+        q is not None
+        and old is not None
+        and old.name == q.name
+        and before == replicas
+        and cause is not None
+        and cause.value in queueing.KEEPS_GROUP
+    )
+    if old is not None and not keep:
+        d.release.append(old.pod_group)
+    if q is None:
+        s.queue = None
+    elif keep and old is not None:
+        s.queue = status.QueueStatus(name=q.name, pod_group=old.pod_group)
+    else:
+        s.queue = status.QueueStatus(name=q.name, pod_group=q.group(s.attempt))
 
 
 def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -> None:
@@ -698,6 +743,13 @@ def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -
     d.emit("Admitted", msg)
 
 
+def _delete_stale(d: Decision, obs: observed.Observed) -> None:
+    """Pods of earlier attempts still there: delete them (force where their node is gone)."""
+    for pod in obs.pods:
+        if pod.attempt != d.status.attempt and (not pod.deleting or _node_gone(obs, pod)):
+            d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
+
+
 def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decision:
     s = d.status
     pods = obs.attempt_pods(s.attempt)
@@ -708,6 +760,11 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
             # met the name are being deleted again by this operator: not a failure).
             return d
     _queued(d, obs, pods)
+    evicted = next((p for p in pods if p.queue_evicted), None)
+    if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
+        msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "
+        msg += f"({evicted.queue_evicted}); waiting for re-admission"
+        return _planned_stop(d, obs, status.Cause.PREEMPTED, msg)
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     failure = detect.detect(now_seen)
     if failure is not None:
@@ -715,10 +772,7 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
     if detect.succeeded(now_seen):
         _completion_report(d, obs, pods)
         return _finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
-    stale = [p for p in obs.pods if p.attempt != s.attempt]
-    for pod in stale:
-        if not pod.deleting or _node_gone(obs, pod):
-            d.delete.append(PodDelete(pod.name, force=_node_gone(obs, pod)))
+    _delete_stale(d, obs)
     if pods and all(p.phase is observed.PodPhase.RUNNING for p in pods) and s.pods_created:
         if s.phase is not status.Phase.RUNNING:
             _phase(d, obs, status.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")

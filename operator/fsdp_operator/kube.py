@@ -168,6 +168,18 @@ class Kube:
                 return None
             raise
 
+    def delete_workload(self, namespace: str, name: str) -> None:
+        """Delete Kueue's Workload `name`: a pod group the job left (resized, suspended, failed)
+        releases its quota, and Kueue lets its pods go. Gone already, or no Kueue: nothing."""
+        group, version, plural = queueing.WORKLOAD_API
+        try:
+            self.custom.delete_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self._writing()
+            )
+        except ApiException as exc:
+            if not _ok_statuses(exc, 404):
+                raise
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> str:
         """One merge patch of the whole status (None values clear fields); returns the job's
         resourceVersion after it."""

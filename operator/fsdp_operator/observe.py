@@ -84,6 +84,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         ready=None if not ready else ready.get("status") == "True",
         ready_changed=ts(ready.get("lastTransitionTime")),
         gated=any(g.get("name") == queueing.ADMISSION_GATE for g in gates),
+        queue_evicted=queueing.eviction_words(_condition(pod, queueing.TERMINATION_TARGET)),
     )
 
 

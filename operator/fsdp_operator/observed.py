@@ -44,6 +44,7 @@ class PodView:
     ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
     ready_changed: float | None = None  # that condition's lastTransitionTime
     gated: bool = False  # Kueue's admission scheduling gate: queued, not unschedulable
+    queue_evicted: str = ""  # Kueue's TerminationTarget (preemption): its reason and message
 
     def worker_cause(self) -> dict[str, Any]:
         """The worker's JSON termination message, or {} when it wrote none (or garbage)."""

@@ -24,6 +24,17 @@ ADMISSION_GATE = "kueue.x-k8s.io/admission"
 KUEUE_KEYS = frozenset({QUEUE_LABEL, PRIORITY_LABEL, GROUP_LABEL, GROUP_COUNT_ANNOTATION})
 """Kueue's keys the operator sets on worker pods itself (a pod template's own are dropped)."""
 
+TERMINATION_TARGET = "TerminationTarget"
+"""The pod condition Kueue sets before it deletes a pod group it evicts (preemption, a
+waitForPodsReady timeout): the pods' end is Kueue's, not the job's failure."""
+
+KEEPS_GROUP = frozenset({"Crash", "OOMKilled", "Hang", "RendezvousTimeout", "Preempted"})
+"""Causes (status.Cause values) after which the next attempt at the same size replaces the
+pods of the same pod group, keeping its admission: no requeue, no quota gap another job could
+take. After a lost node or an eviction an old pod may still count as active to Kueue (its
+node cannot report it ended); after a resize or a suspension the group's size or time is
+over: those start a new group, and the old one's Workload is deleted (its quota released)."""
+
 WORKLOAD_API = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
@@ -47,12 +58,13 @@ class Queue:
         return None
 
     def group(self, attempt: int) -> str:
-        """The pod group (and Kueue Workload) of the gang `attempt` starts."""
+        """A new pod group (and Kueue Workload), for the gang `attempt` starts."""
         return names.pod_group(self.job_name, attempt=attempt)
 
-    def pod_keys(self, *, attempt: int, count: int) -> tuple[dict[str, str], dict[str, str]]:
-        """(labels, annotations) that make one attempt's `count` pods one Kueue pod group."""
-        labels = {QUEUE_LABEL: self.name, GROUP_LABEL: self.group(attempt)}
+    def pod_keys(self, *, group: str, count: int) -> tuple[dict[str, str], dict[str, str]]:
+        """(labels, annotations) that make an attempt's `count` pods Kueue's pod group
+        `group` (a new one, or the previous attempt's: its replacement pods)."""
+        labels = {QUEUE_LABEL: self.name, GROUP_LABEL: group}
         if self.priority_class:
             labels[PRIORITY_LABEL] = self.priority_class
         return labels, {GROUP_COUNT_ANNOTATION: str(count)}
@@ -66,6 +78,15 @@ class Admission:
     reason: str = ""  # of QuotaReserved (e.g. Pending) or Admitted
     message: str = ""  # e.g. "couldn't assign flavors to pod set ...: insufficient quota ..."
     cluster_queue: str = ""
+
+
+def eviction_words(condition: Mapping[str, Any]) -> str:
+    """A pod's TerminationTarget condition -> "<reason>: <message>" ("" when not set)."""
+    if condition.get("status") != "True":
+        return ""
+    reason = str(condition.get("reason") or "Evicted")
+    message = str(condition.get("message") or "")
+    return f"{reason}: {message}"[:300] if message else reason
 
 
 def admission_of(workload: Mapping[str, Any] | None) -> Admission | None:

@@ -405,6 +405,8 @@ class Reconciler:
                 d.delete,
             )
         )
+        for group in d.release:
+            self.kube.delete_workload(job.namespace, group)
         if d.launch is not None:
             self._create_gang(job, obs.spec, d.launch, obs.profile)
         for ev in d.events:

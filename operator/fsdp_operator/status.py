@@ -91,6 +91,7 @@ class Cause(enum.StrEnum):
     RESIZE = "Resize"  # planned restart to grow back or apply a replicas edit
     DEADLINE = "DeadlineExceeded"
     SUSPENDED = "Suspended"  # spec.suspend: a planned stop
+    PREEMPTED = "Preempted"  # Kueue evicted the pod group (preemption): wait for re-admission
     CIRCUIT_BREAKER = "CircuitBreaker"  # too many restarts without a new checkpoint
     BUDGET = "RestartBudgetExhausted"
     INVALID_SPEC = "InvalidSpec"
@@ -105,7 +106,7 @@ class Budget(enum.StrEnum):
 def budget_of(cause: Cause) -> Budget:
     if cause in (Cause.NODE_LOST, Cause.EVICTED, Cause.UNSCHEDULABLE, Cause.RENDEZVOUS):
         return Budget.INFRASTRUCTURE
-    if cause in (Cause.RESIZE, Cause.SUSPENDED):
+    if cause in (Cause.RESIZE, Cause.SUSPENDED, Cause.PREEMPTED):
         return Budget.NONE
     return Budget.APPLICATION
 

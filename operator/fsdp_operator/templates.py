@@ -181,6 +181,7 @@ class _Slot:
     resume_rules: str = ""  # FSDP_RESUME_RULES, set only when the pods choose (auto)
     profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, as read this pass
     queue: queueing.Queue | None = None  # Kueue's LocalQueue: the pods are one pod group
+    pod_group: str = ""  # that group's name ("": a new one for this attempt)
 
     @property
     def world_size(self) -> int:
@@ -219,6 +220,7 @@ def worker_pod(
         resume_rules=launch.resume_rules,
         profile=profile,
         queue=launch.queue,
+        pod_group=launch.pod_group,
     )
     _check_shape(slot)
     _check_profile(slot)
@@ -311,7 +313,7 @@ def _pod_metadata(slot: _Slot) -> dict[str, Any]:
     }
     if slot.queue is not None:
         queue_labels, queue_annotations = slot.queue.pod_keys(
-            attempt=slot.attempt, count=slot.replicas
+            group=slot.pod_group or slot.queue.group(slot.attempt), count=slot.replicas
         )
         labels.update(queue_labels)
         annotations.update(queue_annotations)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fsdp_operator import status as st
 from localcluster import controlplane
 from localcluster import kueue as lk
 from tests.integration import harness
@@ -38,7 +39,9 @@ def queued_jobs(jobs: harness.Jobs, kueue: lk.Kueue) -> harness.Jobs:
     return jobs
 
 
-def _gpu_job(name: str, *, steps: int, queue: str | None = "team") -> dict:
+def _gpu_job(
+    name: str, *, steps: int, queue: str | None = "team", priority: str | None = None
+) -> dict:
     doc = harness.job_doc(
         name,
         replicas=2,
@@ -48,6 +51,8 @@ def _gpu_job(name: str, *, steps: int, queue: str | None = "team") -> dict:
     )
     if queue:
         doc["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": queue}
+    if priority:
+        doc["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = priority
     return doc
 
 
@@ -114,4 +119,56 @@ def test_a_job_beyond_the_quota_waits_queued_and_runs_when_the_first_ends(
     print(
         f"admission latency (attempt created -> pods ungated): first job "
         f"{a['queue']['queuedSeconds']:.2f}s; second job queued {b['queue']['queuedSeconds']:.1f}s"
+    )
+
+
+def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
+    queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
+) -> None:
+    """A higher-priority job takes the quota: Kueue evicts the running job's pod group, its
+    ranks save on SIGTERM, it waits Queued (not charged: the cause is Preempted) and resumes
+    from that save once the other job is done."""
+    jobs = queued_jobs
+    kueue.priority_class("fsdpop-low", 100)
+    kueue.priority_class("fsdpop-high", 1000)
+    low, high = harness.unique("kq-low"), harness.unique("kq-high")
+    jobs.apply(_gpu_job(low, steps=150, priority="fsdpop-low"))
+    _phase(jobs, kueue, low, "Running", timeout=120)
+    harness.wait_for(
+        f"{low} step 6", lambda: (jobs.status(low).get("step") or 0) >= 6, timeout=90,
+        context=lambda: _context(jobs, kueue, low),
+    )  # fmt: skip
+    jobs.apply(_gpu_job(high, steps=20, priority="fsdpop-high"))
+    preempted = harness.wait_for(
+        f"{low} preempted",
+        lambda: (s := jobs.status(low)).get("history")
+        and s["history"][0].get("cause") == st.Cause.PREEMPTED.value
+        and s,
+        timeout=60,
+        context=lambda: _context(jobs, kueue, low, high),
+    )
+    assert "Kueue evicted pod group" in preempted["message"], preempted
+    _phase(jobs, kueue, high, "Succeeded", timeout=180)
+    harness.wait_for(
+        f"{low} attempt 2 trains",
+        lambda: (s := jobs.status(low)).get("attempt") == 2
+        and s.get("phase") == "Running"
+        and (s.get("step") or 0) > (s.get("resumedFromStep") or 0)
+        and s,
+        timeout=180,
+        context=lambda: _context(jobs, kueue, low, high),
+    )
+    done = _phase(jobs, kueue, low, "Succeeded", timeout=180)
+    first, second = done["history"][0], done["history"][1]
+    assert first["cause"] == st.Cause.PREEMPTED.value and first["stepsLost"] == 0, first
+    assert second["resumedFromStep"] and second["resumedFromStep"] >= 6, second
+    assert done["restarts"]["application"] == 0 and done["restarts"]["infrastructure"] == 0
+    assert done["reliability"]["failures"] == 0, done["reliability"]
+    reasons = jobs.events(low)
+    assert "FailureDetected" not in reasons and "Queued" in reasons, reasons
+    t = st.parse_rfc3339
+    ended, admitted = t(first["ended"]), t(done["queue"]["admitted"])
+    print(
+        f"preempted -> re-admitted {admitted - ended:.1f}s (the other job ran in between); "
+        f"re-admitted -> first step {t(second['timeline']['firstStep']) - admitted:.1f}s"
     )
