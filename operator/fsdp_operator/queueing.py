@@ -20,8 +20,15 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 GROUP_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
+ROLE_HASH_ANNOTATION = "kueue.x-k8s.io/role-hash"
+ROLE = "worker"
+"""The group's one role (Kueue's PodSet name). Given, not left to Kueue's webhook: it hashes
+the pod spec, and each attempt's differs (its affinity names the attempt, its excluded nodes),
+so a next attempt's pods would not count as replacements of the group's and stay gated."""
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-KUEUE_KEYS = frozenset({QUEUE_LABEL, PRIORITY_LABEL, GROUP_LABEL, GROUP_COUNT_ANNOTATION})
+KUEUE_KEYS = frozenset(
+    {QUEUE_LABEL, PRIORITY_LABEL, GROUP_LABEL, GROUP_COUNT_ANNOTATION, ROLE_HASH_ANNOTATION}
+)
 """Kueue's keys the operator sets on worker pods itself (a pod template's own are dropped)."""
 
 TERMINATION_TARGET = "TerminationTarget"
@@ -35,6 +42,11 @@ take. After a lost node or an eviction an old pod may still count as active to K
 node cannot report it ended); after a resize or a suspension the group's size or time is
 over: those start a new group, and the old one's Workload is deleted (its quota released)."""
 
+TOPOLOGY_PREFIX = "kueue.x-k8s.io/podset-"
+"""Topology-aware scheduling asks, as annotations on the FSDPJob (as on a Job's pod template):
+e.g. `kueue.x-k8s.io/podset-required-topology: <node label of a rack or block>` puts every
+rank in one such domain. The operator copies them onto each attempt's pods."""
+
 WORKLOAD_API = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
@@ -45,16 +57,25 @@ class Queue:
     name: str
     job_name: str
     priority_class: str | None = None
+    topology: tuple[tuple[str, str], ...] = ()  # the job's TOPOLOGY_PREFIX annotations
 
     @classmethod
-    def of(cls, job_name: str, *labels: Mapping[str, str] | None) -> Queue | None:
-        """From the FSDPJob's labels (then its pod template's); None when they name no queue:
-        Kueue is not involved."""
+    def of(
+        cls,
+        job_name: str,
+        *labels: Mapping[str, str] | None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> Queue | None:
+        """From the FSDPJob's labels (then its pod template's) and its topology annotations;
+        None when they name no queue: Kueue is not involved."""
+        topology = tuple(
+            sorted((k, v) for k, v in (annotations or {}).items() if k.startswith(TOPOLOGY_PREFIX))
+        )
         for found in labels:
             name = (found or {}).get(QUEUE_LABEL, "")
             if name:
                 priority = (found or {}).get(PRIORITY_LABEL) or None
-                return cls(name=name, job_name=job_name, priority_class=priority)
+                return cls(name, job_name, priority_class=priority, topology=topology)
         return None
 
     def group(self, attempt: int) -> str:
@@ -67,7 +88,8 @@ class Queue:
         labels = {QUEUE_LABEL: self.name, GROUP_LABEL: group}
         if self.priority_class:
             labels[PRIORITY_LABEL] = self.priority_class
-        return labels, {GROUP_COUNT_ANNOTATION: str(count)}
+        notes = {**dict(self.topology), GROUP_COUNT_ANNOTATION: str(count)}
+        return labels, {**notes, ROLE_HASH_ANNOTATION: ROLE}
 
 
 @dataclasses.dataclass(frozen=True)

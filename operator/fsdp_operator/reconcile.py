@@ -268,7 +268,12 @@ class Reconciler:
         )
         base = checkpoints.storage_for(job, spec, self.settings.storage_template)
         found = checkpoints.newest(job, spec, job_status, base, deep=self.settings.deep_verify)
-        queue = queueing.Queue.of(job.name, meta.get("labels"), spec.template.metadata.labels)
+        queue = queueing.Queue.of(
+            job.name,
+            meta.get("labels"),
+            spec.template.metadata.labels,
+            annotations=meta.get("annotations"),
+        )
         return observed.Observed(
             spec=spec,
             status=job_status,

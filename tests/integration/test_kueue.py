@@ -15,6 +15,7 @@ import pytest
 
 from fsdp_operator import status as st
 from localcluster import controlplane
+from localcluster import faults as lf
 from localcluster import kueue as lk
 from tests.integration import harness
 
@@ -172,3 +173,97 @@ def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
         f"preempted -> re-admitted {admitted - ended:.1f}s (the other job ran in between); "
         f"re-admitted -> first step {t(second['timeline']['firstStep']) - admitted:.1f}s"
     )
+
+
+def _admitted_since(wl: dict | None) -> str | None:
+    """When the Workload's Admitted condition last turned True (None: not admitted now)."""
+    conds = {c["type"]: c for c in ((wl or {}).get("status") or {}).get("conditions") or []}
+    admitted = conds.get("Admitted") or {}
+    return admitted.get("lastTransitionTime") if admitted.get("status") == "True" else None
+
+
+def test_a_rank_crash_restarts_in_the_same_admitted_pod_group(
+    queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
+) -> None:
+    """The next attempt's pods replace the crashed gang's in the same pod group: its Workload
+    stays admitted throughout (no requeue), and a job waiting in the same queue never gets the
+    quota in between."""
+    jobs = queued_jobs
+    name, waiting = harness.unique("kq-crash"), harness.unique("kq-wait")
+    jobs.apply(_gpu_job(name, steps=150))
+    _phase(jobs, kueue, name, "Running", timeout=120)
+    harness.wait_for(
+        f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
+        context=lambda: _context(jobs, kueue, name),
+    )  # fmt: skip
+    jobs.apply(_gpu_job(waiting, steps=20))
+    _phase(jobs, kueue, waiting, "Queued", timeout=60)
+    group = jobs.status(name)["queue"]["podGroup"]
+    since = _admitted_since(kueue.workload(jobs.ns, group))
+    assert since is not None
+    victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-1"))
+    lf.Faults.for_cluster(operator.cluster.state_dir).crash(jobs.ns, victim["metadata"]["name"])
+    seen_waiting: set[str] = set()
+
+    def trained_again() -> dict | None:
+        seen_waiting.add(str(jobs.status(waiting).get("phase")))
+        assert _admitted_since(kueue.workload(jobs.ns, group)) == since, "admission dropped"
+        s = jobs.status(name)
+        again = s.get("attempt") == 2 and s.get("phase") == "Running"
+        return s if again and (s.get("step") or 0) > (s.get("resumedFromStep") or 0) else None
+
+    s = harness.wait_for(
+        f"{name} attempt 2 trains", trained_again, timeout=150,
+        context=lambda: _context(jobs, kueue, name, waiting),
+    )  # fmt: skip
+    assert s["history"][0]["cause"] == st.Cause.CRASH.value and s["restarts"]["application"] == 1
+    assert s["queue"]["podGroup"] == group, s["queue"]
+    assert seen_waiting == {"Queued"}, seen_waiting
+    pods = [p for p in jobs.pods(name) if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2"]
+    assert {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pods} == {group}
+    print(
+        f"crash -> first step under Kueue, same pod group: {s['history'][1].get('recoverSeconds')}"
+    )
+
+
+def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
+    queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
+) -> None:
+    """Three pods of 2 GPUs, one per node; a node is lost: the job restarts at two pods in a
+    new pod group, admitted for 4 GPUs, and the old group's Workload (6 GPUs) is gone."""
+    jobs = queued_jobs
+    kueue.queue(jobs.ns, name="team", cluster_queue=f"cq-{jobs.ns}", gpus=6)
+    name = harness.unique("kq-shrink")
+    doc = _gpu_job(name, steps=300)
+    doc["spec"].update(replicas=3, minReplicas=1)
+    doc["spec"]["training"]["globalBatchSize"] = 12
+    jobs.apply(doc)
+    first = _phase(jobs, kueue, name, "Running", timeout=120)
+    old_group = first["queue"]["podGroup"]
+    harness.wait_for(
+        f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
+        context=lambda: _context(jobs, kueue, name),
+    )  # fmt: skip
+    victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-2"))
+    lost = victim["spec"]["nodeName"]
+    faults = lf.Faults.for_cluster(operator.cluster.state_dir)
+    faults.lose_node(lost)
+    try:
+        s = harness.wait_for(
+            f"{name} running at 2 pods",
+            lambda: (s := jobs.status(name)).get("attempt", 0) >= 2
+            and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
+            timeout=180, context=lambda: _context(jobs, kueue, name),
+        )  # fmt: skip
+        assert s["history"][0]["cause"] == st.Cause.NODE_LOST.value
+        group = s["queue"]["podGroup"]
+        assert group != old_group
+        wl = kueue.workload(jobs.ns, group)
+        usage = wl["status"]["admission"]["podSetAssignments"][0]
+        assert usage["count"] == 2 and usage["resourceUsage"]["nvidia.com/gpu"] == "4", usage
+        harness.wait_for(
+            f"old Workload {old_group} deleted", lambda: kueue.workload(jobs.ns, old_group) is None,
+            timeout=60, context=lambda: _context(jobs, kueue, name),
+        )  # fmt: skip
+    finally:
+        faults.restore_node(lost)

@@ -43,7 +43,13 @@ def test_an_attempts_pods_are_one_pod_group_of_its_size() -> None:
             "template": {"metadata": {"labels": {queueing.GROUP_LABEL: "mine", "team": "x"}}},
         }
     )
-    queue = queueing.Queue(name="team", job_name="job", priority_class="high")
+    required = "kueue.x-k8s.io/podset-required-topology"
+    queue = queueing.Queue.of(
+        "job",
+        {queueing.QUEUE_LABEL: "team", queueing.PRIORITY_LABEL: "high"},
+        annotations={required: "example.com/block", "other": "x"},
+    )
+    assert queue is not None
     launch = dc.Launch(attempt=4, replicas=3, resume_path="", queue=queue)
     made = templates.worker_pods(JOB, spec, launch)
     for pod in made:
@@ -52,6 +58,8 @@ def test_an_attempts_pods_are_one_pod_group_of_its_size() -> None:
         assert labels[queueing.GROUP_LABEL] == "job-g4"
         assert labels[queueing.PRIORITY_LABEL] == "high"
         assert notes[queueing.GROUP_COUNT_ANNOTATION] == "3"
+        assert notes[queueing.ROLE_HASH_ANNOTATION] == queueing.ROLE
+        assert notes[required] == "example.com/block" and "other" not in notes
     plain = templates.worker_pods(JOB, spec, dc.Launch(attempt=4, replicas=3, resume_path=""))
     keys = {*plain[0]["metadata"]["labels"], *plain[0]["metadata"]["annotations"]}
     assert not keys & queueing.KUEUE_KEYS  # without a queue: as before, no Kueue keys
