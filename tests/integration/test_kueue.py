@@ -77,49 +77,19 @@ def _context(jobs: harness.Jobs, kueue: lk.Kueue, *names: str) -> str:
     return "\n".join(lines)
 
 
+def _event_words(jobs: harness.Jobs, name: str) -> list[str]:
+    items = jobs.cluster.get_json(
+        "events", "-n", jobs.ns, "--field-selector", f"involvedObject.name={name}"
+    )["items"]
+    return [f"{e['reason']}: {e['message']}" for e in items]
+
+
 def _phase(jobs: harness.Jobs, kueue: lk.Kueue, name: str, phase: str, *, timeout: float) -> dict:
     return harness.wait_for(
         f"{name} phase {phase}",
         lambda: (s := jobs.status(name)).get("phase") == phase and s,
         timeout=timeout,
         context=lambda: _context(jobs, kueue, name),
-    )
-
-
-def test_a_job_beyond_the_quota_waits_queued_and_runs_when_the_first_ends(
-    queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
-) -> None:
-    """Quota for 4 GPUs, two jobs of 4: the second is Queued with Kueue's reason for longer
-    than its pendingTimeoutSeconds (10 s), is neither charged nor shrunk, and runs to the end
-    once the first has finished."""
-    jobs = queued_jobs
-    first, second = harness.unique("kq-a"), harness.unique("kq-b")
-    jobs.apply(_gpu_job(first, steps=100))
-    a = _phase(jobs, kueue, first, "Running", timeout=120)
-    assert a["queue"]["admitted"] and a["queue"]["podGroup"] == f"{first}-g1"
-    jobs.apply(_gpu_job(second, steps=20))
-    b = _phase(jobs, kueue, second, "Queued", timeout=60)
-    cond = next(c for c in b["conditions"] if c["type"] == "Queued")
-    assert cond["status"] == "True" and "insufficient" in cond["message"], cond
-    # Waiting its turn past the pending timeout is not a failure.
-    assert harness.wait_for(
-        "first job done", lambda: jobs.status(first).get("phase") == "Succeeded", timeout=180,
-        context=lambda: _context(jobs, kueue, first, second),
-    )  # fmt: skip
-    b = _phase(jobs, kueue, second, "Succeeded", timeout=180)
-    assert b["attempt"] == 1 and b["replicas"] == 2, b
-    assert b["restarts"]["application"] == 0 and b["restarts"]["infrastructure"] == 0
-    assert b["queue"]["queuedSeconds"] > 10  # past pendingTimeoutSeconds, uncharged
-    reasons = jobs.events(second)
-    assert "Queued" in reasons and "Admitted" in reasons and "FailureDetected" not in reasons
-    wl = kueue.workload(jobs.ns, b["queue"]["podGroup"])
-    assert wl is not None and any(
-        c["type"] == "Finished" and c["status"] == "True" for c in wl["status"]["conditions"]
-    ), wl
-    a = jobs.status(first)
-    print(
-        f"admission latency (attempt created -> pods ungated): first job "
-        f"{a['queue']['queuedSeconds']:.2f}s; second job queued {b['queue']['queuedSeconds']:.1f}s"
     )
 
 
@@ -161,7 +131,9 @@ def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
     )
     done = _phase(jobs, kueue, low, "Succeeded", timeout=180)
     first, second = done["history"][0], done["history"][1]
-    assert first["cause"] == st.Cause.PREEMPTED.value and first["stepsLost"] == 0, first
+    saved = sorted(p.name for p in jobs.ckpt_dir(low).iterdir())
+    why = f"{json.dumps(done['history'])}\nevents: {_event_words(jobs, low)}\nsaved: {saved}"
+    assert first["cause"] == st.Cause.PREEMPTED.value and first["stepsLost"] == 0, why
     assert second["resumedFromStep"] and second["resumedFromStep"] >= 6, second
     assert done["restarts"]["application"] == 0 and done["restarts"]["infrastructure"] == 0
     assert done["reliability"]["failures"] == 0, done["reliability"]
@@ -175,6 +147,15 @@ def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
     )
 
 
+def _gpus_used(kueue: lk.Kueue, cluster_queue: str) -> str | None:
+    cq = kueue.kube.get_or_none(f"/apis/kueue.x-k8s.io/v1beta2/clusterqueues/{cluster_queue}")
+    for flavor in ((cq or {}).get("status") or {}).get("flavorsUsage") or []:
+        for res in flavor.get("resources") or []:
+            if res.get("name") == lk.GPU:
+                return str(res.get("total"))
+    return None
+
+
 def _admitted_since(wl: dict | None) -> str | None:
     """When the Workload's Admitted condition last turned True (None: not admitted now)."""
     conds = {c["type"]: c for c in ((wl or {}).get("status") or {}).get("conditions") or []}
@@ -182,23 +163,28 @@ def _admitted_since(wl: dict | None) -> str | None:
     return admitted.get("lastTransitionTime") if admitted.get("status") == "True" else None
 
 
-def test_a_rank_crash_restarts_in_the_same_admitted_pod_group(
+def test_a_job_beyond_the_quota_waits_while_the_first_recovers_in_its_group_then_runs(
     queued_jobs: harness.Jobs, kueue: lk.Kueue, operator: harness.Operator
 ) -> None:
-    """The next attempt's pods replace the crashed gang's in the same pod group: its Workload
-    stays admitted throughout (no requeue), and a job waiting in the same queue never gets the
-    quota in between."""
+    """Quota for 4 GPUs, two jobs of 4. The second waits Queued with Kueue's reason for longer
+    than its pendingTimeoutSeconds (10 s), neither charged nor shrunk. Meanwhile a rank of the
+    first crashes: its next attempt's pods replace the gang's in the same pod group, whose
+    Workload stays admitted throughout (no requeue), and the waiting job never gets the quota
+    in between. When the first job ends, the second runs to the end."""
     jobs = queued_jobs
     name, waiting = harness.unique("kq-crash"), harness.unique("kq-wait")
-    jobs.apply(_gpu_job(name, steps=150))
-    _phase(jobs, kueue, name, "Running", timeout=120)
+    jobs.apply(_gpu_job(name, steps=100))
+    a = _phase(jobs, kueue, name, "Running", timeout=120)
+    group = a["queue"]["podGroup"]
+    assert a["queue"]["admitted"] and group == f"{name}-g1"
     harness.wait_for(
         f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
         context=lambda: _context(jobs, kueue, name),
     )  # fmt: skip
     jobs.apply(_gpu_job(waiting, steps=20))
-    _phase(jobs, kueue, waiting, "Queued", timeout=60)
-    group = jobs.status(name)["queue"]["podGroup"]
+    b = _phase(jobs, kueue, waiting, "Queued", timeout=60)
+    cond = next(c for c in b["conditions"] if c["type"] == "Queued")
+    assert cond["status"] == "True" and "insufficient" in cond["message"], cond
     since = _admitted_since(kueue.workload(jobs.ns, group))
     assert since is not None
     victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-1"))
@@ -221,8 +207,21 @@ def test_a_rank_crash_restarts_in_the_same_admitted_pod_group(
     assert seen_waiting == {"Queued"}, seen_waiting
     pods = [p for p in jobs.pods(name) if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2"]
     assert {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pods} == {group}
+    _phase(jobs, kueue, name, "Succeeded", timeout=180)
+    b = _phase(jobs, kueue, waiting, "Succeeded", timeout=180)
+    assert b["attempt"] == 1 and b["replicas"] == 2, b
+    assert b["restarts"]["application"] == 0 and b["restarts"]["infrastructure"] == 0
+    assert b["queue"]["queuedSeconds"] > 10  # past pendingTimeoutSeconds, uncharged
+    reasons = jobs.events(waiting)
+    assert "Queued" in reasons and "Admitted" in reasons and "FailureDetected" not in reasons
+    wl = kueue.workload(jobs.ns, b["queue"]["podGroup"])
+    assert wl is not None and any(
+        c["type"] == "Finished" and c["status"] == "True" for c in wl["status"]["conditions"]
+    ), wl
     print(
-        f"crash -> first step under Kueue, same pod group: {s['history'][1].get('recoverSeconds')}"
+        f"admission latency (attempt created -> pods ungated): {a['queue']['queuedSeconds']:.2f}s;"
+        f" crash -> all running in the same group {s['history'][1].get('recoverSeconds'):.1f}s;"
+        f" the second job queued {b['queue']['queuedSeconds']:.1f}s"
     )
 
 
@@ -264,6 +263,10 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
         harness.wait_for(
             f"old Workload {old_group} deleted", lambda: kueue.workload(jobs.ns, old_group) is None,
             timeout=60, context=lambda: _context(jobs, kueue, name),
+        )  # fmt: skip
+        harness.wait_for(  # the ClusterQueue's usage: 4 GPUs now, not the 6 of three pods
+            "ClusterQueue uses 4 GPUs", lambda: _gpus_used(kueue, f"cq-{jobs.ns}") == "4",
+            timeout=60, context=lambda: f"usage {_gpus_used(kueue, f'cq-{jobs.ns}')}",
         )  # fmt: skip
     finally:
         faults.restore_node(lost)

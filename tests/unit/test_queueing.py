@@ -149,3 +149,52 @@ def test_a_launch_under_a_queue_names_its_pod_group() -> None:
     assert d.status.queue == st.QueueStatus(name="team", pod_group="job-g1")
     plain = dc.decide(observation(status=st.FSDPJobStatus(), pods=[], checkpoint=None))
     assert plain.status.queue is None and plain.launch is not None and plain.launch.queue is None
+
+
+CRASHED = {"r1": {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 2}}
+
+
+def admitted_status(**over: Any) -> st.FSDPJobStatus:
+    q = st.QueueStatus(name="team", pod_group="job-g1", admitted=NOW - 100)
+    return running_status(queue=q, **over)
+
+
+def test_a_crash_under_a_queue_drains_then_replaces_the_pods_of_the_same_group() -> None:
+    d = dc.decide(observation(status=admitted_status(), pods=pods(**CRASHED), queue=QUEUE))
+    assert d.failure is not None and d.failure.cause is st.Cause.CRASH
+    # the healthy rank is still running: Kueue would count it, so no replacement yet
+    assert d.launch is None and d.status.drain and not d.release
+    gone = {f"r{r}": {"phase": ob.PodPhase.FAILED, "exit_code": 143} for r in range(4)}
+    nxt = dc.decide(observation(status=d.status, pods=pods(**gone), queue=QUEUE, now=NOW + 3))
+    assert nxt.launch is not None and nxt.launch.pod_group == "job-g1" and not nxt.release
+    assert nxt.status.queue == st.QueueStatus(name="team", pod_group="job-g1")
+
+
+def test_a_lost_node_under_a_queue_takes_a_new_group_and_releases_the_old() -> None:
+    down = [ob.NodeView(name=f"node-{i}", ready=i != 3, not_ready_since=NOW - 60) for i in range(4)]
+    d = dc.decide(observation(status=admitted_status(), nodes=down, queue=QUEUE))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.launch is None and d.status.drain  # the other ranks exit first
+    gone = {f"r{r}": {"phase": ob.PodPhase.FAILED, "exit_code": 143} for r in range(3)}
+    nxt = dc.decide(
+        observation(status=d.status, pods=pods(**gone), nodes=down, queue=QUEUE, now=NOW + 3)
+    )
+    assert nxt.launch is not None and nxt.launch.replicas < 4  # shrunk: 2 divide the batch
+    assert nxt.launch.pod_group == "job-g2" and nxt.release == ["job-g1"]
+
+
+def test_kueue_eviction_is_a_planned_stop_without_budget() -> None:
+    said = "Preempted: Preempted to accommodate a workload due to prioritization"
+    evicted = {f"r{r}": {"queue_evicted": said, "deleting": True} for r in range(4)}
+    d = dc.decide(observation(status=admitted_status(), pods=pods(**evicted), queue=QUEUE))
+    assert d.failure is None and d.status.phase is st.Phase.RESTARTING
+    assert d.status.reason == st.Cause.PREEMPTED.value and said in d.status.message
+    assert d.status.restarts == st.Restarts() and d.status.reliability.failures == 0
+    assert d.status.drain and d.launch is None  # the ranks save first
+    assert st.budget_of(st.Cause.PREEMPTED) is st.Budget.NONE
+
+
+def test_a_failed_job_releases_its_group() -> None:
+    fatal = {"r1": {"phase": ob.PodPhase.FAILED, "exit_code": 42, "finished": NOW - 1}}
+    d = dc.decide(observation(status=admitted_status(), pods=pods(**fatal), queue=QUEUE))
+    assert d.status.phase is st.Phase.FAILED and d.release == ["job-g1"]
