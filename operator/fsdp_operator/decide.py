@@ -273,6 +273,20 @@ def _sealed_and_resumed(d: Decision, obs: observed.Observed) -> None:
         if entry is not None:
             entry.resumed_from_step = prog.resumed_from
         d.emit("Resumed", f"attempt {s.attempt}: its pods resumed from step {prog.resumed_from}")
+        _correct_steps_lost(s, prog.resumed_from)
+
+
+def _correct_steps_lost(s: status.FSDPJobStatus, resumed: int) -> None:
+    """The ending attempt's steps lost were counted at launch from the newest step the operator
+    knew sealed (the pods were sent to find it, `expectStep`). Pods that found a newer one, a
+    save rank 0 sealed on SIGTERM just after its last scrape, lost that much less (seen: a
+    preempted job shown with 2 steps lost that resumed from the very step it stopped at)."""
+    rules = contract.ResumeRules.parse(s.resume_rules) if s.resume_rules else None
+    expected = rules.expect_step if rules is not None else None
+    before = next((e for e in s.history if e.attempt == s.attempt - 1), None)
+    if expected is None or before is None or before.steps_lost is None or resumed <= expected:
+        return
+    before.steps_lost = max(0, before.steps_lost - (resumed - expected))
 
 
 def _current(s: status.FSDPJobStatus) -> status.HistoryEntry | None:

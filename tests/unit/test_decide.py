@@ -838,6 +838,28 @@ def test_pods_that_chose_say_which_step_they_loaded() -> None:
     ]
 
 
+def test_pods_that_found_a_newer_step_than_expected_lost_that_much_less() -> None:
+    """Rank 0 sealed step 42 on SIGTERM after its last scrape: the operator counted 2 steps lost
+    from the 40 it knew; the next attempt's pods found 42, so none were."""
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
+    ended = st.HistoryEntry(attempt=1, started=NOW - 90, world_size=4, steps_lost=2)
+    status = running_status(
+        attempt=2,
+        resume_path="auto",
+        resume_rules=rules,
+        sealed_step=40,
+        history=[ended, st.HistoryEntry(attempt=2, started=NOW - 20, world_size=4)],
+    )
+    seen = ob.Progress(step=43, resumed_from=42)
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    assert d.status.history[0].steps_lost == 0 and d.status.resumed_from_step == 42
+    seen = ob.Progress(step=41, resumed_from=40)  # found just what it was sent to find
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    assert d.status.history[0].steps_lost == 2
+
+
 def test_an_attempt_that_never_said_where_it_resumed_bounds_the_next_lineage() -> None:
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
     status = running_status(attempt=2, resume_path="auto", resume_rules=rules, sealed_step=40)
