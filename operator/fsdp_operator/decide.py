@@ -232,6 +232,23 @@ def _completion_report(d: Decision, obs: observed.Observed, pods: list[observed.
         _sealed_and_resumed(d, dataclasses.replace(obs, progress=final))
 
 
+def _final_sums(d: Decision, pods: list[observed.PodView]) -> None:
+    """Rank 0's totals from its termination message or live record (contract.SUMS) once its
+    pod has ended: the steps it ran after the operator's last scrape count (without them an
+    attempt's last seconds of training, up to a scrape interval, were goodput's `Other`)."""
+    ended = (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED)
+    rank0 = next((p for p in pods if p.rank == 0 and p.phase in ended), None)
+    entry = _current(d.status)
+    if rank0 is None or entry is None or entry.ended is not None:
+        return
+    found = contract.parse_sums(rank0.worker_cause())
+    if found is None or (entry.steps_run is not None and found[0] < entry.steps_run):
+        return
+    entry.steps_run = found[0]
+    entry.train_seconds = round(found[1], 3)
+    entry.blocked_seconds = round(found[2], 3)
+
+
 def _quarantined_by_pods(d: Decision, prog: observed.Progress, directory: str) -> None:
     """Steps rank 0 set aside when it chose its checkpoint (the operator could not read them):
     kept in status.quarantined and said in an Event, as when the operator does it."""
@@ -774,6 +791,7 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
             # met the name are being deleted again by this operator: not a failure).
             return d
     _queued(d, obs, pods)
+    _final_sums(d, pods)
     evicted = next((p for p in pods if p.queue_evicted), None)
     if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
         msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "

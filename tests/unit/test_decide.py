@@ -965,6 +965,53 @@ def test_a_finished_job_shows_where_rank_0_finished_not_its_last_scrape() -> Non
     assert d.status.sealed_step == 300
 
 
+def test_rank_0s_final_sums_count_the_steps_after_the_last_scrape() -> None:
+    # The last scrape saw 40 steps in 8 s; rank 0 ran 50 in 10 s before it exited: goodput
+    # counts all 50 (an attempt's last seconds were "Other" before).
+    sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.75)
+    done = json.dumps({"class": contract.COMPLETED, "rank": 0, "step": 60, "exitCode": 0,
+                       "message": contract.completion_message(sealed_step=60),
+                       contract.SUMS: sums})  # fmt: skip
+    history = [st.HistoryEntry(attempt=1, started=NOW - 20, world_size=4, steps_run=40,
+                               train_seconds=8.0, blocked_seconds=0.5)]  # fmt: skip
+    finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
+    finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
+    obs = observe(status=running_status(step=50, history=history), pods=pods(**finished))
+    d = dc.decide(obs)
+    entry = d.status.history[-1]
+    assert d.status.phase is st.Phase.SUCCEEDED
+    assert (entry.steps_run, entry.train_seconds, entry.blocked_seconds) == (50, 10.0, 0.75)
+
+
+def test_a_crashed_rank_0s_live_record_sums_count_and_older_sums_never_lower_the_scrape() -> None:
+    sums = contract.sums(steps_run=33, train_seconds=6.6, blocked_seconds=0.0)
+    live = {"class": contract.LIVE, "rank": 0, "step": 33, "exitCode": None, "message": "",
+            contract.SUMS: sums}  # fmt: skip
+    history = [st.HistoryEntry(attempt=1, started=NOW - 20, world_size=4, steps_run=30,
+                               train_seconds=6.0)]  # fmt: skip
+    killed = {"phase": ob.PodPhase.FAILED, "exit_code": 137, "reason": "OOMKilled",
+              "finished": NOW - 1, "message": json.dumps(live)}  # fmt: skip
+    d = dc.decide(observe(status=running_status(history=history), pods=pods(r0=killed)))
+    entry = d.status.history[0]
+    assert entry.cause is st.Cause.OOM and (entry.steps_run, entry.train_seconds) == (33, 6.6)
+    stale = dict(live, **{contract.SUMS: contract.sums(steps_run=20, train_seconds=4.0,
+                                                       blocked_seconds=0.0)})  # fmt: skip
+    killed["message"] = json.dumps(stale)
+    d = dc.decide(observe(status=running_status(history=history), pods=pods(r0=killed)))
+    assert (d.status.history[0].steps_run, d.status.history[0].train_seconds) == (30, 6.0)
+
+
+@pytest.mark.parametrize(
+    "sums",
+    [None, "x", {"stepsRun": "5", "trainSeconds": 1.0, "blockedSeconds": 0},
+     {"stepsRun": True, "trainSeconds": 1.0, "blockedSeconds": 0},
+     {"stepsRun": 5, "trainSeconds": -1.0, "blockedSeconds": 0},
+     {"stepsRun": 5, "trainSeconds": 1.0}],
+)  # fmt: skip
+def test_malformed_sums_are_ignored(sums: object) -> None:
+    assert contract.parse_sums({contract.SUMS: sums}) is None
+
+
 def test_a_completion_report_that_does_not_parse_changes_nothing() -> None:
     finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
     finished["r0"]["message"] = '{"class": "Completed", "step": "x", "message": "{oops"}'

@@ -71,6 +71,8 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     # rank 0's live record: what `OOMKilled` would come with if the kernel killed it now
     assert live["class"] == contract.LIVE and live["step"] == STALLED_AFTER
     assert live["phase"] == "forward" and live["memory"]["peakRssBytes"] > 0
+    assert contract.parse_sums(live) is not None, live  # its totals, should the kernel kill it
+    assert live[contract.SUMS]["stepsRun"] == STALLED_AFTER, live
 
 
 def test_a_rank_stalled_before_the_end_of_step_all_reduce_is_named(tmp_path: Path) -> None:
@@ -100,3 +102,4 @@ def test_an_out_of_memory_error_leaves_its_phase_and_the_ledgers_plan(tmp_path: 
     assert term["phase"] == "backward of block 0" and term["step"] == 3
     assert term["ledger"]["persistentBytesPerRank"] > 0 and term["memory"]["rssBytes"] > 0
     assert "injected: CUDA out of memory in backward at step 4" in term["message"]
+    assert (contract.parse_sums(term) or (None,))[0] == 3, term  # rank 0's steps, for goodput

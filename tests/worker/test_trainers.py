@@ -54,6 +54,8 @@ def test_a_kit_trainer_reports_its_end(plain_reference: Any) -> None:
     done = plain_reference.termination()  # rank 0's last word, for an operator reading no claim
     assert (done["class"], done["step"], done["exitCode"]) == (contract.COMPLETED, 12, 0)
     assert json.loads(done["message"]) == {"sealedStep": 12}
+    steps, train, blocked = contract.parse_sums(done) or (None, 0.0, 0.0)
+    assert steps == 12 and train > 0 and blocked > 0, done  # its totals: goodput's last seconds
 
 
 def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(

@@ -230,4 +230,32 @@ class IntervalInput(enum.StrEnum):
 TERMINATION_KEYS = ("class", "rank", "step", "exitCode", "message")
 # ...and these optional ones: where the rank was (flight.Recorder.where), its memory figures,
 # and the ledger's planned bytes per rank (persistentBytesPerRank, largestGatheredBytes).
-TERMINATION_OPTIONAL_KEYS = ("phase", "memory", "ledger")
+# Global rank 0 adds `sums` (SUMS_KEYS): its run's totals, as its metrics count them, when it
+# exits (well or not) and in its live record, so the steps after the operator's last scrape
+# still count (goodput's `Other` had been up to a scrape interval an attempt).
+TERMINATION_OPTIONAL_KEYS = ("phase", "memory", "ledger", "sums")
+SUMS = "sums"
+SUMS_KEYS = ("stepsRun", "trainSeconds", "blockedSeconds")
+
+
+def sums(*, steps_run: int, train_seconds: float, blocked_seconds: float) -> dict[str, object]:
+    """The `sums` object of a termination message or live record."""
+    values = (steps_run, round(train_seconds, 3), round(blocked_seconds, 3))
+    return dict(zip(SUMS_KEYS, values, strict=True))
+
+
+def parse_sums(doc: object) -> tuple[int, float, float] | None:
+    """(steps run, train seconds, blocked seconds) from a termination message's `sums`; None
+    when absent or malformed (a report is advice: it never raises)."""
+    found = doc.get(SUMS) if isinstance(doc, dict) else None
+    if not isinstance(found, dict):
+        return None
+    steps, train, blocked = (found.get(k) for k in SUMS_KEYS)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        return None
+    numbers = [
+        v for v in (train, blocked) if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    if len(numbers) != 2 or min(numbers) < 0:
+        return None
+    return steps, float(numbers[0]), float(numbers[1])

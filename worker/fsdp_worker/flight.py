@@ -128,6 +128,7 @@ class Recorder:
         self._reported_stall = False
         self._stop = threading.Event()
         self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
+        self._sums: Callable[[], dict[str, Any]] | None = None  # global rank 0's totals
 
     # --- the training thread's side -------------------------------------------------------
     def enter(self, phase: str, block: int | None = None) -> None:
@@ -218,7 +219,14 @@ class Recorder:
         fields: dict[str, Any] = {"phase": self.where(), "memory": self.memory}
         if self.ledger:
             fields["ledger"] = self.ledger
+        if self._sums is not None:
+            fields[contract.SUMS] = self._sums()
         return fields
+
+    def sums_from(self, source: Callable[[], dict[str, Any]]) -> None:
+        """Global rank 0's run totals (contract.sums, read from its metrics): in its live
+        record at each rewrite and in its failure message."""
+        self._sums = source
 
     def note_ledger(self, planned: dict[str, Any]) -> None:
         """Keep the ledger's persistent and gathered bytes per rank."""
@@ -254,6 +262,8 @@ class Recorder:
             "phase": self.where(),
             "memory": self.memory,
         }
+        if self._sums is not None:
+            doc[contract.SUMS] = self._sums()
         with self._lock:
             termination.write_live(self._live_fd, json.dumps(doc, separators=(",", ":")))
 

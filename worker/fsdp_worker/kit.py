@@ -407,6 +407,7 @@ def main(
         meters = metrics.Metrics()
         if dist_info.rank == 0:
             meters.serve(settings.metrics_port)
+            recorder.sums_from(meters.sums)  # in its live record and its failure message
         meters.reached(contract.Milestone.RENDEZVOUS)
         os.makedirs(settings.cfg.checkpoint.root, exist_ok=True)
         run = Run(settings, dist_info, meters, stop)
@@ -421,6 +422,7 @@ def main(
                 step=run.current_step,
                 exit_code=code,
                 text=contract.completion_message(sealed_step=sealed),
+                extra={contract.SUMS: meters.sums()},
             )
     except BaseException as exc:  # every failure becomes an exit code
         code, failure_class = classify(exc)

@@ -43,6 +43,10 @@ class Total:
     def inc(self, amount: float) -> None:
         self.set(self._total + amount)
 
+    @property
+    def total(self) -> float:
+        return self._total
+
 
 class Metrics:
     """Gauges on a private registry; `serve` starts the HTTP endpoint (rank 0 only)."""
@@ -87,6 +91,15 @@ class Metrics:
         self.interval = gauge(contract.METRIC_INTERVAL, "Steps between checkpoints now.")
         self.interval_input = gauge(
             contract.METRIC_INTERVAL_INPUT, "Inputs of intervalSteps: auto.", ("input",)
+        )
+
+    def sums(self) -> dict[str, object]:
+        """This process's totals (contract.sums): rank 0 leaves them in its termination
+        message, so the steps after the operator's last scrape still count."""
+        return contract.sums(
+            steps_run=int(self.steps_run.total),
+            train_seconds=self.step_seconds_sum.total,
+            blocked_seconds=self.ckpt_blocked.total,
         )
 
     def reached(self, milestone: contract.Milestone) -> None:

@@ -54,9 +54,19 @@ def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 
 
-def _terminate(*, rank: int, step: int, code: int, cls: str, message: str) -> None:
+def _terminate(
+    *,
+    rank: int,
+    step: int,
+    code: int,
+    cls: str,
+    message: str,
+    sums: dict[str, object] | None = None,
+) -> None:
     path = os.environ.get(contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG)
     doc = {"class": cls, "rank": rank, "step": step, "exitCode": code, "message": message}
+    if sums is not None:
+        doc[contract.SUMS] = sums
     try:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(doc)[: contract.TERMINATION_MESSAGE_MAX_BYTES])
@@ -78,6 +88,8 @@ class StandIn:
         self.step, self.resumed_from = self._resume()
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
         self.save_time = float(os.environ.get("STANDIN_SAVE_SECONDS", "0"))
+        self.ran = 0  # steps this process completed
+        self.blocked_seconds = 0.0  # seconds its steps waited on saves
         self.start_time = float(os.environ.get("STANDIN_START_SECONDS", "0"))
 
     def _resume(self) -> tuple[int, int | None]:
@@ -181,6 +193,13 @@ class StandIn:
             time.sleep(float(os.environ.get("STANDIN_MEET_SECONDS", "0")))
         metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
 
+    def _sums(self) -> dict[str, object]:
+        return contract.sums(
+            steps_run=self.ran,
+            train_seconds=self.ran * self.step_time,
+            blocked_seconds=self.blocked_seconds,
+        )
+
     def _maybe_fail(self) -> None:
         at = _env_int("STANDIN_FAIL_AT_STEP", -1)
         which = _env_int("STANDIN_FAIL_ATTEMPT", 1)
@@ -190,7 +209,10 @@ class StandIn:
             return
         code = _env_int("STANDIN_FAIL_CODE", 1)
         cls = contract.FailureClass.CONFIG if code == 78 else contract.FailureClass.RUNTIME
-        _terminate(rank=self.rank, step=self.step, code=code, cls=cls, message="injected")
+        sums = self._sums() if self.rank == 0 else None
+        _terminate(
+            rank=self.rank, step=self.step, code=code, cls=cls, message="injected", sums=sums
+        )
         log.error("injected failure at step %d, exit %d", self.step, code)
         sys.exit(code)
 
@@ -252,7 +274,7 @@ class StandIn:
         time.sleep(self.start_time)
         milestone.labels(milestone=contract.Milestone.LOADED.value).set(time.time())
         first = self._interval(0)
-        ran, next_save = 0, self.step + first.steps
+        next_save = self.step + first.steps
         chose(first)
         while self.step < self.cfg.training.steps:
             time.sleep(self.step_time)
@@ -262,15 +284,15 @@ class StandIn:
                 self.save(step)
                 return int(contract.ExitCode.PREEMPTED)
             self.step += 1
-            ran += 1
+            self.ran += 1
             gauge_step.set(self.step)
             gauge_time.set(time.time())
-            steps_run.set(ran)
-            step_sum.set(ran * self.step_time)
-            if ran == 1:
+            steps_run.set(self.ran)
+            step_sum.set(self.ran * self.step_time)
+            if self.ran == 1:
                 milestone.labels(milestone=contract.Milestone.FIRST_STEP.value).set(time.time())
             self._maybe_fail()
-            choice = self._interval(ran)
+            choice = self._interval(self.ran)
             fixed = not choice.auto and self.step % choice.steps == 0
             if (
                 fixed
@@ -281,12 +303,20 @@ class StandIn:
                 self.save(self.step)
                 sealed.set(self.step)
                 time.sleep(self.save_time)
-                blocked.inc(time.monotonic() - began)
+                self.blocked_seconds += time.monotonic() - began
+                blocked.set(self.blocked_seconds)
                 next_save = self.step + choice.steps
                 chose(choice)
         if self.rank == 0:  # the final step and the newest sealed one, as the real worker says
             done = contract.completion_message(sealed_step=self.step)
-            _terminate(rank=0, step=self.step, code=0, cls=contract.COMPLETED, message=done)
+            _terminate(
+                rank=0,
+                step=self.step,
+                code=0,
+                cls=contract.COMPLETED,
+                message=done,
+                sums=self._sums(),
+            )
         return int(contract.ExitCode.SUCCESS)
 
 
