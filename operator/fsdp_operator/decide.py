@@ -608,11 +608,13 @@ def _launch(
         s.history[-1].steps_lost = max(0, s.step - (ck.step if ck else (s.sealed_step or 0)))
     rules = _resume_rules(obs, s) if ck is None else None  # the ending attempt's lineage
     before = s.replicas
+    ending = _current(s)  # a planned stop (a preemption) has a cause but no failure
+    ended_by = ending.cause if ending is not None and ending.cause is not None else cause
     s.attempt += 1
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None
     s.attempt_started, s.last_progress_time = obs.now, None
-    _pod_group(d, obs, cause=cause, replicas=replicas, before=before)
+    _pod_group(d, obs, cause=ended_by, replicas=replicas, before=before)
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else (contract.RESUME_AUTO if rules else None)
     s.resume_rules = rules.to_json() if rules else None

@@ -38,9 +38,11 @@ waitForPodsReady timeout): the pods' end is Kueue's, not the job's failure."""
 KEEPS_GROUP = frozenset({"Crash", "OOMKilled", "Hang", "RendezvousTimeout", "Preempted"})
 """Causes (status.Cause values) after which the next attempt at the same size replaces the
 pods of the same pod group, keeping its admission: no requeue, no quota gap another job could
-take. After a lost node or an eviction an old pod may still count as active to Kueue (its
-node cannot report it ended); after a resize or a suspension the group's size or time is
-over: those start a new group, and the old one's Workload is deleted (its quota released)."""
+take (after Kueue's own eviction, Preempted, the group's Workload keeps its requeue state: its
+backoff and backoffLimitCount count the job's evictions, not each new group's). After a lost
+node or an eviction an old pod may still count as active to Kueue (its node cannot report it
+ended); after a resize or a suspension the group's size or time is over: those start a new
+group, and the old one's Workload is deleted (its quota released)."""
 
 TOPOLOGY_PREFIX = "kueue.x-k8s.io/podset-"
 """Topology-aware scheduling asks, as annotations on the FSDPJob (as on a Job's pod template):

@@ -192,6 +192,12 @@ def test_kueue_eviction_is_a_planned_stop_without_budget() -> None:
     assert d.status.restarts == st.Restarts() and d.status.reliability.failures == 0
     assert d.status.drain and d.launch is None  # the ranks save first
     assert st.budget_of(st.Cause.PREEMPTED) is st.Budget.NONE
+    # once the ranks are gone the next attempt's pods replace them in the same pod group: its
+    # Workload keeps Kueue's requeue state (backoff, backoffLimitCount), nothing is released
+    gone = {f"r{r}": {"phase": ob.PodPhase.FAILED, "exit_code": 143} for r in range(4)}
+    nxt = dc.decide(observation(status=d.status, pods=pods(**gone), queue=QUEUE, now=NOW + 3))
+    assert nxt.launch is not None and nxt.launch.pod_group == "job-g1" and not nxt.release
+    assert nxt.status.attempt == 2 and nxt.status.history[0].cause is st.Cause.PREEMPTED
 
 
 def test_a_failed_job_releases_its_group() -> None:
