@@ -110,10 +110,22 @@ def webhook_configs(manifests: str, *, port: int, ca: bytes) -> list[dict[str, A
     return out
 
 
-def config(*, webhook_port: int, health_port: int, metrics_port: int, cert_dir: Path) -> str:
+def config(
+    *,
+    webhook_port: int,
+    health_port: int,
+    metrics_port: int,
+    cert_dir: Path,
+    pods_ready_timeout: int | None = None,
+) -> str:
     """Kueue's Configuration: plain pods only, in labelled namespaces, no leader election,
-    certificates given (internal certificate management off: no Service to issue them for)."""
-    doc = {
+    certificates given (internal certificate management off: no Service to issue them for).
+
+    `pods_ready_timeout` (seconds) turns on waitForPodsReady: an admitted group whose pods are
+    not all Ready that long after admission is evicted and requeued (backoff 1 s, doubling, at
+    most 4 s here, so a test sees the re-admission); its recoveryTimeout, while an admitted
+    group's pods are replaced, is twice that."""
+    doc: dict[str, Any] = {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
         "namespace": "kueue-system",
@@ -125,15 +137,33 @@ def config(*, webhook_port: int, health_port: int, metrics_port: int, cert_dir: 
         "managedJobsNamespaceSelector": {"matchLabels": {NAMESPACE_LABEL: "true"}},
         "integrations": {"frameworks": ["pod"]},
     }
+    if pods_ready_timeout is not None:
+        doc["waitForPodsReady"] = {
+            "timeout": f"{pods_ready_timeout}s",
+            "recoveryTimeout": f"{2 * pods_ready_timeout}s",
+            "blockAdmission": False,
+            "requeuingStrategy": {
+                "timestamp": "Eviction",
+                "backoffBaseSeconds": 1,
+                "backoffMaxSeconds": 4,
+            },
+        }
     return yaml.safe_dump(doc)
 
 
 class Kueue:
     """Kueue's controller on one cluster; ``start``/``stop`` or use it as a context manager."""
 
-    def __init__(self, cluster: controlplane.Cluster, *, kueue_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        cluster: controlplane.Cluster,
+        *,
+        kueue_dir: Path | None = None,
+        pods_ready_timeout: int | None = None,
+    ) -> None:
         self.cluster = cluster
         self._kueue_dir = kueue_dir
+        self.pods_ready_timeout = pods_ready_timeout
         self._dir = cluster.state_dir / "kueue"
         self._procs: procs.Registry | None = None
         self.kube = kubeclient.Kube(cluster.kubeconfig)
@@ -165,6 +195,7 @@ class Kueue:
                 health_port=self.health_port,
                 metrics_port=metrics_port,
                 cert_dir=self._dir / "certs",
+                pods_ready_timeout=self.pods_ready_timeout,
             )
         )
         self._procs = procs.Registry(self._dir / "kueue.json")
@@ -239,11 +270,19 @@ class Kueue:
         cluster_queue: str = "fsdpop-gpus",
         gpus: int = 4,
         preemption: bool = True,
+        topology: str | None = None,
     ) -> None:
         """A ResourceFlavor, a ClusterQueue with quota for `gpus` GPUs (CPU and memory ample)
-        and a LocalQueue `name` in `namespace` pointing at it."""
-        flavor = {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
-                  "metadata": {"name": "default-flavor"}}  # fmt: skip
+        and a LocalQueue `name` in `namespace` pointing at it. With `topology` (a Topology's
+        name, ``topology``) the flavor is that topology's own (topology-aware scheduling)."""
+        flavor_name = f"{topology}-flavor" if topology else "default-flavor"
+        flavor: dict[str, Any] = {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": flavor_name},
+        }
+        if topology:  # a TAS flavor needs node labels: every kubelet sets this one
+            flavor["spec"] = {"topologyName": topology, "nodeLabels": {"kubernetes.io/os": "linux"}}
         cq: dict[str, Any] = {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "ClusterQueue",
@@ -255,7 +294,7 @@ class Kueue:
                         "coveredResources": ["cpu", "memory", GPU],
                         "flavors": [
                             {
-                                "name": "default-flavor",
+                                "name": flavor_name,
                                 "resources": [
                                     {"name": "cpu", "nominalQuota": "64"},
                                     {"name": "memory", "nominalQuota": "256Gi"},
@@ -277,6 +316,14 @@ class Kueue:
         }
         for doc in (flavor, cq, lq):
             self._apply(doc)
+
+    def topology(self, name: str, levels: list[str]) -> None:
+        """A Topology: node labels from the widest domain to the narrowest (Kueue's
+        topology-aware scheduling places a pod group within one domain of a level a job asks
+        for, by its pods' `kueue.x-k8s.io/podset-*-topology` annotations)."""
+        self._apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
+                     "metadata": {"name": name},
+                     "spec": {"levels": [{"nodeLabel": label} for label in levels]}})  # fmt: skip
 
     def priority_class(self, name: str, value: int) -> None:
         """A WorkloadPriorityClass (label kueue.x-k8s.io/priority-class on a job names it)."""

@@ -41,6 +41,7 @@ from fsdp_worker import catalog, config, contract, interval, metrics
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
 STOP_FILE = ".standin-stop-a{attempt}"  # on the checkpoint volume: the step to save on SIGTERM
+MET_FILE = ".standin-met-a{attempt}"  # rank 0 has "met" (STANDIN_MEET_SECONDS are over)
 
 
 _stop_requested = False
@@ -184,13 +185,31 @@ class StandIn:
             time.sleep(0.02)
         return int(self.storage.read_bytes(name))
 
+    def _meets_late(self) -> bool:
+        """Whether this attempt's gang meets only after STANDIN_MEET_SECONDS."""
+        meet = float(os.environ.get("STANDIN_MEET_SECONDS", "0"))
+        return meet > 0 and _env_int("STANDIN_MEET_ATTEMPT", 1) in (0, self.attempt)
+
+    def _meet(self) -> None:
+        """Rank 0 serves; the other ranks wait for the gang to meet, as in torchrun."""
+        if self.rank == 0:
+            self._serve()
+            return
+        while self._meets_late() and not self.storage.exists(MET_FILE.format(attempt=self.attempt)):
+            _leave_if_stopped()
+            time.sleep(0.1)
+
     def _serve(self) -> None:
         """Rank 0: raise the fence, then serve the metrics (held back first, as a gang that has
         not met would: the kit serves once its process group is up)."""
         os.makedirs(self.root, exist_ok=True)
         catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
-        if _env_int("STANDIN_MEET_ATTEMPT", 1) in (0, self.attempt):
-            time.sleep(float(os.environ.get("STANDIN_MEET_SECONDS", "0")))
+        if self._meets_late():
+            until = time.monotonic() + float(os.environ.get("STANDIN_MEET_SECONDS", "0"))
+            while time.monotonic() < until:
+                _leave_if_stopped()
+                time.sleep(0.1)
+            self.storage.write_atomic(MET_FILE.format(attempt=self.attempt), b"met")
         metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
 
     def _sums(self) -> dict[str, object]:
@@ -265,8 +284,7 @@ class StandIn:
                 if value is not None:
                     inputs.labels(input=key.value).set(value)
 
-        if self.rank == 0:
-            self._serve()
+        self._meet()
         gauge_step.set(self.step)
         resumed.set(-1 if self.resumed_from is None else self.resumed_from)
         time.sleep(self.start_time)
@@ -318,6 +336,14 @@ class StandIn:
                 sums=self._sums(),
             )
         return int(contract.ExitCode.SUCCESS)
+
+
+def _leave_if_stopped() -> None:
+    """SIGTERM before the gang met: nothing trained, nothing to save (torchrun's agent
+    would simply stop)."""
+    if _stop_requested:
+        log.warning("SIGTERM before the gang met: exit")
+        sys.exit(int(contract.ExitCode.PREEMPTED))
 
 
 def _on_term(signum: int, frame: Any) -> None:
