@@ -232,21 +232,29 @@ def _completion_report(d: Decision, obs: observed.Observed, pods: list[observed.
         _sealed_and_resumed(d, dataclasses.replace(obs, progress=final))
 
 
-def _final_sums(d: Decision, pods: list[observed.PodView]) -> None:
+def _final_sums(d: Decision, obs: observed.Observed) -> None:
     """Rank 0's totals from its termination message or live record (contract.SUMS) once its
     pod has ended: the steps it ran after the operator's last scrape count (without them an
-    attempt's last seconds of training, up to a scrape interval, were goodput's `Other`)."""
+    attempt's last seconds of training, up to a scrape interval, were goodput's `Other`).
+
+    Also for an attempt already closed: when this operator tears a gang down (another rank
+    failed, a node was lost, a resize, a preemption), rank 0's SIGTERM message arrives after
+    its attempt's entry ended. Such an entry takes the steps and their seconds but keeps its
+    scraped save time: a save after the stop is the recovery's time, which is counted there."""
     ended = (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED)
-    rank0 = next((p for p in pods if p.rank == 0 and p.phase in ended), None)
-    entry = _current(d.status)
-    if rank0 is None or entry is None or entry.ended is not None:
-        return
-    found = contract.parse_sums(rank0.worker_cause())
-    if found is None or (entry.steps_run is not None and found[0] < entry.steps_run):
-        return
-    entry.steps_run = found[0]
-    entry.train_seconds = round(found[1], 3)
-    entry.blocked_seconds = round(found[2], 3)
+    entries = {entry.attempt: entry for entry in d.status.history}
+    for pod in obs.pods:
+        entry = entries.get(pod.attempt)
+        if pod.rank != 0 or pod.phase not in ended or entry is None:
+            continue
+        found = contract.parse_sums(pod.worker_cause())
+        if found is None or (entry.steps_run is not None and found[0] < entry.steps_run):
+            continue
+        closed = entry.ended is not None
+        entry.steps_run = found[0]
+        entry.train_seconds = round(found[1], 3)
+        if not closed:
+            entry.blocked_seconds = round(found[2], 3)
 
 
 def _quarantined_by_pods(d: Decision, prog: observed.Progress, directory: str) -> None:
@@ -793,7 +801,6 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
             # met the name are being deleted again by this operator: not a failure).
             return d
     _queued(d, obs, pods)
-    _final_sums(d, pods)
     evicted = next((p for p in pods if p.queue_evicted), None)
     if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
         msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "
@@ -901,6 +908,7 @@ def _decide(obs: observed.Observed, tun: policy.Tunables) -> Decision:
         _phase(d, obs, status.Phase.PENDING, "Resumed", "spec.suspend cleared")
         d.emit("Resumed", "spec.suspend cleared; starting from the newest checkpoint")
         return _launch(d, obs, tun, cause=None)
+    _final_sums(d, obs)
     if s.attempt == 0 or (s.phase is status.Phase.RESTARTING and s.next_attempt_at is not None):
         if s.attempt == 0:
             _phase(d, obs, status.Phase.PENDING, "Created", "")

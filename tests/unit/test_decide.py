@@ -1001,6 +1001,33 @@ def test_a_crashed_rank_0s_live_record_sums_count_and_older_sums_never_lower_the
     assert (d.status.history[0].steps_run, d.status.history[0].train_seconds) == (30, 6.0)
 
 
+def test_sums_of_a_gang_this_operator_tore_down_reach_the_closed_attempt() -> None:
+    # Rank 1 crashed; the operator deleted the gang and attempt 2 runs. Rank 0's SIGTERM
+    # message (its totals: 47 steps, not the 40 scraped) arrives only now.
+    sums = contract.sums(steps_run=47, train_seconds=9.4, blocked_seconds=3.0)
+    stopped = {"class": contract.LIVE, "rank": 0, "step": 47, "exitCode": None, "message": "",
+               contract.SUMS: sums}  # fmt: skip
+    closed = st.HistoryEntry(attempt=1, started=NOW - 60, ended=NOW - 10, world_size=4,
+                             cause=st.Cause.CRASH, steps_run=40, train_seconds=8.0,
+                             blocked_seconds=0.5)  # fmt: skip
+    current = st.HistoryEntry(attempt=2, started=NOW - 8, world_size=4)
+    status = running_status(attempt=2, history=[closed, current], step=45)
+    gone = {"phase": ob.PodPhase.FAILED, "exit_code": 143, "deleting": True,
+            "message": json.dumps(stopped)}  # fmt: skip
+    old = [p for p in pods(attempt=1, r0=gone) if p.rank == 0]
+    d = dc.decide(observe(status=status, pods=[*old, *pods(attempt=2)]))
+    first, second = d.status.history
+    assert (first.steps_run, first.train_seconds) == (47, 9.4)
+    assert first.blocked_seconds == 0.5, "a save after the stop is the recovery's time"
+    assert first.ended == NOW - 10 and first.cause is st.Cause.CRASH
+    assert second.steps_run is None
+    # the same while the job waits to launch attempt 2 (the old gang still draining)
+    status = running_status(phase=st.Phase.RESTARTING, history=[closed], drain=True,
+                            next_attempt_at=NOW, failure_observed=NOW - 3)  # fmt: skip
+    d = dc.decide(observe(status=status, pods=[*old, *pods(n=4)[1:]]))
+    assert (d.status.history[0].steps_run, d.status.history[0].train_seconds) == (47, 9.4)
+
+
 @pytest.mark.parametrize(
     "sums",
     [None, "x", {"stepsRun": "5", "trainSeconds": 1.0, "blockedSeconds": 0},
