@@ -257,6 +257,12 @@ def export(ref: str) -> Path:
     entries, names podman no longer holds, and the blobs only they used are removed.
     """
     want = f"sha256:{_require(ref)}"
+    # Readers first: nodes loading side by side hold the lock shared while they import, and a
+    # writer's lock would wait for all of them although the layout already holds `ref`.
+    with imagestore.locked(_layout(), exclusive=False) as layout:
+        found = imagestore.entry(layout, ref)
+        if found is not None and imagestore.config_digest(layout, found) == want:
+            return layout
     with imagestore.locked(_layout(), exclusive=True) as layout:
         found = imagestore.entry(layout, ref)
         if found is None or imagestore.config_digest(layout, found) != want:
