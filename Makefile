@@ -24,8 +24,8 @@ packages:
 	bash localcluster/install-packages.sh
 
 cluster-bin: packages
-	bash localcluster/build-binaries.sh >/dev/null
-	bash localcluster/build-helm.sh >/dev/null
+	bash localcluster/build-helm.sh >/dev/null & helm=$$!; \
+	bash localcluster/build-binaries.sh >/dev/null && wait $$helm
 
 # kwok (fake nodes and pods for the simulated GPU fleet, localcluster/kwok.py) and the stage
 # files it plays, from its Go module into the cache; tests/cluster/test_kwok.py needs it.
@@ -62,7 +62,8 @@ lock: venv
 images: venv packages
 	$(VPY) -m localcluster.images build --target all
 
-test: venv cluster-bin lint typecheck images
+# With -j (.ci/run), the long builds start first: lint and typecheck take the last slot.
+test: venv images cluster-bin lint typecheck
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: venv
