@@ -31,13 +31,11 @@ cluster-bin: packages
 # files it plays, from its Go module into the cache; tests/cluster/test_kwok.py needs it.
 kwok-bin:
 	bash localcluster/build-kwok.sh >/dev/null
-test: kwok-bin
 
 # Kueue (the queueing controller, localcluster/kueue.py) with its CRDs and webhook manifests,
 # from its Go module into the cache; tests/integration/test_kueue.py needs it.
 kueue-bin:
 	bash localcluster/build-kueue.sh >/dev/null
-test: kueue-bin
 
 lint: venv
 	$(VENV)/bin/ruff format --check .
@@ -62,8 +60,10 @@ lock: venv
 images: venv packages
 	$(VPY) -m localcluster.images build --target all
 
-# With -j (.ci/run), the long builds start first: lint and typecheck take the last slot.
-test: venv images cluster-bin lint typecheck
+# With -j (.ci/run) make starts these in this order: the Go builds of the control plane (the
+# longest chain) first, the venv's download beside them, then the images, Kueue and kwok,
+# and lint and typecheck last.
+test: cluster-bin venv images kueue-bin kwok-bin lint typecheck
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: venv
