@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml
 packages:
 	bash localcluster/install-packages.sh
 
-cluster-bin: packages
+# Compiling needs only Go: the targets that start nodes name `packages` (or `images`) themselves.
+cluster-bin:
 	bash localcluster/build-helm.sh >/dev/null & helm=$$!; \
 	bash localcluster/build-binaries.sh >/dev/null && wait $$helm
 
@@ -63,7 +64,7 @@ images: venv packages
 # With -j (.ci/run) make starts these in this order: the Go builds of the control plane (the
 # longest chain) first, the venv's download beside them, then the images, Kueue and kwok,
 # and lint and typecheck last.
-test: cluster-bin venv images kueue-bin kwok-bin lint typecheck
+test: cluster-bin venv packages images kueue-bin kwok-bin lint typecheck
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-unit: venv
@@ -111,13 +112,13 @@ bench-goodput: venv cluster-bin images
 
 # Leader failover: SIGKILL and clean shutdown of the leader, 10 trials each (about 7 minutes);
 # bench/results/failover.json.
-bench-failover: venv cluster-bin
+bench-failover: venv packages cluster-bin
 	PYTHONPATH=. $(VPY) bench/failover.py
 
 # The operator at fleet scale (tens of minutes at the defaults): a control plane with a thousand
 # kwok GPU nodes, 100 and 1000 jobs; bench/results/fleet.json and docs/fleet.png.
 FLEET_ARGS ?=
-bench-fleet: venv cluster-bin kwok-bin
+bench-fleet: venv packages cluster-bin kwok-bin
 	PYTHONPATH=. $(VPY) bench/fleet.py $(FLEET_ARGS)
 
 # tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
