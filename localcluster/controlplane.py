@@ -256,7 +256,7 @@ class Cluster:
             self._spawn(f"containerd-{node.name}", nodeconf.containerd_args(node))
             name = f"containerd-{node.name}"
             nodes.wait_socket(node.socket, functools.partial(self._alive, name))
-        # Every node's images side by side: on a fresh machine each node unpacks the 7 GB
+        # Every node's images side by side: on a fresh machine each node unpacks the 5.9 GB
         # worker (about 2 minutes), and one after another that was the slowest part of a first
         # `make test`'s cluster start.
         with concurrent.futures.ThreadPoolExecutor(max(1, len(layouts))) as pool:
