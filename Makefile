@@ -63,9 +63,9 @@ images: venv packages
 
 # With -j (.ci/run) make starts these in this order: the Go builds of the control plane (the
 # longest chain) first, the venv's download beside them, then the images, Kueue and kwok,
-# and lint and typecheck last. `packages` (seconds once installed) goes before the venv:
-# make skips a target whose prerequisite is still running and does not come back to it
-# until the next free slot, so after it the images would wait behind Kueue's build.
+# and lint and typecheck last. `packages` (seconds once installed) goes before the venv: listed
+# after it, make -j2 passed over the images while the packages installed and started
+# Kueue's build in that slot instead (seen on a fresh machine).
 test: cluster-bin packages venv images kueue-bin kwok-bin lint typecheck
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=25
 
