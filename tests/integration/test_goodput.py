@@ -41,9 +41,16 @@ def test_an_injected_crash_produces_a_complete_time_to_resume_breakdown(
         timeout=150,
         context=operator.log_tail,
     )
-    second = done["history"][1]
+    # The attempt after the crash. Before it, a first gang that never met (seen once in a fresh
+    # machine's run: RendezvousTimeout, issue 23's part 5) is an uncharged restart of its own.
+    history = done["history"]
+    crashed = [e for e in history if (e.get("timeline") or {}).get("cause") == "Crash"]
+    assert len(crashed) == 1, history
+    second = crashed[0]
+    before = [e.get("cause") for e in history[: history.index(second) - 1]]
+    assert set(before) <= {"RendezvousTimeout"}, history
+    assert done["restarts"]["application"] == 1, done["restarts"]
     tl = second["timeline"]
-    assert tl["cause"] == "Crash"
     assert all(tl.get(m) is not None for m in MILESTONES), tl
     timeline = st.Timeline.model_validate(tl)  # the status says RFC 3339 times
     # rank 0's own stamps are spaced by the stand-in's start-up knob (0.3 s)
