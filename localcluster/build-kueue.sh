@@ -15,6 +15,10 @@ OUT="$DIR/bin"
 WORK="$DIR/src"
 
 mkdir -p "$OUT" "$WORK"
+# One build at a time: `make test` starts this beside pytest, whose Kueue fixture runs it too
+# and then waits here until the first one is done.
+exec 9>"$DIR/.build.lock"
+flock 9
 export GOFLAGS="-mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local
 
 if [ ! -x "$OUT/kueue" ] || [ ! -s "$DIR/webhook/manifests.yaml" ] || [ ! -d "$DIR/crds" ]; then

@@ -19,7 +19,9 @@ from localcluster import faults as lf
 from localcluster import kueue as lk
 from tests.integration import harness
 
-pytestmark = pytest.mark.cluster
+# The module's first test also waits for Kueue's build, which `make test` starts beside pytest
+# (on a fresh machine it may still be compiling): more than the 300 s default.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 GPUS_PER_POD = 2
 
 

@@ -21,7 +21,9 @@ from localcluster import controlplane
 from localcluster import kueue as lk
 from tests.integration import harness
 
-pytestmark = pytest.mark.cluster
+# The module's first test also waits for Kueue's build, which `make test` starts beside pytest
+# (on a fresh machine it may still be compiling): more than the 300 s default.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 BLOCK = "fsdpop.test/block"
 HOSTNAME = "kubernetes.io/hostname"
 TOPOLOGY = "fsdpop-blocks"
