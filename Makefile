@@ -68,9 +68,18 @@ images: venv packages
 # that slot instead (seen on a fresh machine). Kueue builds beside pytest: on a fresh machine
 # its 5-8 minutes of compiling (niced) then fill the cluster tests' waits, and the Kueue tests,
 # which come after those, run the same script and wait on its lock if it is not done yet.
+# tests/unit and tests/worker (CPU: real torchrun ranks, no cluster) run niced beside the
+# cluster suites, whose time is mostly waiting on the control plane, the kubelets and the
+# operator; their report is printed once the cluster suites end (the log: $(CPU_LOG)).
+CPU_LOG := .test-unit-worker.log
 test: cluster-bin packages venv images kwok-bin lint typecheck
 	nice -n 10 bash localcluster/build-kueue.sh >/dev/null 2>&1 & kueue=$$!; \
-	$(VPY) -m pytest -q -p no:cacheprovider --durations=25; rc=$$?; wait $$kueue; exit $$rc
+	nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/worker \
+		>$(CPU_LOG) 2>&1 & cpu=$$!; trap 'kill $$cpu $$kueue 2>/dev/null' INT TERM; \
+	$(VPY) -m pytest -q -p no:cacheprovider --durations=25 --ignore=tests/unit \
+		--ignore=tests/worker; rc=$$?; \
+	wait $$cpu; crc=$$?; echo "== tests/unit and tests/worker (ran beside the above) =="; \
+	cat $(CPU_LOG); wait $$kueue; test $$rc -eq 0 -a $$crc -eq 0
 
 test-unit: venv
 	$(VPY) -m pytest -q tests/unit
