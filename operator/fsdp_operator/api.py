@@ -120,6 +120,16 @@ class FailurePolicy(_Model):
     pending_timeout_seconds: int = Field(
         120, ge=1, le=86_400, description="Pods Pending this long: shrink, or fail on image errors."
     )
+    in_place_restarts: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="Rank failures an attempt may restart in place: the ranks of every pod "
+        "restart inside the running pods (no pod is deleted or scheduled) from the newest "
+        "checkpoint. Each is charged like any restart; past this many, or for a node lost, an "
+        "eviction or a ConfigError, the gang is recreated. 0: every failure recreates it. The "
+        "image must carry fsdp_worker (its in-place keeper runs in front of torchrun).",
+    )
 
     @pydantic.field_validator("non_retryable_exit_codes")
     @classmethod

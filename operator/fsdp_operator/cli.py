@@ -184,6 +184,17 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
             _fmt(h.get("recoverSeconds"), "s"),
             _fmt(h.get("stepsLost")),
         )
+        for r in h.get("restartsInPlace") or []:
+            lost += r.get("stepsLost") or 0
+            hist.add_row(
+                f"{h.get('attempt')} in place",
+                _fmt(h.get("worldSize")),
+                _fmt(r.get("resumedFromStep")),
+                (r.get("failure") or {}).get("cause") or "-",
+                "-",
+                _fmt(_in_place_seconds(r), "s"),
+                _fmt(r.get("stepsLost")),
+            )
     console.print(hist)
     console.print(f"total steps redone after restarts: {lost}")
     console.print(_resume_table(s.get("history") or []))
@@ -202,6 +213,15 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
             Text(e.get("message", "")),
         )
     console.print(ev)
+
+
+def _in_place_seconds(restart: dict[str, Any]) -> float | None:
+    """A restart in place's failure to the next generation's first step (status.history)."""
+    failed = status.unix_seconds((restart.get("failure") or {}).get("time"))
+    back = status.unix_seconds(restart.get("resumed"))
+    if not isinstance(failed, int | float) or not isinstance(back, int | float):
+        return None
+    return round(float(back) - float(failed), 1)
 
 
 def _checkpoints_line(s: dict[str, Any]) -> str:

@@ -99,6 +99,8 @@ class Decision:
     collect: Collect | None = None  # the failed attempt's evidence, before its pods go
     recovered: status.HistoryEntry | None = None  # an attempt launched after a failure
     resumed: status.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
+    in_place: list[status.InPlaceRestart] = dataclasses.field(default_factory=list)  # new ones
+    stop: tuple[status.Cause, str] | None = None  # a restart in place spent a budget
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)
@@ -179,6 +181,7 @@ def _track(d: Decision, obs: observed.Observed) -> None:
     if prog is not None and prog.step is not None and prog.step != s.step and not behind:
         s.step, s.last_progress_time = prog.step, obs.now
     if prog is not None:
+        _restarts_in_place(d, obs, prog)
         _worker_report(d, prog, obs.now)
         _quarantined_by_pods(d, prog, obs.checkpoint_dir)
     _progress_observed(d, obs)
@@ -319,19 +322,97 @@ def _current(s: status.FSDPJobStatus) -> status.HistoryEntry | None:
     return entry if entry is not None and entry.attempt == s.attempt else None
 
 
+def _restarts_in_place(d: Decision, obs: observed.Observed, prog: observed.Progress) -> None:
+    """Rank failures the attempt's pods restarted from in place (their keepers' records, as
+    rank 0 of a later generation serves them): each is charged, counted and kept like a restart
+    of the gang; one that spends a budget stops the job (`d.stop`)."""
+    s = d.status
+    entry = _current(s)
+    if entry is None or entry.ended is not None or not prog.restarts_in_place:
+        return
+    known = {r.generation for r in entry.restarts_in_place}
+    for record in prog.restarts_in_place:
+        generation = int(record["generation"])
+        if generation in known or generation >= prog.generation:
+            continue
+        failure = detect.in_place_failure(obs, record)
+        d.failure, s.last_failure = failure, failure
+        counters = policy.charge(s.restarts, failure.cause)
+        app = status.budget_of(failure.cause) is status.Budget.APPLICATION
+        before = entry.restarts_in_place[-1] if entry.restarts_in_place else None
+        since = before.resumed_from_step if before is not None else s.resumed_from_step
+        sealed = s.sealed_step
+        stalled = app and (sealed is None or (since is not None and sealed <= since))
+        counters.without_progress = counters.without_progress + 1 if stalled else 0
+        s.restarts = counters
+        rel = s.reliability
+        s.reliability = rel.model_copy(update={"failures": rel.failures + 1})
+        entry.restarts_in_place = [
+            *entry.restarts_in_place,
+            status.InPlaceRestart(
+                generation=generation,
+                failure=brief(failure),
+                steps_run=max(0, (entry.steps_run or 0) - _in_place_sums(entry)[0]),
+                train_seconds=max(0.0, (entry.train_seconds or 0.0) - _in_place_sums(entry)[1]),
+                blocked_seconds=max(0.0, (entry.blocked_seconds or 0.0) - _in_place_sums(entry)[2]),
+            ),
+        ][-status.IN_PLACE_LIMIT :]
+        d.in_place.append(entry.restarts_in_place[-1])
+        where = f"rank {failure.rank} pod {failure.pod}" if failure.pod else "a rank"
+        d.emit(
+            "RestartedInPlace",
+            f"{failure.cause.value}: {where} {failure.message}; generation {generation + 1} of "
+            f"attempt {s.attempt} resumed in the same pods",
+            warning=True,
+        )
+        stop = policy.stop_reason(spec=obs.spec, restarts=counters, cause=failure.cause)
+        if stop is not None and d.stop is None:
+            d.stop = stop
+
+
+def _in_place_sums(entry: status.HistoryEntry) -> tuple[int, float, float]:
+    """Steps, train and blocked seconds of the generations before the current one."""
+    done = entry.restarts_in_place
+    return (
+        sum(r.steps_run for r in done),
+        sum(r.train_seconds for r in done),
+        sum(r.blocked_seconds for r in done),
+    )
+
+
+def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> None:
+    """A later generation's first step, the step it loaded, and the steps it trains again."""
+    last = entry.restarts_in_place[-1] if entry.restarts_in_place else None
+    if last is None or last.generation != prog.generation - 1:
+        return
+    if last.resumed_from_step is None and prog.resumed_from is not None:
+        last.resumed_from_step = prog.resumed_from
+        failed_at = last.failure.step
+        if failed_at is not None:
+            last.steps_lost = max(0, failed_at - max(0, prog.resumed_from))
+    first = prog.milestones.get("first_step")
+    if last.resumed is None and first is not None and first >= (last.failure.time or 0.0):
+        last.resumed = first
+
+
 def _worker_report(d: Decision, prog: observed.Progress, now: float) -> None:
-    """Rank 0's own figures: its milestones, step and save seconds, and checkpoint interval."""
+    """Rank 0's own figures: its milestones, step and save seconds, and checkpoint interval.
+    After restarts in place its counters start again at 0: the earlier generations' sums are
+    added."""
     s = d.status
     entry = _current(s)
     if entry is not None and entry.ended is None:
+        steps, train, blocked = _in_place_sums(entry) if prog.generation else (0, 0.0, 0.0)
         if prog.steps_run is not None:
-            entry.steps_run = prog.steps_run
+            entry.steps_run = steps + prog.steps_run
         if prog.train_seconds is not None:
-            entry.train_seconds = round(prog.train_seconds, 3)
+            entry.train_seconds = round(train + prog.train_seconds, 3)
         if prog.blocked_seconds is not None:
-            entry.blocked_seconds = round(prog.blocked_seconds, 3)
+            entry.blocked_seconds = round(blocked + prog.blocked_seconds, 3)
+        if prog.generation:
+            _in_place_report(entry, prog)
         tl = entry.timeline
-        if tl is not None:
+        if tl is not None and not prog.generation:
             for name in ("rendezvous", "loaded", "first_step"):
                 at = prog.milestones.get(name)
                 if at is not None and getattr(tl, name) is None:
@@ -913,7 +994,18 @@ def _decide(obs: observed.Observed, tun: policy.Tunables) -> Decision:
         if s.attempt == 0:
             _phase(d, obs, status.Phase.PENDING, "Created", "")
         return _launch(d, obs, tun, cause=s.last_failure.cause if s.last_failure else None)
-    return _running(d, obs, tun)
+    return _stopped_in_place(d, obs) or _running(d, obs, tun)
+
+
+def _stopped_in_place(d: Decision, obs: observed.Observed) -> Decision | None:
+    """A restart in place that spent a budget ends the job as a gang restart would."""
+    if d.stop is None:
+        return None
+    cause, why = d.stop
+    failure = d.status.last_failure
+    if failure is not None and cause is failure.cause and failure.message:
+        why = f"{why}: {failure.message}"
+    return _finish(d, obs, cause, why)
 
 
 def _suspend(d: Decision, obs: observed.Observed) -> Decision:

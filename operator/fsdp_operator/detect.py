@@ -7,6 +7,10 @@ pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from fsdp_operator import explain, observed, status
 from fsdp_worker import contract
 
@@ -66,6 +70,31 @@ def _failure(
         diagnosis=diagnosis[:1024],
         time=at,
     )
+
+
+def in_place_failure(obs: observed.Observed, record: Mapping[str, Any]) -> status.Failure:
+    """The failure behind a restart in place, from the record its node's keeper made
+    (fsdp_worker.gang: the rank's termination message, torchrun's exit code, an OOM kill seen
+    in the container's cgroup), judged as the same message on a Failed pod would be."""
+    node = record.get("node")
+    rank = node if isinstance(node, int) and not isinstance(node, bool) else 0
+    pod = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == rank), None)
+    doc = {k: record[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in record}
+    code = record.get("torchrunExitCode")
+    at = record.get("time")
+    view = observed.PodView(
+        name=pod.name if pod else f"node rank {rank}",
+        attempt=obs.status.attempt,
+        rank=rank,
+        phase=observed.PodPhase.FAILED,
+        node=pod.node if pod else None,
+        exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        reason=str(record.get("reason") or ""),
+        message=json.dumps(doc),
+    )
+    codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
+    when = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else obs.now
+    return _failure(classify(view, non_retryable=codes), view, at=min(when, obs.now))
 
 
 def _evicted(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:

@@ -6,7 +6,9 @@ Pure accounting over status.history (no I/O, no clock reads). Each attempt contr
   first step, charged to the cause of that stop ("Startup" for the first attempt);
 - the steps it computed that were thrown away (steps lost x its mean step time), charged to the
   cause that ended it;
-- the seconds its training waited on checkpoint saves ("CheckpointSave").
+- the seconds its training waited on checkpoint saves ("CheckpointSave");
+- per restart in place, the time from the rank's failure to the next generation's first step
+  and the steps it trained again, charged to the failure's cause.
 What no measurement explains (scrape gaps, logging, a rank 0 that died before its last scrape)
 is "Other", so the parts always add up to the wall time. Attempts that fall off the history
 (its limit) are folded into totals first, so a job with hundreds of restarts keeps its figure.
@@ -59,9 +61,17 @@ def contribution(entry: status.HistoryEntry, *, now: float, mean_step: float | N
     redone = (entry.steps_lost or 0) * per_step
     if run > 0:
         redone = min(train, redone)
-    part.productive, part.redone = max(0.0, train - redone), redone
     if redone > 0:
         part.charge(entry.cause.value if entry.cause else UNKNOWN, redone)
+    for restart in entry.restarts_in_place:  # from its failure to the next first step
+        cause = restart.failure.cause.value
+        again = min(max(0.0, train - redone), (restart.steps_lost or 0) * per_step)
+        redone += again
+        part.charge(cause, again)
+        if restart.failure.time is not None:
+            back = restart.resumed if restart.resumed is not None else now
+            part.charge(cause, max(0.0, back - restart.failure.time))
+    part.productive, part.redone = max(0.0, train - redone), redone
     part.charge(CHECKPOINT_SAVE, max(0.0, entry.blocked_seconds or 0.0))
     tl = entry.timeline
     if tl is not None:

@@ -21,6 +21,11 @@ FAILURES = prom.Counter("fsdpjob_failures_total", "Failures detected, by cause",
 RESTARTS = prom.Counter(
     "fsdpjob_restarts_total", "Attempts started after a failure or a planned stop", ["cause"]
 )
+RESTARTS_IN_PLACE = prom.Counter(
+    "fsdpjob_restarts_in_place_total",
+    "Rank failures restarted inside the running pods (failurePolicy.inPlaceRestarts)",
+    ["cause"],
+)
 DETECT = prom.Histogram(
     "fsdpjob_failure_detection_seconds",
     "Failure happened -> operator observed it",

@@ -32,6 +32,8 @@ DEFAULT_CLUSTER_DOMAIN = "cluster.local"
 RENDEZVOUS_PORT = 29500
 METRICS_PORT = contract.DEFAULT_METRICS_PORT
 RENDEZVOUS_PORT_NAME = "rendezvous"
+GANG_PORT = 29501  # node rank 0's in-place keeper (fsdp_worker.gang), with inPlaceRestarts
+GANG_PORT_NAME = "gang"
 METRICS_PORT_NAME = "metrics"
 
 PREFIX = f"{api.GROUP}/"

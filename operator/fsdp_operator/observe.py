@@ -8,6 +8,7 @@ and the node Ready condition with its transition time.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -202,6 +203,24 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def _restarts_in_place(samples: Mapping[str, float]) -> tuple[dict[str, Any], ...]:
+    """The failure records rank 0 serves (label `record`, JSON), by generation; a record that
+    does not parse, or names no generation, is left out."""
+    prefix = f"{contract.METRIC_RESTART_IN_PLACE}{{record="
+    found: dict[int, dict[str, Any]] = {}
+    for key, value in samples.items():
+        if not key.startswith(prefix) or not key.endswith("}") or value != 1:
+            continue
+        try:
+            doc = json.loads(key[len(prefix) : -1])
+        except ValueError:
+            continue
+        generation = doc.get("generation") if isinstance(doc, dict) else None
+        if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0:
+            found[generation] = doc
+    return tuple(found[g] for g in sorted(found))
+
+
 def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     """Rank 0's scraped samples (kube.scrape_metrics) -> what decisions read. Lenient: what a
     worker does not report (an older image) is None, never an error."""
@@ -246,6 +265,8 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
         if key.startswith(prefix) and key[len(prefix) : -1].isdigit() and value == 1
     )
     return observed.Progress(
+        generation=max(0, whole(contract.METRIC_GENERATION) or 0),
+        restarts_in_place=_restarts_in_place(samples),
         quarantined=tuple(quarantined),
         checkpoint_step=sealed if sealed is not None and sealed > 0 else None,
         # Set before the "loaded" milestone; until then the gauge reads its initial 0.

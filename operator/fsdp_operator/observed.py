@@ -138,6 +138,8 @@ class Progress:
     checkpoint_step: int | None = None  # the newest step it sealed (None: none yet)
     resumed_from: int | None = None  # the step it resumed from, -1 fresh (None: not reported)
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
+    generation: int = 0  # restarts in place before this process (fsdp_worker.gang)
+    restarts_in_place: tuple[Mapping[str, Any], ...] = ()  # their failure records, by generation
 
 
 BLIND_AFTER = 3

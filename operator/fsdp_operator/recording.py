@@ -17,6 +17,8 @@ def record(*, job: names.JobRef, obs: observed.Observed, decision: decide.Decisi
         metrics.FAILURES.labels(failure.cause.value).inc()
         metrics.count_failure(job.namespace, job.name, failure.cause.value)
         metrics.DETECT.labels(failure.cause.value).observe(max(0.0, obs.now - failure.time))
+    for restart in decision.in_place:
+        metrics.RESTARTS_IN_PLACE.labels(restart.failure.cause.value).inc()
     if decision.launch is not None and decision.launch.attempt > 1:
         cause = s.history[-2].cause if len(s.history) > 1 else None
         metrics.RESTARTS.labels(cause.value if cause else "Unknown").inc()

@@ -57,6 +57,7 @@ class _Model(config._Model):
 
 
 HISTORY_LIMIT = 20
+IN_PLACE_LIMIT = 100  # failurePolicy.inPlaceRestarts' maximum
 
 
 class Phase(enum.StrEnum):
@@ -274,6 +275,24 @@ def time_to_resume(tl: Timeline) -> float | None:
     return max(0.0, tl.first_step - start)
 
 
+class InPlaceRestart(_Model):
+    """A rank failure the attempt's pods restarted from without being recreated
+    (failurePolicy.inPlaceRestarts): every rank of the gang started again in its pod."""
+
+    generation: int = Field(description="The generation that failed (0: the attempt's first).")
+    failure: Failure = Field(description="Its first failure, as its rank reported it.")
+    resumed: Time | None = Field(
+        None, description="The next generation's first step (null: not trained yet)."
+    )
+    resumed_from_step: int | None = Field(
+        None, description="The checkpoint step the next generation loaded (-1: none)."
+    )
+    steps_lost: int | None = Field(None, description="Steps trained again after it.")
+    steps_run: int = Field(0, description="Steps the failed generation completed (rank 0).")
+    train_seconds: float = Field(0.0, description="Seconds those steps took.")
+    blocked_seconds: float = Field(0.0, description="Seconds it was blocked on saves.")
+
+
 class HistoryEntry(_Model):
     """One attempt: a launch of the whole gang of worker pods, and how it ended."""
 
@@ -321,6 +340,11 @@ class HistoryEntry(_Model):
     steps_run: int | None = Field(None, description="Steps this attempt completed (rank 0).")
     train_seconds: float | None = Field(None, description="Seconds those steps took.")
     blocked_seconds: float | None = Field(None, description="Seconds blocked on saves.")
+    restarts_in_place: list[InPlaceRestart] = Field(
+        default_factory=list,
+        max_length=IN_PLACE_LIMIT,
+        description="Rank failures it restarted from inside its pods, oldest first.",
+    )
 
 
 class Goodput(_Model):

@@ -22,6 +22,7 @@ Security choices, enforced here rather than left to the user's template:
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -31,6 +32,7 @@ from fsdp_worker import config, contract
 
 JobRef = names.JobRef
 DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
+GANG_MODULE = "fsdp_worker.gang"  # the in-place keeper in front of torchrun (inPlaceRestarts)
 
 RUN_AS_ID = 1000
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
@@ -95,6 +97,13 @@ def _ports() -> list[dict[str, Any]]:
         },
         {"name": names.METRICS_PORT_NAME, "containerPort": names.METRICS_PORT, "protocol": "TCP"},
     ]
+
+
+def _gang_port(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
+    """The in-place keepers' coordinator (node rank 0's), with failurePolicy.inPlaceRestarts."""
+    if not spec.failure_policy.in_place_restarts:
+        return []
+    return [{"name": names.GANG_PORT_NAME, "containerPort": names.GANG_PORT, "protocol": "TCP"}]
 
 
 def progress_probe(spec: api.FSDPJobSpec) -> dict[str, Any]:
@@ -331,10 +340,11 @@ def _command(slot: _Slot) -> list[str]:
     built-in trainer's module, or `spec.trainer`'s module or script and arguments), escaped
     for Kubernetes' `$(VAR)` expansion."""
     trainer = slot.spec.trainer
+    keeper = ["python", "-m", GANG_MODULE] if slot.spec.failure_policy.in_place_restarts else []
     if trainer is None:
-        return [escape(arg) for arg in [*_launch(slot), "-m", slot.worker_module]]
+        return [escape(arg) for arg in [*keeper, *_launch(slot), "-m", slot.worker_module]]
     entry = ["-m", trainer.module] if trainer.module is not None else [str(trainer.script)]
-    launch = [escape(arg) for arg in [*_launch(slot), *entry]]
+    launch = [escape(arg) for arg in [*keeper, *_launch(slot), *entry]]
     return [*launch, *(trainer_arg(arg) for arg in trainer.args)]
 
 
@@ -366,7 +376,7 @@ def _container(slot: _Slot) -> dict[str, Any]:
         "image": spec.image,
         "command": _command(slot),
         "env": _env(slot),
-        "ports": _ports(),
+        "ports": _ports() + _gang_port(spec),
         "resources": resources,
         "volumeMounts": podmerge.volume_mounts(spec),
         "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,
@@ -422,6 +432,16 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
     ]
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))
+    if restarts := spec.failure_policy.in_place_restarts:
+        rank0 = names.rank0_address(job, attempt=slot.attempt, cluster_domain=slot.cluster_domain)
+        gang = {
+            "restarts": restarts,
+            "coordinator": f"{rank0}:{names.GANG_PORT}",
+            "node": slot.node_rank,
+            "nodes": slot.replicas,
+            "nonRetryable": list(spec.failure_policy.non_retryable_exit_codes),
+        }
+        pairs.append((contract.ENV_GANG, json.dumps(gang, separators=(",", ":"))))
     if slot.resume_rules:
         pairs.append((contract.ENV_RESUME_RULES, slot.resume_rules))
     if all(var.name != OMP_NUM_THREADS for var in user):

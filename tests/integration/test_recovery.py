@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fsdp_operator import api
+from fsdp_operator import status as st
 from fsdp_worker import catalog
 from harness import stack
 from localcluster import faults as lf
@@ -35,6 +36,65 @@ def _attempt(jobs: harness.Jobs, name: str, n: int) -> dict:
         and s,
         timeout=60,
     )
+
+
+def test_a_crash_restarts_in_place_in_the_same_pods(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """failurePolicy.inPlaceRestarts: rank 1 crashes at step 12; both pods' keepers restart
+    their ranks from step 10 inside the same pods (no pod deleted, created or restarted), and
+    the restart is charged, kept in history and told as an Event."""
+    name = harness.unique("inplace")
+    doc = harness.job_doc(
+        name,
+        env={"STANDIN_FAIL_AT_STEP": 12, "STANDIN_FAIL_RANK": 1},
+        failurePolicy={"inPlaceRestarts": 2},
+    )
+    jobs.apply(doc)
+
+    def context() -> str:
+        pods = "\n".join(
+            jobs.cluster.kubectl("logs", "-n", jobs.ns, p["metadata"]["name"], check=False).stdout
+            for p in jobs.pods(name)
+        )
+        return (
+            f"status={jobs.status(name)}\nevents={jobs.events(name)}\n{pods}\n{operator.log_tail()}"
+        )
+
+    first = harness.wait_for(
+        "job running with its first pods", lambda: jobs.running_pods(name, 1), context=context
+    )
+    uids = {p["metadata"]["uid"] for p in first}
+    done = harness.wait_for(
+        "job to succeed after a crash restarted in place",
+        lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
+        timeout=120,
+        context=context,
+    )
+    assert done["attempt"] == 1, done  # the gang was never recreated
+    assert done["restarts"]["application"] == 1 and done["restarts"]["total"] == 1
+    (restart,) = done["history"][0]["restartsInPlace"]
+    failure = restart["failure"]
+    assert (failure["cause"], failure["rank"], failure["step"]) == ("Crash", 1, 12), restart
+    assert failure["message"] == "injected" and failure["pod"] == f"{name}-a1-1"
+    assert restart["resumedFromStep"] == 10 and restart["stepsLost"] == 2, restart
+    reasons = jobs.events(name)
+    assert "RestartedInPlace" in reasons and "Restarting" not in reasons, reasons
+    # The same two pods ran it all, and the kubelet never restarted a container.
+    pods = jobs.pods(name)
+    assert {p["metadata"]["uid"] for p in pods} == uids
+    assert all(c["restartCount"] == 0 for p in pods for c in p["status"]["containerStatuses"])
+    resume = float(st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"]))
+    print(f"in place: failure -> next first step {resume:.2f}s")  # the note's figure (-s)
+    marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
+    assert '"attempt": 1' in marker
+    env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "describe", name],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "1 in place" in out and "RestartedInPlace" in out, out
+    assert "total steps redone after restarts: 2" in out, out
 
 
 def test_crash_restarts_from_newest_complete_checkpoint(

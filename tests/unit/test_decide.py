@@ -1089,3 +1089,139 @@ def test_a_lost_nodes_pods_logs_are_not_asked_for() -> None:
     d = dc.decide(observe(nodes=nodes(down={2: NOW - 31})))
     assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
     assert d.collect is not None and d.collect.unreadable == (2,)
+
+
+# --- restarts in place (failurePolicy.inPlaceRestarts; fsdp_worker.gang) -----------------------
+
+
+def _in_place_record(
+    generation: int, *, node: int = 2, step: int = 48, **over: Any
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "class": contract.FailureClass.RUNTIME.value,
+        "rank": node,
+        "step": step,
+        "exitCode": 1,
+        "message": "CUDA error: an illegal memory access",
+        "node": node,
+        "torchrunExitCode": 1,
+        "time": NOW - 8,
+        "generation": generation,
+    }
+    doc.update(over)
+    return doc
+
+
+def _in_place_progress(generation: int, *records: dict[str, Any], **over: Any) -> ob.Progress:
+    fields: dict[str, Any] = {
+        "step": 45,
+        "generation": generation,
+        "restarts_in_place": records,
+        "resumed_from": 40,
+        "milestones": {"first_step": NOW - 2},
+        "steps_run": 5,
+        "train_seconds": 5.0,
+    }
+    fields.update(over)
+    return ob.Progress(**fields)
+
+
+def _in_place_spec(**policy_over: Any) -> api.FSDPJobSpec:
+    spec = make_spec()
+    policy = spec.failure_policy.model_copy(update={"in_place_restarts": 3, **policy_over})
+    return spec.model_copy(update={"failure_policy": policy})
+
+
+def test_a_restart_in_place_is_charged_and_kept_without_touching_the_pods() -> None:
+    before = running_status()
+    before.history[-1].steps_run, before.history[-1].train_seconds = 48, 48.0
+    obs = observe(
+        spec=_in_place_spec(), status=before, progress=_in_place_progress(1, _in_place_record(0))
+    )
+    d = dc.decide(obs)
+    s = d.status
+    assert d.launch is None and d.delete == [] and s.phase is st.Phase.RUNNING and s.attempt == 1
+    assert (s.restarts.application, s.restarts.total, s.reliability.failures) == (1, 1, 1)
+    assert s.last_failure is not None and s.last_failure.cause is st.Cause.CRASH
+    assert s.last_failure.pod == "job-a1-2" and s.last_failure.step == 48
+    (restart,) = s.history[-1].restarts_in_place
+    assert (restart.generation, restart.resumed_from_step, restart.steps_lost) == (0, 40, 8)
+    assert restart.resumed == NOW - 2 and restart.steps_run == 48
+    # Rank 0's counters started again in generation 1: the entry keeps both generations'.
+    assert s.history[-1].steps_run == 53 and s.history[-1].train_seconds == 53.0
+    (event,) = [e for e in d.events if e.reason == "RestartedInPlace"]
+    assert "generation 1 of attempt 1" in event.message and "rank 2 pod job-a1-2" in event.message
+    assert d.in_place == [restart] and d.failure is s.last_failure
+    # Seen again in the next pass: not charged twice.
+    again = dc.decide(dataclasses.replace(obs, status=s))
+    assert again.status.restarts.application == 1
+    assert not [e for e in again.events if e.reason == "RestartedInPlace"]
+    # Goodput charges the crash its recovery (failure to the next first step) and 8 redone steps.
+    lost = again.status.goodput.lost_seconds if again.status.goodput else {}
+    assert lost.get("Crash") == pytest.approx(6.0 + 8.0)
+
+
+def test_an_oom_kill_seen_by_the_keeper_is_charged_as_oom() -> None:
+    record = _in_place_record(
+        0, **{"class": contract.LIVE, "reason": "OOMKilled", "phase": "forward"}
+    )
+    d = dc.decide(observe(spec=_in_place_spec(), progress=_in_place_progress(1, record)))
+    assert d.status.last_failure is not None and d.status.last_failure.cause is st.Cause.OOM
+    assert d.status.history[-1].restarts_in_place[0].failure.phase == "forward"
+
+
+def test_a_restart_in_place_past_the_budget_fails_the_job() -> None:
+    spec = _in_place_spec()
+    spec = spec.model_copy(
+        update={"failure_policy": spec.failure_policy.model_copy(update={"max_restarts": 1})}
+    )
+    status = running_status(restarts=st.Restarts(total=1, application=1))
+    d = dc.decide(
+        observe(spec=spec, status=status, progress=_in_place_progress(1, _in_place_record(0)))
+    )
+    assert d.status.phase is st.Phase.FAILED
+    assert "maxRestarts=1" in d.status.conditions[-1].message or any(
+        "maxRestarts=1" in e.message for e in d.events
+    )
+    assert {p.name for p in d.delete} == {f"job-a1-{r}" for r in range(4)}
+
+
+def test_pods_carry_the_keeper_only_when_restarts_in_place_are_allowed() -> None:
+    from fsdp_operator import templates
+
+    job = templates.JobRef(namespace="ns", name="job", uid="u1")
+    launch = dc.Launch(attempt=2, replicas=2, resume_path="")
+    plain = templates.worker_pod(job, make_spec(), launch, node_rank=1)
+    kept = templates.worker_pod(job, _in_place_spec(), launch, node_rank=1)
+    (c_plain,), (c_kept,) = plain["spec"]["containers"], kept["spec"]["containers"]
+    assert c_plain["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    assert c_kept["command"][:3] == ["python", "-m", "fsdp_worker.gang"]
+    assert c_kept["command"][3:] == c_plain["command"]
+    env = {e["name"]: e.get("value") for e in c_kept["env"]}
+    gang = json.loads(env[contract.ENV_GANG])
+    assert gang == {
+        "restarts": 3,
+        "coordinator": "job-a2-0.job-workers.ns.svc.cluster.local:29501",
+        "node": 1,
+        "nodes": 2,
+        "nonRetryable": [42],
+    }
+    assert contract.ENV_GANG not in {e["name"] for e in c_plain["env"]}
+    assert {"name": "gang", "containerPort": 29501, "protocol": "TCP"} in c_kept["ports"]
+
+
+def test_rank_0s_in_place_records_are_read_from_its_metrics() -> None:
+    """What the worker serves (metrics.restarts_in_place, as gang.py's env sets it) is what
+    the operator reads; a record that is not JSON is left out."""
+    import prometheus_client as prom
+
+    from fsdp_worker import metrics
+
+    record = _in_place_record(0)
+    registry = prom.CollectorRegistry()
+    env = {contract.ENV_GENERATION: "1", contract.ENV_RESTARTS_IN_PLACE: json.dumps([record, 7])}
+    metrics.restarts_in_place(registry, env)
+    text = prom.generate_latest(registry).decode()
+    text += 'fsdp_worker_restart_in_place{record="not json"} 1.0\n'
+    prog = observe_mod.progress_of(kube.contract_samples(text))
+    assert prog.generation == 1 and prog.restarts_in_place == (record,)

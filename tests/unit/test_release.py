@@ -43,3 +43,19 @@ def test_pyproject_the_chart_and_its_app_version_agree() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     chart = yaml.safe_load((ROOT / "charts" / "fsdp-operator" / "Chart.yaml").read_text())
     assert project == chart["version"] == chart["appVersion"]
+
+
+def test_make_test_runs_every_test_directory() -> None:
+    """`make test` names its suites (the CPU ones beside the cluster ones): a new directory of
+    tests must be in one of the two lists, or CI would never run it."""
+    makefile = (ROOT / "Makefile").read_text()
+    cluster = re.search(r"^CLUSTER_TESTS := (.+)$", makefile, re.M)
+    cpu = re.search(r"--durations=15 (tests/\S+ tests/\S+) ", makefile)
+    assert cluster and cpu
+    named = {*cluster.group(1).split(), *cpu.group(1).split()}
+    found = {
+        f"tests/{d.name}"
+        for d in (ROOT / "tests").iterdir()
+        if d.is_dir() and any(d.glob("test_*.py"))
+    }
+    assert found == named

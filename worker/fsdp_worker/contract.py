@@ -23,6 +23,9 @@ ENV_ATTEMPT = "FSDP_ATTEMPT"
 ENV_CONFIG = "FSDP_WORKER_CONFIG"  # the WorkerConfig JSON document itself
 ENV_CONFIG_FILE = "FSDP_WORKER_CONFIG_FILE"  # or a path to it (takes precedence)
 ENV_RESUME = "FSDP_RESUME_FROM"  # "" (fresh), "auto", or a step directory path
+ENV_GANG = "FSDP_GANG"  # restarts in place (gang.py): JSON, set only with inPlaceRestarts > 0
+ENV_GENERATION = "FSDP_GENERATION"  # set by gang.py: 0, then 1, 2, ... after restarts in place
+ENV_RESTARTS_IN_PLACE = "FSDP_RESTARTS_IN_PLACE"  # set by gang.py: earlier generations' causes
 ENV_RESUME_RULES = "FSDP_RESUME_RULES"  # with "auto" on a restart: ResumeRules as JSON
 ENV_CHECKPOINT_ROOT = "FSDP_CHECKPOINT_ROOT"  # overrides checkpoint.root
 # TrainingConfig.resume_hash() of the job's spec: what every marker must record (the operator
@@ -207,6 +210,11 @@ LEGACY_METRIC_NAMES = {
     METRIC_STEP_SECONDS_SUM: "fsdp_train_step_seconds_sum",
     METRIC_CKPT_BLOCKED: "fsdp_checkpoint_blocked_seconds_sum",
 }
+# Restarts in place (gang.py): this process's generation in its attempt (0 before any), and
+# per earlier generation its failure, label record=<JSON object: the failing node's rank
+# termination message plus node, torchrunExitCode, time, started, generation, reason>.
+METRIC_GENERATION = "fsdp_worker_generation"
+METRIC_RESTART_IN_PLACE = "fsdp_worker_restart_in_place"
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)
 

@@ -8,11 +8,13 @@ records what it is given (and the time of a milestone).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -46,6 +48,29 @@ class Total:
     @property
     def total(self) -> float:
         return self._total
+
+
+def restarts_in_place(
+    registry: prom.CollectorRegistry = prom.REGISTRY, env: Mapping[str, str] = os.environ
+) -> None:
+    """This process's generation and the earlier generations' failures, as the in-place keeper
+    (gang.py) passed them: the operator counts and charges restarts in place from them."""
+    prom.Gauge(
+        contract.METRIC_GENERATION, "Restarts in place before this process.", registry=registry
+    ).set(int(env.get(contract.ENV_GENERATION, "0") or 0))
+    records = prom.Gauge(
+        contract.METRIC_RESTART_IN_PLACE,
+        "1 per earlier generation's failure (label record: JSON).",
+        labelnames=("record",),
+        registry=registry,
+    )
+    try:
+        found = json.loads(env.get(contract.ENV_RESTARTS_IN_PLACE, "[]") or "[]")
+    except ValueError:
+        found = []
+    for record in found if isinstance(found, list) else []:
+        if isinstance(record, dict):
+            records.labels(record=json.dumps(record, sort_keys=True, separators=(",", ":"))).set(1)
 
 
 class Metrics:
@@ -92,6 +117,7 @@ class Metrics:
         self.interval_input = gauge(
             contract.METRIC_INTERVAL_INPUT, "Inputs of intervalSteps: auto.", ("input",)
         )
+        restarts_in_place(self.registry)
 
     def sums(self) -> dict[str, object]:
         """This process's totals (contract.sums): rank 0 leaves them in its termination

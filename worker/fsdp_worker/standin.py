@@ -14,6 +14,8 @@ Behaviour knobs (plain env a job may set in spec.template.spec.env):
   STANDIN_FAIL_ATTEMPT   ... in this attempt only (default 1; 0 = every attempt)
   STANDIN_FAIL_RANK      ... on this global rank (default 0)
   STANDIN_FAIL_CODE      ... with this exit code (78 writes a ConfigError cause)
+  STANDIN_FAIL_GENERATION ... in this generation of the attempt (default 0: before any
+                         restart in place; -1: every generation)
   STANDIN_SAVE_SECONDS   extra seconds each checkpoint blocks (default 0)
   STANDIN_START_SECONDS  seconds before "rendezvous" and before "loaded" (default 0)
   STANDIN_MEET_SECONDS   seconds rank 0 serves nothing at first, as a gang that has not met ...
@@ -226,6 +228,9 @@ class StandIn:
             return
         if which and which != self.attempt:
             return
+        generation = _env_int("STANDIN_FAIL_GENERATION", 0)
+        if generation >= 0 and generation != _env_int(contract.ENV_GENERATION, 0):
+            return  # restarted in place (gang.py): the fault was this attempt's first run's
         code = _env_int("STANDIN_FAIL_CODE", 1)
         cls = contract.FailureClass.CONFIG if code == 78 else contract.FailureClass.RUNTIME
         sums = self._sums() if self.rank == 0 else None
@@ -271,6 +276,7 @@ class StandIn:
         quarantined = gauge(contract.METRIC_QUARANTINED, "steps set aside at resume", ("step",))
         for step in self.quarantined:
             quarantined.labels(step=str(step)).set(1)
+        metrics.restarts_in_place()
 
         def chose(choice: interval.Choice) -> None:
             every.set(choice.steps)

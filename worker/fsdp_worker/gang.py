@@ -1,0 +1,435 @@
+"""Restart a gang's ranks in place: the keeper in front of torchrun when
+``failurePolicy.inPlaceRestarts`` is above 0.
+
+Every pod of an attempt runs ``python -m fsdp_worker.gang <torchrun argv>``. The keeper starts
+torchrun (generation 0) and stays beside it for the pod's life. When a rank fails, its torchrun
+exits; its keeper reads the rank's termination message, tells the gang's coordinator (a small
+TCP service the keeper of node rank 0 runs), and the coordinator moves the gang to the next
+generation. Every keeper watches the coordinator: on a new generation it kills its torchrun's
+whole process group at once (a survivor blocked in a collective goes down in a poll, not after
+NCCL's timeout), reports it down, waits until every node is down, and starts torchrun again.
+Rank 0's store is then new, every rank resumes (``auto``) from the newest checkpoint sealed in
+this attempt (or the one the attempt started from), and no pod, container or IP changes: no
+API-server round trip, no scheduling, no image start.
+
+Why not torchrun's own elastic restarts (c10d rendezvous, ``--max-restarts``): measured here on
+torch 2.15 with gloo, a restarted round reassigned node ranks (the operator reads rank 0's pod)
+and its first round after a crash failed to connect gloo's mesh and needed a second. Why not the
+kubelet's container restart rules: a node's container restarted alone joins the old store of a
+rank 0 that has not yet noticed, and the kubelet's crash-loop backoff grows from the second
+restart (docs/operator.md, "Restarts in place").
+
+Escalation: a failure the keeper must not retry (a ConfigError, a non-retryable exit code, the
+last in-place restart spent) ends its container with torchrun's exit code, leaving the rank's
+termination message, and every other keeper stops its ranks and waits: the operator sees one
+Failed pod and recreates the gang, as without this keeper. A keeper that loses the coordinator
+(node 0's pod gone) also stops its ranks and waits for the operator.
+
+The keeper imports no torch. The protocol is one JSON line each way per connection; like
+torchrun's own store it is not authenticated and is reachable only where the job's pods reach
+each other (the operator's NetworkPolicy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fsdp_worker import contract
+
+log = logging.getLogger("fsdp_worker.gang")
+
+POLL_SECONDS = 0.2
+"""How often a keeper asks the coordinator for the gang's generation while its ranks run."""
+LOST_AFTER_SECONDS = 10.0
+"""Unanswered asks for this long: the coordinator is gone (node 0's pod), not slow."""
+DOWN_TIMEOUT_SECONDS = 60.0
+"""How long a keeper waits for every node to report its ranks down before it gives up the
+restart and waits for the operator (a node whose keeper died never reports)."""
+KILL_GRACE_SECONDS = 5.0
+"""SIGTERM to torchrun on the pod's own SIGTERM: torchrun passes it to the ranks, which save."""
+MAX_RECORDS = 8
+"""Failures of earlier generations passed to the next one (rank 0 serves them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Gang:
+    """FSDP_GANG: what the operator tells every keeper of an attempt."""
+
+    restarts: int  # in-place restarts allowed in this attempt
+    coordinator: str  # host:port of node rank 0's keeper
+    node: int  # this pod's node rank
+    nodes: int  # pods in the gang
+    non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
+
+    @classmethod
+    def from_env(cls, raw: str | None = None) -> Gang:
+        raw = os.environ.get(contract.ENV_GANG, "") if raw is None else raw
+        try:
+            doc = json.loads(raw)
+            gang = cls(
+                restarts=int(doc["restarts"]),
+                coordinator=str(doc["coordinator"]),
+                node=int(doc["node"]),
+                nodes=int(doc["nodes"]),
+                non_retryable=tuple(int(c) for c in doc.get("nonRetryable", ())),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"{contract.ENV_GANG}={raw!r}: expected JSON with restarts, coordinator "
+                f"(host:port), node and nodes ({exc})"
+            ) from None
+        if gang.restarts < 0 or not 0 <= gang.node < gang.nodes:
+            raise ValueError(f"{contract.ENV_GANG}={raw!r}: restarts >= 0, 0 <= node < nodes")
+        return gang
+
+    def to_json(self) -> str:
+        doc = {
+            "restarts": self.restarts,
+            "coordinator": self.coordinator,
+            "node": self.node,
+            "nodes": self.nodes,
+            "nonRetryable": list(self.non_retryable),
+        }
+        return json.dumps(doc, separators=(",", ":"))
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, _, port = self.coordinator.rpartition(":")
+        return host, int(port)
+
+
+# --- the coordinator (node rank 0's keeper) ----------------------------------------------------
+
+
+@dataclasses.dataclass
+class _State:
+    generation: int = 0
+    final: bool = False  # a keeper escalated: nobody restarts again
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    down: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+
+    def answer(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "final": self.final,
+            "failures": self.failures[-MAX_RECORDS:],
+            "down": {str(g): sorted(n) for g, n in self.down.items()},
+        }
+
+
+class Coordinator(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, port: int) -> None:
+        self.state = _State()
+        self.lock = threading.Lock()
+        super().__init__(("", port), _Handler)
+
+    def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        op = doc.get("op")
+        with self.lock:
+            st = self.state
+            if op == "fail" and doc.get("generation") == st.generation and not st.final:
+                # The first failure of a generation is its cause; later ones are its symptoms.
+                given = doc.get("failure")
+                record: dict[str, Any] = given if isinstance(given, dict) else {}
+                st.failures.append({**record, "generation": st.generation})
+                st.final = bool(doc.get("final"))
+                if not st.final:
+                    st.generation += 1
+            elif op == "fail" and doc.get("final"):
+                st.final = True
+            elif op == "down" and isinstance(doc.get("generation"), int):
+                st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+            return st.answer()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0
+
+    def handle(self) -> None:
+        try:
+            doc = json.loads(self.rfile.readline(65536))
+        except (ValueError, OSError):
+            return
+        if not isinstance(doc, dict):
+            return
+        assert isinstance(self.server, Coordinator)
+        answer = self.server.handle_request_doc(doc)
+        with contextlib.suppress(OSError):
+            self.wfile.write(json.dumps(answer).encode() + b"\n")
+
+
+def ask(address: tuple[str, int], doc: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+    """One request to the coordinator; OSError or ValueError when it does not answer."""
+    with socket.create_connection(address, timeout=timeout) as sock:
+        sock.sendall(json.dumps(doc).encode() + b"\n")
+        with sock.makefile("rb") as fh:
+            answer = json.loads(fh.readline(1 << 20))
+    if not isinstance(answer, dict):
+        raise ValueError(f"coordinator answered {answer!r}")
+    return answer
+
+
+# --- the keeper -------------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """The pod is being stopped (SIGTERM): pass it on to torchrun and end with its code."""
+
+
+class Keeper:
+    def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
+        self.gang = gang
+        self.argv = list(argv)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        self.coordinator: Coordinator | None = None
+        self.met = False  # the coordinator has answered once
+        self._oom_baseline = self._oom_kills()
+
+    # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.stopping = True
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        if self.gang.node == 0:
+            self.coordinator = Coordinator(self.gang.address[1])
+            threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
+        generation, failures = 0, list[dict[str, Any]]()
+        while True:
+            if generation > 0:
+                self._clear_termination_log()
+            started = time.time()
+            self.proc = self._spawn(generation, failures)
+            outcome = self._watch(generation)
+            code = self.proc.wait()
+            if self.stopping:
+                return code
+            if outcome == "exited" and code == 0:
+                return 0
+            if outcome == "exited" and self._moved_on(generation):
+                outcome = "moved"  # its ranks failed because a peer's did: a symptom
+            if outcome == "exited":  # this node's ranks failed first
+                failure = self._failure(code, started)
+                final = generation >= self.gang.restarts or not self._retryable(failure)
+                self._ask({"op": "fail", "generation": generation, "failure": failure,
+                           "final": final})  # fmt: skip
+                if final:
+                    log.error("in-place restarts end here (%s): the operator takes over", failure)
+                    if self.coordinator is not None:
+                        time.sleep(2 * POLL_SECONDS)  # the others read `final` before it goes
+                    return code
+            nxt = self._next_generation(generation) if outcome != "lost" else None
+            if nxt is None:
+                return self._wait_for_operator(f"generation {generation} is not restarted")
+            generation, failures = nxt
+            log.warning("restarting in place: generation %d after %s", generation, failures[-1:])
+
+    def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
+        """Report this node's ranks down, wait for every node's, and read the generation to
+        start; None when the gang stopped restarting in place or a node never came down."""
+        answer = self._ask({"op": "down", "generation": generation, "node": self.gang.node})
+        if answer is None or answer.get("final") or not self._all_down(generation):
+            return None
+        answer = self._ask({"op": "state"})
+        if answer is None or answer.get("final"):
+            return None
+        return int(answer["generation"]), list(answer.get("failures", []))
+
+    def _spawn(self, generation: int, failures: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env[contract.ENV_GENERATION] = str(generation)
+        env[contract.ENV_RESTARTS_IN_PLACE] = json.dumps(failures[-MAX_RECORDS:])
+        if generation > 0:
+            env[contract.ENV_RESUME] = contract.RESUME_AUTO
+            env[contract.ENV_RESUME_RULES] = resume_rules(os.environ).to_json()
+        return subprocess.Popen(self.argv, env=env)
+
+    def _watch(self, generation: int) -> str:
+        """Until torchrun exits ("exited"), the gang moves on ("moved"), the coordinator is
+        lost ("lost") or the pod is stopped ("stopping")."""
+        assert self.proc is not None
+        silent_since: float | None = None
+        while self.proc.poll() is None:
+            if self.stopping:
+                return "stopping"
+            time.sleep(POLL_SECONDS)
+            answer = self._ask({"op": "state"}, quiet=True)
+            if answer is None:
+                # Before its first answer the coordinator is starting (node 0's pod may start
+                # later, its name may not resolve yet): torchrun's rendezvous waits for it too.
+                silent_since = silent_since or time.monotonic()
+                if self.met and time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
+                    self._kill()
+                    return "lost"
+                continue
+            silent_since, self.met = None, True
+            if answer.get("final") or int(answer.get("generation", 0)) > generation:
+                self._kill()
+                return "moved"
+        return "exited"
+
+    def _moved_on(self, generation: int) -> bool:
+        answer = self._ask({"op": "state"}, quiet=True)
+        return answer is not None and int(answer.get("generation", 0)) > generation
+
+    def _kill(self) -> None:
+        """SIGKILL torchrun and every process under it. torchrun starts each rank in a
+        session of its own, so its process group alone would leave the ranks running (seen:
+        an orphaned rank 0 kept its metrics port and stepped on)."""
+        assert self.proc is not None
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _all_down(self, generation: int) -> bool:
+        deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            answer = self._ask({"op": "state"}, quiet=True)
+            down = (answer or {}).get("down", {}).get(str(generation), [])
+            if len(down) >= self.gang.nodes:
+                return True
+            time.sleep(POLL_SECONDS / 2)
+        return False
+
+    def _ask(self, doc: dict[str, Any], *, quiet: bool = False) -> dict[str, Any] | None:
+        try:
+            return ask(self.gang.address, doc)
+        except (OSError, ValueError) as exc:
+            if not quiet:
+                log.warning("coordinator %s: %s", self.gang.coordinator, exc)
+            return None
+
+    def _failure(self, code: int, started: float) -> dict[str, Any]:
+        """This node's failure: its ranks' termination message, torchrun's exit code, and
+        whether the kernel killed a process for memory since the generation started."""
+        doc: dict[str, Any] = {}
+        try:
+            with open(_termination_log(), encoding="utf-8") as fh:
+                text = fh.read(contract.TERMINATION_MESSAGE_MAX_BYTES)
+            parsed = json.loads(text) if text.strip() else {}
+            doc = parsed if isinstance(parsed, dict) else {}
+        except (OSError, ValueError):
+            pass
+        doc = {k: doc[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in doc}
+        doc.update(node=self.gang.node, torchrunExitCode=code, time=round(time.time(), 3))
+        doc["started"] = round(started, 3)
+        if self._oom_kills() > self._oom_baseline:
+            doc["reason"] = "OOMKilled"
+        self._oom_baseline = self._oom_kills()
+        return doc
+
+    @staticmethod
+    def _clear_termination_log() -> None:
+        """Empty the file before a new generation: its ranks keep the first cause written
+        there (termination.py), which must be theirs, not the last generation's."""
+        with contextlib.suppress(OSError), open(_termination_log(), "w", encoding="utf-8"):
+            pass
+
+    @staticmethod
+    def _oom_kills() -> int:
+        """The container's cgroup count of kernel OOM kills (0 when not readable)."""
+        try:
+            with open("/sys/fs/cgroup/memory.events", encoding="utf-8") as fh:
+                for line in fh:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def _retryable(self, failure: dict[str, Any]) -> bool:
+        if failure.get("class") == contract.FailureClass.CONFIG.value:
+            return False
+        code = failure.get("exitCode")
+        permanent = {*self.gang.non_retryable, *contract.NON_RETRYABLE_EXIT_CODES}
+        return not (isinstance(code, int) and code in permanent)
+
+    def _wait_for_operator(self, why: str) -> int:
+        """Ranks stopped; the pod stays until the operator deletes it (SIGTERM ends this)."""
+        log.error("%s: waiting for the operator to recreate the gang", why)
+        if self.proc is not None and self.proc.poll() is None:
+            self._kill()
+            self.proc.wait()
+        while not self.stopping:
+            time.sleep(POLL_SECONDS)
+        return 128 + signal.SIGTERM
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root`, from /proc (children first found, then theirs)."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        ppid = int(stat.rpartition(")")[2].split()[1])
+        parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _termination_log() -> str:
+    return os.environ.get(contract.ENV_TERMINATION_LOG) or contract.DEFAULT_TERMINATION_LOG
+
+
+def resume_rules(env: dict[str, str] | os._Environ[str]) -> contract.ResumeRules:
+    """What a restarted generation may resume from: this attempt's checkpoints, and earlier
+    attempts' only up to the step this attempt started from (which must still be found)."""
+    attempt = int(env.get(contract.ENV_ATTEMPT, "1"))
+    resume = env.get(contract.ENV_RESUME, "")
+    start: int | None = None
+    if resume == contract.RESUME_AUTO and env.get(contract.ENV_RESUME_RULES):
+        start = contract.ResumeRules.parse(env[contract.ENV_RESUME_RULES]).expect_step
+    elif resume:
+        name = posixpath.basename(resume.rstrip("/"))
+        if name.startswith("step-") and name[5:].isdigit():
+            start = int(name[5:])
+    return contract.ResumeRules(attempt=attempt, resumed_from_step=start, expect_step=start)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args:
+        print("usage: python -m fsdp_worker.gang <torchrun argv...>", file=sys.stderr)
+        return 2
+    try:
+        gang = Gang.from_env()
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return int(contract.ExitCode.CONFIG_ERROR)
+    return Keeper(gang, args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
