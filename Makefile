@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
-.PHONY: kwok-bin kueue-bin bench-fleet lock
+.PHONY: kwok-bin kueue-bin bench-fleet lock bench-in-place
 
 venv: $(STAMP)
 
@@ -120,6 +120,11 @@ bench: venv cluster-bin images
 # bench/results/node_loss_production.json (about 10 minutes).
 bench-node-loss: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py --production-defaults --node-losses 2
+
+# A rank's crash -> the next first step, gang recreated against restarted in place
+# (failurePolicy.inPlaceRestarts), on the same draws: bench/results/in_place.json (5 minutes).
+bench-in-place: venv cluster-bin images
+	PYTHONPATH=. $(VPY) bench/operator_recovery.py --in-place 5
 
 # The goodput soak alone (about an hour here): auto against fixed checkpoint intervals under a
 # Poisson fault process; bench/results/goodput.json and docs/goodput.png.

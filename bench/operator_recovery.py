@@ -17,6 +17,10 @@ default nodeLossGraceSeconds (30 s): heartbeats stop (the kubelet is stopped) ->
 default, 2 missed renewals) and, on the same cluster, by NotReady alone (0); then the API
 server stalls for longer than a Lease (45 s) while every node is healthy, and the jobs running
 then count the nodes the operator declared lost. Writes bench/results/node_loss_production.json.
+
+`--in-place N`: N crashes with the gang recreated against N restarted in place
+(failurePolicy.inPlaceRestarts), interleaved on the same draws, from the rank's failure to the
+next first step. Writes bench/results/in_place.json.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from tests.integration import harness
 
 OUT = Path(__file__).resolve().parent / "results" / "operator_recovery.json"
 OUT_PRODUCTION = OUT.parent / "node_loss_production.json"
+OUT_IN_PLACE = OUT.parent / "in_place.json"
 LEASE_ENV = "FSDPOP_NODE_LEASE_MISSED_RENEWALS"
 
 
@@ -247,6 +252,76 @@ def production(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
 
+def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float]]]:
+    """Crash -> the next first step, gang recreated (inPlaceRestarts 0) against restarted in
+    place (2), interleaved on the same fault draws: trial i crashes rank i % 2 at step 12."""
+    rows: dict[str, list[dict[str, float]]] = {"recreated": [], "in_place": []}
+    for i in range(n):
+        for mode, restarts in (("recreated", 0), ("in_place", 2)):
+            name = f"b{mode.replace('_', '')}-{i}"
+            env = {"STANDIN_FAIL_AT_STEP": 12, "STANDIN_FAIL_RANK": i % 2}
+            jobs.apply(harness.job_doc(name, env=env, failurePolicy={"inPlaceRestarts": restarts}))
+            done = harness.wait_for("Succeeded", lambda n=name: (s := jobs.status(n)).get("phase")
+                                    == "Succeeded" and s, timeout=150, every=0.5)  # fmt: skip
+            if restarts:
+                (r,) = done["history"][0]["restartsInPlace"]
+                failed, back = harness_ts(r["failure"]["time"]), harness_ts(r["resumed"])
+                row = {"failure_to_first_step": back - failed}
+            else:
+                tl = done["history"][1]["timeline"]
+                failed, back = harness_ts(tl["failed"]), harness_ts(tl["firstStep"])
+                seen, launched = harness_ts(tl["detected"]), harness_ts(tl["launched"])
+                row = {"failure_to_first_step": back - failed, "failure_to_detected": seen - failed,
+                       "detected_to_launched": launched - seen,
+                       "launched_to_first_step": back - launched}  # fmt: skip
+            rows[mode].append(row)
+            print(f"{mode} {i}: {row}")
+            jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
+    return rows
+
+
+def in_place(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        images.build(images.TEST_TARGETS)
+        wanted = controlplane.NodeOptions(3, images=images.TEST_IMAGES)
+        cluster = controlplane.Cluster.up(Path(tmp) / "cluster", nodes=wanted)
+        try:
+            harness.install_crd(cluster)
+            op = harness.Operator(cluster, harness.install_rbac(cluster), Path(tmp))
+            op.start()
+            cluster.kubectl("create", "namespace", "bench")
+            jobs = harness.Jobs(cluster, "bench")
+            jobs.ensure_pvc()
+            rows = restart_trials(jobs, args.in_place)
+            op.stop()
+        finally:
+            cluster.down()
+    result: dict[str, Any] = {
+        mode: {
+            "n": len(found),
+            **{k: {"p50": statistics.median(r[k] for r in found), "max": max(r[k] for r in found)}
+               for k in found[0]},
+            "samples": found,
+        }
+        for mode, found in rows.items()
+    }  # fmt: skip
+    result["what"] = (
+        "stand-in jobs (2 pods x 1 rank, 0.2 s steps) on kubelet nodes; rank i % 2 crashes at "
+        "step 12; seconds from the rank's failure to the first step after it"
+    )
+    result["machine"] = "2 cores, 24 GiB, no GPU; local control plane + kubelet nodes"
+    OUT_IN_PLACE.write_text(json.dumps(result, indent=1))
+    print(
+        json.dumps(
+            {
+                k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
+                for k, v in result.items()
+            },
+            indent=1,
+        )
+    )
+
+
 def harness_ts(value: str) -> float:
     from fsdp_operator import observe
 
@@ -261,7 +336,11 @@ def main() -> None:
     parser.add_argument("--node-losses", type=int, default=3)
     parser.add_argument("--production-defaults", action="store_true")
     parser.add_argument("--stall-seconds", type=float, default=45.0)
+    parser.add_argument("--in-place", type=int, default=0, help="trials of each restart mode")
     args = parser.parse_args()
+    if args.in_place:
+        in_place(args)
+        return
     if args.production_defaults:
         production(args)
         return

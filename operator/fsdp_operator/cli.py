@@ -315,17 +315,20 @@ def why(custom: Any, namespace: str, name: str, console: Console) -> int:
     if job is None:
         return 1
     nproc = (job.get("spec") or {}).get("nprocPerNode") or 1
-    failed = [
-        h
-        for h in (job.get("status") or {}).get("history") or []
-        if h.get("failure") or h.get("cause") not in _PLANNED
-    ]
+    failed: list[tuple[str, dict[str, Any], dict[str, Any]]] = []  # (head, entry, failure)
+    for h in (job.get("status") or {}).get("history") or []:
+        for r in h.get("restartsInPlace") or []:  # restarted in its pods: the attempt went on
+            f = r.get("failure") or {}
+            where = f"attempt {h.get('attempt')}, restarted in place"
+            failed.append((f"{where} (generation {r.get('generation')}): {f.get('cause')}", h, f))
+        if h.get("failure") or h.get("cause") not in _PLANNED:
+            f = h.get("failure") or {}
+            failed.append((f"attempt {h.get('attempt')}: {f.get('cause') or h.get('cause')}", h, f))
     if not failed:
         console.print(Text(f"{namespace}/{name} has not failed"))
         return 0
-    for h in failed:
-        n, f = h.get("attempt"), h.get("failure") or {}
-        head = f"attempt {n}: {f.get('cause') or h.get('cause')}"
+    for head, h, f in failed:
+        n = h.get("attempt")
         console.print(Text(head + (f" at step {f['step']}" if f.get("step") is not None else "")))
         if not f:  # an older operator recorded only the cause
             continue

@@ -11,10 +11,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import explain, observed, status
+from fsdp_operator import api, explain, observed, status
 from fsdp_worker import contract
 
 _PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
+IN_PLACE_HANG_GRACE_SECONDS = 15.0
+"""With failurePolicy.inPlaceRestarts, the operator's hang comes this much later still: a
+rank past its own deadline ends itself and its keeper restarts the gang in place (gang.py);
+only a gang that cannot (every process frozen, a keeper gone) is recreated."""
 HANG_EVIDENCE_GRACE_SECONDS = 2.0
 """Past the progress deadline, a hang is declared this much later: ranks print their evidence
 at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
@@ -34,6 +38,8 @@ def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.
         return status.Cause.NON_RETRYABLE
     if pod.disrupted or cls == contract.FailureClass.PREEMPTED.value:
         return status.Cause.EVICTED
+    if cls == contract.FailureClass.HANG.value:
+        return status.Cause.HANG
     return status.Cause.CRASH
 
 
@@ -181,12 +187,18 @@ def _progress_baseline(s: status.FSDPJobStatus) -> float | None:
     return running if running is not None else s.attempt_started
 
 
+def hang_grace(spec: api.FSDPJobSpec) -> float:
+    """Seconds past the progress deadline before the operator declares a hang."""
+    in_place = IN_PLACE_HANG_GRACE_SECONDS if spec.failure_policy.in_place_restarts else 0.0
+    return HANG_EVIDENCE_GRACE_SECONDS + in_place
+
+
 def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
-    if baseline is None or obs.now - baseline < deadline + HANG_EVIDENCE_GRACE_SECONDS:
+    if baseline is None or obs.now - baseline < deadline + hang_grace(obs.spec):
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
@@ -264,6 +276,6 @@ def next_deadline(obs: observed.Observed) -> float | None:
         times.append(since + fp.pending_timeout_seconds)
     baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
-        times.append(baseline + fp.progress_deadline_seconds + HANG_EVIDENCE_GRACE_SECONDS)
+        times.append(baseline + fp.progress_deadline_seconds + hang_grace(obs.spec))
     future = [t for t in times if t > obs.now]
     return min(future) if future else None

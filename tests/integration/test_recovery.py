@@ -38,18 +38,25 @@ def _attempt(jobs: harness.Jobs, name: str, n: int) -> dict:
     )
 
 
-def test_a_crash_restarts_in_place_in_the_same_pods(
+def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
     """failurePolicy.inPlaceRestarts: rank 1 crashes at step 12; both pods' keepers restart
-    their ranks from step 10 inside the same pods (no pod deleted, created or restarted), and
-    the restart is charged, kept in history and told as an Event."""
+    their ranks from step 10 inside the same pods (no pod deleted, created or restarted). In
+    that generation rank 0 stops stepping at step 25 and ends itself at its own hang deadline
+    (10 s, before the operator's): restarted in place again, from step 25. Each restart is
+    charged, kept in history and told as an Event."""
     name = harness.unique("inplace")
+    env = {
+        "STANDIN_FAIL_AT_STEP": 12,
+        "STANDIN_FAIL_RANK": 1,
+        "STANDIN_HANG_AT_STEP": 27,
+        "STANDIN_HANG_RANK": 0,
+        "STANDIN_HANG_GENERATION": 1,
+    }
     doc = harness.job_doc(
-        name,
-        env={"STANDIN_FAIL_AT_STEP": 12, "STANDIN_FAIL_RANK": 1},
-        failurePolicy={"inPlaceRestarts": 2},
-    )
+        name, env=env, failurePolicy={"inPlaceRestarts": 2, "progressDeadlineSeconds": 10}
+    )  # fmt: skip
     jobs.apply(doc)
 
     def context() -> str:
@@ -72,12 +79,15 @@ def test_a_crash_restarts_in_place_in_the_same_pods(
         context=context,
     )
     assert done["attempt"] == 1, done  # the gang was never recreated
-    assert done["restarts"]["application"] == 1 and done["restarts"]["total"] == 1
-    (restart,) = done["history"][0]["restartsInPlace"]
+    assert done["restarts"]["application"] == 2 and done["restarts"]["total"] == 2
+    restart, hang = done["history"][0]["restartsInPlace"]
     failure = restart["failure"]
     assert (failure["cause"], failure["rank"], failure["step"]) == ("Crash", 1, 12), restart
     assert failure["message"] == "injected" and failure["pod"] == f"{name}-a1-1"
     assert restart["resumedFromStep"] == 10 and restart["stepsLost"] == 2, restart
+    stuck = hang["failure"]
+    assert (stuck["cause"], stuck["rank"], stuck["step"]) == ("Hang", 0, 27), hang
+    assert hang["generation"] == 1 and hang["resumedFromStep"] == 25, hang
     reasons = jobs.events(name)
     assert "RestartedInPlace" in reasons and "Restarting" not in reasons, reasons
     # The same two pods ran it all, and the kubelet never restarted a container.
@@ -85,7 +95,7 @@ def test_a_crash_restarts_in_place_in_the_same_pods(
     assert {p["metadata"]["uid"] for p in pods} == uids
     assert all(c["restartCount"] == 0 for p in pods for c in p["status"]["containerStatuses"])
     resume = float(st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"]))
-    print(f"in place: failure -> next first step {resume:.2f}s")  # the note's figure (-s)
+    print(f"in place: crash -> next first step {resume:.2f}s")  # the note's figure (-s)
     marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
     assert '"attempt": 1' in marker
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
@@ -94,7 +104,13 @@ def test_a_crash_restarts_in_place_in_the_same_pods(
         env=env, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert "1 in place" in out and "RestartedInPlace" in out, out
-    assert "total steps redone after restarts: 2" in out, out
+    assert "total steps redone after restarts: 4" in out, out
+    why = subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "why", name],
+        env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert "attempt 1, restarted in place (generation 0): Crash at step 12" in why, why
+    assert "attempt 1, restarted in place (generation 1): Hang at step 27" in why, why
 
 
 def test_crash_restarts_from_newest_complete_checkpoint(

@@ -1225,3 +1225,21 @@ def test_rank_0s_in_place_records_are_read_from_its_metrics() -> None:
     text += 'fsdp_worker_restart_in_place{record="not json"} 1.0\n'
     prog = observe_mod.progress_of(kube.contract_samples(text))
     assert prog.generation == 1 and prog.restarts_in_place == (record,)
+
+
+def test_with_restarts_in_place_the_operators_hang_waits_for_the_ranks_own() -> None:
+    """A rank past its own deadline ends itself (class Hang) and the gang restarts in place;
+    the operator's deadline comes IN_PLACE_HANG_GRACE_SECONDS later, for a gang that cannot."""
+    deadline = make_spec().failure_policy.progress_deadline_seconds
+    late = NOW - deadline - detect.HANG_EVIDENCE_GRACE_SECONDS - 1
+    stale = running_status(last_progress_time=late)
+    plain = dc.decide(observe(status=stale, progress=None, scrape=SCRAPED))
+    assert plain.failure is not None and plain.failure.cause is st.Cause.HANG
+    d = dc.decide(observe(spec=_in_place_spec(), status=stale, progress=None, scrape=SCRAPED))
+    assert d.status.phase is st.Phase.RUNNING and d.launch is None
+    wake = late + deadline + detect.hang_grace(_in_place_spec()) + 0.05
+    assert d.requeue_after == pytest.approx(wake - NOW)
+    record = _in_place_record(0, **{"class": contract.FailureClass.HANG.value, "step": 50})
+    hung = dc.decide(observe(spec=_in_place_spec(), progress=_in_place_progress(1, record)))
+    assert hung.status.last_failure is not None
+    assert hung.status.last_failure.cause is st.Cause.HANG

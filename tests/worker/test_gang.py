@@ -125,3 +125,37 @@ def test_past_its_restarts_the_failing_node_ends_and_the_other_waits(tmp_path: P
     # The failing node's pod would show its rank's own message, as without restarts in place.
     doc = json.loads((tmp_path / "term-1").read_text())
     assert (doc["class"], doc["rank"], doc["message"]) == ("RuntimeError", 1, "injected")
+
+
+def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
+    tmp_path: Path,
+) -> None:
+    """The flight watchdog's deadline (FSDP_HANG_SECONDS): with a keeper in front of torchrun
+    the rank writes a Hang message and exits 1 (its keeper restarts the gang in place);
+    without one it only reports its stacks and keeps waiting, for the operator to decide."""
+    script = (
+        "import time\n"
+        "import torch  # noqa: F401 (a worker has it; the stall report reads its recorder)\n"
+        "from fsdp_worker import flight\n"
+        "rec = flight.Recorder(rank=3, local_rank=1, attempt=2)\n"
+        "rec.step_done(41)\n"
+        "rec.watch(hang_seconds=1, evidence_root=None)\n"
+        "time.sleep(6)\n"
+        "print('still waiting')\n"
+    )
+    for keeper in (True, False):
+        log = tmp_path / f"term-{keeper}"
+        log.touch()
+        env = dict(os.environ, PYTHONPATH=str(REPO / "worker"),
+                   **{contract.ENV_TERMINATION_LOG: str(log)})  # fmt: skip
+        if keeper:
+            env[contract.ENV_GANG] = "{}"
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+        if keeper:
+            assert done.returncode == 1 and "still waiting" not in done.stdout, done.stderr
+            doc = json.loads(log.read_text())
+            assert (doc["class"], doc["rank"], doc["step"]) == ("Hang", 3, 41), doc
+        else:
+            assert done.returncode == 0 and "still waiting" in done.stdout, done.stderr
+            assert "no step completed" in done.stderr and not log.read_text().strip()

@@ -141,6 +141,7 @@ class FailureClass(enum.StrEnum):
     RUNTIME = "RuntimeError"
     OOM = "OutOfMemory"
     PREEMPTED = "Preempted"
+    HANG = "Hang"  # past its own FSDP_HANG_SECONDS with restarts in place: it ended itself
 
 
 LIVE = "Live"

@@ -301,6 +301,22 @@ class Recorder:
                     self.report_stall()
                 except Exception:  # evidence is advice: it never takes the rank down
                     log.exception("could not report the stall")
+                if os.environ.get(contract.ENV_GANG):
+                    self.end_hung(stalled)
+
+    def end_hung(self, stalled: float) -> None:
+        """With restarts in place (fsdp_worker.gang in front of torchrun), a rank past its own
+        hang deadline ends itself, saying so: its keeper restarts the gang's ranks in the same
+        pods, before the operator's deadline would recreate them."""
+        termination.write(
+            failure_class=contract.FailureClass.HANG.value,
+            rank=self.rank,
+            step=self.step,
+            exit_code=int(contract.ExitCode.RETRYABLE),
+            text=f"no step completed for {stalled:.0f}s (FSDP_HANG_SECONDS); restarting in place",
+            extra=self.failure_fields(),
+        )
+        os._exit(int(contract.ExitCode.RETRYABLE))
 
     def report_stall(self) -> dict[str, Any]:
         """Stacks and the record, to the log (one write) and the evidence file."""

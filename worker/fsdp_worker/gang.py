@@ -121,6 +121,7 @@ class _State:
     final: bool = False  # a keeper escalated: nobody restarts again
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     down: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    done: set[int] = dataclasses.field(default_factory=set)  # nodes whose ranks exited 0
 
     def answer(self) -> dict[str, Any]:
         return {
@@ -128,6 +129,7 @@ class _State:
             "final": self.final,
             "failures": self.failures[-MAX_RECORDS:],
             "down": {str(g): sorted(n) for g, n in self.down.items()},
+            "done": len(self.done),
         }
 
 
@@ -156,6 +158,8 @@ class Coordinator(socketserver.ThreadingTCPServer):
                 st.final = True
             elif op == "down" and isinstance(doc.get("generation"), int):
                 st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+            elif op == "done":
+                st.done.add(int(doc.get("node", -1)))
             return st.answer()
 
 
@@ -226,7 +230,7 @@ class Keeper:
             if self.stopping:
                 return code
             if outcome == "exited" and code == 0:
-                return 0
+                return self._finished()
             if outcome == "exited" and self._moved_on(generation):
                 outcome = "moved"  # its ranks failed because a peer's did: a symptom
             if outcome == "exited":  # this node's ranks failed first
@@ -244,6 +248,18 @@ class Keeper:
                 return self._wait_for_operator(f"generation {generation} is not restarted")
             generation, failures = nxt
             log.warning("restarting in place: generation %d after %s", generation, failures[-1:])
+
+    def _finished(self) -> int:
+        """Training ended well on this node. Node rank 0's keeper serves the coordinator until
+        every node's ranks ended too (a keeper that lost it would stop its ranks)."""
+        self._ask({"op": "done", "node": self.gang.node}, quiet=True)
+        deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
+        while self.coordinator is not None and time.monotonic() < deadline and not self.stopping:
+            answer = self._ask({"op": "state"}, quiet=True)
+            if answer is not None and int(answer.get("done", 0)) >= self.gang.nodes:
+                break
+            time.sleep(POLL_SECONDS)
+        return 0
 
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to

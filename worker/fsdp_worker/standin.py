@@ -16,6 +16,9 @@ Behaviour knobs (plain env a job may set in spec.template.spec.env):
   STANDIN_FAIL_CODE      ... with this exit code (78 writes a ConfigError cause)
   STANDIN_FAIL_GENERATION ... in this generation of the attempt (default 0: before any
                          restart in place; -1: every generation)
+  STANDIN_HANG_AT_STEP   stop stepping at this step, on STANDIN_HANG_RANK (default 0), in
+                         STANDIN_HANG_GENERATION (default 0), in STANDIN_FAIL_ATTEMPT's attempt;
+                         with restarts in place, end as Hang at FSDP_HANG_SECONDS
   STANDIN_SAVE_SECONDS   extra seconds each checkpoint blocks (default 0)
   STANDIN_START_SECONDS  seconds before "rendezvous" and before "loaded" (default 0)
   STANDIN_MEET_SECONDS   seconds rank 0 serves nothing at first, as a gang that has not met ...
@@ -221,16 +224,38 @@ class StandIn:
             blocked_seconds=self.blocked_seconds,
         )
 
-    def _maybe_fail(self) -> None:
-        at = _env_int("STANDIN_FAIL_AT_STEP", -1)
+    def _injected(self, fault: str) -> bool:
+        """Whether this rank, step, attempt and generation are where STANDIN_<fault>_AT_STEP
+        injects its fault (STANDIN_<fault>_RANK and _GENERATION; the attempt is shared)."""
+        at, rank = f"STANDIN_{fault}_AT_STEP", f"STANDIN_{fault}_RANK"
+        if self.step != _env_int(at, -1) or self.rank != _env_int(rank, 0):
+            return False
         which = _env_int("STANDIN_FAIL_ATTEMPT", 1)
-        if self.step != at or self.rank != _env_int("STANDIN_FAIL_RANK", 0):
-            return
         if which and which != self.attempt:
+            return False
+        generation = _env_int(f"STANDIN_{fault}_GENERATION", 0)
+        # restarted in place (gang.py): by default the fault was the attempt's first run's
+        return generation < 0 or generation == _env_int(contract.ENV_GENERATION, 0)
+
+    def _maybe_hang(self) -> None:
+        """STANDIN_HANG_AT_STEP: stop stepping, as a rank stuck in a collective would. With
+        restarts in place the rank ends itself at FSDP_HANG_SECONDS, as the worker's flight
+        watchdog does (flight.Recorder.end_hung)."""
+        if not self._injected("HANG"):
             return
-        generation = _env_int("STANDIN_FAIL_GENERATION", 0)
-        if generation >= 0 and generation != _env_int(contract.ENV_GENERATION, 0):
-            return  # restarted in place (gang.py): the fault was this attempt's first run's
+        log.error("injected hang at step %d", self.step)
+        deadline = time.monotonic() + _env_int(contract.ENV_HANG_SECONDS, 0)
+        while not _stop_requested:
+            if os.environ.get(contract.ENV_GANG) and time.monotonic() >= deadline:
+                text = f"no step completed for {_env_int(contract.ENV_HANG_SECONDS, 0)}s"
+                _terminate(rank=self.rank, step=self.step, code=1,
+                           cls=contract.FailureClass.HANG.value, message=text)  # fmt: skip
+                sys.exit(1)
+            time.sleep(0.1)
+
+    def _maybe_fail(self) -> None:
+        if not self._injected("FAIL"):
+            return
         code = _env_int("STANDIN_FAIL_CODE", 1)
         cls = contract.FailureClass.CONFIG if code == 78 else contract.FailureClass.RUNTIME
         sums = self._sums() if self.rank == 0 else None
@@ -316,6 +341,7 @@ class StandIn:
             if self.ran == 1:
                 milestone.labels(milestone=contract.Milestone.FIRST_STEP.value).set(time.time())
             self._maybe_fail()
+            self._maybe_hang()
             choice = self._interval(self.ran)
             fixed = not choice.auto and self.step % choice.steps == 0
             if (
