@@ -26,6 +26,7 @@ next first step. Writes bench/results/in_place.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -33,6 +34,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -210,9 +212,10 @@ def api_server_stall(jobs: harness.Jobs, op: harness.Operator, seconds: float) -
     }
 
 
-def production(args: argparse.Namespace) -> None:
-    components.NODE_MONITOR_GRACE = "50s"  # Kubernetes' default since 1.32
-    nodeconf.NODE_LEASE_SECONDS = 40  # the kubelet's default: renewed every 10 s
+@contextlib.contextmanager
+def _stack() -> Iterator[tuple[harness.Operator, harness.Jobs]]:
+    """A cluster of three kubelet nodes, the CRD, the operator with the chart's RBAC and a
+    namespace `bench` with its claim; all gone afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
         images.build(images.TEST_TARGETS)
         wanted = controlplane.NodeOptions(3, images=images.TEST_IMAGES)
@@ -224,15 +227,24 @@ def production(args: argparse.Namespace) -> None:
             cluster.kubectl("create", "namespace", "bench")
             jobs = harness.Jobs(cluster, "bench")
             jobs.ensure_pvc()
-            by_lease = production_node_loss(jobs, op, args.node_losses, missed=2)
-            not_ready = production_node_loss(jobs, op, args.node_losses, missed=0)
-            op.stop()
-            os.environ[LEASE_ENV] = "2"
-            op.start()
-            stall = api_server_stall(jobs, op, args.stall_seconds)
-            op.stop()
+            try:
+                yield op, jobs
+            finally:
+                op.stop()
         finally:
             cluster.down()
+
+
+def production(args: argparse.Namespace) -> None:
+    components.NODE_MONITOR_GRACE = "50s"  # Kubernetes' default since 1.32
+    nodeconf.NODE_LEASE_SECONDS = 40  # the kubelet's default: renewed every 10 s
+    with _stack() as (op, jobs):
+        by_lease = production_node_loss(jobs, op, args.node_losses, missed=2)
+        not_ready = production_node_loss(jobs, op, args.node_losses, missed=0)
+        op.stop()
+        os.environ[LEASE_ENV] = "2"
+        op.start()
+        stall = api_server_stall(jobs, op, args.stall_seconds)
 
     def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
         keys = rows[0].keys() if rows else ()
@@ -281,21 +293,8 @@ def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float
 
 
 def in_place(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        images.build(images.TEST_TARGETS)
-        wanted = controlplane.NodeOptions(3, images=images.TEST_IMAGES)
-        cluster = controlplane.Cluster.up(Path(tmp) / "cluster", nodes=wanted)
-        try:
-            harness.install_crd(cluster)
-            op = harness.Operator(cluster, harness.install_rbac(cluster), Path(tmp))
-            op.start()
-            cluster.kubectl("create", "namespace", "bench")
-            jobs = harness.Jobs(cluster, "bench")
-            jobs.ensure_pvc()
-            rows = restart_trials(jobs, args.in_place)
-            op.stop()
-        finally:
-            cluster.down()
+    with _stack() as (_, jobs):
+        rows = restart_trials(jobs, args.in_place)
     result: dict[str, Any] = {
         mode: {
             "n": len(found),

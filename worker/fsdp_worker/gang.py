@@ -314,7 +314,7 @@ class Keeper:
         session of its own, so its process group alone would leave the ranks running (seen:
         an orphaned rank 0 kept its metrics port and stepped on)."""
         assert self.proc is not None
-        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:
+        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -393,7 +393,7 @@ class Keeper:
         return 128 + signal.SIGTERM
 
 
-def _descendants(root: int) -> list[int]:
+def descendants(root: int) -> list[int]:
     """Every process below `root`, from /proc (children first found, then theirs)."""
     parents: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
