@@ -193,10 +193,6 @@ def ask(address: tuple[str, int], doc: dict[str, Any], timeout: float = 2.0) -> 
 # --- the keeper -------------------------------------------------------------------------------
 
 
-class _Stop(Exception):
-    """The pod is being stopped (SIGTERM): pass it on to torchrun and end with its code."""
-
-
 class Keeper:
     def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
         self.gang = gang
