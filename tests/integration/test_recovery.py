@@ -69,7 +69,9 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
         )
 
     first = harness.wait_for(
-        "job running with its first pods", lambda: jobs.running_pods(name, 1), context=context
+        "both pods of attempt 1 running",
+        lambda: len(pods := jobs.running_pods(name, 1)) == 2 and pods,
+        context=context,
     )
     uids = {p["metadata"]["uid"] for p in first}
     done = harness.wait_for(
