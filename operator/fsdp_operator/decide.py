@@ -347,14 +347,15 @@ def _restarts_in_place(d: Decision, obs: observed.Observed, prog: observed.Progr
         s.restarts = counters
         rel = s.reliability
         s.reliability = rel.model_copy(update={"failures": rel.failures + 1})
+        steps, train, blocked = _in_place_sums(entry)  # the failed generation's: the rest
         entry.restarts_in_place = [
             *entry.restarts_in_place,
             status.InPlaceRestart(
                 generation=generation,
                 failure=brief(failure),
-                steps_run=max(0, (entry.steps_run or 0) - _in_place_sums(entry)[0]),
-                train_seconds=max(0.0, (entry.train_seconds or 0.0) - _in_place_sums(entry)[1]),
-                blocked_seconds=max(0.0, (entry.blocked_seconds or 0.0) - _in_place_sums(entry)[2]),
+                steps_run=max(0, (entry.steps_run or 0) - steps),
+                train_seconds=max(0.0, (entry.train_seconds or 0.0) - train),
+                blocked_seconds=max(0.0, (entry.blocked_seconds or 0.0) - blocked),
             ),
         ][-status.IN_PLACE_LIMIT :]
         d.in_place.append(entry.restarts_in_place[-1])
@@ -412,7 +413,7 @@ def _worker_report(d: Decision, prog: observed.Progress, now: float) -> None:
         if prog.generation:
             _in_place_report(entry, prog)
         tl = entry.timeline
-        if tl is not None and not prog.generation:
+        if tl is not None:  # fills only what generation 0 was not seen to report
             for name in ("rendezvous", "loaded", "first_step"):
                 at = prog.milestones.get(name)
                 if at is not None and getattr(tl, name) is None:
