@@ -10,90 +10,40 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from worker_harness import REPO, keeper_logs, launch_keepers, wait_all
 
-from fsdp_worker import catalog, contract, gang
+from fsdp_worker import catalog, contract
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.torch
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _keepers(root: Path, *, restarts: int, steps: int, **knobs: str) -> list[subprocess.Popen[str]]:
-    store, coordinator = _free_port(), _free_port()
+def _keepers(
+    root: Path, *, restarts: int, steps: int, **knobs: str
+) -> list[subprocess.Popen[bytes]]:
     config = {
         "training": {"steps": steps, "globalBatchSize": 2, "microBatchSize": 1},
         "checkpoint": {"root": str(root / "ck"), "intervalSteps": 10},
     }
-    procs = []
-    for node in range(2):
-        desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}", node=node,
-                         nodes=2)  # fmt: skip
-        env = dict(
-            os.environ,
-            PYTHONPATH=str(REPO / "worker"),
-            STANDIN_STEP_SECONDS="0.05",
-            **knobs,
-            **{
-                contract.ENV_GANG: desc.to_json(),
-                contract.ENV_CONFIG: json.dumps(config),
-                contract.ENV_CHECKPOINT_ROOT: str(root / "ck"),
-                contract.ENV_METRICS_PORT: str(_free_port()),
-                contract.ENV_TERMINATION_LOG: str(root / f"term-{node}"),
-                contract.ENV_ATTEMPT: "1",
-                contract.ENV_JOB_UID: "uid-1",
-                contract.ENV_RESUME: "",
-            },
-        )
-        (root / f"term-{node}").touch()
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
-                    "--nproc-per-node=1", f"--node-rank={node}", "--rdzv-backend=static",
-                    f"--rdzv-endpoint=127.0.0.1:{store}", "--rdzv-id=job-a1", "--max-restarts=0",
-                    "-m", "fsdp_worker.standin"]  # fmt: skip
-        log = open(root / f"node-{node}.log", "w")  # noqa: SIM115 (closed with the process)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "fsdp_worker.gang", *torchrun],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )  # fmt: skip
-        )
-    return procs
-
-
-def _logs(root: Path) -> str:
-    return "\n".join((root / f"node-{n}.log").read_text() for n in range(2))
-
-
-def _wait(procs: list[subprocess.Popen[str]], root: Path, timeout: float) -> list[int | None]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(0.2)
-    return [p.poll() for p in procs]
+    env = {"STANDIN_STEP_SECONDS": "0.05", contract.ENV_CHECKPOINT_ROOT: str(root / "ck"), **knobs}
+    return launch_keepers(root, restarts=restarts, config=config, env=env,
+                          module="fsdp_worker.standin")  # fmt: skip
 
 
 def test_a_crashed_rank_restarts_both_nodes_in_place_from_the_newest_seal(tmp_path: Path) -> None:
     procs = _keepers(tmp_path, restarts=2, steps=60, STANDIN_FAIL_AT_STEP="25",
                      STANDIN_FAIL_RANK="1")  # fmt: skip
     try:
-        codes = _wait(procs, tmp_path, 120)
+        codes = wait_all(procs, 120)
     finally:
         for p in procs:
             p.kill()
-    logs = _logs(tmp_path)
+    logs = keeper_logs(tmp_path)
     assert codes == [0, 0], logs
     # Each keeper restarted its torchrun once, into generation 1, after rank 1's failure.
     restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
@@ -111,16 +61,16 @@ def test_past_its_restarts_the_failing_node_ends_and_the_other_waits(tmp_path: P
     procs = _keepers(tmp_path, restarts=1, steps=200, STANDIN_FAIL_AT_STEP="25",
                      STANDIN_FAIL_RANK="1", STANDIN_FAIL_GENERATION="-1")  # fmt: skip
     try:
-        codes = _wait(procs[1:], tmp_path, 120)
-        assert codes == [1], _logs(tmp_path)
+        codes = wait_all(procs[1:], 120)
+        assert codes == [1], keeper_logs(tmp_path)
         time.sleep(1.0)
-        assert procs[0].poll() is None, _logs(tmp_path)  # node 0 waits for the operator
+        assert procs[0].poll() is None, keeper_logs(tmp_path)  # node 0 waits for the operator
         procs[0].send_signal(signal.SIGTERM)
         assert procs[0].wait(timeout=20) == 128 + signal.SIGTERM
     finally:
         for p in procs:
             p.kill()
-    logs = _logs(tmp_path)
+    logs = keeper_logs(tmp_path)
     assert len(re.findall(r"restarting in place: generation 1 ", logs)) == 2, logs
     # The failing node's pod would show its rank's own message, as without restarts in place.
     doc = json.loads((tmp_path / "term-1").read_text())

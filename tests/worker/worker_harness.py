@@ -149,6 +149,72 @@ def launch(
     return Run(proc, log_path, term_path)
 
 
+def launch_keepers(
+    tmp: Path,
+    *,
+    restarts: int,
+    config: dict[str, Any],
+    nodes: int = 2,
+    nproc: int = 1,
+    env: dict[str, str] | None = None,
+    node_env: Callable[[int], dict[str, str]] = lambda node: {},
+    module: str = "fsdp_worker",
+) -> list[subprocess.Popen[bytes]]:
+    """`nodes` pods' in-place keepers (fsdp_worker.gang), each in front of a real torchrun of
+    `module` (static rendezvous on loopback); logs in tmp/node-<n>.log, termination messages
+    in tmp/term-<n>."""
+    from fsdp_worker import contract, gang
+
+    store, coordinator = free_port(), free_port()
+    procs = []
+    for node in range(nodes):
+        desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}", node=node,
+                         nodes=nodes)  # fmt: skip
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_"))}
+        full.update(
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=str(REPO / "worker"),
+            **{
+                contract.ENV_GANG: desc.to_json(),
+                contract.ENV_CONFIG: json.dumps(config),
+                contract.ENV_METRICS_PORT: str(free_port()),
+                contract.ENV_TERMINATION_LOG: str(tmp / f"term-{node}"),
+                contract.ENV_ATTEMPT: "1",
+                contract.ENV_JOB_UID: "uid-1",
+                contract.ENV_RESUME: "",
+            },
+        )
+        full.update(env or {})
+        full.update(node_env(node))
+        (tmp / f"term-{node}").touch()
+        torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+                    f"--nproc-per-node={nproc}", f"--node-rank={node}", "--rdzv-backend=static",
+                    f"--rdzv-endpoint=127.0.0.1:{store}", "--rdzv-id=job-a1", "--max-restarts=0",
+                    "-m", module]  # fmt: skip
+        with open(tmp / f"node-{node}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "fsdp_worker.gang", *torchrun],
+                    env=full,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    cwd=tmp,
+                )  # fmt: skip
+            )
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[int | None]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    return [p.poll() for p in procs]
+
+
+def keeper_logs(tmp: Path, nodes: int = 2) -> str:
+    return "\n".join((tmp / f"node-{n}.log").read_text(errors="replace") for n in range(nodes))
+
+
 def gather(step_dir: Path, tmp: Path) -> dict[str, Any]:
     """Every tensor of a checkpoint, unsharded (DCP -> one torch.save file)."""
     import torch

@@ -344,6 +344,34 @@ class AutoIntervalConfig(_Model):
         return self
 
 
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+"""A Kubernetes resource quantity: `8`, `500m`, `4Gi`."""
+
+
+class MemoryTierConfig(_Model):
+    """`checkpoint.memory`: a second checkpoint tier in the pods' memory (memtier.py)."""
+
+    interval_steps: IntervalSteps = Field(
+        "auto",
+        description="Save to memory every N steps, or `auto`: the Young/Daly optimum from the "
+        "measured memory save cost and every failure (a restart in place loads from memory); "
+        "the claim's own intervalSteps: auto then counts only the failures that recreate the "
+        "gang, the ones memory does not survive. The floor of auto here is 1 step.",
+    )
+    size_limit: str = Field(
+        "1Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Size of each worker pod's memory volume (an emptyDir, medium Memory, "
+        "mounted at /fsdp-memory). It holds the newest step of the pod's ranks and the one "
+        "being written: about twice their share of model and optimizer state. It counts "
+        "against the pod's memory.",
+    )
+
+
 class CheckpointConfig(_Model):
     """`spec.checkpoint` of an FSDPJob."""
 
@@ -376,6 +404,13 @@ class CheckpointConfig(_Model):
         description="Write checkpoint files with O_DIRECT, around the page cache, where the "
         "file system allows it (else buffered). Durability is the same either way.",
     )
+    memory: MemoryTierConfig | None = Field(
+        None,
+        description="A checkpoint tier in the pods' memory, for restarts in place "
+        "(failurePolicy.inPlaceRestarts > 0): a restart at the same world size loads from "
+        "memory when every rank holds the same sealed step, no older than the claim's newest. "
+        "Unset: no memory tier.",
+    )
     resume_from_previous_jobs: bool = Field(
         False,
         description="Also resume from complete checkpoints that an earlier FSDPJob of the same "
@@ -399,4 +434,6 @@ class WorkerConfig(_Model):
         return cls.model_validate_json(raw)
 
     def to_json(self) -> str:
-        return self.model_dump_json(by_alias=True)
+        # Without a memory tier the document stays what a worker before it parses.
+        unset = {"checkpoint": {"memory"}} if self.checkpoint.memory is None else None
+        return self.model_dump_json(by_alias=True, exclude=unset)

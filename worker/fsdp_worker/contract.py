@@ -28,6 +28,7 @@ ENV_GENERATION = "FSDP_GENERATION"  # set by gang.py: 0, then 1, 2, ... after re
 ENV_RESTARTS_IN_PLACE = "FSDP_RESTARTS_IN_PLACE"  # set by gang.py: earlier generations' causes
 ENV_RESUME_RULES = "FSDP_RESUME_RULES"  # with "auto" on a restart: ResumeRules as JSON
 ENV_CHECKPOINT_ROOT = "FSDP_CHECKPOINT_ROOT"  # overrides checkpoint.root
+ENV_MEMORY_ROOT = "FSDP_MEMORY_ROOT"  # the pod's memory volume (checkpoint.memory), memtier.py
 # TrainingConfig.resume_hash() of the job's spec: what every marker must record (the operator
 # refuses checkpoints of another hash), so a trainer of the team's own records the same one.
 ENV_CONFIG_HASH = "FSDP_CONFIG_HASH"
@@ -54,6 +55,8 @@ ARG_VARIABLES = (
 
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+MEMORY_MOUNT = "/fsdp-memory"  # where the operator mounts checkpoint.memory's volume
+MEMORY_STEP_KEY = "memoryStep"  # in a failing rank's termination message: the step memory holds
 RESUME_AUTO = "auto"
 
 
@@ -215,6 +218,12 @@ LEGACY_METRIC_NAMES = {
 # per earlier generation its failure, label record=<JSON object: the failing node's rank
 # termination message plus node, torchrunExitCode, time, started, generation, reason>.
 METRIC_GENERATION = "fsdp_worker_generation"
+# The memory tier (memtier.py): 1 when this process resumed from memory, 0 from the claim or
+# fresh; the newest step sealed in memory; steps between memory saves; the last one's seconds.
+METRIC_RESUMED_FROM_MEMORY = "fsdp_worker_resumed_from_memory"
+METRIC_MEMORY_STEP = "fsdp_checkpoint_memory_step"
+METRIC_MEMORY_INTERVAL = "fsdp_checkpoint_memory_interval_steps"
+METRIC_MEMORY_SAVE_SECONDS = "fsdp_checkpoint_memory_save_seconds"
 METRIC_RESTART_IN_PLACE = "fsdp_worker_restart_in_place"
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)

@@ -2,8 +2,9 @@
 where FSDP_* names are the operator's, from $WORKER_TEST_FAULTS: tests/e2e sets it through
 `spec.template.spec.env`; a job can only hurt itself with it).
 
-Format: comma-separated `name=value`, e.g. `kill_before_marker=6,step_sleep=0.1`. Unset in
-production, where every hook is a no-op. This module must not change behaviour otherwise.
+Format: comma-separated `name=value`, e.g. `kill_before_marker=6,step_sleep=0.1`; `name@g=value`
+holds only in generation g of an attempt's restarts in place (gang.py's FSDP_GENERATION). Unset
+in production, where every hook is a no-op. This module must not change behaviour otherwise.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ ENV_POD_FAULTS = "WORKER_TEST_FAULTS"
 def _parse() -> dict[str, str]:
     raw = os.environ.get(ENV_FAULTS) or os.environ.get(ENV_POD_FAULTS) or ""
     pairs = (item.partition("=") for item in raw.split(",") if item)
-    return {k.strip(): v.strip() for k, _, v in pairs}
+    generation = os.environ.get("FSDP_GENERATION", "0")
+    found = {}
+    for key, _, value in pairs:
+        name, at, only = key.strip().partition("@")
+        if not at or only == generation:
+            found[name] = value.strip()
+    return found
 
 
 FAULTS = _parse()

@@ -343,7 +343,8 @@ class Keeper:
             doc = parsed if isinstance(parsed, dict) else {}
         except (OSError, ValueError):
             pass
-        doc = {k: doc[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in doc}
+        keep = (*contract.TERMINATION_KEYS, "phase", "memory", contract.MEMORY_STEP_KEY)
+        doc = {k: doc[k] for k in keep if k in doc}
         doc.update(node=self.gang.node, torchrunExitCode=code, time=round(time.time(), 3))
         doc["started"] = round(started, 3)
         if self._oom_kills() > self._oom_baseline:

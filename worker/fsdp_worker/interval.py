@@ -74,6 +74,14 @@ class Reliability:
     uptime_seconds: float = 0.0
     save_seconds: float | None = None
     step_seconds: float | None = None
+    # Of `failures`, those that recreated the gang (a memory tier does not survive them);
+    # None: not told (an operator before the memory tier), taken as all of them.
+    gang_failures: int | None = None
+
+    def beyond_memory(self) -> Reliability:
+        """The failures the claim must cover when a memory tier takes the restarts in place."""
+        gang = self.failures if self.gang_failures is None else self.gang_failures
+        return dataclasses.replace(self, failures=min(gang, self.failures))
 
     def to_json(self) -> str:
         doc = {
@@ -82,6 +90,8 @@ class Reliability:
             "saveSeconds": self.save_seconds,
             "stepSeconds": self.step_seconds,
         }
+        if self.gang_failures is not None:
+            doc["gangFailures"] = self.gang_failures
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
@@ -100,8 +110,10 @@ class Reliability:
             return float(v) if ok and v >= 0 else None
 
         failures = num("failures")
+        gang = num("gangFailures")
         return cls(
             failures=int(failures or 0),
+            gang_failures=int(gang) if gang is not None else None,
             uptime_seconds=num("uptimeSeconds") or 0.0,
             save_seconds=num("saveSeconds"),
             step_seconds=num("stepSeconds"),

@@ -57,6 +57,7 @@ from fsdp_worker import (
     errors,
     flight,
     interval,
+    memtier,
     metrics,
     resume,
     schedule,
@@ -89,6 +90,7 @@ class Settings:
     job_uid: str | None = None
     rules: contract.ResumeRules | None = None
     reliability: interval.Reliability = field(default_factory=interval.Reliability)
+    generation: int = 0  # restarts in place before this process (gang.py)
 
 
 def _validation_message(exc: pydantic.ValidationError) -> str:
@@ -147,6 +149,7 @@ def load_settings() -> Settings:
         job_uid=os.environ.get(contract.ENV_JOB_UID) or None,
         rules=rules,
         reliability=interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, "")),
+        generation=_int_env(contract.ENV_GENERATION, 0),
     )
 
 
@@ -197,6 +200,8 @@ class Run:
     dist: DistInfo
     meters: metrics.Metrics
     stop_requested: Callable[[], bool]
+    memory: memtier.MemoryTier | None = None
+    memory_schedule: schedule.Schedule | None = None  # (before the field named `schedule`)
     manager: checkpoint.CheckpointManager | None = None
     schedule: schedule.Schedule | None = None
     point: ResumePoint | None = None
@@ -216,9 +221,14 @@ class Run:
     @property
     def identity(self) -> checkpoint.Identity:
         training = self.settings.cfg.training
+        rules = self.settings.rules
+        if self.point is not None and self.point.memory:  # the lineage of the attempt's start
+            start = rules.resumed_from_step if rules is not None else None
+        else:
+            start = self.point.step if self.point else None
         return checkpoint.Identity(
             attempt=self.settings.attempt,
-            resumed_from_step=self.point.step if self.point else None,
+            resumed_from_step=start,
             config_hash=training.resume_hash(),
             global_batch_size=training.global_batch_size,
             job_uid=self.settings.job_uid,
@@ -239,7 +249,27 @@ class Run:
         )
         for step in choice.quarantined:  # the operator reads them from rank 0's metrics
             self.meters.quarantined.labels(step=str(step)).set(1)
-        return choice.point
+        self.memory = memtier.open_tier(
+            s.cfg.checkpoint, identity=self.identity, dist_info=self.dist, meters=self.meters
+        )
+        if self.memory is None or s.resume != contract.RESUME_AUTO:
+            return choice.point
+        claim = choice.point
+        held = self.memory.choose(claim.step if claim is not None else None)
+        if held is None:
+            return claim
+        step, samples = held
+        log.info("resuming from step %d in memory (the claim offers %s)", step,
+                 claim.step if claim else "nothing")  # fmt: skip
+        self.meters.resumed_from_memory.set(1)
+        return ResumePoint(
+            self.memory.rank_path(step),
+            step,
+            self.dist.world_size,
+            samples,
+            s.cfg.training.global_batch_size,
+            memory=True,
+        )
 
     def resume(self, state_dict: dict[str, Any]) -> ResumePoint | None:
         """Choose, then load into `state_dict` in place (None: start fresh); collective.
@@ -266,13 +296,21 @@ class Run:
         )
         self.manager.remove_abandoned()
         first = start_step if start_step is not None else (point.step if point else 0)
-        self.schedule = schedule.Schedule.of(
-            self.settings.cfg.checkpoint,
-            start_step=first,
-            reliability=self.settings.reliability,
-            meters=self.meters,
-            dist_info=self.dist,
-        )
+        kinds = [schedule.Schedule.of]
+        if self.memory is not None:
+            kinds.append(schedule.Schedule.of_memory)
+        self.schedule, *memory = [
+            make(
+                self.settings.cfg.checkpoint,
+                start_step=first,
+                reliability=self.settings.reliability,
+                meters=self.meters,
+                dist_info=self.dist,
+                generation=self.settings.generation,
+            )
+            for make in kinds
+        ]
+        self.memory_schedule = memory[0] if memory else None
         self._last_mark = time.monotonic()
         flight.step_done(first)  # the watchdog counts from here, not from the imports
         flight.enter(flight.Phase.DATA)
@@ -323,6 +361,22 @@ class Run:
             step, blocking=blocking, steps_run=self.steps_run, step_seconds=self.step_seconds
         )
 
+    def save_memory_if_due(
+        self, step: int, *, samples: int, make_state: Callable[[], dict[str, Any]], claimed: bool
+    ) -> float:
+        """Seal `step` in the memory tier when its schedule says, or when the claim just saved
+        it (so memory is never older than the claim); collective. Returns seconds blocked."""
+        if self.memory is None or self.memory_schedule is None:
+            return 0.0
+        if not (claimed or self.memory_schedule.due(step)):
+            return 0.0
+        with flight.during(flight.Phase.SAVE):
+            blocking = self.memory.save(step, samples=samples, make_state=make_state)
+        self.memory_schedule.saved(
+            step, blocking=blocking, steps_run=self.steps_run, step_seconds=self.step_seconds
+        )
+        return blocking
+
     def after_step(
         self,
         step: int,
@@ -341,8 +395,16 @@ class Run:
         self.manager.poll()
         stop = self.agree_to_stop()
         assert self.schedule is not None
-        if stop or final or self.schedule.due(step):
+        claimed = stop or final or self.schedule.due(step)
+        if claimed:
             self.save(step, samples=samples, state=state)
+        if not (stop or final):
+            blocking = self.save_memory_if_due(
+                step, samples=samples, make_state=lambda: state, claimed=claimed
+            )
+            self.blocked_seconds += blocking
+            self.meters.ckpt_blocked.set(self.blocked_seconds)
+            self._last_mark += blocking
         if stop:
             self.manager.wait()
             raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")
@@ -362,6 +424,12 @@ def classify(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, torch.OutOfMemoryError):
         return int(contract.ExitCode.RETRYABLE), str(contract.FailureClass.OOM)
     return int(contract.ExitCode.RETRYABLE), str(contract.FailureClass.RUNTIME)
+
+
+def _memory_fields(run: Run | None) -> dict[str, Any]:
+    """The step the memory tier holds: the operator's no-progress rule counts it as sealed."""
+    held = run.memory.held if run is not None and run.memory is not None else None
+    return {contract.MEMORY_STEP_KEY: held} if held is not None else {}
 
 
 def _setup_logging(rank: int) -> None:
@@ -436,7 +504,7 @@ def main(
             step=step,
             exit_code=code,
             text=str(exc),
-            extra=recorder.failure_fields(),
+            extra={**recorder.failure_fields(), **_memory_fields(run)},
         )
     finally:
         flight.finish(clear=code == contract.ExitCode.SUCCESS)

@@ -117,6 +117,14 @@ class Metrics:
         self.interval_input = gauge(
             contract.METRIC_INTERVAL_INPUT, "Inputs of intervalSteps: auto.", ("input",)
         )
+        self.memory_step = gauge(contract.METRIC_MEMORY_STEP, "Newest step sealed in memory.")
+        self.memory_interval = gauge(contract.METRIC_MEMORY_INTERVAL, "Steps between memory saves.")
+        self.memory_save_seconds = gauge(
+            contract.METRIC_MEMORY_SAVE_SECONDS, "Seconds the last memory save blocked training."
+        )
+        self.resumed_from_memory = gauge(
+            contract.METRIC_RESUMED_FROM_MEMORY, "1: this process resumed from the memory tier."
+        )
         restarts_in_place(self.registry)
 
     def sums(self) -> dict[str, object]:

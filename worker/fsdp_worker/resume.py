@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +42,7 @@ class ResumePoint:
     world_size: int
     samples: int
     global_batch_size: int
+    memory: bool = False  # the memory tier (memtier.py): `path` is this rank's own files
 
 
 def _config_refusal(c: catalog.Candidate, training: config.TrainingConfig) -> errors.ConfigError:
@@ -175,7 +177,12 @@ def read_into(
         storage = reader.RangeReader(point.path)
         saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
         sd = make_state(saved_keys)
-        state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
+        if point.memory:  # this rank's own shards, saved without collectives
+            with warnings.catch_warnings():  # DCP warns that no_dist means one process
+                warnings.simplefilter("ignore", UserWarning)
+                state_dict_loader.load(sd, storage_reader=storage, no_dist=True)
+        else:
+            state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
     except (Exception, CheckpointException) as exc:
         raise errors.CheckpointError(
             f"loading {point.path} failed: {checkpoint.brief(exc)}"
@@ -192,9 +199,10 @@ def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed:
     )
     state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
     log.info(
-        "resumed from %s: step %d, samples %d, saved at world size %d, now %d "
+        "resumed from %s%s: step %d, samples %d, saved at world size %d, now %d "
         "(%d bytes read as ranges from %d of %d files, %d items through DCP's reader)",
-        posixpath.basename(point.path),
+        f"step-{point.step}" if point.memory else posixpath.basename(point.path),
+        " (memory)" if point.memory else "",
         st.step,
         st.samples,
         point.world_size,

@@ -9,6 +9,7 @@ before. Every rank must save at the same step, so the inputs are agreed with one
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -42,6 +43,7 @@ def _agree(r: interval.Reliability, dist_info: DistInfo | None) -> interval.Reli
             r.uptime_seconds,
             r.save_seconds if r.save_seconds is not None else unknown,
             r.step_seconds if r.step_seconds is not None else unknown,
+            float(r.gang_failures) if r.gang_failures is not None else unknown,
         ],
         dist_info,
     )
@@ -50,6 +52,7 @@ def _agree(r: interval.Reliability, dist_info: DistInfo | None) -> interval.Reli
         uptime_seconds=got[1],
         save_seconds=got[2] if got[2] >= 0 else None,
         step_seconds=got[3] if got[3] > 0 else None,
+        gang_failures=int(got[4]) if got[4] >= 0 else None,
     )
 
 
@@ -62,6 +65,7 @@ class Schedule:
     reliability: interval.Reliability
     meters: metrics.Metrics
     dist: DistInfo | None = None
+    memory: bool = False  # the memory tier's schedule (its own gauge), not the claim's
     next_step: int = 0
     started: float = field(default_factory=time.monotonic)
     choice: interval.Choice | None = None
@@ -76,12 +80,59 @@ class Schedule:
         reliability: interval.Reliability,
         meters: metrics.Metrics,
         dist_info: DistInfo | None,
+        generation: int = 0,
     ) -> Schedule:
-        every = None if cfg.interval_steps == config.AUTO else int(cfg.interval_steps)
-        sched = cls(every, cfg.auto_interval, reliability, meters, dist_info)
+        """The claim's schedule. `generation`: restarts in place so far in this attempt (the
+        operator's FSDP_RELIABILITY predates them); they load from the claim unless a memory
+        tier takes them."""
+        if cfg.memory is not None:
+            reliability = reliability.beyond_memory()
+        else:
+            reliability = dataclasses.replace(
+                reliability, failures=reliability.failures + generation
+            )
+        return cls._start(cfg.interval_steps, cfg.auto_interval, start_step=start_step,
+                          reliability=reliability, meters=meters, dist_info=dist_info)  # fmt: skip
+
+    @classmethod
+    def of_memory(
+        cls,
+        cfg: config.CheckpointConfig,
+        *,
+        start_step: int,
+        reliability: interval.Reliability,
+        meters: metrics.Metrics,
+        dist_info: DistInfo | None,
+        generation: int = 0,
+    ) -> Schedule:
+        """The memory tier's schedule: its own interval, every failure counted (this
+        attempt's restarts in place too), a floor of 1; the claim's costs are not its own."""
+        assert cfg.memory is not None
+        bounds = cfg.auto_interval.model_copy(update={"min_steps": 1})
+        mem = interval.Reliability(
+            failures=reliability.failures + generation, uptime_seconds=reliability.uptime_seconds
+        )
+        return cls._start(cfg.memory.interval_steps, bounds, start_step=start_step,
+                          reliability=mem, meters=meters, dist_info=dist_info,
+                          memory=True)  # fmt: skip
+
+    @classmethod
+    def _start(
+        cls,
+        steps: int | str,
+        bounds: config.AutoIntervalConfig,
+        *,
+        start_step: int,
+        reliability: interval.Reliability,
+        meters: metrics.Metrics,
+        dist_info: DistInfo | None,
+        memory: bool = False,
+    ) -> Schedule:
+        every = None if steps == config.AUTO else int(steps)
+        sched = cls(every, bounds, reliability, meters, dist_info, memory)
         if every is not None:
             sched.choice = interval.Choice(steps=every, auto=False)
-            meters.chose(sched.choice)
+            sched._record(sched.choice)
         else:
             r = sched.reliability = _agree(reliability, dist_info)
             # the last attempt's measured costs, when the operator knew them
@@ -133,10 +184,11 @@ class Schedule:
             failures=self.reliability.failures,
         )
         self.next_step = step + self.choice.steps
-        self.meters.chose(self.choice)
+        self._record(self.choice)
         if self.dist is None or self.dist.rank == 0:  # once per checkpoint: not noisy
             c = self.choice
             doc = {
+                "tier": "memory" if self.memory else "claim",
                 "steps": c.steps,
                 "saveSeconds": c.save_seconds,
                 "stepSeconds": c.step_seconds,
@@ -145,3 +197,9 @@ class Schedule:
                 "nextCheckpoint": self.next_step,
             }
             log.info("checkpoint interval %s", json.dumps(doc))
+
+    def _record(self, choice: interval.Choice) -> None:
+        if self.memory:
+            self.meters.memory_interval.set(choice.steps)
+        else:
+            self.meters.chose(choice)

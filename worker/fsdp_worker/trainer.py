@@ -50,6 +50,8 @@ class Loop:
     meters: metrics.Metrics
     dist: DistInfo
     stop_requested: Callable[[], bool]
+    # The memory tier (kit.Run.save_memory_if_due): (step, the claim saved it) -> seconds
+    save_memory: Callable[[int, bool], float] | None = None
     steps_run: int = 0  # this process's totals, for goodput (metrics) and the schedule
     step_seconds: float = 0.0
     blocked_seconds: float = 0.0  # training waited on checkpoint saves
@@ -154,7 +156,8 @@ def run(loop: Loop) -> None:
         _report(loop, loss=loss, seconds=time.monotonic() - started - waited)
         loop.ckpt.poll()
         step = loop.st.step
-        if stop or loop.schedule.due(step) or step == loop.cfg.steps:
+        claimed = stop or loop.schedule.due(step) or step == loop.cfg.steps
+        if claimed:
             _save(loop)
             if not stop and step < loop.cfg.steps:
                 loop.schedule.saved(
@@ -163,6 +166,9 @@ def run(loop: Loop) -> None:
                     steps_run=loop.steps_run,
                     step_seconds=loop.step_seconds,
                 )
+        if loop.save_memory is not None and not stop and step < loop.cfg.steps:
+            loop.blocked_seconds += loop.save_memory(step, claimed)
+            loop.meters.ckpt_blocked.set(loop.blocked_seconds)
         if stop:
             loop.ckpt.wait()
             raise errors.Preempted(f"SIGTERM: saved a complete checkpoint of step {step}")

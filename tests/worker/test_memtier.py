@@ -1,0 +1,129 @@
+"""The memory tier (memtier.py): two pods' in-place keepers in front of real torchrun gangs of
+the built-in FSDP2 trainer, each pod with its own memory directory. A rank's crash restarts
+the gang in place; the restart loads from memory when every rank holds the same sealed step,
+and from the claim when one does not. Either way training continues bitwise as the
+uninterrupted reference run did, and the data cursor continues where it was."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from worker_harness import (
+    gather,
+    keeper_logs,
+    launch_keepers,
+    losses,
+    marker,
+    wait_all,
+    worker_config,
+)
+
+from fsdp_worker import catalog, contract, memtier
+
+pytestmark = pytest.mark.torch
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["from-memory", "one-rank-without-it"])
+def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
+    reference: dict[str, Any], tmp_path: Path, lost: bool
+) -> None:
+    root = tmp_path / "ckpt"
+    # The claim every 5 steps, memory every step; rank 1 crashes after step 7 (generation 0).
+    cfg = worker_config(root, intervalSteps=5, memory={"intervalSteps": 1})
+    faults = "crash_after@0=7" + (",memory_lost=1" if lost else "")
+    procs = launch_keepers(
+        tmp_path,
+        restarts=1,
+        config=cfg,
+        env={"FSDP_TEST_FAULTS": faults, contract.ENV_CHECKPOINT_ROOT: str(root)},
+        node_env=lambda node: {contract.ENV_MEMORY_ROOT: str(tmp_path / f"memory-{node}")},
+    )
+    try:
+        codes = wait_all(procs, 240)
+    finally:
+        for p in procs:
+            p.kill()
+    logs = keeper_logs(tmp_path)
+    assert codes == [0, 0], logs[-6000:]
+    assert len(re.findall(r"restarting in place: generation 1 ", logs)) == 2, logs[-6000:]
+    node0 = (tmp_path / "node-0.log").read_text()
+    generations = node0.split("restarting in place: generation 1")
+    assert len(generations) == 2, node0[-4000:]
+    if lost:  # rank 1 holds nothing: every rank loads the claim's step 5
+        assert "resumed from step-5:" in generations[1], generations[1][-4000:]
+        start = 5
+    else:
+        assert "resumed from step-7 (memory):" in generations[1], generations[1][-4000:]
+        start = 7
+    resumed = losses(generations[1])
+    assert sorted(resumed) == list(range(start + 1, 13))
+    for step, loss in resumed.items():
+        assert loss == reference["losses"][step], step  # bitwise, not approximately
+    # The claim's final checkpoint is the reference's, bit for bit, its cursor 12 batches on.
+    final = root / catalog.step_dir_name(12)
+    assert marker(final)["samples_consumed"] == 12 * 12
+    ours, theirs = gather(final, tmp_path), gather(reference["root"] / "step-12", tmp_path)
+    for section in ("model", "optim"):
+        fa, fb = _flat(ours[section]), _flat(theirs[section])
+        keys = sorted(k for k, v in fa.items() if torch.is_tensor(v))
+        assert keys and keys == sorted(k for k, v in fb.items() if torch.is_tensor(v))
+        for key in keys:
+            assert torch.equal(fa[key], fb[key]), key
+    # Each pod's memory holds one sealed step, the newest, with only its own rank's files.
+    for node in range(2):
+        held = sorted(p.name for p in (tmp_path / f"memory-{node}").iterdir())
+        assert held == ["step-11"], held
+        seal = json.loads((tmp_path / f"memory-{node}" / "step-11" / "COMPLETE.json").read_text())
+        assert set(seal["ranks"]) == {str(node)} and seal["world_size"] == 2
+
+
+def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
+    tmp_path: Path,
+) -> None:
+    """What a rank checks before it offers its memory (no collectives involved)."""
+    from fsdp_worker import checkpoint, metrics
+    from fsdp_worker.distributed import DistInfo
+
+    ident = checkpoint.Identity(attempt=2, resumed_from_step=None, config_hash="h",
+                                global_batch_size=12, job_uid="u")  # fmt: skip
+    info = DistInfo(rank=1, world_size=2, local_rank=0, device=torch.device("cpu"),
+                    mesh=None, ckpt_group=None)  # type: ignore[arg-type]  # fmt: skip
+    tier = memtier.MemoryTier(str(tmp_path), identity=ident, dist_info=info,
+                              meters=metrics.Metrics())  # fmt: skip
+    step_dir = tmp_path / "step-4"
+    (step_dir / "rank-1").mkdir(parents=True)
+    (step_dir / "rank-1" / "__0_0.distcp").write_bytes(b"x" * 10)
+
+    def seal(**change: Any) -> str:
+        doc = memtier.Seal(step=4, samples=48, world_size=2, global_batch_size=12,
+                           config_hash="h", job_uid="u", attempt=2,
+                           ranks={"1": {"__0_0.distcp": 10}}, time=0.0)  # fmt: skip
+        doc = memtier.Seal(**{**doc.__dict__, **change})
+        (step_dir / "COMPLETE.json").write_bytes(doc.to_json())
+        return tier._refusal(str(step_dir), 4)
+
+    assert seal() == "" and tier.newest() == (4, 48)
+    assert "world size 4" in seal(world_size=4)
+    assert "attempt 1" in seal(attempt=1)
+    assert "job other" in seal(job_uid="other")
+    assert "config hash" in seal(config_hash="g")
+    assert "not in it" in seal(ranks={"0": {"__0_0.distcp": 10}})
+    assert "differ" in seal(ranks={"1": {"__0_0.distcp": 11}})
+    (step_dir / "COMPLETE.json").write_text("{")
+    assert "no valid" in tier._refusal(str(step_dir), 4) and tier.newest() == (-1, -1)
+    (tmp_path / "step-9.partial").mkdir()  # never sealed: never offered
+    assert tier.newest() == (-1, -1)
