@@ -516,6 +516,13 @@ class Trainer(_Model):
 
 _SPEC_RULES = _rules(
     _cel(
+        "!has(self.checkpoint) || !has(self.checkpoint.memory) || (has(self.failurePolicy) &&"
+        " has(self.failurePolicy.inPlaceRestarts) && self.failurePolicy.inPlaceRestarts > 0)",
+        "checkpoint.memory needs failurePolicy.inPlaceRestarts > 0: the memory tier survives"
+        " only restarts in place",
+        fieldPath=".checkpoint.memory",
+    ),
+    _cel(
         "!has(self.minReplicas) || self.minReplicas <= self.replicas",
         "minReplicas must be <= replicas",
         fieldPath=".minReplicas",
@@ -645,6 +652,12 @@ class FSDPJobSpec(_Model):
         if self.min_replicas is not None and self.min_replicas > self.replicas:
             raise ValueError(f"minReplicas={self.min_replicas} must be <= replicas={self.replicas}")
         self.training.accumulation_steps(self.replicas * self.nproc_per_node)
+        if self.checkpoint.memory is not None and not self.failure_policy.in_place_restarts:
+            raise ValueError(
+                "checkpoint.memory is set but failurePolicy.inPlaceRestarts="
+                f"{self.failure_policy.in_place_restarts}: the memory tier survives only restarts"
+                " in place; set inPlaceRestarts > 0 or remove checkpoint.memory"
+            )
         if self.template.spec.capabilities and self.runtime_profile is None:
             raise ValueError(
                 f"template.spec.capabilities={[str(c) for c in self.template.spec.capabilities]}"

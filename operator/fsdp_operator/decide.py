@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+from collections.abc import Mapping
+from typing import Any
 
 from fsdp_operator import detect, explain, goodput, observed, policy, queueing, status
 from fsdp_worker import catalog, contract, interval
@@ -341,7 +343,7 @@ def _restarts_in_place(d: Decision, obs: observed.Observed, prog: observed.Progr
         app = status.budget_of(failure.cause) is status.Budget.APPLICATION
         before = entry.restarts_in_place[-1] if entry.restarts_in_place else None
         since = before.resumed_from_step if before is not None else s.resumed_from_step
-        sealed = s.sealed_step
+        sealed = _newest_seal(s.sealed_step, record)
         stalled = app and (sealed is None or (since is not None and sealed <= since))
         counters.without_progress = counters.without_progress + 1 if stalled else 0
         s.restarts = counters
@@ -381,6 +383,15 @@ def _in_place_sums(entry: status.HistoryEntry) -> tuple[int, float, float]:
     )
 
 
+def _newest_seal(claim: int | None, record: Mapping[str, Any]) -> int | None:
+    """The newest step sealed before a failure in place: the claim's, or the memory tier's
+    that the failing rank reported (`memoryStep`); a restart from memory makes progress too."""
+    memory = record.get(contract.MEMORY_STEP_KEY)
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 0:
+        return claim
+    return memory if claim is None else max(claim, memory)
+
+
 def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> None:
     """A later generation's first step, the step it loaded, and the steps it trains again."""
     last = entry.restarts_in_place[-1] if entry.restarts_in_place else None
@@ -388,6 +399,7 @@ def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> Non
         return
     if last.resumed_from_step is None and prog.resumed_from is not None:
         last.resumed_from_step = prog.resumed_from
+        last.from_memory = prog.resumed_from_memory
         failed_at = last.failure.step
         if failed_at is not None:
             last.steps_lost = max(0, failed_at - max(0, prog.resumed_from))
@@ -495,6 +507,7 @@ def _close_history(
     rel = s.reliability
     s.reliability = status.Reliability(
         failures=rel.failures + (cause not in PLANNED),
+        gang_failures=rel.gang_failures + (cause not in PLANNED),
         uptime_seconds=round(rel.uptime_seconds + max(0.0, failed - (last.started or failed)), 3),
     )
     s.next_timeline = status.Timeline(cause=cause, failed=failed, detected=obs.now)
@@ -778,6 +791,7 @@ def _reliability(obs: observed.Observed, s: status.FSDPJobStatus) -> str:
     ci = s.checkpoint_interval
     return interval.Reliability(
         failures=s.reliability.failures,
+        gang_failures=s.reliability.gang_failures,
         uptime_seconds=s.reliability.uptime_seconds,
         save_seconds=ci.save_seconds if ci else None,
         step_seconds=ci.step_seconds if ci else None,

@@ -266,6 +266,7 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     )
     return observed.Progress(
         generation=max(0, whole(contract.METRIC_GENERATION) or 0),
+        resumed_from_memory=whole(contract.METRIC_RESUMED_FROM_MEMORY) == 1,
         restarts_in_place=_restarts_in_place(samples),
         quarantined=tuple(quarantined),
         checkpoint_step=sealed if sealed is not None and sealed > 0 else None,

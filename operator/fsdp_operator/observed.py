@@ -139,6 +139,7 @@ class Progress:
     resumed_from: int | None = None  # the step it resumed from, -1 fresh (None: not reported)
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
     generation: int = 0  # restarts in place before this process (fsdp_worker.gang)
+    resumed_from_memory: bool = False  # resumed_from came from the memory tier
     restarts_in_place: tuple[Mapping[str, Any], ...] = ()  # their failure records, by generation
 
 

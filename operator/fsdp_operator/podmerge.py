@@ -24,6 +24,7 @@ from fsdp_worker import contract
 CHECKPOINT_VOLUME = "fsdp-checkpoint"
 SHM_VOLUME = "fsdp-shm"  # NCCL and data-loader workers need more than the 64 MiB default
 SHM_PATH = "/dev/shm"
+MEMORY_VOLUME = "fsdp-memory"  # checkpoint.memory: the memory tier (fsdp_worker.memtier)
 TMP_VOLUME = "fsdp-tmp"  # the root filesystem is read-only; torch and Python write under /tmp
 TMP_PATH = "/tmp"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
@@ -44,6 +45,9 @@ def volumes(spec: api.FSDPJobSpec, *, shm_size: str | int | None = None) -> list
         {"name": SHM_VOLUME, "emptyDir": shm},
         {"name": TMP_VOLUME, "emptyDir": {}},
     ]
+    if spec.checkpoint.memory is not None:
+        memory = {"medium": "Memory", "sizeLimit": spec.checkpoint.memory.size_limit}
+        result.append({"name": MEMORY_VOLUME, "emptyDir": memory})
     if spec.checkpoint.claim_name:
         result.append(
             {
@@ -60,6 +64,8 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
         {"name": SHM_VOLUME, "mountPath": SHM_PATH},
         {"name": TMP_VOLUME, "mountPath": TMP_PATH},
     ]
+    if spec.checkpoint.memory is not None:
+        mounts.append({"name": MEMORY_VOLUME, "mountPath": contract.MEMORY_MOUNT})
     if spec.checkpoint.claim_name:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.root})
     return mounts + [mount.to_api() for mount in spec.template.spec.volume_mounts]
@@ -68,7 +74,7 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
 def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
     overrides = spec.template.spec
     declared = {volume.name for volume in overrides.volumes}
-    reserved = [SHM_PATH, TMP_PATH, contract.DEFAULT_TERMINATION_LOG]
+    reserved = [SHM_PATH, TMP_PATH, contract.DEFAULT_TERMINATION_LOG, contract.MEMORY_MOUNT]
     if spec.checkpoint.claim_name:
         reserved.append(spec.checkpoint.root)
     for index, mount in enumerate(overrides.volume_mounts):

@@ -287,6 +287,11 @@ class InPlaceRestart(_Model):
     resumed_from_step: int | None = Field(
         None, description="The checkpoint step the next generation loaded (-1: none)."
     )
+    from_memory: bool | None = Field(
+        None,
+        description="true: it loaded that step from the pods' memory (checkpoint.memory), "
+        "false: from the claim; null: not reported yet.",
+    )
     steps_lost: int | None = Field(None, description="Steps trained again after it.")
     steps_run: int = Field(0, description="Steps the failed generation completed (rank 0).")
     train_seconds: float = Field(0.0, description="Seconds those steps took.")
@@ -378,7 +383,10 @@ class Goodput(_Model):
 class Reliability(_Model):
     """The job's failure record, for `intervalSteps: auto` (beyond the history's limit)."""
 
-    failures: int = Field(0, description="Unplanned attempt ends.")
+    failures: int = Field(0, description="Unplanned attempt ends and restarts in place.")
+    gang_failures: int = Field(
+        0, description="Of those, the ones that recreated the gang (no memory tier survives)."
+    )
     uptime_seconds: float = Field(0.0, description="Seconds attempts ran before they ended.")
 
 

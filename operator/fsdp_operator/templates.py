@@ -442,6 +442,8 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
             "nonRetryable": list(spec.failure_policy.non_retryable_exit_codes),
         }
         pairs.append((contract.ENV_GANG, json.dumps(gang, separators=(",", ":"))))
+    if spec.checkpoint.memory is not None:
+        pairs.append((contract.ENV_MEMORY_ROOT, contract.MEMORY_MOUNT))
     if slot.resume_rules:
         pairs.append((contract.ENV_RESUME_RULES, slot.resume_rules))
     if all(var.name != OMP_NUM_THREADS for var in user):

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from typing import Any
 
+import pydantic
 import pytest
 
 from fsdp_operator import api, detect, kube, policy
@@ -16,7 +17,7 @@ from fsdp_operator import decide as dc
 from fsdp_operator import observe as observe_mod
 from fsdp_operator import observed as ob
 from fsdp_operator import status as st
-from fsdp_worker import contract
+from fsdp_worker import config, contract
 
 NOW = 1_000_000.0
 
@@ -1243,3 +1244,64 @@ def test_with_restarts_in_place_the_operators_hang_waits_for_the_ranks_own() -> 
     hung = dc.decide(observe(spec=_in_place_spec(), progress=_in_place_progress(1, record)))
     assert hung.status.last_failure is not None
     assert hung.status.last_failure.cause is st.Cause.HANG
+
+
+# --- the memory tier (checkpoint.memory; fsdp_worker.memtier) ----------------------------------
+
+
+def _memory_spec(**memory: Any) -> api.FSDPJobSpec:
+    spec = _in_place_spec()
+    ckpt = spec.checkpoint.model_copy(update={"memory": config.MemoryTierConfig(**memory)})
+    return spec.model_copy(update={"checkpoint": ckpt})
+
+
+def test_the_memory_tier_needs_restarts_in_place_and_names_the_fields() -> None:
+    doc = make_spec().model_dump(by_alias=True, exclude_none=True)
+    doc["checkpoint"]["memory"] = {"intervalSteps": 5}
+    with pytest.raises(pydantic.ValidationError) as err:
+        api.FSDPJobSpec.model_validate(doc)
+    assert "checkpoint.memory" in str(err.value) and "inPlaceRestarts=0" in str(err.value)
+    doc["failurePolicy"]["inPlaceRestarts"] = 2
+    assert api.FSDPJobSpec.model_validate(doc).checkpoint.memory is not None
+    doc["checkpoint"]["memory"]["sizeLimit"] = "lots"
+    with pytest.raises(pydantic.ValidationError, match="sizeLimit"):
+        api.FSDPJobSpec.model_validate(doc)
+
+
+def test_pods_get_a_memory_volume_and_its_path_only_with_the_memory_tier() -> None:
+    from fsdp_operator import templates
+
+    job = templates.JobRef(namespace="ns", name="job", uid="u1")
+    launch = dc.Launch(attempt=1, replicas=2, resume_path="")
+    plain = templates.worker_pod(job, _in_place_spec(), launch, node_rank=0)
+    tiered = templates.worker_pod(job, _memory_spec(size_limit="3Gi"), launch, node_rank=0)
+    volume = {"name": "fsdp-memory", "emptyDir": {"medium": "Memory", "sizeLimit": "3Gi"}}
+    assert volume in tiered["spec"]["volumes"]
+    assert all(v["name"] != "fsdp-memory" for v in plain["spec"]["volumes"])
+    (c,) = tiered["spec"]["containers"]
+    assert {"name": "fsdp-memory", "mountPath": contract.MEMORY_MOUNT} in c["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[contract.ENV_MEMORY_ROOT] == contract.MEMORY_MOUNT
+    assert contract.ENV_MEMORY_ROOT not in {
+        e["name"] for e in plain["spec"]["containers"][0]["env"]
+    }
+
+
+def test_a_restart_from_memory_is_kept_as_such_and_counts_as_progress() -> None:
+    """A rank that failed with memory holding a step newer than the claim's: the no-progress
+    breaker counts that step as sealed; the next generation's load is kept as from memory."""
+    before = running_status()
+    before.sealed_step, before.resumed_from_step = 60, 60
+    record = _in_place_record(0, step=75, **{contract.MEMORY_STEP_KEY: 74})
+    prog = _in_place_progress(1, record, resumed_from=74, resumed_from_memory=True)
+    d = dc.decide(observe(spec=_memory_spec(), status=before, progress=prog))
+    s = d.status
+    (restart,) = s.history[-1].restarts_in_place
+    assert (restart.resumed_from_step, restart.from_memory, restart.steps_lost) == (74, True, 1)
+    assert s.restarts.without_progress == 0
+    # Without the memory step the claim's 60 is all there is: no progress since 60.
+    plain = _in_place_progress(1, _in_place_record(0, step=75))
+    d = dc.decide(observe(spec=_memory_spec(), status=before, progress=plain))
+    assert d.status.restarts.without_progress == 1
+    # An in-place failure is a failure; only a recreated gang is a gang failure.
+    assert (s.reliability.failures, s.reliability.gang_failures) == (1, 0)

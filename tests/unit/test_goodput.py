@@ -207,7 +207,7 @@ def test_goodput_alone_is_rewritten_at_most_every_30_seconds() -> None:
 
 def test_failures_and_uptime_are_counted_and_planned_stops_are_not_failures() -> None:
     d = dc.decide(observe(pods=pods(r1=FAILED)))
-    assert d.status.reliability == st.Reliability(failures=1, uptime_seconds=198)
+    assert d.status.reliability == st.Reliability(failures=1, gang_failures=1, uptime_seconds=198)
     resize = running_status(history=[st.HistoryEntry(attempt=1, started=NOW - 100, world_size=4)])
     d = dc.decide(observe(status=resize, spec=make_spec(suspend=True)))
     assert d.status.reliability == st.Reliability(failures=0, uptime_seconds=100)
@@ -227,7 +227,8 @@ def test_auto_pods_are_told_the_failure_record_and_the_last_costs() -> None:
     d = dc.decide(observe(status=status, spec=_auto_spec(), pods=pods(r1=FAILED)))
     assert d.launch is not None
     assert d.launch.reliability == (
-        '{"failures":3,"uptimeSeconds":3798.0,"saveSeconds":3.0,"stepSeconds":0.5}'
+        '{"failures":3,"uptimeSeconds":3798.0,"saveSeconds":3.0,"stepSeconds":0.5,'
+        '"gangFailures":1}'
     )
 
 
