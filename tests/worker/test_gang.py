@@ -19,20 +19,43 @@ import pytest
 from worker_harness import REPO, keeper_logs, launch_keepers, wait_all
 
 from fsdp_worker import catalog, contract
+from fsdp_worker.gang import descendants
 
 pytestmark = pytest.mark.torch
 
 
 def _keepers(
-    root: Path, *, restarts: int, steps: int, **knobs: str
+    root: Path, *, restarts: int, steps: int, spares: int = 0, **knobs: str
 ) -> list[subprocess.Popen[bytes]]:
     config = {
         "training": {"steps": steps, "globalBatchSize": 2, "microBatchSize": 1},
         "checkpoint": {"root": str(root / "ck"), "intervalSteps": 10},
     }
     env = {"STANDIN_STEP_SECONDS": "0.05", contract.ENV_CHECKPOINT_ROOT: str(root / "ck"), **knobs}
-    return launch_keepers(root, restarts=restarts, config=config, env=env,
+    return launch_keepers(root, restarts=restarts, config=config, env=env, spares=spares,
                           module="fsdp_worker.standin")  # fmt: skip
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _gang_env(root: Path, node: int) -> str:
+    """The FSDP_GANG a keeper of this test was given (from its process environment)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"{contract.ENV_TERMINATION_LOG}={root}/term-{node}".encode() in env:
+            for item in env:
+                if item.startswith(f"{contract.ENV_GANG}=".encode()):
+                    return item.split(b"=", 1)[1].decode()
+    raise AssertionError(f"no keeper of node {node} under {root}")
 
 
 def test_a_crashed_rank_restarts_both_nodes_in_place_from_the_newest_seal(tmp_path: Path) -> None:
@@ -109,3 +132,60 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
         else:
             assert done.returncode == 0 and "still waiting" in done.stdout, done.stderr
             assert "no step completed" in done.stderr and not log.read_text().strip()
+
+
+def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path: Path) -> None:
+    """Node 1's pod is cut off (its keeper and ranks frozen, as on a node that stopped); the
+    operator's `replace` gives its place to the warm spare: the gang restarts in place with
+    the spare as node 1, resumes from the claim (a spare holds no memory) and finishes. When
+    the lost node comes back its keeper finds its node taken and stops its ranks."""
+    from fsdp_worker import gang
+
+    procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
+    node1 = procs[1]
+    try:
+        cut = tmp_path / "ck" / catalog.step_dir_name(20) / catalog.MARKER_NAME
+        deadline = time.monotonic() + 60
+        while not cut.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cut.is_file(), keeper_logs(tmp_path, 3)
+        frozen = [node1.pid, *descendants(node1.pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        coordinator = gang.Gang.from_env(_gang_env(tmp_path, 0)).address
+        answer = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0,
+                                        "failure": {"message": "node lost"}})  # fmt: skip
+        assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer
+        again = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
+        assert "already holds" in again["refused"]
+        spare_log = tmp_path / "node-2.log"
+        deadline = time.monotonic() + 60
+        while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in frozen:  # the lost node comes back while the gang trains without it
+            os.kill(pid, signal.SIGCONT)
+        codes = wait_all([procs[0], procs[2]], 120)
+        assert codes == [0, 0], keeper_logs(tmp_path, 3)
+        assert "node 1 was given to a spare" in (tmp_path / "node-1.log").read_text()
+        assert node1.poll() is None  # it waits for the operator, its ranks stopped
+        time.sleep(1.0)
+        assert not [p for p in frozen[1:] if _alive(p)], "the lost node's old ranks still run"
+    finally:
+        for p in procs:
+            p.kill()
+    logs = keeper_logs(tmp_path, 3)
+    assert "spare 0 takes node 1's place" in logs, logs
+    restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
+    assert [g for g, _ in restarts] == ["1"], logs  # node 0 (the spare started there)
+    assert "'class': 'NodeLost'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
+    assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
+    assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
+
+
+def test_a_spares_argv_takes_the_node_rank_once() -> None:
+    from fsdp_worker import gang
+
+    argv = ["python", "-m", "torch.distributed.run", "--node-rank=0", "-m", "x", "--node-rank=7"]
+    assert gang.with_node_rank(argv, 3)[3] == "--node-rank=3"
+    assert gang.with_node_rank(argv, 3)[-1] == "--node-rank=7"  # the trainer's own argument
+    assert gang.with_node_rank(["--node_rank", "0", "a"], 2) == ["--node_rank", "2", "a"]

@@ -159,17 +159,21 @@ def launch_keepers(
     env: dict[str, str] | None = None,
     node_env: Callable[[int], dict[str, str]] = lambda node: {},
     module: str = "fsdp_worker",
+    spares: int = 0,
 ) -> list[subprocess.Popen[bytes]]:
     """`nodes` pods' in-place keepers (fsdp_worker.gang), each in front of a real torchrun of
-    `module` (static rendezvous on loopback); logs in tmp/node-<n>.log, termination messages
-    in tmp/term-<n>."""
+    `module` (static rendezvous on loopback), then `spares` spares' keepers (waiting for a
+    node); logs in tmp/node-<n>.log (spare s: node-<nodes + s>), termination messages in
+    tmp/term-<n>."""
     from fsdp_worker import contract, gang
 
     store, coordinator = free_port(), free_port()
     procs = []
-    for node in range(nodes):
-        desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}", node=node,
-                         nodes=nodes)  # fmt: skip
+    for node in range(nodes + spares):
+        spare = node - nodes if node >= nodes else None
+        desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}",
+                         node=-1 if spare is not None else node, nodes=nodes,
+                         spare=spare)  # fmt: skip
         full = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_"))}
         full.update(
             OMP_NUM_THREADS="1",
@@ -188,7 +192,8 @@ def launch_keepers(
         full.update(node_env(node))
         (tmp / f"term-{node}").touch()
         torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                    f"--nproc-per-node={nproc}", f"--node-rank={node}", "--rdzv-backend=static",
+                    f"--nproc-per-node={nproc}", f"--node-rank={node if spare is None else 0}",
+                    "--rdzv-backend=static",
                     f"--rdzv-endpoint=127.0.0.1:{store}", "--rdzv-id=job-a1", "--max-restarts=0",
                     "-m", module]  # fmt: skip
         with open(tmp / f"node-{node}.log", "wb") as log:

@@ -145,6 +145,7 @@ class FailureClass(enum.StrEnum):
     OOM = "OutOfMemory"
     PREEMPTED = "Preempted"
     HANG = "Hang"  # past its own FSDP_HANG_SECONDS with restarts in place: it ended itself
+    NODE_LOST = "NodeLost"  # a spare took a lost node's place (gang.py's `replace`, the operator)
 
 
 LIVE = "Live"

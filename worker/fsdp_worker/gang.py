@@ -74,6 +74,7 @@ class Gang:
     node: int  # this pod's node rank
     nodes: int  # pods in the gang
     non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
+    spare: int | None = None  # a warm spare's number (spec.spares): it waits, node -1, for a node
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
@@ -86,13 +87,15 @@ class Gang:
                 node=int(doc["node"]),
                 nodes=int(doc["nodes"]),
                 non_retryable=tuple(int(c) for c in doc.get("nonRetryable", ())),
+                spare=int(doc["spare"]) if doc.get("spare") is not None else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(
                 f"{contract.ENV_GANG}={raw!r}: expected JSON with restarts, coordinator "
                 f"(host:port), node and nodes ({exc})"
             ) from None
-        if gang.restarts < 0 or not 0 <= gang.node < gang.nodes:
+        lowest = -1 if gang.spare is not None else 0  # a spare has no node yet
+        if gang.restarts < 0 or not lowest <= gang.node < gang.nodes:
             raise ValueError(f"{contract.ENV_GANG}={raw!r}: restarts >= 0, 0 <= node < nodes")
         return gang
 
@@ -104,6 +107,8 @@ class Gang:
             "nodes": self.nodes,
             "nonRetryable": list(self.non_retryable),
         }
+        if self.spare is not None:
+            doc["spare"] = self.spare
         return json.dumps(doc, separators=(",", ":"))
 
     @property
@@ -122,6 +127,7 @@ class _State:
     failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     down: dict[int, set[int]] = dataclasses.field(default_factory=dict)
     done: set[int] = dataclasses.field(default_factory=set)  # nodes whose ranks exited 0
+    holders: dict[int, int] = dataclasses.field(default_factory=dict)  # node -> spare now on it
 
     def answer(self) -> dict[str, Any]:
         return {
@@ -130,7 +136,29 @@ class _State:
             "failures": self.failures[-MAX_RECORDS:],
             "down": {str(g): sorted(n) for g, n in self.down.items()},
             "done": len(self.done),
+            "holders": {str(n): spare for n, spare in self.holders.items()},
         }
+
+    def replace(self, doc: dict[str, Any]) -> str:
+        """The operator's `replace`: spare `spare` takes lost node `node`'s place in the next
+        generation; the lost node counts as down. Empty when done, else why not."""
+        node, spare = doc.get("node"), doc.get("spare")
+        if not isinstance(node, int) or not isinstance(spare, int) or node <= 0:
+            return f"replace needs node > 0 (node 0 hosts this coordinator) and a spare: {doc}"
+        if self.final:
+            return "the gang has stopped restarting in place"
+        if spare in self.holders.values():
+            return f"spare {spare} already holds a node"
+        given = doc.get("failure")
+        record: dict[str, Any] = given if isinstance(given, dict) else {}
+        self.failures.append(
+            {**record, "class": contract.FailureClass.NODE_LOST.value, "node": node,
+             "generation": self.generation, "spare": spare}
+        )  # fmt: skip
+        self.down.setdefault(self.generation, set()).add(node)
+        self.generation += 1
+        self.holders[node] = spare
+        return ""
 
 
 class Coordinator(socketserver.ThreadingTCPServer):
@@ -160,6 +188,9 @@ class Coordinator(socketserver.ThreadingTCPServer):
                 st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
             elif op == "done":
                 st.done.add(int(doc.get("node", -1)))
+            elif op == "replace":
+                refused = st.replace(doc)
+                return {**st.answer(), "refused": refused} if refused else st.answer()
             return st.answer()
 
 
@@ -215,7 +246,10 @@ class Keeper:
         if self.gang.node == 0:
             self.coordinator = Coordinator(self.gang.address[1])
             threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
-        generation, failures = 0, list[dict[str, Any]]()
+        start = self._stand_by() if self.gang.node < 0 else (0, [])  # a spare waits first
+        if start is None:
+            return self._wait_for_operator("the spare was not given a node")
+        generation, failures = start
         while True:
             if generation > 0:
                 self._clear_termination_log()
@@ -279,7 +313,7 @@ class Keeper:
 
     def _watch(self, generation: int) -> str:
         """Until torchrun exits ("exited"), the gang moves on ("moved"), the coordinator is
-        lost ("lost") or the pod is stopped ("stopping")."""
+        lost or a spare was given this node ("lost"), or the pod is stopped ("stopping")."""
         assert self.proc is not None
         silent_since: float | None = None
         while self.proc.poll() is None:
@@ -296,10 +330,45 @@ class Keeper:
                     return "lost"
                 continue
             silent_since, self.met = None, True
+            if self._fenced(answer):
+                log.error("node %d was given to a spare: this keeper's ranks stop", self.gang.node)
+                self._kill()
+                return "lost"
             if answer.get("final") or int(answer.get("generation", 0)) > generation:
                 self._kill()
                 return "moved"
         return "exited"
+
+    def _fenced(self, answer: dict[str, Any]) -> bool:
+        """A spare holds this keeper's node now: the operator found it lost (it may only have
+        been cut off). Its ranks must not join again."""
+        holder = (answer.get("holders") or {}).get(str(self.gang.node))
+        return holder is not None and holder != self.gang.spare
+
+    def _stand_by(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """A spare's wait: the image is started and the imports warmed (the page cache holds
+        torch), until the coordinator names the node this spare now is, after the operator's
+        `replace`. Returns the generation to start and the failures before it."""
+        threading.Thread(target=_warm_imports, daemon=True).start()
+        log.info("spare %s: standing by for a lost node", self.gang.spare)
+        while not self.stopping:
+            answer = self._ask({"op": "state"}, quiet=True) or {}
+            holders = answer.get("holders") or {}
+            node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
+            if node is None:
+                time.sleep(POLL_SECONDS)
+                continue
+            self.gang = dataclasses.replace(self.gang, node=node)
+            self.argv = with_node_rank(self.argv, node)
+            self.met = True
+            log.warning("spare %s takes node %d's place", self.gang.spare, node)
+            if not self._all_down(int(answer["generation"]) - 1):
+                return None
+            answer = self._ask({"op": "state"}) or {}
+            if answer.get("final") or "generation" not in answer:
+                return None
+            return int(answer["generation"]), list(answer.get("failures", []))
+        return None
 
     def _moved_on(self, generation: int) -> bool:
         answer = self._ask({"op": "state"}, quiet=True)
@@ -388,6 +457,33 @@ class Keeper:
         while not self.stopping:
             time.sleep(POLL_SECONDS)
         return 128 + signal.SIGTERM
+
+
+WARM_IMPORTS = "import torch, torch.distributed.checkpoint, torch.distributed.fsdp"
+
+
+def _warm_imports() -> None:
+    """Import what a rank imports once, so that its files are in the page cache when the
+    spare's torchrun starts (a cold torch import reads some hundred MB)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run([sys.executable, "-c", WARM_IMPORTS], timeout=600, check=False,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def with_node_rank(argv: Sequence[str], node: int) -> list[str]:
+    """torchrun's argv with `--node-rank` set to `node` (a spare's template says 0)."""
+    out, done, skip = [], False, False
+    for arg in argv:
+        if skip:
+            out.append(str(node))
+            skip, done = False, True
+        elif not done and arg.startswith(("--node-rank=", "--node_rank=")):
+            out.append(f"{arg.split('=', 1)[0]}={node}")
+            done = True
+        else:
+            skip = not done and arg in ("--node-rank", "--node_rank")
+            out.append(arg)
+    return out
 
 
 def descendants(root: int) -> list[int]:
