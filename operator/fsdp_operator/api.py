@@ -516,6 +516,13 @@ class Trainer(_Model):
 
 _SPEC_RULES = _rules(
     _cel(
+        "!has(self.spares) || self.spares == 0 || (has(self.failurePolicy) &&"
+        " has(self.failurePolicy.inPlaceRestarts) && self.failurePolicy.inPlaceRestarts > 0)",
+        "spares needs failurePolicy.inPlaceRestarts > 0: a spare joins the gang in a restart in"
+        " place",
+        fieldPath=".spares",
+    ),
+    _cel(
         "!has(self.checkpoint) || !has(self.checkpoint.memory) || (has(self.failurePolicy) &&"
         " has(self.failurePolicy.inPlaceRestarts) && self.failurePolicy.inPlaceRestarts > 0)",
         "checkpoint.memory needs failurePolicy.inPlaceRestarts > 0: the memory tier survives"
@@ -589,6 +596,15 @@ class FSDPJobSpec(_Model):
         description="Smallest world a restart may shrink to (default replicas).",
     )
     nproc_per_node: int = Field(1, ge=1, le=64, description="torchrun --nproc-per-node.")
+    spares: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Warm standby pods (scheduled, image started, imports done) on other nodes: "
+        "when a node other than node rank 0's is lost, a spare takes its place in a restart in "
+        "place, without the scheduler or an image start, and a new spare is started behind it. "
+        "Needs failurePolicy.inPlaceRestarts > 0. 0: none.",
+    )
     image: str = Field(
         pattern=IMAGE_PATTERN,
         max_length=512,
@@ -657,6 +673,12 @@ class FSDPJobSpec(_Model):
                 "checkpoint.memory is set but failurePolicy.inPlaceRestarts="
                 f"{self.failure_policy.in_place_restarts}: the memory tier survives only restarts"
                 " in place; set inPlaceRestarts > 0 or remove checkpoint.memory"
+            )
+        if self.spares and not self.failure_policy.in_place_restarts:
+            raise ValueError(
+                f"spares={self.spares} but failurePolicy.inPlaceRestarts="
+                f"{self.failure_policy.in_place_restarts}: a spare joins the gang in a restart in"
+                " place; set inPlaceRestarts > 0 or spares: 0"
             )
         if self.template.spec.capabilities and self.runtime_profile is None:
             raise ValueError(

@@ -159,6 +159,13 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     )
     console.print(head)
     console.print(Text(_checkpoints_line(s)))
+    if sp := s.get("spares"):
+        console.print(
+            Text(
+                f"spares: {sp.get('wanted', 0)} wanted, {sp.get('running', 0)} running, "
+                f"{sp.get('pending', 0)} pending; {sp.get('takeovers', 0)} lost node(s) taken over"
+            )
+        )
     if lf := s.get("lastFailure"):
         # Text, not markup: a worker's message (say gloo's "[/pytorch/...]") is not rich markup.
         console.print(

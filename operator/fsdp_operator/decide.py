@@ -14,7 +14,7 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_operator import detect, explain, goodput, observed, policy, queueing, status
+from fsdp_operator import detect, explain, goodput, names, observed, policy, queueing, status
 from fsdp_worker import catalog, contract, interval
 from fsdp_worker.config import AUTO
 
@@ -88,6 +88,20 @@ class Collect:
     unreadable: tuple[int, ...] = ()  # pods on a node that is gone or none: no log to ask for
 
 
+@dataclasses.dataclass(frozen=True)
+class Takeover:
+    """Spare pod `spare` (number `index`) takes lost pod `lost`'s node rank: reconcile asks
+    the gang's coordinator (`coordinator`, host:port) to `replace` it, then relabels the spare
+    and force-deletes the lost pod; if the coordinator refuses, the gang is recreated."""
+
+    spare: str
+    index: int
+    node_rank: int
+    lost: str
+    coordinator: str
+    failure: dict[str, Any]
+
+
 @dataclasses.dataclass
 class Decision:
     delete: list[PodDelete] = dataclasses.field(default_factory=list)
@@ -103,6 +117,8 @@ class Decision:
     resumed: status.HistoryEntry | None = None  # an attempt whose timeline completed in this pass
     in_place: list[status.InPlaceRestart] = dataclasses.field(default_factory=list)  # new ones
     stop: tuple[status.Cause, str] | None = None  # a restart in place spent a budget
+    spares: list[int] = dataclasses.field(default_factory=list)  # spare pods to create (numbers)
+    takeover: Takeover | None = None  # a spare takes a lost node's place (reconcile.py)
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)
@@ -478,7 +494,7 @@ def _delete_all(
     d: Decision, obs: observed.Observed, *, keep_finished: bool = False, grace: int | None = None
 ) -> None:
     """Delete the gang; force pods whose node is gone. Exited pods of a failed job stay (logs)."""
-    for pod in obs.pods:
+    for pod in [*obs.pods, *obs.spares]:
         if pod.deleting and not _node_gone(obs, pod):
             continue
         if keep_finished and pod.phase in (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED):
@@ -716,6 +732,9 @@ def _launch(
     s.attempt += 1
     s.replicas, s.world_size = replicas, replicas * obs.spec.nproc_per_node
     s.pods_created, s.drain, s.next_attempt_at = False, False, None
+    if s.spares is not None or obs.spec.spares:
+        done = s.spares.takeovers if s.spares is not None else 0
+        s.spares = status.Spares(wanted=obs.spec.spares, takeovers=done)
     s.attempt_started, s.last_progress_time = obs.now, None
     _pod_group(d, obs, cause=ended_by, replicas=replicas, before=before)
     s.resumed_from_step = ck.step if ck else None
@@ -808,17 +827,23 @@ def _complete_creation(d: Decision, obs: observed.Observed, pods: list[observed.
     elif obs.created_at is not None and obs.now - obs.created_at < EXPECT_SECONDS:
         d.again(EXPECT_SECONDS - (obs.now - obs.created_at))  # their watch events wake it sooner
     elif not _blocked(d, obs):
-        live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
-        d.launch = Launch(
-            s.attempt,
-            s.replicas or 0,
-            s.resume_path or "",
-            live,
-            reliability=_reliability(obs, s),
-            resume_rules=s.resume_rules or "",
-            queue=obs.queue if s.queue is not None else None,
-            pod_group=s.queue.pod_group if s.queue is not None else "",
-        )
+        d.launch = current_launch(obs, s)
+
+
+def current_launch(obs: observed.Observed, s: status.FSDPJobStatus) -> Launch:
+    """The running attempt's launch again: for pods made after its first pass (the missing
+    ones, and spares)."""
+    live = tuple(e.node for e in s.excluded_nodes if e.until > obs.now)
+    return Launch(
+        s.attempt,
+        s.replicas or 0,
+        s.resume_path or "",
+        live,
+        reliability=_reliability(obs, s),
+        resume_rules=s.resume_rules or "",
+        queue=obs.queue if s.queue is not None else None,
+        pod_group=s.queue.pod_group if s.queue is not None else "",
+    )
 
 
 def _pod_group(
@@ -880,6 +905,94 @@ def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -
     d.emit("Admitted", msg)
 
 
+EXITED = (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED)
+
+
+def _take_over(
+    d: Decision, obs: observed.Observed, failure: status.Failure, tun: policy.Tunables
+) -> bool:
+    """A lost node whose place a running spare takes in a restart in place (spec.spares):
+    only the lost pod goes; nothing is scheduled, no image starts. Not node rank 0's (it hosts
+    the gang's coordinator and torchrun's store), not past inPlaceRestarts, not a pod whose
+    takeover the coordinator refused. True: this pass's failure is handled (or already was)."""
+    s, spec, sp = d.status, obs.spec, d.status.spares
+    if failure.cause is not status.Cause.NODE_LOST or sp is None or not spec.spares:
+        return False
+    if failure.pod in sp.replaced:  # taken over in an earlier pass; its deletion is under way
+        d.again(1.0)
+        return True
+    pods = obs.attempt_pods(s.attempt)
+    lost = next((p for p in pods if p.name == failure.pod), None)
+    rank0 = next((p for p in pods if p.rank == 0 and p.phase is observed.PodPhase.RUNNING), None)
+    spare = next((p for p in sorted(obs.spares, key=lambda p: p.spare or 0)
+                  if p.attempt == s.attempt and p.phase is observed.PodPhase.RUNNING
+                  and not p.deleting and p.node not in (None, failure.node)
+                  and not _node_gone(obs, p)), None)  # fmt: skip
+    entry = _current(s)
+    used = len(entry.restarts_in_place) if entry is not None else 0
+    if (
+        lost is None
+        or lost.rank <= 0
+        or spare is None
+        or spare.spare is None
+        or rank0 is None
+        or rank0.ip is None
+        or sp.refused == lost.name
+        or used >= spec.failure_policy.in_place_restarts
+    ):
+        return False
+    d.takeover = Takeover(
+        spare=spare.name,
+        index=spare.spare,
+        node_rank=lost.rank,
+        lost=lost.name,
+        coordinator=f"{rank0.ip}:{names.GANG_PORT}",
+        failure={
+            "message": failure.message,
+            "time": failure.time,
+            "rank": lost.rank * spec.nproc_per_node,
+            "pod": lost.name,
+            "nodeName": failure.node,
+        },
+    )
+    sp.takeovers += 1
+    sp.replaced = [*sp.replaced, lost.name][-8:]
+    s.excluded_nodes = policy.active_exclusions(s, now=obs.now, blame=failure.node, tun=tun)
+    d.emit(
+        "SpareTakeover",
+        f"NodeLost: node {failure.node} ({failure.message}); spare pod {spare.name} (on "
+        f"{spare.node}) takes node rank {lost.rank}'s place in a restart in place",
+        warning=True,
+    )
+    d.again(1.0)
+    return True
+
+
+def _keep_spares(d: Decision, obs: observed.Observed) -> None:
+    """spec.spares running beside the attempt: a spare that ended or lost its node goes, a new
+    one is made behind each that went or took a node's place. Not under Kueue (its pod group
+    is the gang)."""
+    s, sp = d.status, d.status.spares
+    if sp is None or not s.pods_created or s.queue is not None:
+        return
+    live = []
+    for p in obs.spares:
+        gone = _node_gone(obs, p)
+        if p.attempt == s.attempt and p.phase not in EXITED and not gone and not p.deleting:
+            live.append(p)
+        elif not p.deleting or gone:
+            d.delete.append(PodDelete(p.name, force=gone))
+    sp.running = sum(p.phase is observed.PodPhase.RUNNING for p in live)
+    sp.pending = len(live) - sp.running
+    made = sp.last_created is not None and obs.now - sp.last_created < EXPECT_SECONDS
+    missing = obs.spec.spares - len(live)
+    if missing > 0 and not made and not _blocked(d, obs):
+        d.spares = list(range(sp.next_index, sp.next_index + missing))
+        sp.next_index += missing
+        sp.last_created = obs.now
+        sp.pending += missing
+
+
 def _delete_stale(d: Decision, obs: observed.Observed) -> None:
     """Pods of earlier attempts still there: delete them (force where their node is gone)."""
     for pod in obs.pods:
@@ -904,12 +1017,15 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
         return _planned_stop(d, obs, status.Cause.PREEMPTED, msg)
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     failure = detect.detect(now_seen)
+    if failure is not None and _take_over(d, obs, failure, tun):
+        return d
     if failure is not None:
         return _on_failure(d, obs, failure, tun)
     if detect.succeeded(now_seen):
         _completion_report(d, obs, pods)
         return _finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
     _delete_stale(d, obs)
+    _keep_spares(d, obs)
     if pods and all(p.phase is observed.PodPhase.RUNNING for p in pods) and s.pods_created:
         if s.phase is not status.Phase.RUNNING:
             _phase(d, obs, status.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")

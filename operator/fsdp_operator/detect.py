@@ -7,6 +7,7 @@ pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -40,6 +41,8 @@ def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.
         return status.Cause.EVICTED
     if cls == contract.FailureClass.HANG.value:
         return status.Cause.HANG
+    if cls == contract.FailureClass.NODE_LOST.value:  # a spare took its place (gang.py)
+        return status.Cause.NODE_LOST
     return status.Cause.CRASH
 
 
@@ -85,6 +88,9 @@ def in_place_failure(obs: observed.Observed, record: Mapping[str, Any]) -> statu
     node = record.get("node")
     rank = node if isinstance(node, int) and not isinstance(node, bool) else 0
     pod = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == rank), None)
+    if record.get("class") == contract.FailureClass.NODE_LOST.value:  # the lost pod, not its
+        lost = str(record.get("pod") or "")  # spare that holds the rank now
+        pod = dataclasses.replace(pod, name=lost, node=record.get("nodeName")) if pod else None
     doc = {k: record[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in record}
     code = record.get("torchrunExitCode")
     at = record.get("time")

@@ -261,6 +261,12 @@ class Kube:
             return int(exc.status or 0), message
         return None
 
+    def label_pod(self, namespace: str, name: str, labels: dict[str, str | None]) -> None:
+        """Merge `labels` into a pod's (None removes one)."""
+        self.core.patch_namespaced_pod(
+            name, namespace, {"metadata": {"labels": labels}}, _request_timeout=self._writing()
+        )
+
     def delete_pod(self, namespace: str, name: str, *, grace: int | None) -> None:
         """Delete with `grace` seconds (0 forces; None keeps the pod's own period)."""
         timeout = self._writing()

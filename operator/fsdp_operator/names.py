@@ -57,6 +57,7 @@ class Label(enum.StrEnum):
     JOB = f"{PREFIX}job"
     ATTEMPT = f"{PREFIX}attempt"
     NODE_RANK = f"{PREFIX}node-rank"
+    SPARE = f"{PREFIX}spare"  # a warm spare's number (spec.spares); it has no node rank yet
     REPLICAS = f"{PREFIX}replicas"  # pods in this attempt
     WORLD_SIZE = f"{PREFIX}world-size"  # ranks in this attempt (replicas x nprocPerNode)
     # the FSDPRuntimeProfile the pod was made under; the admission policy checks it by this
@@ -140,6 +141,18 @@ def pod_name(job_name: str, *, attempt: int, node_rank: int) -> str:
     if not 0 <= node_rank <= MAX_RANK:
         raise ValueError(f"node_rank={node_rank} must be within 0..{MAX_RANK}")
     return f"{job_part(job_name)}-a{attempt}-{node_rank}"
+
+
+def spare_pod_name(job_name: str, *, attempt: int, index: int) -> str:
+    """`<job>-a<attempt>-s<index>`: a spare of that attempt (it keeps the name when it takes a
+    lost node's place)."""
+    if not 0 <= index <= MAX_RANK:
+        raise ValueError(f"spare index={index} must be within 0..{MAX_RANK}")
+    return f"{pod_name(job_name, attempt=attempt, node_rank=0)[:-2]}-s{index}"
+
+
+def parse_spare(labels: Mapping[str, str] | None) -> int | None:
+    return _parse_int(labels, Label.SPARE)
 
 
 def pod_group(job_name: str, *, attempt: int) -> str:

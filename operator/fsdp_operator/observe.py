@@ -58,7 +58,8 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     meta = pod.get("metadata", {})
     attempt = names.parse_attempt(meta.get("labels"))
     rank = names.parse_node_rank(meta.get("labels"))
-    if attempt is None or rank is None:
+    spare = names.parse_spare(meta.get("labels")) if rank is None else None
+    if attempt is None or (rank is None and spare is None):
         return None
     term = _terminated(pod)
     phase = pod.get("status", {}).get("phase", "Pending")
@@ -68,7 +69,8 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     return observed.PodView(
         name=meta["name"],
         attempt=attempt,
-        rank=rank,
+        rank=rank if rank is not None else -1,
+        spare=spare,
         phase=observed.PodPhase(phase)
         if phase in observed.PodPhase.__members__.values()
         else observed.PodPhase.UNKNOWN,

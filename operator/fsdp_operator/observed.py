@@ -45,6 +45,7 @@ class PodView:
     ready_changed: float | None = None  # that condition's lastTransitionTime
     gated: bool = False  # Kueue's admission scheduling gate: queued, not unschedulable
     queue_evicted: str = ""  # Kueue's TerminationTarget (preemption): its reason and message
+    spare: int | None = None  # a warm spare's number (rank -1 until it takes a node's place)
 
     def worker_cause(self) -> dict[str, Any]:
         """The worker's JSON termination message, or {} when it wrote none (or garbage)."""
@@ -188,6 +189,7 @@ class Observed:
     validated_generation: int | None = None  # a server-side dry run passed for it this pass
     created_at: float | None = None  # this process created the current attempt's pods then
     profile: api.RuntimeProfileSpec | None = None  # spec.runtimeProfile's, read this pass
+    spares: Sequence[PodView] = ()  # warm spares (spec.spares): not members of the gang
     queue: queueing.Queue | None = None  # the Kueue LocalQueue the job names (its labels)
     admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
     # Last, and keyword-only: a field named like the status module hides it from the

@@ -39,9 +39,10 @@ from fsdp_operator import (
     status,
     templates,
 )
-from fsdp_worker import catalog
+from fsdp_worker import catalog, gang
 
 log = logging.getLogger(__name__)
+TAKEOVER_TIMEOUT = 2.0  # seconds for the gang's coordinator to answer a spare's `replace`
 IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
 ERROR_EVENT_SECONDS = 60.0  # a failing pass says so in a Warning Event at most this often
 Key = tuple[str, str]
@@ -262,6 +263,8 @@ class Reconciler:
             created_at = self._created_at.get((job.uid, job_status.attempt))
         just = created_at is not None and now - created_at < decide.EXPECT_SECONDS
         pods, conflicts = self._owned_pods(job, job_status, view.pods, just_created=just)
+        spares = [p for p in pods if p.spare is not None]
+        pods = [p for p in pods if p.spare is None]
         own = [p for p in view.pods if observe.owned_by(p, job)]
         nodes = observe.node_views(
             view.nodes, spec=spec, used=cache.without(view.used, own), lease_lost=view.lease_lost
@@ -295,6 +298,7 @@ class Reconciler:
             profile=profile,
             queue=queue,
             admission=self._admission(job, job_status, pods),
+            spares=spares,
         )
 
     def _admission(
@@ -414,6 +418,7 @@ class Reconciler:
             self.kube.delete_workload(job.namespace, group)
         if d.launch is not None:
             self._create_gang(job, obs.spec, d.launch, obs.profile)
+        self._spares(job, obs, d)
         for ev in d.events:
             self.kube.event(job, type_=ev.type.value, reason=ev.reason, message=ev.message)
         recording.record(job=job, obs=obs, decision=d)
@@ -476,6 +481,52 @@ class Reconciler:
             for key in stale:
                 del self._created_at[key]
             self._created_at[(job.uid, launch.attempt)] = now
+
+    def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
+        """spec.spares' new pods (a name someone else holds is skipped: the next pass makes
+        another number), and a spare's takeover of a lost node's place."""
+        if d.takeover is not None:
+            self._take_over(job, obs, d, d.takeover)
+        if not d.spares:
+            return
+        launch = decide.current_launch(obs, d.status)
+        pods = [
+            templates.spare_pod(job, obs.spec, launch, index=i,
+                                worker_module=self.settings.worker_module, profile=obs.profile)
+            for i in d.spares
+        ]  # fmt: skip
+        list(self._writers.map(lambda pod: self._held_by_another(job, pod), pods))
+
+    def _take_over(
+        self, job: names.JobRef, obs: observed.Observed, d: decide.Decision, t: decide.Takeover
+    ) -> None:
+        """Ask the gang's coordinator to give the lost node's place to the spare; then the
+        spare carries that node rank and the lost pod goes. Refused or unreachable: say so in
+        the status, and the next pass recreates the gang as without spares."""
+        host, _, port = t.coordinator.rpartition(":")
+        doc = {"op": "replace", "node": t.node_rank, "spare": t.index, "failure": t.failure}
+        try:
+            answer = gang.ask((host, int(port)), doc, timeout=TAKEOVER_TIMEOUT)
+            refused = str(answer.get("refused") or "")
+        except (OSError, ValueError) as exc:
+            refused = f"the coordinator at {t.coordinator} did not answer: {exc}"
+        if not refused:
+            labels: dict[str, str | None] = {
+                names.Label.NODE_RANK.value: str(t.node_rank),
+                names.Label.SPARE.value: None,
+            }
+            self.kube.label_pod(job.namespace, t.spare, labels)
+            self.kube.delete_pod(job.namespace, t.lost, grace=0)
+            return
+        log.warning("%s: spare takeover of %s refused: %s", job.name, t.lost, refused)
+        sp = d.status.spares
+        if sp is not None:
+            sp.refused = t.lost
+            sp.replaced = [name for name in sp.replaced if name != t.lost]
+            self.kube.patch_status(
+                job.namespace, job.name, d.status.model_dump(mode="json", by_alias=True)
+            )
+        d.emit("SpareTakeoverRefused", f"{t.lost}: {refused}; the gang is recreated", warning=True)
 
     def _held_by_another(self, job: names.JobRef, obj: dict[str, Any]) -> bool | None:
         """Create `obj`: None when this call created it, False when the job already had it (a

@@ -298,6 +298,23 @@ class InPlaceRestart(_Model):
     blocked_seconds: float = Field(0.0, description="Seconds it was blocked on saves.")
 
 
+class Spares(_Model):
+    """spec.spares of the current attempt: what stands by, and what was used."""
+
+    wanted: int = Field(0, description="spec.spares.")
+    running: int = Field(0, description="Spare pods running now (warm, or warming).")
+    pending: int = Field(0, description="Spare pods not running yet (scheduling, starting).")
+    takeovers: int = Field(0, description="Lost nodes a spare took the place of, in all.")
+    next_index: int = Field(0, description="The number the next spare pod of this attempt gets.")
+    last_created: Time | None = Field(None, description="When spare pods were last made.")
+    replaced: list[str] = Field(
+        default_factory=list, max_length=8, description="Lost pods a spare took the place of."
+    )
+    refused: str = Field(
+        "", description="The lost pod whose takeover failed: the gang is recreated for it."
+    )
+
+
 class HistoryEntry(_Model):
     """One attempt: a launch of the whole gang of worker pods, and how it ended."""
 
@@ -534,6 +551,9 @@ class FSDPJobStatus(_Model):
     reliability: Reliability = Field(
         default_factory=Reliability,
         description="The job's failure record, for checkpoint.intervalSteps: auto.",
+    )
+    spares: Spares | None = Field(
+        None, description="spec.spares: the current attempt's warm spares (null: none wanted)."
     )
     checkpoint_interval: CheckpointInterval | None = Field(
         None,

@@ -174,6 +174,36 @@ def worker_pods(
     ]
 
 
+def spare_pod(
+    job: JobRef,
+    spec: api.FSDPJobSpec,
+    launch: decide.Launch,
+    *,
+    index: int,
+    cluster_domain: str = names.DEFAULT_CLUSTER_DOMAIN,
+    worker_module: str = DEFAULT_WORKER_MODULE,
+    profile: api.RuntimeProfileSpec | None = None,
+) -> dict[str, Any]:
+    """Warm spare `index` of `launch`'s attempt (spec.spares): a non-zero rank's pod (the
+    same image, volumes, resources and anti-affinity, so another node), without a node rank:
+    its keeper waits for the coordinator to give it a lost node's place, and torchrun's
+    `--node-rank` is set then."""
+    pod = worker_pod(job, spec, launch, node_rank=min(1, launch.replicas - 1),
+                     cluster_domain=cluster_domain, worker_module=worker_module,
+                     profile=profile)  # fmt: skip
+    name = names.spare_pod_name(job.name, attempt=launch.attempt, index=index)
+    meta, pod_spec = pod["metadata"], pod["spec"]
+    meta["name"] = pod_spec["hostname"] = name
+    del meta["labels"][names.Label.NODE_RANK.value]
+    meta["labels"][names.Label.SPARE.value] = str(index)
+    (container,) = pod_spec["containers"]
+    for var in container["env"]:
+        if var["name"] == contract.ENV_GANG:
+            gang = {**json.loads(var["value"]), "node": -1, "spare": index}
+            var["value"] = json.dumps(gang, separators=(",", ":"))
+    return pod
+
+
 @dataclasses.dataclass(frozen=True)
 class _Slot:
     """One rank's place in one attempt: what every part of its pod is derived from."""

@@ -273,6 +273,65 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     jobs.patch(name, {"suspend": True})  # free the nodes for the next test
 
 
+def test_a_spare_takes_a_lost_nodes_place_in_place(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """spec.spares 1: a third pod stands by, warm, on the third node. Rank 1's kubelet stops;
+    from its silent Lease the operator gives node rank 1 to the spare in a restart in place:
+    the attempt stays 1, rank 0's pod is the same, the lost pod is force-deleted, a new spare
+    is made behind (it waits for a node), and the job finishes."""
+    name = harness.unique("spare")
+    policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300}
+    doc = harness.job_doc(name, training={"steps": 150}, spares=1, failurePolicy=policy)
+    jobs.apply(doc)
+
+    def context() -> str:
+        return f"status={jobs.status(name)}\nevents={jobs.events(name)}\n{operator.log_tail()}"
+
+    def gang_and_spare() -> tuple[list[dict], dict] | None:
+        running = jobs.running_pods(name, 1)
+        gang = [p for p in running if "fsdpoperator.io/node-rank" in p["metadata"]["labels"]]
+        spares = [p for p in running if "fsdpoperator.io/spare" in p["metadata"]["labels"]]
+        return (sorted(gang, key=lambda p: p["metadata"]["name"]), spares[0]) if len(
+            gang) == 2 and spares else None  # fmt: skip
+
+    (rank0, rank1), spare = harness.wait_for("the gang and its spare running", gang_and_spare,
+                                             timeout=90, context=context)  # fmt: skip
+    lost = rank1["spec"]["nodeName"]
+    assert spare["spec"]["nodeName"] not in (lost, rank0["spec"]["nodeName"])
+    _step_at_least(jobs, name, 8)
+    faults = _faults(operator)
+    faults.lose_node(lost)
+    try:
+        s = harness.wait_for(
+            "the spare trains as node rank 1",
+            lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
+            and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
+            timeout=90, context=context,
+        )  # fmt: skip
+        restart = s["history"][0]["restartsInPlace"][0]
+        failure = restart["failure"]
+        assert s["attempt"] == 1 and failure["cause"] == "NodeLost", restart
+        assert (failure["pod"], failure["node"]) == (rank1["metadata"]["name"], lost), failure
+        assert s["restarts"]["infrastructure"] == 1 and s["spares"]["takeovers"] == 1
+        took = f"{name}-a1-s0"
+        now = {p["metadata"]["name"]: p for p in jobs.running_pods(name, 1)}
+        assert now[took]["metadata"]["labels"]["fsdpoperator.io/node-rank"] == "1"
+        assert now[rank0["metadata"]["name"]]["metadata"]["uid"] == rank0["metadata"]["uid"]
+        reasons = jobs.events(name)
+        assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
+        harness.wait_for("the lost pod gone and a new spare made", lambda: not [
+            p for p in jobs.pods(name) if p["metadata"]["name"] == rank1["metadata"]["name"]
+        ] and any(p["metadata"]["name"] == f"{name}-a1-s1" for p in jobs.pods(name)),
+            context=context)  # fmt: skip
+        heard = st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"])
+        print(f"spare: heartbeats stop -> the spare's first step {heard:.2f}s")  # (-s)
+    finally:
+        faults.restore_node(lost)
+    done = _phase(jobs, name, "Succeeded", timeout=120)
+    assert done["attempt"] == 1 and done["step"] == 150
+
+
 def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness.Operator) -> None:
     """The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
     operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw

@@ -1305,3 +1305,105 @@ def test_a_restart_from_memory_is_kept_as_such_and_counts_as_progress() -> None:
     assert d.status.restarts.without_progress == 1
     # An in-place failure is a failure; only a recreated gang is a gang failure.
     assert (s.reliability.failures, s.reliability.gang_failures) == (1, 0)
+
+
+# --- spares (spec.spares; fsdp_worker.gang's replace) -------------------------------------------
+
+
+def _spare_spec(spares: int = 1) -> api.FSDPJobSpec:
+    return _in_place_spec().model_copy(update={"spares": spares})
+
+
+def _spare(index: int = 0, node: str = "node-5", **over: Any) -> ob.PodView:
+    fields: dict[str, Any] = {"name": f"job-a1-s{index}", "attempt": 1, "rank": -1,
+                              "phase": ob.PodPhase.RUNNING, "node": node,
+                              "spare": index}  # fmt: skip
+    fields.update(over)
+    return ob.PodView(**fields)
+
+
+def _spare_status(**over: Any) -> st.FSDPJobStatus:
+    return running_status(spares=st.Spares(wanted=1, next_index=1, **over))
+
+
+def test_spares_need_restarts_in_place_and_are_made_beside_a_running_gang() -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"spares=1 but failurePolicy"):
+        make_spec(spares=1)
+    d = dc.decide(observe(spec=_spare_spec(2), status=running_status(spares=st.Spares(wanted=2)),
+                          nodes=nodes(7)))  # fmt: skip
+    assert d.spares == [0, 1] and d.status.spares is not None
+    assert (d.status.spares.next_index, d.status.spares.pending) == (2, 2)
+    # Made a moment ago and not seen yet: not made twice.
+    again = dc.decide(observe(spec=_spare_spec(2), status=d.status, nodes=nodes(7)))
+    assert again.spares == []
+    # One runs, one ended: the ended one goes and a new number replaces it.
+    ended = _spare(1, phase=ob.PodPhase.FAILED)
+    later = dc.decide(observe(spec=_spare_spec(2), status=d.status, now=NOW + dc.EXPECT_SECONDS,
+                              spares=[_spare(0), ended], nodes=nodes(7)))  # fmt: skip
+    assert [x.name for x in later.delete] == ["job-a1-s1"] and later.spares == [2]
+    assert later.status.spares is not None and later.status.spares.running == 1
+
+
+def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> None:
+    obs = observe(spec=_spare_spec(), status=_spare_status(), nodes=nodes(6, down={2: NOW - 31}),
+                  pods=pods(r0={"ip": "10.0.0.5"}), spares=[_spare(0)])  # fmt: skip
+    d = dc.decide(obs)
+    assert d.takeover == dc.Takeover(
+        spare="job-a1-s0", index=0, node_rank=2, lost="job-a1-2", coordinator="10.0.0.5:29501",
+        failure={"message": d.takeover.failure["message"] if d.takeover else "", "time": NOW - 31,
+                 "rank": 2, "pod": "job-a1-2", "nodeName": "node-2"},
+    )  # fmt: skip
+    assert d.launch is None and d.delete == [] and d.status.attempt == 1
+    assert d.status.phase is st.Phase.RUNNING and d.status.restarts.total == 0
+    assert d.status.spares is not None and d.status.spares.takeovers == 1
+    assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
+    assert [e.reason for e in d.events if e.type is dc.EventType.WARNING] == ["SpareTakeover"]
+    # The next pass, the lost pod not gone yet: handled, not a second takeover or a restart.
+    again = dc.decide(dataclasses.replace(obs, status=d.status))
+    assert again.takeover is None and again.launch is None and again.failure is None
+    # The coordinator refused: the gang is recreated as without spares.
+    refused = d.status.model_copy(deep=True)
+    assert refused.spares is not None
+    refused.spares.refused, refused.spares.replaced = "job-a1-2", []
+    d = dc.decide(dataclasses.replace(obs, status=refused))
+    assert d.takeover is None and d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert {x.name for x in d.delete} == {f"job-a1-{r}" for r in range(4)} | {"job-a1-s0"}
+
+
+def test_node_rank_0_or_no_running_spare_means_a_recreated_gang() -> None:
+    for down, spare in ((0, _spare(0)), (2, _spare(0, phase=ob.PodPhase.PENDING))):
+        d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), spares=[spare],
+                              nodes=nodes(6, down={down: NOW - 31}),
+                              pods=pods(r0={"ip": "10.0.0.5"})))  # fmt: skip
+        assert d.takeover is None and d.failure is not None, down
+
+
+def test_a_takeover_arrives_as_a_node_lost_restart_in_place() -> None:
+    """The coordinator's record of the replace (gang.py): charged as NodeLost (infrastructure),
+    kept under the lost pod and node, not the spare that holds the rank now."""
+    lost = {"class": contract.FailureClass.NODE_LOST.value, "pod": "job-a1-2",
+            "nodeName": "node-2", "spare": 0}  # fmt: skip
+    record = _in_place_record(0, **lost)
+    now = pods(r2={"name": "job-a1-s0", "node": "node-5"})
+    d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), pods=now, nodes=nodes(6),
+                          progress=_in_place_progress(1, record)))  # fmt: skip
+    failure = d.status.last_failure
+    assert failure is not None and failure.cause is st.Cause.NODE_LOST
+    assert (failure.pod, failure.node) == ("job-a1-2", "node-2")
+    assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
+
+
+def test_a_spare_pod_waits_without_a_node_rank() -> None:
+    from fsdp_operator import templates
+
+    job = templates.JobRef(namespace="ns", name="job", uid="u1")
+    pod = templates.spare_pod(job, _spare_spec(), dc.Launch(attempt=3, replicas=4,
+                              resume_path=""), index=2)  # fmt: skip
+    assert pod["metadata"]["name"] == pod["spec"]["hostname"] == "job-a3-s2"
+    labels = pod["metadata"]["labels"]
+    assert "fsdpoperator.io/node-rank" not in labels and labels["fsdpoperator.io/spare"] == "2"
+    (c,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    gang = json.loads(env[contract.ENV_GANG])
+    assert (gang["node"], gang["spare"], gang["nodes"]) == (-1, 2, 4)
+    assert "readinessProbe" not in c  # rank 0's probe; a spare never becomes rank 0
