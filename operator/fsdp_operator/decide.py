@@ -371,6 +371,7 @@ def _restarts_in_place(d: Decision, obs: observed.Observed, prog: observed.Progr
             status.InPlaceRestart(
                 generation=generation,
                 failure=brief(failure),
+                detected=_number(record.get("detected")),
                 steps_run=max(0, (entry.steps_run or 0) - steps),
                 train_seconds=max(0.0, (entry.train_seconds or 0.0) - train),
                 blocked_seconds=max(0.0, (entry.blocked_seconds or 0.0) - blocked),
@@ -397,6 +398,10 @@ def _in_place_sums(entry: status.HistoryEntry) -> tuple[int, float, float]:
         sum(r.train_seconds for r in done),
         sum(r.blocked_seconds for r in done),
     )
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def _newest_seal(claim: int | None, record: Mapping[str, Any]) -> int | None:
@@ -953,6 +958,7 @@ def _take_over(
             "rank": lost.rank * spec.nproc_per_node,
             "pod": lost.name,
             "nodeName": failure.node,
+            "detected": obs.now,
         },
     )
     sp.takeovers += 1

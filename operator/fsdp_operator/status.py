@@ -281,6 +281,9 @@ class InPlaceRestart(_Model):
 
     generation: int = Field(description="The generation that failed (0: the attempt's first).")
     failure: Failure = Field(description="Its first failure, as its rank reported it.")
+    detected: Time | None = Field(
+        None, description="When the operator judged the node lost (a spare's takeover only)."
+    )
     resumed: Time | None = Field(
         None, description="The next generation's first step (null: not trained yet)."
     )

@@ -324,8 +324,10 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
             p for p in jobs.pods(name) if p["metadata"]["name"] == rank1["metadata"]["name"]
         ] and any(p["metadata"]["name"] == f"{name}-a1-s1" for p in jobs.pods(name)),
             context=context)  # fmt: skip
-        heard = st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"])
-        print(f"spare: heartbeats stop -> the spare's first step {heard:.2f}s")  # (-s)
+        first = st.parse_rfc3339(restart["resumed"])
+        heard = first - st.parse_rfc3339(failure["time"])
+        taken = first - st.parse_rfc3339(restart["detected"])
+        print(f"spare: last heartbeat -> first step {heard:.2f}s; NodeLost -> {taken:.2f}s")
     finally:
         faults.restore_node(lost)
     done = _phase(jobs, name, "Succeeded", timeout=120)

@@ -1351,7 +1351,7 @@ def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> Non
     assert d.takeover == dc.Takeover(
         spare="job-a1-s0", index=0, node_rank=2, lost="job-a1-2", coordinator="10.0.0.5:29501",
         failure={"message": d.takeover.failure["message"] if d.takeover else "", "time": NOW - 31,
-                 "rank": 2, "pod": "job-a1-2", "nodeName": "node-2"},
+                 "rank": 2, "pod": "job-a1-2", "nodeName": "node-2", "detected": NOW},
     )  # fmt: skip
     assert d.launch is None and d.delete == [] and d.status.attempt == 1
     assert d.status.phase is st.Phase.RUNNING and d.status.restarts.total == 0
