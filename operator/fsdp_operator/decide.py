@@ -975,12 +975,14 @@ def _take_over(
 
 
 def _keep_spares(d: Decision, obs: observed.Observed) -> None:
-    """spec.spares running beside the attempt: a spare that ended or lost its node goes, a new
-    one is made behind each that went or took a node's place. Not under Kueue (its pod group
-    is the gang)."""
+    """spec.spares running beside the attempt, once every pod of the gang has its node: a spare
+    that ended or lost its node goes, a new one is made behind each that went or took a node's
+    place. Not under Kueue (its pod group is the gang)."""
     s, sp = d.status, d.status.spares
     if sp is None or not s.pods_created or s.queue is not None:
         return
+    if not all(p.node for p in obs.attempt_pods(s.attempt)):
+        return  # a spare placed first could keep a gang pod off the node it needs
     live = []
     for p in obs.spares:
         gone = _node_gone(obs, p)
