@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
-.PHONY: kwok-bin kueue-bin bench-fleet lock bench-in-place
+.PHONY: kwok-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
 
 venv: $(STAMP)
 
@@ -125,6 +125,11 @@ bench-node-loss: venv cluster-bin images
 # (failurePolicy.inPlaceRestarts), on the same draws: bench/results/in_place.json (5 minutes).
 bench-in-place: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py --in-place 5
+
+# The memory tier against the claim on the same 1.13 GiB state (CPU only, a few minutes):
+# blocking save and same-size load; bench/results/memory_tier.json.
+bench-memory-tier: venv
+	PYTHONPATH=. $(VPY) bench/memory_tier.py
 
 # The goodput soak alone (about an hour here): auto against fixed checkpoint intervals under a
 # Poisson fault process; bench/results/goodput.json and docs/goodput.png.
