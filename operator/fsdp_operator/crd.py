@@ -21,6 +21,7 @@ from fsdp_operator import api, status
 
 _DROP = {"title"}
 _INT_OR_STRING = "x-kubernetes-int-or-string"  # the one union Kubernetes allows: anyOf int|str
+_UNSET = "x-fsdp-unset-by-default"  # internal: an Optional field whose default is None
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
@@ -61,6 +62,7 @@ def _structural(node: Any) -> Any:
         node = {**options[0], **node}
     if node.get("default", 0) is None:
         del node["default"]
+        node[_UNSET] = True  # absent means off (checkpoint.memory): never given a default
     for bound, limit in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
         if isinstance(node.get(bound), int | float) and not isinstance(node[bound], bool):
             node[limit] = node.pop(bound)
@@ -91,16 +93,28 @@ def _default_objects(node: dict[str, Any]) -> dict[str, Any]:
                 for k, v in prop["properties"].items()
                 if "default" in v
             }
-            # Kubernetes types carry no defaults: an absent affinity stays absent.
-            if name not in required and "default" not in prop and defaults:
+            # Kubernetes types carry no defaults: an absent affinity stays absent. Neither does
+            # an object whose own default is None: unset is its meaning.
+            if name not in required and "default" not in prop and defaults and not prop.get(_UNSET):
                 prop["default"] = defaults
     return node
 
 
-def schema_of(model: type[Any]) -> dict[str, Any]:
+def _strip(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_strip(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    return {k: _strip(v) if k != "default" else v for k, v in node.items() if k != _UNSET}
+
+
+def schema_of(model: type[Any], *, default_objects: bool = False) -> dict[str, Any]:
+    """The model's JSON Schema in Kubernetes' structural dialect; `default_objects`: optional
+    nested objects get their own defaults as a default (_default_objects)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.pop("$defs", {})
-    return dict(_structural(_inline(raw, defs)))
+    node = dict(_structural(_inline(raw, defs)))
+    return dict(_strip(_default_objects(node) if default_objects else node))
 
 
 def _printer_columns() -> list[dict[str, Any]]:
@@ -121,7 +135,7 @@ def _printer_columns() -> list[dict[str, Any]]:
 
 def build() -> dict[str, Any]:
     """The FSDPJob CRD as a dict."""
-    spec_schema = _default_objects(schema_of(api.FSDPJobSpec))
+    spec_schema = schema_of(api.FSDPJobSpec, default_objects=True)
     status_schema = schema_of(status.FSDPJobStatus)
     root = {
         "type": "object",
@@ -159,7 +173,7 @@ def build_profile() -> dict[str, Any]:
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
-            "spec": _default_objects(schema_of(api.RuntimeProfileSpec)),
+            "spec": schema_of(api.RuntimeProfileSpec, default_objects=True),
         },
     }
     columns = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 from pathlib import Path
 from typing import Any
@@ -226,3 +227,14 @@ def test_status_times_are_rfc3339_and_an_older_operators_numbers_still_read() ->
     for bad, says in (("yesterday", "not an RFC 3339 time"), ("2026-12-03T07:30:00", "time zone")):
         with pytest.raises(pydantic.ValidationError, match=says):
             status.FSDPJobStatus.model_validate({"started": bad})
+
+
+def test_an_optional_tier_stays_unset_unless_asked() -> None:
+    """checkpoint.memory means "off" when absent: the CRD must not default it on (the API
+    server would fill it into every job, and the rule that it needs inPlaceRestarts would then
+    refuse every job without them)."""
+    schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+    ckpt = schema["spec"]["properties"]["checkpoint"]
+    assert "default" not in ckpt["properties"]["memory"]
+    assert "memory" not in ckpt["default"] and ckpt["default"]["intervalSteps"] == 500
+    assert "x-fsdp-unset-by-default" not in json.dumps(crd.build())
