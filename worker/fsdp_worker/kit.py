@@ -296,19 +296,17 @@ class Run:
         )
         self.manager.remove_abandoned()
         first = start_step if start_step is not None else (point.step if point else 0)
-        kinds = [schedule.Schedule.of]
-        if self.memory is not None:
-            kinds.append(schedule.Schedule.of_memory)
         self.schedule, *memory = [
-            make(
+            schedule.Schedule.of(
                 self.settings.cfg.checkpoint,
                 start_step=first,
                 reliability=self.settings.reliability,
                 meters=self.meters,
                 dist_info=self.dist,
                 generation=self.settings.generation,
+                memory=tier,
             )
-            for make in kinds
+            for tier in (False, *([True] if self.memory is not None else []))
         ]
         self.memory_schedule = memory[0] if memory else None
         self._last_mark = time.monotonic()

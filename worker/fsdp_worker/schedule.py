@@ -81,40 +81,30 @@ class Schedule:
         meters: metrics.Metrics,
         dist_info: DistInfo | None,
         generation: int = 0,
+        memory: bool = False,
     ) -> Schedule:
-        """The claim's schedule. `generation`: restarts in place so far in this attempt (the
-        operator's FSDP_RELIABILITY predates them); they load from the claim unless a memory
-        tier takes them."""
-        if cfg.memory is not None:
+        """The claim's schedule, or (`memory`) the memory tier's. `generation`: restarts in
+        place so far in this attempt (the operator's FSDP_RELIABILITY predates them).
+
+        The memory tier counts every failure (each restart in place loads it), from a floor of
+        1 step, without the claim's measured costs. The claim counts the restarts in place
+        only when no memory tier takes them, else only the failures that recreated the gang."""
+        steps, bounds = cfg.interval_steps, cfg.auto_interval
+        if memory:
+            assert cfg.memory is not None
+            steps, bounds = cfg.memory.interval_steps, bounds.model_copy(update={"min_steps": 1})
+            reliability = interval.Reliability(
+                failures=reliability.failures + generation,
+                uptime_seconds=reliability.uptime_seconds,
+            )
+        elif cfg.memory is not None:
             reliability = reliability.beyond_memory()
         else:
             reliability = dataclasses.replace(
                 reliability, failures=reliability.failures + generation
             )
-        return cls._start(cfg.interval_steps, cfg.auto_interval, start_step=start_step,
-                          reliability=reliability, meters=meters, dist_info=dist_info)  # fmt: skip
-
-    @classmethod
-    def of_memory(
-        cls,
-        cfg: config.CheckpointConfig,
-        *,
-        start_step: int,
-        reliability: interval.Reliability,
-        meters: metrics.Metrics,
-        dist_info: DistInfo | None,
-        generation: int = 0,
-    ) -> Schedule:
-        """The memory tier's schedule: its own interval, every failure counted (this
-        attempt's restarts in place too), a floor of 1; the claim's costs are not its own."""
-        assert cfg.memory is not None
-        bounds = cfg.auto_interval.model_copy(update={"min_steps": 1})
-        mem = interval.Reliability(
-            failures=reliability.failures + generation, uptime_seconds=reliability.uptime_seconds
-        )
-        return cls._start(cfg.memory.interval_steps, bounds, start_step=start_step,
-                          reliability=mem, meters=meters, dist_info=dist_info,
-                          memory=True)  # fmt: skip
+        return cls._start(steps, bounds, start_step=start_step, reliability=reliability,
+                          meters=meters, dist_info=dist_info, memory=memory)  # fmt: skip
 
     @classmethod
     def _start(
