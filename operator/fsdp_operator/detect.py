@@ -199,12 +199,34 @@ def hang_grace(spec: api.FSDPJobSpec) -> float:
     return HANG_EVIDENCE_GRACE_SECONDS + in_place
 
 
+MAX_STARTUP_DOUBLINGS = 3
+"""A gang that did not meet in its deadline gets twice the time in the next attempt, up to 8x."""
+
+
+def hang_window(spec: api.FSDPJobSpec, s: status.FSDPJobStatus) -> float:
+    """Seconds from the baseline to a hang verdict: the progress deadline and its grace; before
+    an attempt's first step, doubled for each attempt before it in a row whose gang never met
+    (RendezvousTimeout), so that a start slower than the deadline (a cold torch import on a busy
+    node, NCCL's init at scale) does not end every attempt the same way (seen in the goodput
+    soak: 11 attempts in a row, 12 s each)."""
+    deadline = float(spec.failure_policy.progress_deadline_seconds)
+    window = deadline + hang_grace(spec)
+    if s.last_progress_time is not None:
+        return window
+    missed = 0
+    for entry in reversed([h for h in s.history if h.attempt < s.attempt]):
+        if entry.failure is None or entry.failure.cause is not status.Cause.RENDEZVOUS:
+            break
+        missed += 1
+    return window + deadline * (2 ** min(missed, MAX_STARTUP_DOUBLINGS) - 1)
+
+
 def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
-    if baseline is None or obs.now - baseline < deadline + hang_grace(obs.spec):
+    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status):
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
@@ -282,6 +304,6 @@ def next_deadline(obs: observed.Observed) -> float | None:
         times.append(since + fp.pending_timeout_seconds)
     baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
-        times.append(baseline + fp.progress_deadline_seconds + hang_grace(obs.spec))
+        times.append(baseline + hang_window(obs.spec, s))
     future = [t for t in times if t > obs.now]
     return min(future) if future else None

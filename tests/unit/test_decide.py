@@ -1407,3 +1407,24 @@ def test_a_spare_pod_waits_without_a_node_rank() -> None:
     gang = json.loads(env[contract.ENV_GANG])
     assert (gang["node"], gang["spare"], gang["nodes"]) == (-1, 2, 4)
     assert "readinessProbe" not in c  # rank 0's probe; a spare never becomes rank 0
+
+
+def test_after_a_gang_that_never_met_the_next_attempt_gets_twice_the_time_to_meet() -> None:
+    """Two attempts in a row ended RendezvousTimeout: the third may take 4x the deadline to its
+    first step (a start slower than the deadline otherwise ends every attempt the same way);
+    once it has stepped, the deadline is the deadline again."""
+    never = st.Failure(cause=st.Cause.RENDEZVOUS, message="never met", time=NOW - 500)
+    missed = [st.HistoryEntry(attempt=a, failure=never, world_size=4) for a in (1, 2)]
+    now = st.HistoryEntry(attempt=3, started=NOW - 400, world_size=4)
+    status = running_status(attempt=3, last_progress_time=None, history=[*missed, now])
+    status.history[-1].timeline = st.Timeline(running=NOW - 350)
+    assert (
+        dc.decide(observe(status=status, progress=None, scrape=REFUSED, pods=pods(3))).failure
+        is None
+    )
+    status.history[-1].timeline = st.Timeline(running=NOW - 403)  # 4 x 100 s + 2 s grace, past
+    d = dc.decide(observe(status=status, progress=None, scrape=REFUSED, pods=pods(3)))
+    assert d.failure is not None and d.failure.cause is st.Cause.RENDEZVOUS
+    stepped = status.model_copy(update={"last_progress_time": NOW - 103})
+    d = dc.decide(observe(status=stepped, progress=None, scrape=SCRAPED, pods=pods(3)))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG
