@@ -7,10 +7,10 @@ One torchrun gang of 2 CPU ranks (gloo) builds bench/worker_ckpt.py's model (1.1
 and AdamW state at the defaults). Each repetition trains a step, then saves it both ways in a
 rotating order: to the claim (a sync save, O_DIRECT banded files fsync'd under a marker, the
 production default) and to memory (memtier.MemoryTier: each rank's own files in one tmpfs
-directory, as a pod of 2 ranks has its emptyDir of medium Memory, sealed by local rank 0). Then it loads
-both, rotating: the claim from a cold page cache (as after a restart), memory from tmpfs (a
-restart in place: the new ranks read the pod's memory volume). Medians and min..max go to
-bench/results/memory_tier.json; every temporary file is removed.
+directory, as a pod of 2 ranks has its emptyDir of medium Memory, sealed by local rank 0).
+Then it loads both, rotating: the claim from a cold page cache (as after a restart), memory
+from tmpfs (a restart in place: the new ranks read the pod's memory volume). Medians and
+min..max go to bench/results/memory_tier.json; every temporary file is removed.
 """
 
 from __future__ import annotations

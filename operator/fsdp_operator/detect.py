@@ -218,7 +218,8 @@ def hang_window(spec: api.FSDPJobSpec, s: status.FSDPJobStatus) -> float:
         if entry.failure is None or entry.failure.cause is not status.Cause.RENDEZVOUS:
             break
         missed += 1
-    return window + deadline * (2 ** min(missed, MAX_STARTUP_DOUBLINGS) - 1)
+    doublings: int = min(missed, MAX_STARTUP_DOUBLINGS)
+    return window + deadline * (2**doublings - 1)
 
 
 def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
