@@ -219,7 +219,7 @@ def hang_window(spec: api.FSDPJobSpec, s: status.FSDPJobStatus) -> float:
             break
         missed += 1
     doublings: int = min(missed, MAX_STARTUP_DOUBLINGS)
-    return window + deadline * (2**doublings - 1)
+    return window + deadline * ((1 << doublings) - 1)
 
 
 def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
