@@ -97,7 +97,9 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
     assert {p["metadata"]["uid"] for p in pods} == uids
     assert all(c["restartCount"] == 0 for p in pods for c in p["status"]["containerStatuses"])
     resume = float(st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"]))
-    print(f"in place: crash -> next first step {resume:.2f}s")  # the note's figure (-s)
+    after = float(st.parse_rfc3339(hang["resumed"]) - st.parse_rfc3339(stuck["time"]))
+    print(f"in place: crash -> next first step {resume:.2f}s; the rank's hang verdict -> next "
+          f"first step {after:.2f}s")  # the note's figures (-s)  # fmt: skip
     marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
     assert '"attempt": 1' in marker
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
