@@ -547,6 +547,7 @@ def _finish(d: Decision, obs: observed.Observed, cause: status.Cause | None, msg
     if cause is None:
         _phase(d, obs, status.Phase.SUCCEEDED, "Succeeded", msg)
         d.emit("Succeeded", msg)
+        _delete_spares(d, obs)
     else:
         _close_history(d, obs, cause, None)
         _phase(d, obs, status.Phase.FAILED, cause.value, msg)
@@ -560,7 +561,13 @@ def _finish(d: Decision, obs: observed.Observed, cause: status.Cause | None, msg
     return d
 
 
+def _delete_spares(d: Decision, obs: observed.Observed) -> None:
+    """A finished job's spares: they would wait for a node's place forever."""
+    d.delete += [PodDelete(p.name, force=_node_gone(obs, p)) for p in obs.spares if not p.deleting]
+
+
 def _finished(d: Decision, obs: observed.Observed) -> Decision:
+    _delete_spares(d, obs)  # stragglers of a pass that stopped half-way
     ttl = obs.spec.ttl_seconds_after_finished
     done = d.status.finished or obs.now
     if ttl is not None and obs.now >= done + ttl:

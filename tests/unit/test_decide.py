@@ -1428,3 +1428,13 @@ def test_after_a_gang_that_never_met_the_next_attempt_gets_twice_the_time_to_mee
     stepped = status.model_copy(update={"last_progress_time": NOW - 103})
     d = dc.decide(observe(status=stepped, progress=None, scrape=SCRAPED, pods=pods(3)))
     assert d.failure is not None and d.failure.cause is st.Cause.HANG
+
+
+def test_a_finished_jobs_spares_go() -> None:
+    done = [dataclasses.replace(p, phase=ob.PodPhase.SUCCEEDED, exit_code=0) for p in pods()]
+    d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), pods=done,
+                          spares=[_spare(0)], nodes=nodes(6)))  # fmt: skip
+    assert d.status.phase is st.Phase.SUCCEEDED and [x.name for x in d.delete] == ["job-a1-s0"]
+    again = dc.decide(observe(spec=_spare_spec(), status=d.status, pods=done,
+                              spares=[_spare(0)], nodes=nodes(6)))  # fmt: skip
+    assert [x.name for x in again.delete] == ["job-a1-s0"]
