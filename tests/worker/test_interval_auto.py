@@ -71,3 +71,24 @@ def test_auto_starts_from_the_costs_the_operator_passed(tmp_path: Path) -> None:
         ).steps
     )
     assert _saved_steps(root)[0] == 20  # the run ends before step 27: only the final save
+
+
+def test_the_memory_tier_chooses_its_own_interval_from_its_own_costs(tmp_path: Path) -> None:
+    """checkpoint.memory with auto beside a fixed claim interval: after its first save (the
+    floor, 1 step) the memory tier's interval is the rule applied to its measured save and the
+    step time the built-in trainer measured, with a floor of 1."""
+    root = tmp_path / "ckpt"
+    cfg = worker_config(root, train=training(steps=30), intervalSteps=10, keep=100,
+                        autoInterval=BOUNDS, memory={"intervalSteps": "auto"})  # fmt: skip
+    run = launch(tmp_path, nproc=2, config=cfg, faults="step_sleep=0.02",
+                 extra_env={"FSDP_MEMORY_ROOT": str(tmp_path / "memory")}).wait()  # fmt: skip
+    assert run.rc == 0, run.log[-3000:]
+    memory = [c for c in _choices(run.log) if c.get("tier") == "memory"]
+    assert memory and memory[0]["steps"] == 1 and memory[0]["stepSeconds"] is None
+    assert len(memory) >= 2, run.log[-3000:]
+    for c in memory[1:]:
+        assert c["stepSeconds"] and c["stepSeconds"] > 0.02, c  # the trainer's step time
+        want = interval.choose(save_seconds=c["saveSeconds"], step_seconds=c["stepSeconds"],
+                               mtbf_seconds=c["mtbfSeconds"], floor=1, ceiling=1000)  # fmt: skip
+        assert c["steps"] == want.steps
+    assert _saved_steps(root) == [10, 20, 30]  # the claim's own fixed interval

@@ -360,18 +360,27 @@ class Run:
         )
 
     def save_memory_if_due(
-        self, step: int, *, samples: int, make_state: Callable[[], dict[str, Any]], claimed: bool
+        self,
+        step: int,
+        *,
+        samples: int,
+        make_state: Callable[[], dict[str, Any]],
+        claimed: bool,
+        totals: tuple[int, float] | None = None,
     ) -> float:
         """Seal `step` in the memory tier when its schedule says, or when the claim just saved
-        it (so memory is never older than the claim); collective. Returns seconds blocked."""
+        it (so memory is never older than the claim); collective. Returns seconds blocked.
+        `totals`: (steps run, their seconds) of a loop that does not report through this Run
+        (the built-in trainer's); `auto` learns the step time from them."""
         if self.memory is None or self.memory_schedule is None:
             return 0.0
         if not (claimed or self.memory_schedule.due(step)):
             return 0.0
         with flight.during(flight.Phase.SAVE):
             blocking = self.memory.save(step, samples=samples, make_state=make_state)
+        steps_run, step_seconds = totals or (self.steps_run, self.step_seconds)
         self.memory_schedule.saved(
-            step, blocking=blocking, steps_run=self.steps_run, step_seconds=self.step_seconds
+            step, blocking=blocking, steps_run=steps_run, step_seconds=step_seconds
         )
         return blocking
 

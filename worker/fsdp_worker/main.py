@@ -76,11 +76,12 @@ def _train(run: kit.Run) -> None:
         meters=run.meters,
         dist=di,
         stop_requested=run.stop_requested,
-        save_memory=lambda step, claimed: run.save_memory_if_due(
+        save_memory=lambda step, claimed, steps_run, step_seconds: run.save_memory_if_due(
             step,
             samples=st.samples,
             make_state=lambda: state.to_save(st, group=di.ckpt_group),
             claimed=claimed,
+            totals=(steps_run, step_seconds),
         ),
     )
     trainer.run(loop)

@@ -50,8 +50,9 @@ class Loop:
     meters: metrics.Metrics
     dist: DistInfo
     stop_requested: Callable[[], bool]
-    # The memory tier (kit.Run.save_memory_if_due): (step, the claim saved it) -> seconds
-    save_memory: Callable[[int, bool], float] | None = None
+    # The memory tier (kit.Run.save_memory_if_due): (step, the claim saved it, steps run, their
+    # seconds) -> seconds blocked
+    save_memory: Callable[[int, bool, int, float], float] | None = None
     steps_run: int = 0  # this process's totals, for goodput (metrics) and the schedule
     step_seconds: float = 0.0
     blocked_seconds: float = 0.0  # training waited on checkpoint saves
@@ -167,7 +168,9 @@ def run(loop: Loop) -> None:
                     step_seconds=loop.step_seconds,
                 )
         if loop.save_memory is not None and not stop and step < loop.cfg.steps:
-            loop.blocked_seconds += loop.save_memory(step, claimed)
+            loop.blocked_seconds += loop.save_memory(
+                step, claimed, loop.steps_run, loop.step_seconds
+            )
             loop.meters.ckpt_blocked.set(loop.blocked_seconds)
         if stop:
             loop.ckpt.wait()
