@@ -21,6 +21,22 @@ the measured blocking save cost, the mean measured time to resume, and the injec
 Goodput is the operator's own figure (status.goodput), also shown without the first start-up
 (the model has none). Writes bench/results/goodput.json and a plot (docs/goodput.png).
 Numbers, not assertions.
+
+`--in-place` measures restarts in place instead: the same fault draws twice in one run, first
+"recreate" (failurePolicy.inPlaceRestarts 0: every failure recreates the gang), then "in-place"
+(inPlaceRestarts at its maximum, so no budget ends it, and `checkpoint.memory: {intervalSteps:
+auto, sizeLimit: 512Mi}`); both with intervalSteps auto and the soak's other settings. A crash
+then restarts the ranks inside the same pods (status.attempt stays; the attempt's history entry
+gains a `restartsInPlace` item whose `resumed` is the next first step); a hang (SIGSTOP of a
+whole pod, its keeper too) and a lost node still recreate the gang. Time to resume: an in-place
+restart's `resumed - failure.time`, a recreated gang's history timeline (failed -> firstStep);
+both per cause, with each fault's own injection -> next first step beside them. Writes
+bench/results/goodput_in_place.json and docs/goodput_in_place.png:
+
+    PYTHONPATH=. python bench/goodput.py --in-place --failures 8
+
+(`make bench-goodput GOODPUT_ARGS="--in-place --failures 8"` runs the same.) `--no-build` uses
+the images as podman holds them now instead of building them first.
 """
 
 from __future__ import annotations
@@ -28,9 +44,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import random
 import re
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -47,11 +65,16 @@ from localcluster import faults as lf
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "goodput.json"
 PLOT = ROOT / "docs" / "goodput.png"
+OUT_IN_PLACE = ROOT / "bench" / "results" / "goodput_in_place.json"
+PLOT_IN_PLACE = ROOT / "docs" / "goodput_in_place.png"
 NS = "goodput"
 KINDS = ("crash", "hang", "node")
+IN_PLACE_RESTARTS = 100  # the API's maximum (status.IN_PLACE_LIMIT): no budget ends the soak
+MEMORY_TIER = {"intervalSteps": "auto", "sizeLimit": "512Mi"}
+EXPECTED_CAUSE = {"crash": "Crash", "hang": "Hang", "node": "NodeLost"}
 
 
-def job_doc(name: str, *, every: int | str, prior: float) -> dict[str, Any]:
+def job_doc(name: str, *, every: int | str, prior: float, in_place: bool = False) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -67,7 +90,93 @@ def job_doc(name: str, *, every: int | str, prior: float) -> dict[str, Any]:
         "backoff": {"initialSeconds": 1, "maxSeconds": 2},
         "nodeLossGraceSeconds": 4, "progressDeadlineSeconds": 10, "pendingTimeoutSeconds": 120,
     }  # fmt: skip
+    if in_place:
+        spec["failurePolicy"]["inPlaceRestarts"] = IN_PLACE_RESTARTS
+        spec["checkpoint"]["memory"] = dict(MEMORY_TIER)
     return doc
+
+
+def crd_without_memory_default(cluster: controlplane.Cluster, state: Path) -> list[str]:
+    """Where crds/fsdpjobs.yaml defaults `checkpoint.memory` (fae9f08: crd._default_objects
+    gives the optional tier a default, so the API server turns it on in every job that has a
+    checkpoint, and the CEL rule then rejects every job with inPlaceRestarts 0), apply the same
+    CRD without that default: unset stays unset, as api.CheckpointConfig means. Returns what it
+    removed (nothing once the CRD is fixed); the result JSON records it."""
+    doc = yaml.safe_load((ROOT / "crds" / "fsdpjobs.yaml").read_text())
+    removed = []
+    for version in doc["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ckpt = spec["properties"]["checkpoint"]
+        if ckpt["properties"].get("memory", {}).pop("default", None) is not None:
+            removed.append(f"{version['name']}: spec.checkpoint.properties.memory.default")
+        if (ckpt.get("default") or {}).pop("memory", None) is not None:
+            removed.append(f"{version['name']}: spec.checkpoint.default.memory")
+    if not removed:
+        return removed
+    path = state / "fsdpjobs-memory-unset.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cluster.kubectl("apply", "--server-side", "-f", str(path))
+    probe = json.dumps(job_doc("crd-probe", every="auto", prior=80.0))
+
+    def accepted() -> bool:
+        done = cluster.kubectl("apply", "-n", NS, "--dry-run=server", "-f", "-", input=probe,
+                               check=False)  # fmt: skip
+        return done.returncode == 0
+
+    stack.wait_for("a job with inPlaceRestarts 0 admitted", accepted, timeout=60, every=1.0)
+    print(f"CRD: removed the default of checkpoint.memory ({'; '.join(removed)})", flush=True)
+    return removed
+
+
+def _in_place_keys(s: dict[str, Any]) -> set[tuple[int, int]]:
+    """(attempt, generation) of every restart in place the status holds."""
+    return {
+        (int(h.get("attempt", 0)), int(r["generation"]))
+        for h in s.get("history") or []
+        for r in h.get("restartsInPlace") or []
+    }
+
+
+def _new_in_place(s: dict[str, Any], seen: set[tuple[int, int]]) -> list[dict[str, Any]]:
+    """Restarts in place not in `seen`, oldest first, each with its attempt."""
+    return [
+        {**r, "attempt": int(h.get("attempt", 0))}
+        for h in s.get("history") or []
+        for r in h.get("restartsInPlace") or []
+        if (int(h.get("attempt", 0)), int(r["generation"])) not in seen
+    ]
+
+
+def _entry(s: dict[str, Any], attempt: int) -> dict[str, Any]:
+    return next((h for h in s.get("history") or [] if h.get("attempt") == attempt), {})
+
+
+def in_place_resumes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every restart in place the history holds: resumed - failure.time, and where from."""
+    out = []
+    for h in history:
+        for raw in h.get("restartsInPlace") or []:
+            r = st.InPlaceRestart.model_validate(raw)
+            seconds = r.resumed - r.failure.time if r.resumed is not None else None
+            out.append({"cause": r.failure.cause.value, "how": "inPlace",
+                        "seconds": seconds, "attempt": h.get("attempt"),
+                        "generation": r.generation, "fromMemory": r.from_memory,
+                        "resumedFromStep": r.resumed_from_step, "stepsLost": r.steps_lost,
+                        "failedAtStep": r.failure.step})  # fmt: skip
+    return out
+
+
+def by_cause(resumes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cause (and per cause and how: inPlace or recreated): n, p50, mean, max seconds."""
+    groups: dict[str, list[float]] = {}
+    for x in resumes:
+        if x.get("seconds") is None:
+            continue
+        for key in (str(x["cause"]), f"{x['cause']} ({x.get('how', 'recreated')})"):
+            groups.setdefault(key, []).append(float(x["seconds"]))
+    return {k: {"n": len(v), "p50": round(statistics.median(v), 2),
+                "mean": round(statistics.mean(v), 2), "max": round(max(v), 2)}
+            for k, v in sorted(groups.items())}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -78,6 +187,18 @@ class Run:
     status: dict[str, Any] = dataclasses.field(default_factory=dict)
     interval_samples: list[int] = dataclasses.field(default_factory=list)
     wall: float = 0.0
+    in_place: bool = False
+    history: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Every attempt's history entry as last seen: status keeps only the newest 20, and a
+    fault that cost a cascade of restarts pushes earlier ones out before the run ends."""
+
+    def remember(self, s: dict[str, Any]) -> None:
+        for h in s.get("history") or []:
+            self.history[int(h.get("attempt", 0))] = h
+
+    def all_history(self) -> list[dict[str, Any]]:
+        self.remember(self.status)
+        return [self.history[a] for a in sorted(self.history)]
 
     def summary(self, step_seconds: float) -> dict[str, Any]:
         s = self.status
@@ -86,13 +207,19 @@ class Run:
         wall = g.get("wallSeconds") or 0.0
         steady = wall - lost.get("Startup", 0.0)
         resumes = []
-        for h in s.get("history") or []:
+        history = self.all_history()
+        for h in history:
             tl = st.Timeline.model_validate(h["timeline"]) if h.get("timeline") else None
             if tl is not None and tl.failed is not None and tl.first_step is not None:
                 resumes.append({"cause": tl.cause.value if tl.cause else None,
                                 "seconds": st.time_to_resume(tl),
-                                "phases": dict(st.breakdown(tl))})  # fmt: skip
+                                "phases": dict(st.breakdown(tl)),
+                                "attempt": h.get("attempt")})  # fmt: skip
         steps = statistics.mean(self.interval_samples) if self.interval_samples else None
+        if self.in_place or any(h.get("restartsInPlace") for h in history):
+            for x in resumes:
+                x["how"] = "recreated"
+            resumes += in_place_resumes(history)
         return {
             "label": self.label, "intervalSteps": self.every,
             "meanIntervalSteps": steps,
@@ -116,8 +243,12 @@ class Soak:
     def status(self, name: str) -> dict[str, Any]:
         return self.jobs.status(name)
 
-    def training_again(self, name: str, after_attempt: int) -> dict[str, Any]:
-        """Wait until an attempt later than `after_attempt` completed its first step."""
+    def training_again(
+        self, name: str, after_attempt: int, seen: set[tuple[int, int]] | None = None
+    ) -> dict[str, Any]:
+        """Wait until an attempt later than `after_attempt` completed its first step, or (with
+        `seen`: the restarts in place known before the fault) a restart in place not in `seen`
+        trained again (its `resumed` is set)."""
 
         def ready() -> dict[str, Any] | None:
             s = self.status(name)
@@ -125,9 +256,44 @@ class Soak:
             last = hist[-1] if hist else {}
             started = (last.get("timeline") or {}).get("firstStep") is not None
             fresh = s.get("attempt", 0) > after_attempt and s.get("phase") == "Running"
-            return s if fresh and started and last.get("attempt") == s["attempt"] else None
+            if fresh and started and last.get("attempt") == s["attempt"]:
+                return s
+            if seen is not None and s.get("attempt") == after_attempt:
+                new = _new_in_place(s, seen)
+                if new and new[0].get("resumed"):
+                    return s
+            return None
 
         return stack.wait_for(f"{name}: training again", ready, timeout=300, every=0.5)
+
+    @staticmethod
+    def recovery(
+        s: dict[str, Any],
+        fault: dict[str, Any],
+        after_attempt: int,
+        seen: set[tuple[int, int]],
+        history: dict[int, dict[str, Any]],
+    ) -> None:
+        """What brought the job back after `fault`: a restart in place or a recreated gang, its
+        cause, and seconds from the injection to the next first step (as rank 0 stamped it)."""
+        new = _new_in_place(s, seen)
+        if s.get("attempt", 0) == after_attempt and new:
+            r = st.InPlaceRestart.model_validate(
+                {k: v for k, v in new[0].items() if k != "attempt"}
+            )
+            fault.update(recovery="inPlace", cause=r.failure.cause.value,
+                         generation=r.generation, fromMemory=r.from_memory,
+                         firstStep=r.resumed, inPlaceRestarts=len(new))  # fmt: skip
+        else:
+            ended = history.get(after_attempt) or _entry(s, after_attempt)
+            tl_raw = _entry(s, s.get("attempt", 0)).get("timeline")
+            tl = st.Timeline.model_validate(tl_raw) if tl_raw else None
+            fault.update(recovery="recreated", cause=ended.get("cause"),
+                         attempts=s.get("attempt", 0) - after_attempt,
+                         firstStep=tl.first_step if tl else None,
+                         inPlaceRestarts=len(new))  # fmt: skip
+        first = fault.get("firstStep")
+        fault["sinceFault"] = round(first - fault["time"], 3) if first is not None else None
 
     def inject(self, name: str, kind: str, rng: random.Random) -> dict[str, Any]:
         pods = self.jobs.running_pods(name, self.status(name)["attempt"])
@@ -145,7 +311,7 @@ class Soak:
         self.faults.lose_node(node)
         return {"kind": kind, "pod": pname, "node": node, "time": time.time()}
 
-    def run(self, label: str, every: int | str, seed: int) -> Run:
+    def run(self, label: str, every: int | str, seed: int, *, in_place: bool = False) -> Run:
         name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         rng = random.Random(seed)
         draws = [rng.expovariate(1.0 / self.args.mtbf) for _ in range(self.args.failures)]
@@ -153,8 +319,8 @@ class Soak:
                  for _ in range(self.args.failures)]  # fmt: skip
         chooser = random.Random(seed + 1)  # which pod / rank: same sequence for every config
         prior = self.args.prior_factor * self.args.mtbf
-        self.jobs.apply(job_doc(name, every=every, prior=prior))
-        run = Run(label, every)
+        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place))
+        run = Run(label, every, in_place=in_place)
         started = time.time()
         s = self.training_again(name, 0)
         try:
@@ -165,17 +331,33 @@ class Soak:
                     if ci:
                         run.interval_samples.append(int(ci))
                     time.sleep(min(1.0, max(0.0, until - time.time())))
-                attempt = self.status(name)["attempt"]
+                before = self.status(name)
+                run.remember(before)
+                attempt, seen = before["attempt"], _in_place_keys(before)
                 fault = self.inject(name, kind, chooser)
-                s = self.training_again(name, attempt)
+                s = self.training_again(name, attempt, seen if self.args.in_place else None)
                 if kind == "node":
                     self.faults.restore_node(fault["node"])
                 fault["resumedAttempt"] = s["attempt"]
+                run.remember(s)
+                if self.args.in_place:
+                    self.recovery(s, fault, attempt, seen, run.history)
                 run.faults.append(fault)
+                how = ""
+                if fault.get("recovery"):
+                    since = fault.get("sinceFault")
+                    how = (
+                        f" ({fault['recovery']}, cause {fault.get('cause')}"
+                        + (f", {since:.1f}s after the fault" if since is not None else "")
+                        + (", from memory" if fault.get("fromMemory") else "")
+                        + ")"
+                    )
                 print(f"  {label}: fault {i + 1}/{len(draws)} {kind} after {wait:.1f}s; "
-                      f"training again in attempt {s['attempt']}", flush=True)  # fmt: skip
+                      f"training again in attempt {s['attempt']}{how}", flush=True)  # fmt: skip
             time.sleep(2.0)  # a last scrape of the attempt that is training now
             run.status = self.status(name)
+            if self.args.in_place:  # goodput is rewritten at most every 30 s: a fresh one
+                run.status = self.fresh_goodput(name, after=time.time())
         finally:
             run.wall = time.time() - started
             self.cluster.kubectl("delete", "fsdpjob", name, "-n", NS, "--wait=true",
@@ -184,6 +366,23 @@ class Soak:
                 self.faults.restore_node(node)
             stack.wait_for("pods gone", lambda: not self.jobs.pods(name), timeout=120)
         return run
+
+    def fresh_goodput(self, name: str, *, after: float) -> dict[str, Any]:
+        """The status once its goodput was computed at or after `after` (up to 45 s)."""
+
+        def fresh() -> dict[str, Any] | None:
+            s = self.status(name)
+            g = s.get("goodput") or {}
+            if not g.get("since"):
+                return None
+            at = st.unix_seconds(g["since"])
+            done = isinstance(at, float | int) and at + float(g.get("wallSeconds") or 0) >= after
+            return s if done else None
+
+        try:
+            return stack.wait_for(f"{name}: goodput rewritten", fresh, timeout=45, every=1.0)
+        except AssertionError:
+            return self.status(name)
 
 
 def _costs(run: Run) -> tuple[float, float]:
@@ -260,6 +459,153 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def in_place_summary(run: Run, step_s: float) -> dict[str, Any]:
+    """A run's summary with what the in-place comparison reads: time to resume per cause (from
+    the operator's records and from each fault's injection), loads from memory and the claim."""
+    out = run.summary(step_s)
+    out["inPlaceRestarts"] = IN_PLACE_RESTARTS if run.in_place else 0
+    out["memory"] = dict(MEMORY_TIER) if run.in_place else None
+    out["resumesByCause"] = by_cause(out["resumes"])
+    since = [{"cause": f.get("cause"), "how": f.get("recovery"), "seconds": f["sinceFault"]}
+             for f in run.faults if f.get("sinceFault") is not None]  # fmt: skip
+    out["sinceFaultByCause"] = by_cause(since)
+    loads = [x.get("fromMemory") for x in out["resumes"] if x.get("how") == "inPlace"]
+    out["inPlaceLoads"] = {"memory": loads.count(True), "claim": loads.count(False),
+                           "unknown": loads.count(None)}  # fmt: skip
+    out["recoveries"] = {
+        how: sum(1 for f in run.faults if f.get("recovery") == how)
+        for how in ("inPlace", "recreated")
+    }
+    out["causeMismatches"] = [
+        {"kind": f["kind"], "cause": f.get("cause"), "recovery": f.get("recovery")}
+        for f in run.faults
+        if f.get("cause") != EXPECTED_CAUSE.get(f["kind"])
+    ]
+    out["attempt"] = run.status.get("attempt")
+    out["restarts"] = run.status.get("restarts")
+    return out
+
+
+def machine_note(args: argparse.Namespace) -> str:
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) // 2**20
+    gpu = "a GPU" if Path("/dev/nvidia0").exists() else "no GPU"
+    return (f"{os.cpu_count()} cores, {mem} GiB, {gpu}; local control plane + {args.nodes} "
+            "kubelet nodes (containerd); operator as a host process")  # fmt: skip
+
+
+def tree() -> str:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
+    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "operator",
+                            "worker", "bench", "crds", "harness", "localcluster"],
+                           capture_output=True, text=True, check=False).stdout  # fmt: skip
+    changed = sorted(line[3:] for line in dirty.splitlines() if line.strip())
+    return head + (f" + uncommitted {', '.join(changed)}" if changed else "")
+
+
+def report_in_place(result: dict[str, Any]) -> None:
+    runs = result["runs"]
+    print(f"\n{'run':<10}{'goodput':>9}{'steady':>8}  recoveries  in-place loads (memory/claim)")
+    for r in runs:
+        rec, loads = r["recoveries"], r["inPlaceLoads"]
+        print(f"{r['label']:<10}{100 * (r['goodput'] or 0):>8.1f}%"
+              f"{100 * (r['goodputSteady'] or 0):>7.1f}%  "
+              f"{rec['inPlace']:>2} in place, {rec['recreated']:>2} recreated  "
+              f"{loads['memory']}/{loads['claim']}")  # fmt: skip
+    print("\ntime to resume, s (operator's record; injection -> next first step in brackets)")
+    print(f"{'cause':<24}" + "".join(f"{r['label'] + ' n / p50 / mean / max':>40}" for r in runs))
+    causes = sorted({c for r in runs for c in r["resumesByCause"]})
+    for c in causes:
+        row = f"{c:<24}"
+        for r in runs:
+            x, y = r["resumesByCause"].get(c), r["sinceFaultByCause"].get(c)
+            cell = f"{x['n']} / {x['p50']:.1f} / {x['mean']:.1f} / {x['max']:.1f}" if x else "-"
+            cell += f" [{y['p50']:.1f}]" if y else ""
+            row += f"{cell:>40}"
+        print(row)
+    print("\nlost seconds by cause")
+    lost = sorted({c for r in runs for c in (r["lostSeconds"] or {})})
+    for c in lost:
+        print(f"{c:<24}" + "".join(f"{(r['lostSeconds'] or {}).get(c, 0.0):>12.1f}" for r in runs))
+    print(f"{'wall':<24}" + "".join(f"{r['wallSeconds'] or 0.0:>12.1f}" for r in runs))
+
+
+def plot_in_place(result: dict[str, Any], path: Path) -> None:
+    """Left: each injected fault to the next first step (every fault, by the cause the
+    operator gave it); right: the operator's own records (the history it still held)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = result["runs"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
+    panels = (("sinceFaultByCause", "injected fault -> next first step"),
+              ("resumesByCause", "operator's record: failure -> first step"))  # fmt: skip
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        causes = sorted({c for r in runs for c in r[key] if "(" not in c})
+        width = 0.8 / max(1, len(runs))
+        for i, r in enumerate(runs):
+            xs = [j + i * width for j in range(len(causes))]
+            cells = [r[key].get(c) for c in causes]
+            p50 = [c["p50"] if c else 0.0 for c in cells]
+            top = [c["max"] - c["p50"] if c else 0.0 for c in cells]
+            label = (f"{r['label']}: goodput {100 * (r['goodput'] or 0):.1f}% "
+                     f"(steady {100 * (r['goodputSteady'] or 0):.1f}%)")  # fmt: skip
+            ax.bar(xs, p50, width, yerr=[[0.0] * len(top), top], capsize=3, label=label)
+            for x, c in zip(xs, cells, strict=True):
+                if c:
+                    ax.text(x, 0.5, f"n={c['n']}", ha="center", fontsize=7, color="white")
+        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(causes))], causes,
+                      fontsize=8)  # fmt: skip
+        ax.set_ylabel("seconds: p50 (bar) to max")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
+    args = result["args"]
+    fig.suptitle(f"gang recreated vs restarted in place: MTBF {float(args['mtbf']):g}s, "
+                 f"{args['failures']} {args['faults']} faults, same draws",
+                 fontsize=11)  # fmt: skip
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+
+
+def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch: list[str]) -> int:
+    """Recreate, then in place: the same draws, one after the other."""
+    runs: list[Run] = []
+    result: dict[str, Any] = {
+        "what": "the goodput soak's 1x/auto configuration, the same seeded fault draws twice: "
+        "recreate (failurePolicy.inPlaceRestarts 0), then in-place (inPlaceRestarts "
+        f"{IN_PLACE_RESTARTS}, checkpoint.memory {MEMORY_TIER}); time to resume: an in-place "
+        "restart's resumed - failure.time, a recreated gang's history timeline failed -> "
+        "firstStep; sinceFault: the fault's injection -> the next first step",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "machine": machine_note(args),
+        "tree": tree(),
+        "crdPatch": crd_patch,
+    }
+
+    def save() -> None:
+        step_s = _costs(runs[0])[1] if runs else 0.0
+        result["runs"] = [in_place_summary(r, step_s) for r in runs]
+        result["benchSeconds"] = round(time.time() - began, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+    for label, in_place in (("recreate", False), ("in-place", True)):
+        print(f"{label}: intervalSteps auto, inPlaceRestarts "
+              f"{IN_PLACE_RESTARTS if in_place else 0}", flush=True)  # fmt: skip
+        runs.append(soak.run(label, "auto", args.seed, in_place=in_place))
+        save()
+    try:
+        plot_in_place(result, args.plot)
+    except Exception as e:  # the numbers are written already
+        print(f"no plot: {e}", flush=True)
+    report_in_place(result)
+    print(f"wrote {args.out} and {args.plot} in {result['benchSeconds']:.0f}s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mtbf", type=float, default=40.0, help="mean training seconds per fault")
@@ -272,20 +618,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prior-factor", type=float, default=2.0,
                         help="autoInterval.priorMtbfSeconds as a multiple of --mtbf")  # fmt: skip
     parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument("--out", type=Path, help=f"default {OUT} ({OUT_IN_PLACE} --in-place)")
+    parser.add_argument("--plot", type=Path, help=f"default {PLOT} ({PLOT_IN_PLACE} --in-place)")
     parser.add_argument("--replot", type=Path, help="only re-analyse and re-plot this result")
+    parser.add_argument("--in-place", action="store_true",
+                        help="recreate against restarts in place (with the memory tier), "
+                        "the same draws")  # fmt: skip
+    parser.add_argument("--no-build", action="store_true",
+                        help="use the images podman holds now; do not build them")  # fmt: skip
     args = parser.parse_args(argv)
+    args.out = args.out or (OUT_IN_PLACE if args.in_place else OUT)
+    args.plot = args.plot or (PLOT_IN_PLACE if args.in_place else PLOT)
+    if args.replot and args.in_place:
+        written = json.loads(args.replot.read_text())
+        plot_in_place(written, args.plot)
+        report_in_place(written)
+        return 0
     if args.replot:
-        result = json.loads(args.replot.read_text())
-        analyse(result)
-        args.replot.write_text(json.dumps(result, indent=1))
-        plot(result, args.plot)
-        report(result)
+        written = json.loads(args.replot.read_text())
+        analyse(written)
+        args.replot.write_text(json.dumps(written, indent=1))
+        plot(written, args.plot)
+        report(written)
         return 0
     began = time.time()
     state = Path(tempfile.mkdtemp(prefix="fsdp-goodput-"))
-    images.build(images.TEST_TARGETS)
+    if not args.no_build:
+        images.build(images.TEST_TARGETS)
     cluster = controlplane.Cluster.up(
         state / "cluster", nodes=controlplane.NodeOptions(args.nodes, images=(images.WORKER,))
     )
@@ -299,6 +658,9 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl("create", "namespace", NS)
         soak = Soak(cluster, args)
         soak.jobs.ensure_pvc()
+        crd_patch = crd_without_memory_default(cluster, state)
+        if args.in_place:
+            return main_in_place(soak, args, began, crd_patch)
         print(f"auto (prior MTBF {args.prior_factor:g}x the injected {args.mtbf:g}s)", flush=True)
         runs = [soak.run("auto", "auto", args.seed)]
         save_s, step_s = _costs(runs[0])
@@ -315,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
                  "optimumSeconds": optimum, "optimumSteps": best}  # fmt: skip
         result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()},
                                   "model": model}  # fmt: skip
+        if crd_patch:
+            result["crdPatch"] = crd_patch
 
         def save() -> None:  # after every run: a failure later loses nothing complete
             result["runs"] = [r.summary(step_s) for r in runs]
