@@ -918,6 +918,8 @@ def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -
 
 
 EXITED = (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED)
+SPARE_EXPECT_SECONDS = 5.0
+"""Spares made this long ago and not seen yet are not made again (a surplus one is deleted)."""
 
 
 def _take_over(
@@ -999,7 +1001,9 @@ def _keep_spares(d: Decision, obs: observed.Observed) -> None:
             d.delete.append(PodDelete(p.name, force=gone))
     sp.running = sum(p.phase is observed.PodPhase.RUNNING for p in live)
     sp.pending = len(live) - sp.running
-    made = sp.last_created is not None and obs.now - sp.last_created < EXPECT_SECONDS
+    surplus = sorted(live, key=lambda p: p.spare or 0)[obs.spec.spares :]
+    d.delete += [PodDelete(p.name) for p in surplus]  # one made twice (a slow watch)
+    made = sp.last_created is not None and obs.now - sp.last_created < SPARE_EXPECT_SECONDS
     missing = obs.spec.spares - len(live)
     if missing > 0 and not made and not _blocked(d, obs):
         d.spares = list(range(sp.next_index, sp.next_index + missing))

@@ -1342,6 +1342,11 @@ def test_spares_need_restarts_in_place_and_are_made_beside_a_running_gang() -> N
                               spares=[_spare(0), ended], nodes=nodes(7)))  # fmt: skip
     assert [x.name for x in later.delete] == ["job-a1-s1"] and later.spares == [2]
     assert later.status.spares is not None and later.status.spares.running == 1
+    # A slow watch had one made twice: the surplus goes.
+    three = [_spare(0), _spare(2), _spare(3)]
+    extra = dc.decide(observe(spec=_spare_spec(2), status=later.status, now=NOW + 100,
+                              spares=three, nodes=nodes(7)))  # fmt: skip
+    assert [x.name for x in extra.delete] == ["job-a1-s3"] and extra.spares == []
 
 
 def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> None:
