@@ -424,8 +424,13 @@ def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> Non
         failed_at = last.failure.step
         if failed_at is not None:
             last.steps_lost = max(0, failed_at - max(0, prog.resumed_from))
+    since = last.failure.time or 0.0
+    for phase in ("rendezvous", "loaded"):  # the next generation's, for the phases
+        at = prog.milestones.get(phase)
+        if getattr(last, phase) is None and at is not None and at >= since:
+            setattr(last, phase, at)
     first = prog.milestones.get("first_step")
-    if last.resumed is None and first is not None and first >= (last.failure.time or 0.0):
+    if last.resumed is None and first is not None and first >= since:
         last.resumed = first
 
 

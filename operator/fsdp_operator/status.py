@@ -284,6 +284,14 @@ class InPlaceRestart(_Model):
     detected: Time | None = Field(
         None, description="When the operator judged the node lost (a spare's takeover only)."
     )
+    rendezvous: Time | None = Field(
+        None,
+        description="The next generation's process group up (from the failure: the ranks "
+        "killed, torchrun and the ranks started, imports, rendezvous).",
+    )
+    loaded: Time | None = Field(
+        None, description="The next generation's checkpoint loaded (from memory or the claim)."
+    )
     resumed: Time | None = Field(
         None, description="The next generation's first step (null: not trained yet)."
     )

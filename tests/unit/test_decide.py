@@ -1119,7 +1119,7 @@ def _in_place_progress(generation: int, *records: dict[str, Any], **over: Any) -
         "generation": generation,
         "restarts_in_place": records,
         "resumed_from": 40,
-        "milestones": {"first_step": NOW - 2},
+        "milestones": {"rendezvous": NOW - 5, "loaded": NOW - 3, "first_step": NOW - 2},
         "steps_run": 5,
         "train_seconds": 5.0,
     }
@@ -1148,6 +1148,7 @@ def test_a_restart_in_place_is_charged_and_kept_without_touching_the_pods() -> N
     (restart,) = s.history[-1].restarts_in_place
     assert (restart.generation, restart.resumed_from_step, restart.steps_lost) == (0, 40, 8)
     assert restart.resumed == NOW - 2 and restart.steps_run == 48
+    assert (restart.rendezvous, restart.loaded) == (NOW - 5, NOW - 3)  # the phases
     # Rank 0's counters started again in generation 1: the entry keeps both generations'.
     assert s.history[-1].steps_run == 53 and s.history[-1].train_seconds == 53.0
     (event,) = [e for e in d.events if e.reason == "RestartedInPlace"]
