@@ -284,7 +284,7 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     is made behind (it waits for a node), and the job finishes."""
     name = harness.unique("spare")
     policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300}
-    doc = harness.job_doc(name, training={"steps": 250}, spares=1, failurePolicy=policy)
+    doc = harness.job_doc(name, training={"steps": 150}, spares=1, failurePolicy=policy)
     jobs.apply(doc)
 
     def context() -> str:
@@ -333,7 +333,7 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     finally:
         faults.restore_node(lost)
     done = _phase(jobs, name, "Succeeded", timeout=120)
-    assert done["attempt"] == 1 and done["step"] == 250
+    assert done["attempt"] == 1 and done["step"] == 150
     harness.wait_for("the spares gone with the job", lambda: not [
         p for p in jobs.pods(name) if "fsdpoperator.io/spare" in p["metadata"]["labels"]
     ], context=context)  # fmt: skip

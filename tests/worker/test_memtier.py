@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 from worker_harness import (
+    flatten,
     gather,
     keeper_logs,
     launch_keepers,
@@ -26,15 +27,6 @@ from worker_harness import (
 from fsdp_worker import catalog, contract, memtier
 
 pytestmark = pytest.mark.torch
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
 
 
 @pytest.mark.parametrize("lost", [False, True], ids=["from-memory", "one-rank-without-it"])
@@ -78,7 +70,7 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
     assert marker(final)["samples_consumed"] == 12 * 12
     ours, theirs = gather(final, tmp_path), gather(reference["root"] / "step-12", tmp_path)
     for section in ("model", "optim"):
-        fa, fb = _flat(ours[section]), _flat(theirs[section])
+        fa, fb = flatten(ours[section]), flatten(theirs[section])
         keys = sorted(k for k, v in fa.items() if torch.is_tensor(v))
         assert keys and keys == sorted(k for k, v in fb.items() if torch.is_tensor(v))
         for key in keys:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from worker_harness import gather, launch, marker, worker_config
+from worker_harness import flatten, gather, launch, marker, worker_config
 
 pytestmark = pytest.mark.torch
 
@@ -22,24 +22,15 @@ STATE_ATOL = 2e-4
 
 def _assert_state_equal(a: dict[str, Any], b: dict[str, Any], *, atol: float | None) -> None:
     for section in ("model", "optim"):
-        keys_a = sorted(k for k, v in _flatten(a[section]).items() if torch.is_tensor(v))
-        keys_b = sorted(k for k, v in _flatten(b[section]).items() if torch.is_tensor(v))
+        keys_a = sorted(k for k, v in flatten(a[section]).items() if torch.is_tensor(v))
+        keys_b = sorted(k for k, v in flatten(b[section]).items() if torch.is_tensor(v))
         assert keys_a == keys_b and keys_a, section
-        fa, fb = _flatten(a[section]), _flatten(b[section])
+        fa, fb = flatten(a[section]), flatten(b[section])
         for key in keys_a:
             if atol is None:
                 assert torch.equal(fa[key], fb[key]), key
             else:
                 torch.testing.assert_close(fa[key], fb[key], atol=atol, rtol=1e-4, msg=key)
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
 
 
 def test_sigkill_every_rank_then_resume_is_bitwise_identical(

@@ -230,6 +230,16 @@ def gather(step_dir: Path, tmp: Path) -> dict[str, Any]:
     return dict(torch.load(out, weights_only=False))
 
 
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested state dict as {"a.b.c": leaf}."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
 def marker(step_dir: Path) -> dict[str, Any]:
     return dict(json.loads((step_dir / "COMPLETE.json").read_text()))
 
