@@ -185,11 +185,11 @@ class MemoryTier:
                 step = _step_of(entry.name)
                 if step is None or entry.name.endswith(PARTIAL_SUFFIX) or step <= best[0]:
                     continue
-                why = self._refusal(entry.path, step)
-                if why:
-                    log.warning("memory tier: not loading %s: %s", entry.name, why)
+                seal = self._loadable(entry.path, step)
+                if isinstance(seal, str):
+                    log.warning("memory tier: not loading %s: %s", entry.name, seal)
                 else:
-                    best = (step, self._seal_of(entry.path).samples)
+                    best = (step, seal.samples)
         return best
 
     def _seal_of(self, path: str) -> Seal:
@@ -198,6 +198,11 @@ class MemoryTier:
 
     def _refusal(self, path: str, step: int) -> str:
         """Why this rank may not load `path` (empty: it may)."""
+        seal = self._loadable(path, step)
+        return seal if isinstance(seal, str) else ""
+
+    def _loadable(self, path: str, step: int) -> Seal | str:
+        """The seal of `path` when this rank may load it, else why not (read once)."""
         try:
             seal = self._seal_of(path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -223,7 +228,7 @@ class MemoryTier:
             return f"rank {self.dist.rank}'s files are gone ({exc})"
         if present != files:
             return f"rank {self.dist.rank}'s files differ from the marker's: {present} != {files}"
-        return ""
+        return seal
 
     def choose(self, claim: int | None) -> tuple[int, int] | None:
         """Collective: (step, samples) to load from memory, the same answer on every rank, or
