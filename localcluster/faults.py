@@ -195,12 +195,15 @@ class Faults:
         raise FaultError(f"pod {namespace}/{pod} survived its memory limit of {limit} B")
 
     def kill_rank(self, namespace: str, pod: str, *, rank: int, signal: int = 9) -> list[int]:
-        """Signal the torchrun worker with ``RANK=<rank>``; torchrun sees a real worker death."""
-        wanted = f"RANK={rank}".encode()
+        """Signal the worker with ``RANK=<rank>`` (torchrun's), or named ``rank-<rank>`` (the
+        warm launcher's fork, whose environ is its parent's); its launcher sees a real death."""
+        wanted, name = f"RANK={rank}".encode(), f"rank-{rank}"
         hits = []
         for pid in self.pids(namespace, pod):
             with contextlib.suppress(OSError):
-                if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                if wanted in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") or (
+                    Path(f"/proc/{pid}/comm").read_text().strip() == name
+                ):
                     hits.append(pid)
         if not hits:
             raise FaultError(f"no process with RANK={rank} in pod {namespace}/{pod}")

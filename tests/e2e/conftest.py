@@ -77,9 +77,12 @@ class KindFaults:
         code = (
             "import os, signal\n"
             "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    try: env = open(f'/proc/{p}/environ', 'rb').read().split(b'\\0')\n"
+            "    try:\n"
+            "        env = open(f'/proc/{p}/environ', 'rb').read().split(b'\\0')\n"
+            "        comm = open(f'/proc/{p}/comm').read().strip()\n"
             "    except OSError: continue\n"
-            f"    if b'RANK={rank}' in env: os.kill(int(p), signal.SIGKILL)\n"
+            f"    if b'RANK={rank}' in env or comm == 'rank-{rank}':\n"  # rank-N: warm.py's
+            "        os.kill(int(p), signal.SIGKILL)\n"
         )
         return self.kube.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", code)
 

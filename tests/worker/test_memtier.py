@@ -37,11 +37,16 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
     # The claim every 5 steps, memory every step; rank 1 crashes after step 7 (generation 0).
     cfg = worker_config(root, intervalSteps=5, memory={"intervalSteps": 1})
     faults = "crash_after@0=7" + (",memory_lost=1" if lost else "")
+    # Generation 1 starts from the warm launcher (forked from a process with torch imported,
+    # ready 1 s after generation 0 started) on the memory path, from a new torchrun on the
+    # claim's: the exactness below holds for both launchers.
+    warm = "0" if lost else "1"
     procs = launch_keepers(
         tmp_path,
         restarts=1,
         config=cfg,
-        env={"FSDP_TEST_FAULTS": faults, contract.ENV_CHECKPOINT_ROOT: str(root)},
+        env={"FSDP_TEST_FAULTS": faults, contract.ENV_CHECKPOINT_ROOT: str(root),
+             contract.ENV_WARM_LAUNCH: warm},  # fmt: skip
         node_env=lambda node: {contract.ENV_MEMORY_ROOT: str(tmp_path / f"memory-{node}")},
     )
     try:
@@ -52,6 +57,8 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
     logs = keeper_logs(tmp_path)
     assert codes == [0, 0], logs[-6000:]
     assert len(re.findall(r"restarting in place: generation 1 ", logs)) == 2, logs[-6000:]
+    launched_warm = re.findall(r"generation 1 starts from the warm launcher", logs)
+    assert len(launched_warm) == (0 if lost else 2), logs[-6000:]
     node0 = (tmp_path / "node-0.log").read_text()
     generations = node0.split("restarting in place: generation 1")
     assert len(generations) == 2, node0[-4000:]

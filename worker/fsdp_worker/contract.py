@@ -26,6 +26,7 @@ ENV_RESUME = "FSDP_RESUME_FROM"  # "" (fresh), "auto", or a step directory path
 ENV_GANG = "FSDP_GANG"  # restarts in place (gang.py): JSON, set only with inPlaceRestarts > 0
 ENV_GENERATION = "FSDP_GENERATION"  # set by gang.py: 0, then 1, 2, ... after restarts in place
 ENV_RESTARTS_IN_PLACE = "FSDP_RESTARTS_IN_PLACE"  # set by gang.py: earlier generations' causes
+ENV_WARM_LAUNCH = "FSDP_WARM_LAUNCH"  # gang.py: seconds to the warm launcher (warm.py); 0: off
 ENV_RESUME_RULES = "FSDP_RESUME_RULES"  # with "auto" on a restart: ResumeRules as JSON
 ENV_CHECKPOINT_ROOT = "FSDP_CHECKPOINT_ROOT"  # overrides checkpoint.root
 ENV_MEMORY_ROOT = "FSDP_MEMORY_ROOT"  # the pod's memory volume (checkpoint.memory), memtier.py

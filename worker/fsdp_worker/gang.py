@@ -48,7 +48,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fsdp_worker import contract
+from fsdp_worker import contract, warm
 
 log = logging.getLogger("fsdp_worker.gang")
 
@@ -63,6 +63,10 @@ KILL_GRACE_SECONDS = 5.0
 """SIGTERM to torchrun on the pod's own SIGTERM: torchrun passes it to the ranks, which save."""
 MAX_RECORDS = 8
 """Failures of earlier generations passed to the next one (rank 0 serves them)."""
+WARM_AFTER_SECONDS = 10.0
+"""A generation's own start (imports, rendezvous, load) has the CPU first; then the keeper
+starts the warm launcher its next restart will use (warm.py). ``FSDP_WARM_LAUNCH`` in the
+pod's environment sets these seconds; 0 turns the warm launcher off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +236,11 @@ class Keeper:
         self.stopping = False
         self.coordinator: Coordinator | None = None
         self.met = False  # the coordinator has answered once
+        self.warm: subprocess.Popen[bytes] | None = None  # the next generation's launcher
+        self._spawned_at = 0.0
+        self.launched_warm = False  # this generation's ranks came from the warm launcher
+        self.warm_after = _seconds(os.environ.get(contract.ENV_WARM_LAUNCH), WARM_AFTER_SECONDS)
+        self.warm_enabled = self.warm_after > 0 and tuple(self.argv[1:3]) == warm.TORCHRUN
         self._oom_baseline = self._oom_kills()
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
@@ -240,6 +249,7 @@ class Keeper:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
+        self._drop_warm()
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
@@ -251,15 +261,16 @@ class Keeper:
             return self._wait_for_operator("the spare was not given a node")
         generation, failures = start
         while True:
-            if generation > 0:
-                self._clear_termination_log()
             started = time.time()
             self.proc = self._spawn(generation, failures)
             outcome = self._watch(generation)
             code = self.proc.wait()
             if self.stopping:
                 return code
+            if self._warm_refused(outcome, code):
+                continue  # the same generation, from torchrun
             if outcome == "exited" and code == 0:
+                self._drop_warm()
                 return self._finished()
             if outcome == "exited" and self._moved_on(generation):
                 outcome = "moved"  # its ranks failed because a peer's did: a symptom
@@ -270,6 +281,7 @@ class Keeper:
                            "final": final})  # fmt: skip
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
+                    self._drop_warm()
                     if self.coordinator is not None:
                         time.sleep(2 * POLL_SECONDS)  # the others read `final` before it goes
                     return code
@@ -303,13 +315,89 @@ class Keeper:
         return int(answer["generation"]), list(answer.get("failures", []))
 
     def _spawn(self, generation: int, failures: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
-        env = dict(os.environ)
-        env[contract.ENV_GENERATION] = str(generation)
-        env[contract.ENV_RESTARTS_IN_PLACE] = json.dumps(failures[-MAX_RECORDS:])
+        """This generation's ranks: from the warm launcher where one is ready (its ranks skip
+        torchrun's and their own imports), else from a new torchrun."""
+        delta = {
+            contract.ENV_GENERATION: str(generation),
+            contract.ENV_RESTARTS_IN_PLACE: json.dumps(failures[-MAX_RECORDS:]),
+        }
         if generation > 0:
-            env[contract.ENV_RESUME] = contract.RESUME_AUTO
-            env[contract.ENV_RESUME_RULES] = resume_rules(os.environ).to_json()
-        return subprocess.Popen(self.argv, env=env)
+            delta[contract.ENV_RESUME] = contract.RESUME_AUTO
+            delta[contract.ENV_RESUME_RULES] = resume_rules(os.environ).to_json()
+        self._spawned_at = time.monotonic()
+        self.launched_warm = False
+        if generation > 0:
+            self._clear_termination_log()
+        if generation > 0 and (launcher := self._go_warm(delta)) is not None:
+            log.info("generation %d starts from the warm launcher (pid %d)", generation,
+                     launcher.pid)  # fmt: skip
+            self.launched_warm = True
+            return launcher
+        return subprocess.Popen(self.argv, env={**os.environ, **delta})
+
+    def _warm_refused(self, outcome: str, code: int) -> bool:
+        """The warm launcher could not run this argv the same way (its log says why): nor can
+        any other node's (the same argv), so every node runs torchrun from now on."""
+        if self.launched_warm and code == warm.NOT_LAUNCHED and outcome == "exited":
+            log.warning("the warm launcher refused the launch: restarts run torchrun")
+            self.warm_enabled = False
+            return True
+        return False
+
+    def _go_warm(self, delta: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """Every node runs the same launcher in a generation: torchrun in generation 0 (the
+        pod's command), the warm launcher in every later one and at a spare's start, a new one
+        where none is ready (cold: its imports happen now, still one fewer than torchrun's).
+        The two cannot meet in one gang: torchrun's agents wait for node 0's agent, and a warm
+        node 0 has none. None: warm launches are off (the same on every node)."""
+        for _ in range(2):
+            self._keep_warm(now=True)
+            launcher, self.warm = self.warm, None
+            if launcher is None or launcher.stdin is None:
+                return None
+            try:
+                go = {"env": delta, "node": self.gang.node}
+                launcher.stdin.write(json.dumps(go).encode() + b"\n")
+                launcher.stdin.close()
+                return launcher
+            except OSError as exc:  # it died since (a kill, memory): a new one
+                log.warning("the warm launcher is gone (%s): starting another", exc)
+                self._drop_warm(launcher)
+        return None
+
+    def _keep_warm(self, *, now: bool = False) -> None:
+        """Start the next generation's warm launcher once this one has had its start."""
+        if not self.warm_enabled or self.stopping:
+            return
+        if self.warm is not None:
+            if self.warm.poll() is None:
+                return
+            if self.warm.returncode == warm.NOT_LAUNCHED:  # it cannot run this argv
+                log.warning("the warm launcher refused the launch: restarts run torchrun")
+                self.warm, self.warm_enabled = None, False
+                return
+            self.warm = None  # it died unused (a kill, memory): a new one below
+        if not now and time.monotonic() - self._spawned_at < self.warm_after:
+            return
+        argv = [self.argv[0], "-m", "fsdp_worker.warm", *self.argv[3:]]
+        try:
+            self.warm = subprocess.Popen(argv, stdin=subprocess.PIPE)
+        except OSError as exc:
+            log.warning("no warm launcher (%s): restarts run torchrun", exc)
+            self.warm_enabled = False
+
+    def _drop_warm(self, launcher: subprocess.Popen[bytes] | None = None) -> None:
+        """End a warm launcher that will not be used (closing its stdin ends it)."""
+        launcher = launcher or self.warm
+        if launcher is self.warm:
+            self.warm = None
+        if launcher is None or launcher.poll() is not None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            if launcher.stdin is not None:
+                launcher.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            launcher.kill()
 
     def _watch(self, generation: int) -> str:
         """Until torchrun exits ("exited"), the gang moves on ("moved"), the coordinator is
@@ -320,6 +408,7 @@ class Keeper:
             if self.stopping:
                 return "stopping"
             time.sleep(POLL_SECONDS)
+            self._keep_warm()
             answer = self._ask({"op": "state"}, quiet=True)
             if answer is None:
                 # Before its first answer the coordinator is starting (node 0's pod may start
@@ -349,7 +438,10 @@ class Keeper:
         """A spare's wait: the image is started and the imports warmed (the page cache holds
         torch), until the coordinator names the node this spare now is, after the operator's
         `replace`. Returns the generation to start and the failures before it."""
-        threading.Thread(target=_warm_imports, daemon=True).start()
+        if self.warm_enabled:
+            self._keep_warm(now=True)  # its imports done before the takeover
+        else:
+            threading.Thread(target=_warm_imports, daemon=True).start()
         log.info("spare %s: standing by for a lost node", self.gang.spare)
         while not self.stopping:
             answer = self._ask({"op": "state"}, quiet=True) or {}
@@ -451,6 +543,7 @@ class Keeper:
     def _wait_for_operator(self, why: str) -> int:
         """Ranks stopped; the pod stays until the operator deletes it (SIGTERM ends this)."""
         log.error("%s: waiting for the operator to recreate the gang", why)
+        self._drop_warm()
         if self.proc is not None and self.proc.poll() is None:
             self._kill()
             self.proc.wait()
@@ -468,6 +561,14 @@ def _warm_imports() -> None:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run([sys.executable, "-c", WARM_IMPORTS], timeout=600, check=False,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def _seconds(raw: str | None, default: float) -> float:
+    try:
+        return max(0.0, float(raw)) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds: %s", contract.ENV_WARM_LAUNCH, raw, default)
+        return default
 
 
 def with_node_rank(argv: Sequence[str], node: int) -> list[str]:
