@@ -1,0 +1,131 @@
+"""A restart in place with the warm launcher against one with a new torchrun: the same gang,
+the same crash, alternating, in one run. Numbers, not pass/fail.
+
+    PYTHONPATH=. .venv/bin/python bench/warm_launch.py [--reps 3] [--nproc 1 2]
+
+Two keepers (fsdp_worker.gang, as two pods run them) in front of the built-in trainer on this
+machine's CPUs (gloo), with the memory tier every step and the claim every 50 steps; every rank
+raises after step 100 of generation 0, and both nodes restart in place. Each repetition runs
+once with ``FSDP_WARM_LAUNCH=3`` (the warm launcher, fsdp_worker/warm.py, prepared 3 s after
+generation 0 started) and once with ``FSDP_WARM_LAUNCH=0`` (torchrun again), in alternating
+order. From node 0's log: the failure's time (its record) -> generation 1's rank 0 resumed
+(`resumed from ...`, its load done) -> its first step. Medians and min..max go to
+bench/results/warm_launch.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "worker"))
+from worker_harness import (  # noqa: E402 (the worker tests' harness, by path)
+    keeper_logs,
+    launch_keepers,
+    training,
+    wait_all,
+    worker_config,
+)
+
+RESULTS = REPO / "bench" / "results" / "warm_launch.json"
+CRASH_STEP = 100
+GOAL_SECONDS = 5.0  # issue 23: crash -> first step, p50
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
+
+
+def _when(line: str) -> float | None:
+    m = STAMP.match(line)
+    if not m:
+        return None
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
+
+
+def _one(warm: bool, nproc: int) -> dict[str, Any]:
+    tmp = Path(tempfile.mkdtemp(prefix="warm-launch-"))
+    try:
+        root = tmp / "ckpt"
+        cfg = worker_config(root, train=training(steps=CRASH_STEP + 30), intervalSteps=50,
+                            memory={"intervalSteps": 1})  # fmt: skip
+        env = {"FSDP_TEST_FAULTS": f"crash_after@0={CRASH_STEP},step_sleep=0.05",
+               "FSDP_CHECKPOINT_ROOT": str(root),
+               "FSDP_WARM_LAUNCH": "3" if warm else "0"}  # fmt: skip
+        memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
+        procs = launch_keepers(tmp, restarts=1, config=cfg, env=env, nproc=nproc,
+                               node_env=memory.__getitem__)  # fmt: skip
+        try:
+            codes = wait_all(procs, 300)
+        finally:
+            for p in procs:
+                p.kill()
+        logs = keeper_logs(tmp)
+        if codes != [0, 0]:
+            raise RuntimeError(f"warm={warm}: keepers exited {codes}\n{logs[-4000:]}")
+        node0 = (tmp / "node-0.log").read_text(errors="replace").splitlines()
+        at = next(i for i, line in enumerate(node0) if "restarting in place: generation 1" in line)
+        failed = float(re.search(r"'time': ([\d.]+)", node0[at]).group(1))  # type: ignore[union-attr]
+        after = node0[at:]
+        resumed = next(_when(x) for x in after if "resumed from step-" in x and _when(x))
+        first = next(_when(x) for x in after if "fsdp_worker.trainer: step {" in x and _when(x))
+        launched = any("starts from the warm launcher" in x for x in after)
+        if launched != warm:
+            raise RuntimeError(f"warm={warm} but the log says launched warm={launched}")
+        assert resumed is not None and first is not None
+        return {"to_resumed": round(resumed - failed, 3), "to_first_step": round(first - failed, 3),
+                "memory": any("(memory)" in x for x in after if "resumed from" in x)}  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"n": len(samples), "samples": samples}
+    for key in ("to_resumed", "to_first_step"):
+        values = [s[key] for s in samples]
+        out[key] = {"p50": round(statistics.median(values), 3), "min": min(values),
+                    "max": max(values)}  # fmt: skip
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
+    args = ap.parse_args()
+    started = time.time()
+    results: dict[str, Any] = {}
+    for nproc in args.nproc:
+        runs: dict[str, list[dict[str, Any]]] = {"warm": [], "torchrun": []}
+        for rep in range(args.reps):
+            order = [True, False] if rep % 2 == 0 else [False, True]
+            for warm in order:
+                sample = _one(warm, nproc)
+                runs["warm" if warm else "torchrun"].append(sample)
+                print(f"nproc {nproc} rep {rep} warm={warm}: {sample}", flush=True)
+        results[f"2x{nproc}"] = {k: _summary(v) for k, v in runs.items()}
+    doc = {
+        "what": "restart in place, crash (every rank raises after step 100 of generation 0) "
+        "-> generation 1's rank 0 resumed (load done) -> its first step; warm launcher "
+        "(FSDP_WARM_LAUNCH=3) against a new torchrun (FSDP_WARM_LAUNCH=0), alternating, "
+        "two keepers x nproc ranks of the built-in tiny trainer, memory tier every step",
+        "machine": f"{os.cpu_count()} cores, no GPU; keepers and ranks as host processes",
+        "goalSeconds": GOAL_SECONDS,
+        "results": results,
+        "benchSeconds": round(time.time() - started, 1),
+    }
+    RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
+    for key, r in results.items():
+        print(f"{key}: crash -> first step p50 warm {r['warm']['to_first_step']['p50']} s, "
+              f"torchrun {r['torchrun']['to_first_step']['p50']} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
