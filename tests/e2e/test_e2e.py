@@ -122,67 +122,153 @@ def test_the_charts_two_replicas_run_on_two_nodes_and_one_leads(e2e: E2E) -> Non
     assert [p["spec"]["minAvailable"] for p in pdb] == [1]
 
 
-def test_job_survives_a_rank_crash_in_place_and_a_lost_node(e2e: E2E, namespace: str) -> None:
-    """In a namespace that denies all traffic but what examples/networkpolicy.yaml lets
-    through (issue 21): the gang, DNS, the keepers' coordinator and the operator's scrape. Under
-    the admin's runtime profile (conftest's PROFILE): the pods run with IPC_LOCK on the real
-    runtime, as a tenant namespace for RDMA jobs is set up (docs/install.md: Pod Security
-    privileged there, the chart's policies holding the operator's pods to restricted plus the
-    grant). A rank's crash restarts the gang's real torch ranks in place (issue 23), loading
-    the memory tier; the lost node recreates the gang, which loads the claim."""
+def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
+    e2e: E2E, namespace: str
+) -> None:
+    """Three jobs at once, sharing the faults, in a namespace that denies all traffic but what
+    examples/networkpolicy.yaml lets through (issue 21): the gang, DNS, the keepers' coordinator
+    and the operator's scrape.
+
+    - "survivor", the built-in trainer under the admin's runtime profile (conftest's PROFILE):
+      its pods run with IPC_LOCK on the real runtime, as a tenant namespace for RDMA jobs is
+      set up (docs/install.md). A rank's crash restarts its real torch ranks in place (issue
+      23) from the warm launcher, loading the memory tier.
+    - "kit", a team's own script on the trainer kit (markers, exact data cursor): its crash
+      restarts in place too, the warm launcher running the script as `__main__`.
+    - "titan", a team's own trainer that knows nothing of the operator (torchtitan's layout,
+      `.metadata` as the proof), without restarts in place: its crash recreates the gang.
+
+    Then a node that runs a pod of each is lost: every job is recreated, and resumes from its
+    newest complete checkpoint. The team's two jobs keep off one node (`affinity`), so that
+    the survivor's two nodes always include one of theirs."""
     e2e.tenant_policies(namespace)
     e2e.kube.kubectl("label", "namespace", namespace, "--overwrite",
                      "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
     patch = json.dumps({"spec": {"namespaces": [namespace]}})
     e2e.kube.kubectl("patch", "fsdpruntimeprofiles", PROFILE, "--type=merge", "-p", patch)
     jobs = stack.Jobs(e2e.kube, namespace)
+    # The warm launcher 2 s after a generation starts (10 s by default): ready before the crash.
+    warm = [{"name": contract.ENV_WARM_LAUNCH, "value": "2"}]
     # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
     job = _job(e2e, "survivor", training={"steps": STEPS}, runtimeProfile=PROFILE,
-               template={"spec": {"capabilities": ["IPC_LOCK"]}},
+               template={"spec": {"capabilities": ["IPC_LOCK"], "env": warm}},
                checkpoint={"memory": {"intervalSteps": 3, "sizeLimit": "256Mi"}},
                failurePolicy={"inPlaceRestarts": 2})  # fmt: skip
     # the profile's patch reaches the admission policy through a watch: a moment behind
     stack.wait_for("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False,
     ).returncode == 0, timeout=30)  # fmt: skip
-    first = _running(jobs, "survivor", 1)
-    _report_capabilities(e2e, namespace, first[0])
-    # The faults land by the checkpoints on disk, not by status.step: that is scraped every
-    # progressDeadlineSeconds / 4 (22 s here), and a CI run whose steps took 0.16 s had the
-    # job 125 steps further than its status said, so attempt 2 finished all steps before the
-    # node loss was detected and no attempt trained after it.
-    ckpt = e2e.claims[namespace, "ckpt"] / "survivor"
-    sealed = _wait(jobs, "survivor", "a checkpoint of attempt 1", lambda: _sealed(ckpt, attempt=1))
-    uids = {p["metadata"]["uid"] for p in first}
-    e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)  # its first rank
+    spare_node = sorted(n["metadata"]["name"] for n in e2e.kube.get_json("nodes")["items"])[-1]
+    off = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/hostname",
+                                "operator": "NotIn",
+                                "values": [spare_node],
+                            }
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
+    jobs.apply(_own_trainer_job(e2e, "kit", kit, affinity=off, template={"spec": {"env": warm}},
+                                failurePolicy={"inPlaceRestarts": 2}))  # fmt: skip
+    titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
+                  str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
+    titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
+    # It serves no progress: hang detection would count from its start (docs/contract.md).
+    jobs.apply(_own_trainer_job(e2e, "titan", titan, affinity=off,
+                                checkpoint={"completion": "DCPMetadata"},
+                                failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
+    ckpt = e2e.claims[namespace, "ckpt"]
+    proofs = {"survivor": contract.Proof.MARKER, "kit": contract.Proof.MARKER,
+              "titan": contract.Proof.DCP_METADATA}  # fmt: skip
 
-    def restarted() -> dict[str, Any] | None:
-        s = jobs.status("survivor")
+    def sealed(name: str) -> int:
+        root = ckpt / name
+        if not root.is_dir():
+            return 0
+        found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), ".", proof=proofs[name])
+        return max((c.step for c in found if c.ok), default=0)
+
+    def trains_on(attempt: int) -> dict[str, list[dict[str, Any]]]:
+        """Each job's pods of `attempt`, once that attempt has sealed a checkpoint (the faults
+        land by the checkpoints on disk, not by status.step: that is scraped every
+        progressDeadlineSeconds / 4, and a CI run whose steps took 0.16 s had a job 125 steps
+        further than its status said)."""
+        running = {name: _running(jobs, name, attempt) for name in proofs}
+        for name, before in {name: sealed(name) for name in proofs}.items():
+            _wait(jobs, name, f"a checkpoint of attempt {attempt}",
+                  lambda n=name, b=before: sealed(n) > b)  # fmt: skip
+        return running
+
+    first = trains_on(1)
+    _report_capabilities(e2e, namespace, first["survivor"][0])
+    uids = {name: {p["metadata"]["uid"] for p in pods} for name, pods in first.items()}
+    crashed = {name: sealed(name) for name in proofs}
+    e2e.faults.kill_rank(namespace, first["survivor"][1]["metadata"]["name"], rank=2)
+    for name in ("kit", "titan"):
+        e2e.faults.kill_rank(namespace, first[name][1]["metadata"]["name"], rank=1)
+
+    def restarted(name: str) -> dict[str, Any] | None:
+        s = jobs.status(name)
         done = (s.get("history") or [{}])[-1].get("restartsInPlace") or []
         return done[0] if done and done[0].get("resumed") else None
 
-    restart = _wait(jobs, "survivor", "a restart in place after the crash", restarted)
-    s = jobs.status("survivor")
-    assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", s["lastFailure"]
-    assert restart["fromMemory"] is True, restart  # every rank held the same sealed step
-    assert restart["resumedFromStep"] >= sealed and restart["stepsLost"] <= 3, restart
-    assert {p["metadata"]["uid"] for p in jobs.running_pods("survivor", 1)} == uids
-    # the policies let the operator's scrape through: it sees the restarted ranks step
-    _wait(jobs, "survivor", "a checkpoint after the restart in place",
-          lambda: (_sealed(ckpt, attempt=1) or 0) > restart["resumedFromStep"])  # fmt: skip
-    lost = first[1]["spec"]["nodeName"]
+    for name in ("survivor", "kit"):
+        restart = _wait(jobs, name, "a restart in place after the crash",
+                        lambda n=name: restarted(n))  # fmt: skip
+        s = jobs.status(name)
+        assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", s["lastFailure"]
+        assert restart["resumedFromStep"] >= crashed[name], restart
+        assert {p["metadata"]["uid"] for p in jobs.running_pods(name, 1)} == uids[name]
+        log = jobs.cluster.kubectl("logs", "-n", namespace, f"{name}-a1-0", check=False).stdout
+        assert "generation 1 starts from the warm launcher" in log, log[-3000:]
+        if name == "survivor":  # every rank held the same sealed step
+            assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, restart
+    _restarted(jobs, "titan", 2, "Crash")
+    # Every job seals again after its restart (the policies let the scrape through: the
+    # operator saw the restarted ranks step) before the node goes.
+    pods = {name: _running(jobs, name, attempt)
+            for name, attempt in (("survivor", 1), ("kit", 1), ("titan", 2))}  # fmt: skip
+    for name, before in {name: sealed(name) for name in proofs}.items():
+        _wait(jobs, name, "a checkpoint after the restart",
+              lambda n=name, b=before: sealed(n) > b)  # fmt: skip
+    lost = next(p["spec"]["nodeName"] for p in reversed(pods["survivor"])
+                if p["spec"]["nodeName"] != spare_node)  # fmt: skip
+    for name in ("kit", "titan"):  # kept off spare_node: on the survivor's other two
+        assert lost in {p["spec"]["nodeName"] for p in pods[name]}, (lost, pods[name])
     e2e.faults.lose_node(lost)
     try:
-        s = _wait(jobs, "survivor", "restart after the node loss",
-                  lambda: (s := jobs.status("survivor")).get("attempt", 0) >= 2 and s)  # fmt: skip
-        assert s["lastFailure"]["cause"] == "NodeLost" and s["lastFailure"]["node"] == lost
+        for name, attempt in (("survivor", 2), ("kit", 2), ("titan", 3)):
+            s = _restarted(jobs, name, attempt, "NodeLost")
+            assert s["lastFailure"]["node"] == lost, s["lastFailure"]
     finally:
         e2e.faults.restore_node(lost)
-    done = _wait(jobs, "survivor", "Succeeded",
-                 lambda: (s := jobs.status("survivor")).get("phase") == "Succeeded" and s,
-                 timeout=600)  # fmt: skip
-    assert done["step"] == STEPS and done["restarts"]["total"] >= 2
-    _check_checkpoints(ckpt, global_batch=16)
+    done = {name: _wait(jobs, name, "Succeeded",
+                        lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
+                        timeout=600) for name in proofs}  # fmt: skip
+    assert done["survivor"]["step"] == STEPS and done["survivor"]["restarts"]["total"] >= 2
+    _check_checkpoints(ckpt / "survivor", global_batch=16)
+    assert all(s["restarts"]["total"] >= 2 for s in done.values()), done
+    # The operator reads no claim (the chart's default): the kit's rank 0 reports what it
+    # sealed; titan reports nothing, and only its files say how far it got.
+    assert done["kit"]["lastCheckpoint"]["step"] == OWN_STEPS, done["kit"]
+    assert sealed("titan") == OWN_STEPS
+    found = catalog.list_checkpoints(catalog.LocalStorage(str(ckpt / "kit")), ".")
+    markers = [c.marker for c in found if c.ok and c.marker is not None]
+    last = max(markers, key=lambda m: m.step)
+    assert last.step == OWN_STEPS and last.attempt >= 2 and (last.resumed_from_step or 0) > 0
+    assert all(m.samples_consumed == m.step * 16 for m in markers), "the kit's data cursor"
+    rank0 = names.pod_name("titan", attempt=done["titan"]["attempt"], node_rank=0)
+    log = jobs.cluster.kubectl("logs", "-n", namespace, rank0, check=False).stdout
+    assert re.search(r"loaded the checkpoint from \S+/step-\d+", log), log[-2000:]
 
 
 def _report_capabilities(e2e: E2E, namespace: str, pod: dict[str, Any]) -> None:
@@ -271,69 +357,6 @@ def _restarted(jobs: stack.Jobs, name: str, attempt: int, cause: str) -> dict[st
               lambda: (s := jobs.status(name)).get("attempt", 0) >= attempt and s)  # fmt: skip
     assert s["lastFailure"]["cause"] == cause, s["lastFailure"]
     return dict(s)
-
-
-def test_teams_own_trainers_survive_a_rank_crash_and_a_lost_node(e2e: E2E, namespace: str) -> None:
-    """Two trainers of a team's own at once, sharing the faults: one on the trainer kit
-    (markers, exact data cursor), one that knows nothing of the operator (torchtitan's layout,
-    `.metadata` as the proof). Each survives a rank crash and the loss of a node it runs on,
-    and resumes from its newest complete checkpoint."""
-    jobs = stack.Jobs(e2e.kube, namespace)
-    kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
-    jobs.apply(_own_trainer_job(e2e, "kit", kit))
-    titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
-                  str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
-    titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
-    # It serves no progress: hang detection would count from its start (docs/contract.md).
-    jobs.apply(_own_trainer_job(e2e, "titan", titan, checkpoint={"completion": "DCPMetadata"},
-                                failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
-    ckpt = e2e.claims[namespace, "ckpt"]
-    proofs = {"kit": contract.Proof.MARKER, "titan": contract.Proof.DCP_METADATA}
-
-    def sealed(name: str) -> int:
-        root = ckpt / name
-        if not root.is_dir():
-            return 0
-        found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), ".", proof=proofs[name])
-        return max((c.step for c in found if c.ok), default=0)
-
-    def trains_on(attempt: int) -> dict[str, list[dict[str, Any]]]:
-        """Each job's pods of `attempt`, once that attempt has sealed a checkpoint."""
-        running = {name: _running(jobs, name, attempt) for name in proofs}
-        for name, before in {name: sealed(name) for name in proofs}.items():
-            _wait(jobs, name, f"a checkpoint of attempt {attempt}",
-                  lambda n=name, b=before: sealed(n) > b)  # fmt: skip
-        return running
-
-    for pods in trains_on(1).values():
-        e2e.faults.kill_rank(namespace, pods[1]["metadata"]["name"], rank=1)
-    for name in proofs:
-        _restarted(jobs, name, 2, "Crash")
-    # Each job's two pods are on two of the three nodes: one node runs a pod of both.
-    nodes = [{p["spec"]["nodeName"] for p in pods} for pods in trains_on(2).values()]
-    lost = sorted(set.intersection(*nodes))[0]
-    e2e.faults.lose_node(lost)
-    try:
-        for name in proofs:
-            _restarted(jobs, name, 3, "NodeLost")
-    finally:
-        e2e.faults.restore_node(lost)
-    done = {name: _wait(jobs, name, "Succeeded",
-                        lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
-                        timeout=600) for name in proofs}  # fmt: skip
-    assert all(s["restarts"]["total"] >= 2 for s in done.values()), done
-    # The operator reads no claim (the chart's default): the kit's rank 0 reports what it
-    # sealed; the other trainer reports nothing, and only its files say how far it got.
-    assert done["kit"]["lastCheckpoint"]["step"] == OWN_STEPS, done["kit"]
-    assert sealed("titan") == OWN_STEPS
-    found = catalog.list_checkpoints(catalog.LocalStorage(str(ckpt / "kit")), ".")
-    markers = [c.marker for c in found if c.ok and c.marker is not None]
-    last = max(markers, key=lambda m: m.step)
-    assert last.step == OWN_STEPS and last.attempt >= 3 and (last.resumed_from_step or 0) > 0
-    assert all(m.samples_consumed == m.step * 16 for m in markers), "the kit's data cursor"
-    rank0 = names.pod_name("titan", attempt=done["titan"]["attempt"], node_rank=0)
-    log = jobs.cluster.kubectl("logs", "-n", namespace, rank0, check=False).stdout
-    assert re.search(r"loaded the checkpoint from \S+/step-\d+", log), log[-2000:]
 
 
 def _faulty(e2e: E2E, name: str, faults: str, **spec: Any) -> dict[str, Any]:
