@@ -239,6 +239,7 @@ class Keeper:
         self.warm: subprocess.Popen[bytes] | None = None  # the next generation's launcher
         self._spawned_at = 0.0
         self.launched_warm = False  # this generation's ranks came from the warm launcher
+        self.warm_deaths = 0
         self.warm_after = _seconds(os.environ.get(contract.ENV_WARM_LAUNCH), WARM_AFTER_SECONDS)
         self.warm_enabled = self.warm_after > 0 and tuple(self.argv[1:3]) == warm.TORCHRUN
         self._oom_baseline = self._oom_kills()
@@ -376,7 +377,12 @@ class Keeper:
                 log.warning("the warm launcher refused the launch: restarts run torchrun")
                 self.warm, self.warm_enabled = None, False
                 return
-            self.warm = None  # it died unused (a kill, memory): a new one below
+            self.warm = None  # it died unused (a kill, memory): a new one below, twice
+            self.warm_deaths += 1
+            if self.warm_deaths > 2:
+                log.warning("the warm launcher keeps dying: restarts run torchrun")
+                self.warm_enabled = False
+                return
         if not now and time.monotonic() - self._spawned_at < self.warm_after:
             return
         argv = [self.argv[0], "-m", "fsdp_worker.warm", *self.argv[3:]]

@@ -234,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = args[2:]
     try:
         p = plan(args)
-    except (LaunchError, SystemExit) as exc:
-        _say(f"not launching warm: {exc}")
+    except (LaunchError, SystemExit, ImportError) as exc:
+        _say(f"not launching warm: {exc!r}")
         return NOT_LAUNCHED
     started = time.monotonic()
     for name in PRELOAD:
