@@ -147,11 +147,9 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     patch = json.dumps({"spec": {"namespaces": [namespace]}})
     e2e.kube.kubectl("patch", "fsdpruntimeprofiles", PROFILE, "--type=merge", "-p", patch)
     jobs = stack.Jobs(e2e.kube, namespace)
-    # The warm launcher 2 s after a generation starts (10 s by default): ready before the crash.
-    warm = [{"name": contract.ENV_WARM_LAUNCH, "value": "2"}]
     # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
     job = _job(e2e, "survivor", training={"steps": STEPS}, runtimeProfile=PROFILE,
-               template={"spec": {"capabilities": ["IPC_LOCK"], "env": warm}},
+               template={"spec": {"capabilities": ["IPC_LOCK"]}},
                checkpoint={"memory": {"intervalSteps": 3, "sizeLimit": "256Mi"}},
                failurePolicy={"inPlaceRestarts": 2})  # fmt: skip
     # the profile's patch reaches the admission policy through a watch: a moment behind
@@ -177,7 +175,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         }
     }
     kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
-    jobs.apply(_own_trainer_job(e2e, "kit", kit, affinity=off, template={"spec": {"env": warm}},
+    jobs.apply(_own_trainer_job(e2e, "kit", kit, affinity=off,
                                 failurePolicy={"inPlaceRestarts": 2}))  # fmt: skip
     titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
                   str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip

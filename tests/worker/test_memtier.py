@@ -45,8 +45,11 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
         tmp_path,
         restarts=1,
         config=cfg,
-        env={"FSDP_TEST_FAULTS": faults, contract.ENV_CHECKPOINT_ROOT: str(root),
-             contract.ENV_WARM_LAUNCH: warm},  # fmt: skip
+        env={
+            "FSDP_TEST_FAULTS": faults,
+            contract.ENV_CHECKPOINT_ROOT: str(root),
+            contract.ENV_WARM_LAUNCH: warm,
+        },  # fmt: skip
         node_env=lambda node: {contract.ENV_MEMORY_ROOT: str(tmp_path / f"memory-{node}")},
     )
     try:

@@ -161,6 +161,7 @@ class _State:
         )  # fmt: skip
         self.down.setdefault(self.generation, set()).add(node)
         self.generation += 1
+        self.done.clear()
         self.holders[node] = spare
         return ""
 
@@ -186,11 +187,12 @@ class Coordinator(socketserver.ThreadingTCPServer):
                 st.final = bool(doc.get("final"))
                 if not st.final:
                     st.generation += 1
+                    st.done.clear()  # nodes that ended well start again with the others
             elif op == "fail" and doc.get("final"):
                 st.final = True
             elif op == "down" and isinstance(doc.get("generation"), int):
                 st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
-            elif op == "done":
+            elif op == "done" and doc.get("generation", st.generation) == st.generation:
                 st.done.add(int(doc.get("node", -1)))
             elif op == "replace":
                 refused = st.replace(doc)
@@ -270,11 +272,9 @@ class Keeper:
                 return code
             if self._warm_refused(outcome, code):
                 continue  # the same generation, from torchrun
-            if outcome == "exited" and code == 0:
-                self._drop_warm()
-                return self._finished()
-            if outcome == "exited" and self._moved_on(generation):
-                outcome = "moved"  # its ranks failed because a peer's did: a symptom
+            outcome = self._settle(outcome, code, generation)
+            if outcome == "done":
+                return 0
             if outcome == "exited":  # this node's ranks failed first
                 failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
@@ -292,17 +292,41 @@ class Keeper:
             generation, failures = nxt
             log.warning("restarting in place: generation %d after %s", generation, failures[-1:])
 
-    def _finished(self) -> int:
-        """Training ended well on this node. Node rank 0's keeper serves the coordinator until
-        every node's ranks ended too (a keeper that lost it would stop its ranks)."""
-        self._ask({"op": "done", "node": self.gang.node}, quiet=True)
+    def _settle(self, outcome: str, code: int, generation: int) -> str:
+        """What torchrun's (or the warm launcher's) exit means for the gang: "done" (every
+        node ended well), "moved" (a peer failed first: these ranks' failure is a symptom, or
+        they ended well but a node failed after), else `outcome` as watched."""
+        if outcome == "exited" and code == 0:
+            if self._finished(generation):
+                self._drop_warm()
+                return "done"
+            return "moved"  # a node failed after this one's ranks ended: again, with it
+        if outcome == "exited" and self._moved_on(generation):
+            return "moved"
+        return outcome
+
+    def _finished(self, generation: int) -> bool:
+        """Training ended well on this node: an exit barrier, as torchrun's agents keep one.
+        True once every node's ranks ended well (node rank 0's keeper serves the coordinator
+        until then), or node 0's is gone after they did; False when the gang moved on: a node
+        failed after this one's ranks ended (its ranks' last save), and all start again."""
+        self._ask({"op": "done", "node": self.gang.node, "generation": generation}, quiet=True)
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
-        while self.coordinator is not None and time.monotonic() < deadline and not self.stopping:
+        silent_since: float | None = None
+        while time.monotonic() < deadline and not self.stopping:
             answer = self._ask({"op": "state"}, quiet=True)
-            if answer is not None and int(answer.get("done", 0)) >= self.gang.nodes:
+            if answer is None:
+                silent_since = silent_since or time.monotonic()
+                if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
+                    break  # node 0's keeper left: it leaves only once every node is done
+            elif int(answer.get("generation", 0)) > generation and not answer.get("final"):
+                return False
+            elif int(answer.get("done", 0)) >= self.gang.nodes:
                 break
+            else:
+                silent_since = None
             time.sleep(POLL_SECONDS)
-        return 0
+        return True
 
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to

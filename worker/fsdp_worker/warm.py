@@ -21,7 +21,7 @@ name instead (``rank-<RANK>``, what ``ps`` and the local cluster's fault injecto
 Nothing here imports the entry module ahead of time (a script's top level may train); only
 torch and this package's library modules, which do nothing when imported. Forking after
 ``import torch`` is safe on CPU and before CUDA is initialized, which nothing here does.
-``FSDP_WARM_LAUNCH=0`` in the pod's environment turns this off (the keeper runs torchrun).
+``FSDP_WARM_LAUNCH=0`` in the image's environment turns this off (the keeper runs torchrun).
 """
 
 from __future__ import annotations
