@@ -175,13 +175,13 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         }
     }
     kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
-    jobs.apply(_own_trainer_job(e2e, "kit", kit, affinity=off,
+    jobs.apply(_own_trainer_job(e2e, "kit", kit, template={"spec": {"affinity": off}},
                                 failurePolicy={"inPlaceRestarts": 2}))  # fmt: skip
     titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
                   str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
     titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
     # It serves no progress: hang detection would count from its start (docs/contract.md).
-    jobs.apply(_own_trainer_job(e2e, "titan", titan, affinity=off,
+    jobs.apply(_own_trainer_job(e2e, "titan", titan, template={"spec": {"affinity": off}},
                                 checkpoint={"completion": "DCPMetadata"},
                                 failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
     ckpt = e2e.claims[namespace, "ckpt"]
