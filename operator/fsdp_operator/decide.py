@@ -712,6 +712,25 @@ def _blocked(d: Decision, obs: observed.Observed) -> bool:
     return bool(obs.conflicts)
 
 
+GROW_RETRY_SECONDS = 300.0
+"""After a resize whose attempt came out no larger than the one it stopped (the capacity
+estimate counts requests, selectors and taints, not affinity terms or other schedulers), how
+long this attempt trains before growing is tried again: an unbudgeted Resize must not loop.
+Seen in e2e: two jobs kept off a node by their affinity grew and relaunched at the same size
+every 2-3 s, 180 attempts in 8 minutes."""
+
+
+def _grow_came_to_nothing(s: status.FSDPJobStatus, now: float) -> bool:
+    if len(s.history) < 2 or s.attempt_started is None or s.world_size is None:
+        return False
+    before = s.history[-2]
+    return (
+        before.cause is status.Cause.RESIZE
+        and s.world_size <= before.world_size
+        and now - s.attempt_started < GROW_RETRY_SECONDS
+    )
+
+
 def _launch(
     d: Decision, obs: observed.Observed, tun: policy.Tunables, *, cause: status.Cause | None
 ) -> Decision:
@@ -1061,7 +1080,8 @@ def _running(d: Decision, obs: observed.Observed, tun: policy.Tunables) -> Decis
         # Past the last step the pods are only sealing the final checkpoint: a resize now
         # would start an attempt that trains nothing.
         trained = s.step is not None and s.step >= obs.spec.training.steps
-        target = None if trained else policy.grow_target(obs, excluded)
+        stay = trained or _grow_came_to_nothing(s, obs.now)
+        target = None if stay else policy.grow_target(obs, excluded)
         if target is not None:
             return _planned_stop(
                 d, obs, status.Cause.RESIZE, f"resizing from {s.replicas} to {target} pods"

@@ -611,6 +611,21 @@ def test_grow_back_when_capacity_returns_is_a_planned_drain() -> None:
     assert d.status.restarts.total == 0  # planned restarts cost no budget
 
 
+def test_a_resize_that_came_out_no_larger_is_not_retried_at_once() -> None:
+    """The capacity estimate said 4 pods fit, the attempt after the Resize launched 2 (what
+    really fit at launch): growing again is held off for GROW_RETRY_SECONDS, not looped."""
+    resized = st.HistoryEntry(attempt=1, started=NOW - 90, ended=NOW - 30, cause=st.Cause.RESIZE,
+                              world_size=2)  # fmt: skip
+    current = st.HistoryEntry(attempt=2, started=NOW - 30, world_size=2)
+    status = running_status(replicas=2, world_size=2, attempt=2, attempt_started=NOW - 30,
+                            history=[resized, current])  # fmt: skip
+    d = dc.decide(observe(status=status, pods=pods(n=2, attempt=2)))
+    assert d.status.phase is st.Phase.RUNNING and not d.delete and not d.status.drain
+    later = status.model_copy(update={"attempt_started": NOW - dc.GROW_RETRY_SECONDS - 1})
+    d = dc.decide(observe(status=later, pods=pods(n=2, attempt=2)))
+    assert d.status.reason == st.Cause.RESIZE and d.status.drain  # tried again, later
+
+
 def test_no_resize_once_the_last_step_is_reached() -> None:
     # The pods are sealing the final checkpoint; growing now would start an empty attempt.
     status = running_status(replicas=2, world_size=2, step=100)
