@@ -139,8 +139,8 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
       `.metadata` as the proof), without restarts in place: its crash recreates the gang.
 
     Then a node that runs a pod of each is lost: every job is recreated, and resumes from its
-    newest complete checkpoint. The team's two jobs keep off one node (`affinity`), so that
-    the survivor's two nodes always include one of theirs."""
+    newest complete checkpoint. The team's two jobs run beside the survivor's pods (a pod
+    affinity), so the lost node holds a pod of each."""
     e2e.tenant_policies(namespace)
     e2e.kube.kubectl("label", "namespace", namespace, "--overwrite",
                      "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
@@ -156,32 +156,18 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     stack.wait_for("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False,
     ).returncode == 0, timeout=30)  # fmt: skip
-    spare_node = sorted(n["metadata"]["name"] for n in e2e.kube.get_json("nodes")["items"])[-1]
-    off = {
-        "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {
-                        "matchExpressions": [
-                            {
-                                "key": "kubernetes.io/hostname",
-                                "operator": "NotIn",
-                                "values": [spare_node],
-                            }
-                        ]
-                    }
-                ]
-            }
-        }
-    }
+    # The team's pods go where the survivor's are (two nodes), so a node loss hits all three.
+    survivors = {names.Label.JOB.value: names.job_label_value("survivor")}
+    term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": survivors}}
+    beside = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
-    jobs.apply(_own_trainer_job(e2e, "kit", kit, template={"spec": {"affinity": off}},
+    jobs.apply(_own_trainer_job(e2e, "kit", kit, template={"spec": {"affinity": beside}},
                                 failurePolicy={"inPlaceRestarts": 2}))  # fmt: skip
     titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
                   str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
     titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
     # It serves no progress: hang detection would count from its start (docs/contract.md).
-    jobs.apply(_own_trainer_job(e2e, "titan", titan, template={"spec": {"affinity": off}},
+    jobs.apply(_own_trainer_job(e2e, "titan", titan, template={"spec": {"affinity": beside}},
                                 checkpoint={"completion": "DCPMetadata"},
                                 failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
     ckpt = e2e.claims[namespace, "ckpt"]
@@ -238,9 +224,8 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     for name, before in {name: sealed(name) for name in proofs}.items():
         _wait(jobs, name, "a checkpoint after the restart",
               lambda n=name, b=before: sealed(n) > b)  # fmt: skip
-    lost = next(p["spec"]["nodeName"] for p in reversed(pods["survivor"])
-                if p["spec"]["nodeName"] != spare_node)  # fmt: skip
-    for name in ("kit", "titan"):  # kept off spare_node: on the survivor's other two
+    lost = pods["survivor"][1]["spec"]["nodeName"]
+    for name in ("kit", "titan"):  # beside the survivor's pods
         assert lost in {p["spec"]["nodeName"] for p in pods[name]}, (lost, pods[name])
     e2e.faults.lose_node(lost)
     try:
