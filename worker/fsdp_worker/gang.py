@@ -48,7 +48,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fsdp_worker import contract, warm
+from fsdp_worker import contract
 
 log = logging.getLogger("fsdp_worker.gang")
 
@@ -243,7 +243,9 @@ class Keeper:
         self.launched_warm = False  # this generation's ranks came from the warm launcher
         self.warm_deaths = 0
         self.warm_after = _seconds(os.environ.get(contract.ENV_WARM_LAUNCH), WARM_AFTER_SECONDS)
-        self.warm_enabled = self.warm_after > 0 and tuple(self.argv[1:3]) == warm.TORCHRUN
+        self.warm_enabled = (
+            self.warm_after > 0 and tuple(self.argv[1:3]) == contract.TORCHRUN_MODULE
+        )
         self._oom_baseline = self._oom_kills()
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
@@ -363,7 +365,7 @@ class Keeper:
     def _warm_refused(self, outcome: str, code: int) -> bool:
         """The warm launcher could not run this argv the same way (its log says why): nor can
         any other node's (the same argv), so every node runs torchrun from now on."""
-        if self.launched_warm and code == warm.NOT_LAUNCHED and outcome == "exited":
+        if self.launched_warm and code == contract.WARM_NOT_LAUNCHED and outcome == "exited":
             log.warning("the warm launcher refused the launch: restarts run torchrun")
             self.warm_enabled = False
             return True
@@ -397,7 +399,7 @@ class Keeper:
         if self.warm is not None:
             if self.warm.poll() is None:
                 return
-            if self.warm.returncode == warm.NOT_LAUNCHED:  # it cannot run this argv
+            if self.warm.returncode == contract.WARM_NOT_LAUNCHED:  # it cannot run this argv
                 log.warning("the warm launcher refused the launch: restarts run torchrun")
                 self.warm, self.warm_enabled = None, False
                 return

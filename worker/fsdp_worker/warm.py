@@ -41,6 +41,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from fsdp_worker import contract
+
 PRELOAD = (
     "torch",
     "torch.distributed",
@@ -52,8 +54,7 @@ PRELOAD = (
 STOP_GRACE_SECONDS = 5.0
 """After the first rank fails: SIGTERM to the others, SIGKILL after this long (torchrun's
 local agent waits 30 s; a restart in place should not)."""
-TORCHRUN = ("-m", "torch.distributed.run")
-NOT_LAUNCHED = 2
+NOT_LAUNCHED = contract.WARM_NOT_LAUNCHED
 """Its exit code when it cannot run the argv the way torchrun would (nothing was started);
 a launch's own code is 0 or 1, as torchrun's."""
 
@@ -230,7 +231,7 @@ def launch(p: dict[str, Any], extra: dict[str, str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:2] == list(TORCHRUN):
+    if tuple(args[:2]) == contract.TORCHRUN_MODULE:
         args = args[2:]
     try:
         p = plan(args)
