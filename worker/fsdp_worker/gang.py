@@ -7,10 +7,11 @@ exits; its keeper reads the rank's termination message, tells the gang's coordin
 TCP service the keeper of node rank 0 runs), and the coordinator moves the gang to the next
 generation. Every keeper watches the coordinator: on a new generation it kills its torchrun's
 whole process group at once (a survivor blocked in a collective goes down in a poll, not after
-NCCL's timeout), reports it down, waits until every node is down, and starts torchrun again.
-Rank 0's store is then new, every rank resumes (``auto``) from the newest checkpoint sealed in
-this attempt (or the one the attempt started from), and no pod, container or IP changes: no
-API-server round trip, no scheduling, no image start.
+NCCL's timeout), reports it down, waits until every node is down, and starts its ranks again:
+from its warm launcher (warm.py: forked from a process with torch imported) from generation 1
+on, on every node alike. Rank 0's store is then new, every rank resumes (``auto``) from the
+newest checkpoint sealed in this attempt (or the one the attempt started from), and no pod,
+container or IP changes: no API-server round trip, no scheduling, no image start.
 
 Why not torchrun's own elastic restarts (c10d rendezvous, ``--max-restarts``): measured here on
 torch 2.15 with gloo, a restarted round reassigned node ranks (the operator reads rank 0's pod)
@@ -66,7 +67,7 @@ MAX_RECORDS = 8
 WARM_AFTER_SECONDS = 10.0
 """A generation's own start (imports, rendezvous, load) has the CPU first; then the keeper
 starts the warm launcher its next restart will use (warm.py). ``FSDP_WARM_LAUNCH`` in the
-pod's environment sets these seconds; 0 turns the warm launcher off."""
+image's environment sets these seconds; 0 turns the warm launcher off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,8 +343,9 @@ class Keeper:
         return int(answer["generation"]), list(answer.get("failures", []))
 
     def _spawn(self, generation: int, failures: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
-        """This generation's ranks: from the warm launcher where one is ready (its ranks skip
-        torchrun's and their own imports), else from a new torchrun."""
+        """This generation's ranks: generation 0 from torchrun (the pod's command), every later
+        one from the warm launcher (its ranks skip torchrun's and their own imports) unless
+        warm launches are off, as on every node."""
         delta = {
             contract.ENV_GENERATION: str(generation),
             contract.ENV_RESTARTS_IN_PLACE: json.dumps(failures[-MAX_RECORDS:]),
