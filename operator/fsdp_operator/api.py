@@ -117,6 +117,14 @@ class FailurePolicy(_Model):
     progress_deadline_seconds: int = Field(
         600, ge=5, le=604_800, description="Hang: no step advance on rank 0 for this long."
     )
+    startup_deadline_seconds: int | None = Field(
+        None,
+        ge=5,
+        le=604_800,
+        description="Hang before an attempt's first step: from every pod running (imports, "
+        "rendezvous, checkpoint load) to rank 0's first step. Unset: progressDeadlineSeconds. "
+        "Lets a job with a slow start keep a short deadline between steps.",
+    )
     pending_timeout_seconds: int = Field(
         120, ge=1, le=86_400, description="Pods Pending this long: shrink, or fail on image errors."
     )
@@ -130,6 +138,12 @@ class FailurePolicy(_Model):
         "eviction or a ConfigError, the gang is recreated. 0: every failure recreates it. The "
         "image must carry fsdp_worker (its in-place keeper runs in front of torchrun).",
     )
+
+    @property
+    def startup_deadline(self) -> int:
+        """Seconds allowed to an attempt's first step (startupDeadlineSeconds, else the
+        progress deadline)."""
+        return self.startup_deadline_seconds or self.progress_deadline_seconds
 
     @pydantic.field_validator("non_retryable_exit_codes")
     @classmethod

@@ -19,7 +19,9 @@ _PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
 IN_PLACE_HANG_GRACE_SECONDS = 15.0
 """With failurePolicy.inPlaceRestarts, the operator's hang comes this much later still: a
 rank past its own deadline ends itself and its keeper restarts the gang in place (gang.py);
-only a gang that cannot (every process frozen, a keeper gone) is recreated."""
+only a gang that cannot (every process frozen, a keeper gone) is recreated. Past the deadline
+the operator asks the gang's coordinator (asks_the_gang): where a keeper has fallen silent, or
+the coordinator itself, the hang is declared without this grace."""
 HANG_EVIDENCE_GRACE_SECONDS = 2.0
 """Past the progress deadline, a hang is declared this much later: ranks print their evidence
 at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
@@ -193,26 +195,31 @@ def _progress_baseline(s: status.FSDPJobStatus) -> float | None:
     return running if running is not None else s.attempt_started
 
 
-def hang_grace(spec: api.FSDPJobSpec) -> float:
-    """Seconds past the progress deadline before the operator declares a hang."""
-    in_place = IN_PLACE_HANG_GRACE_SECONDS if spec.failure_policy.in_place_restarts else 0.0
-    return HANG_EVIDENCE_GRACE_SECONDS + in_place
+def hang_grace(spec: api.FSDPJobSpec, gang: observed.GangHealth | None = None) -> float:
+    """Seconds past the progress deadline before the operator declares a hang: with restarts
+    in place, time for the keepers to restart the ranks, unless their coordinator said they
+    cannot (`gang`: a keeper silent, its pod frozen; the coordinator itself silent)."""
+    waits = spec.failure_policy.in_place_restarts and (gang is None or gang.restarting)
+    return HANG_EVIDENCE_GRACE_SECONDS + (IN_PLACE_HANG_GRACE_SECONDS if waits else 0.0)
 
 
 MAX_STARTUP_DOUBLINGS = 3
 """A gang that did not meet in its deadline gets twice the time in the next attempt, up to 8x."""
 
 
-def hang_window(spec: api.FSDPJobSpec, s: status.FSDPJobStatus) -> float:
+def hang_window(
+    spec: api.FSDPJobSpec, s: status.FSDPJobStatus, gang: observed.GangHealth | None = None
+) -> float:
     """Seconds from the baseline to a hang verdict: the progress deadline and its grace; before
-    an attempt's first step, doubled for each attempt before it in a row whose gang never met
+    an attempt's first step the startup deadline (startupDeadlineSeconds, default the progress
+    deadline) and its grace, doubled for each attempt before it in a row whose gang never met
     (RendezvousTimeout), so that a start slower than the deadline (a cold torch import on a busy
     node, NCCL's init at scale) does not end every attempt the same way (seen in the goodput
     soak: 11 attempts in a row, 12 s each)."""
-    deadline = float(spec.failure_policy.progress_deadline_seconds)
-    window = deadline + hang_grace(spec)
     if s.last_progress_time is not None:
-        return window
+        return spec.failure_policy.progress_deadline_seconds + hang_grace(spec, gang)
+    deadline = float(spec.failure_policy.startup_deadline)
+    window = deadline + hang_grace(spec, gang)
     missed = 0
     for entry in reversed([h for h in s.history if h.attempt < s.attempt]):
         if entry.failure is None or entry.failure.cause is not status.Cause.RENDEZVOUS:
@@ -227,7 +234,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
-    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status):
+    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, obs.gang):
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
@@ -261,13 +268,17 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
             return None
         since = rank0.ready_changed
         at = baseline if since is None else max(baseline, since - deadline)
+        startup = obs.spec.failure_policy.startup_deadline
+        within = f"{deadline}s" if startup == deadline else f"{deadline}s ({startup}s to a first)"
         msg = (
-            f"rank 0's readiness probe reports no step progress within {deadline}s "
+            f"rank 0's readiness probe reports no step progress within {within} "
             f"(rank 0 at step {obs.status.step} when last scraped; the operator's scrape of "
             f"{scrape.address} gets no answer: {scrape.error})"
         )
         return _failure(status.Cause.HANG, rank0, at=at, message=msg)
     msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"
+    if obs.gang is not None and not obs.gang.restarting:
+        msg += f"; not restarted in place: {obs.gang.why_not()}"
     # The job stopped being useful at its last progress; the deadline is the detection time.
     return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
 
@@ -306,5 +317,26 @@ def next_deadline(obs: observed.Observed) -> float | None:
     baseline = _progress_baseline(s)
     if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
         times.append(baseline + hang_window(obs.spec, s))
+        if fp.in_place_restarts:  # when to ask the keepers whether they restart in place
+            times.append(baseline + hang_window(obs.spec, s, observed.GangHealth(False)))
     future = [t for t in times if t > obs.now]
     return min(future) if future else None
+
+
+def asks_the_gang(obs: observed.Observed) -> str | None:
+    """The coordinator's address (node rank 0's pod) when this pass should ask whether the
+    keepers can restart the gang in place: a hang's deadline and evidence grace have passed
+    and its in-place grace has not. None otherwise."""
+    if not obs.spec.failure_policy.in_place_restarts:
+        return None
+    pods = obs.attempt_pods(obs.status.attempt)
+    if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
+        return None
+    baseline = _progress_baseline(obs.status)
+    silent = observed.GangHealth(answered=False)
+    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, silent):
+        return None
+    if obs.now - baseline >= hang_window(obs.spec, obs.status):
+        return None  # past the grace: the hang is declared whatever they say
+    node0 = next((p for p in pods if p.rank == 0), None)
+    return None if node0 is None or not node0.ip else node0.ip

@@ -168,6 +168,46 @@ class ScrapeHealth:
         return self.failures >= BLIND_AFTER
 
 
+GANG_SILENT_SECONDS = 5.0
+"""A keeper that has not asked its coordinator for this long (it asks every 0.2 s) cannot take
+part in a restart in place: its pod is frozen, or it gave up and waits for the operator."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GangHealth:
+    """What the in-place gang's coordinator (node rank 0's keeper) said when the operator asked,
+    past a hang's deadline, whether a restart in place can still come."""
+
+    answered: bool
+    error: str = ""  # why it did not answer
+    final: bool = False  # a keeper gave up restarting in place
+    silent: Mapping[int, float] = dataclasses.field(default_factory=dict)  # node -> seconds
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> GangHealth:
+        quiet = answer.get("quiet") if isinstance(answer.get("quiet"), dict) else {}
+        silent = {
+            int(n): float(t)
+            for n, t in (quiet or {}).items()
+            if str(n).isdigit() and isinstance(t, int | float) and t >= GANG_SILENT_SECONDS
+        }
+        return cls(answered=True, final=bool(answer.get("final")), silent=silent)
+
+    @property
+    def restarting(self) -> bool:
+        """Whether every keeper is there to restart the ranks in place."""
+        return self.answered and not self.final and not self.silent
+
+    def why_not(self) -> str:
+        """Why the gang cannot restart in place ("" when it can)."""
+        if not self.answered:
+            return f"the gang's coordinator did not answer ({self.error})"
+        if self.final:
+            return "the gang stopped restarting in place"
+        quiet = ", ".join(f"node {n} for {t:.0f}s" for n, t in sorted(self.silent.items()))
+        return f"keepers silent: {quiet}" if quiet else ""
+
+
 @dataclasses.dataclass(frozen=True)
 class Observed:
     """Everything one reconcile pass knows. `now` is passed in: decisions never read a clock."""
@@ -192,6 +232,7 @@ class Observed:
     spares: Sequence[PodView] = ()  # warm spares (spec.spares): not members of the gang
     queue: queueing.Queue | None = None  # the Kueue LocalQueue the job names (its labels)
     admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
+    gang: GangHealth | None = None  # asked only in a hang's grace for a restart in place
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

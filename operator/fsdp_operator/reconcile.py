@@ -26,6 +26,7 @@ from fsdp_operator import (
     cache,
     checkpoints,
     decide,
+    detect,
     evidence,
     kube,
     metrics,
@@ -43,6 +44,7 @@ from fsdp_worker import catalog, gang
 
 log = logging.getLogger(__name__)
 TAKEOVER_TIMEOUT = 2.0  # seconds for the gang's coordinator to answer a spare's `replace`
+GANG_ASK_TIMEOUT = 1.0  # seconds for it to answer, in a hang's grace, whether it restarts
 IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
 ERROR_EVENT_SECONDS = 60.0  # a failing pass says so in a Warning Event at most this often
 Key = tuple[str, str]
@@ -150,6 +152,16 @@ def _probe_target(
     )
     every = probe.interval_for(obs.spec.failure_policy.progress_deadline_seconds, max_interval)
     return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting)
+
+
+def _gang_health(ip: str) -> observed.GangHealth:
+    """Ask the in-place gang's coordinator whether its keepers are all there (a hang's grace
+    waits for their restart in place only then)."""
+    try:
+        answer = gang.ask((ip, names.GANG_PORT), {"op": "state"}, timeout=GANG_ASK_TIMEOUT)
+    except (OSError, ValueError) as exc:
+        return observed.GangHealth(answered=False, error=f"{ip}:{names.GANG_PORT}: {exc}")
+    return observed.GangHealth.of(answer)
 
 
 def _wants_nodes(obs: observed.Observed, d: decide.Decision) -> bool:
@@ -277,7 +289,7 @@ class Reconciler:
             spec.template.metadata.labels,
             annotations=meta.get("annotations"),
         )
-        return observed.Observed(
+        obs = observed.Observed(
             spec=spec,
             status=job_status,
             generation=generation,
@@ -300,6 +312,10 @@ class Reconciler:
             admission=self._admission(job, job_status, pods),
             spares=spares,
         )
+        coordinator = detect.asks_the_gang(obs)
+        if coordinator is None:
+            return obs
+        return dataclasses.replace(obs, gang=_gang_health(coordinator))
 
     def _admission(
         self, job: names.JobRef, s: status.FSDPJobStatus, pods: list[observed.PodView]

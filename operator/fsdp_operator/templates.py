@@ -111,11 +111,13 @@ def progress_probe(spec: api.FSDPJobSpec) -> dict[str, Any]:
     step came within the progress deadline. The kubelet asks from rank 0's own node, which
     NetworkPolicies leave open, so the Ready condition carries the evidence of a hang where the
     operator's scrape is blocked (detect._hung). Asked every sixth of the deadline (1-30 s);
-    two misses in a row: a hang shows at most a third of the deadline late."""
+    two misses in a row: a hang shows at most a third of the deadline late. Before the first
+    step the startup deadline applies."""
     deadline = spec.failure_policy.progress_deadline_seconds
+    startup = spec.failure_policy.startup_deadline
     return {
         "httpGet": {
-            "path": f"{contract.PROGRESS_PATH}?within={deadline}",
+            "path": f"{contract.PROGRESS_PATH}?within={deadline}&startup={startup}",
             "port": names.METRICS_PORT_NAME,
         },
         "periodSeconds": max(1, min(30, deadline // 6)),
@@ -459,6 +461,7 @@ def _env(slot: _Slot) -> list[dict[str, str]]:
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
         (contract.ENV_HANG_SECONDS, str(spec.failure_policy.progress_deadline_seconds)),
+        (contract.ENV_STARTUP_SECONDS, str(spec.failure_policy.startup_deadline)),
     ]
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))

@@ -387,21 +387,36 @@ def test_pod_fault_is_charged_to_the_right_budget(
         assert done["lastFailure"]["exitCode"] == 137
 
 
+@pytest.mark.parametrize(
+    ("in_place", "frozen"),
+    [pytest.param(0, 0, id="rank-0s-pod-frozen"),
+     pytest.param(2, 1, id="in-place-node-1s-pod-frozen")],
+)  # fmt: skip
 def test_hang_is_caught_by_the_progress_deadline(
-    jobs: harness.Jobs, operator: harness.Operator
+    jobs: harness.Jobs, operator: harness.Operator, in_place: int, frozen: int
 ) -> None:
+    """A pod frozen whole (every process stopped, its keeper too) hangs the gang. With restarts
+    in place the operator asks the gang's coordinator past the deadline, finds node 1's keeper
+    silent and recreates the gang at once, without the grace a restart in place would get."""
     name = harness.unique("hang")
-    jobs.apply(harness.job_doc(name, training={"steps": 400}))
+    policy = {"progressDeadlineSeconds": 10, "startupDeadlineSeconds": 60,
+              "inPlaceRestarts": in_place}  # fmt: skip
+    jobs.apply(harness.job_doc(name, training={"steps": 400}, failurePolicy=policy))
     pods = _pods_of(jobs, name, 1)
     _step_at_least(jobs, name, 6)
-    rank0 = next(p for p in pods if p["metadata"]["name"].endswith("-0"))
-    _faults(operator).freeze(jobs.ns, rank0["metadata"]["name"])
+    pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{frozen}"))
+    _faults(operator).freeze(jobs.ns, pod["metadata"]["name"])
     s = harness.wait_for(
         "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-        timeout=90, context=operator.log_tail,
+        timeout=90, context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n"
+                                    f"{operator.log_tail()}",
     )  # fmt: skip
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
-    assert "no step progress" in s["lastFailure"]["message"]
+    message = s["lastFailure"]["message"]
+    assert "no step progress" in message or "readiness probe" in message, message
+    if in_place:
+        assert "not restarted in place: keepers silent: node 1 for" in message, message
+        assert not s["history"][0].get("restartsInPlace"), s["history"][0]
     _pods_of(jobs, name, 2)
     jobs.patch(name, {"suspend": True})
 

@@ -350,6 +350,24 @@ def test_an_operator_that_has_not_scraped_yet_judges_no_hang_on_old_status(
     assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
 
 
+def test_the_startup_deadline_allows_the_first_step_and_then_the_deadline_holds() -> None:
+    """startupDeadlineSeconds 300 beside a progress deadline of 100: an attempt with no step
+    yet is not hung at 250 s of running, it is at 303 s; once it has stepped, 100 s with no
+    step is a hang again."""
+    spec = make_spec(failurePolicy={"progressDeadlineSeconds": 100, "startupDeadlineSeconds": 300})
+    status = running_status(last_progress_time=None)
+    status.history[-1].timeline = st.Timeline(running=NOW - 250)
+    assert (
+        dc.decide(observe(spec=spec, status=status, progress=None, scrape=SCRAPED)).failure is None
+    )
+    status.history[-1].timeline = st.Timeline(running=NOW - 303)
+    d = dc.decide(observe(spec=spec, status=status, progress=None, scrape=SCRAPED))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG, d.failure
+    stepped = running_status(last_progress_time=NOW - 103)
+    d = dc.decide(observe(spec=spec, status=stepped, progress=None, scrape=SCRAPED))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG, d.failure
+
+
 def test_no_hang_while_steps_advance() -> None:
     status = running_status(last_progress_time=NOW - 101)
     d = dc.decide(observe(status=status, progress=ob.Progress(step=51)))
@@ -1260,6 +1278,42 @@ def test_with_restarts_in_place_the_operators_hang_waits_for_the_ranks_own() -> 
     hung = dc.decide(observe(spec=_in_place_spec(), progress=_in_place_progress(1, record)))
     assert hung.status.last_failure is not None
     assert hung.status.last_failure.cause is st.Cause.HANG
+
+
+@pytest.mark.parametrize(
+    ("gang", "hung", "why"),
+    [
+        pytest.param(None, False, "", id="not-asked"),
+        pytest.param(ob.GangHealth.of({"quiet": {"0": 0.2, "1": 0.4}}), False, "", id="all-there"),
+        pytest.param(ob.GangHealth.of({"quiet": {"0": 0.2, "1": 31.0}}), True,
+                     "keepers silent: node 1 for 31s", id="a-keeper-frozen"),
+        pytest.param(ob.GangHealth(answered=False, error="timed out"), True,
+                     "coordinator did not answer (timed out)", id="node-0-frozen"),
+        pytest.param(ob.GangHealth.of({"final": True}), True, "stopped restarting", id="final"),
+    ],
+)  # fmt: skip
+def test_a_gang_whose_keepers_cannot_restart_in_place_is_not_waited_for(
+    gang: ob.GangHealth | None, hung: bool, why: str
+) -> None:
+    """Past the deadline and its evidence grace, the operator asks the gang's coordinator (node
+    rank 0's keeper) whether every keeper is there; a frozen pod's keeper falls silent (or node
+    0's whole coordinator does), and the hang is declared without the in-place grace."""
+    spec = _in_place_spec()
+    deadline = spec.failure_policy.progress_deadline_seconds
+    late = NOW - deadline - detect.HANG_EVIDENCE_GRACE_SECONDS - 1
+    stale = running_status(last_progress_time=late)
+    obs = observe(spec=spec, status=stale, progress=None, scrape=SCRAPED,
+                  pods=pods(r0={"ip": "10.0.0.5"}), gang=gang)  # fmt: skip
+    assert detect.asks_the_gang(obs) == "10.0.0.5"
+    d = dc.decide(obs)
+    assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
+    if hung:
+        assert d.failure is not None and why in d.failure.message, d.failure.message
+    # before the deadline's grace, and past the in-place one, nobody asks
+    early = dataclasses.replace(obs, status=running_status(last_progress_time=NOW - deadline))
+    assert detect.asks_the_gang(early) is None
+    over = dataclasses.replace(obs, status=running_status(last_progress_time=NOW - 200))
+    assert detect.asks_the_gang(over) is None
 
 
 # --- the memory tier (checkpoint.memory; fsdp_worker.memtier) ----------------------------------

@@ -51,12 +51,17 @@ def test_rank0_serves_metrics_and_says_whether_its_last_step_is_recent() -> None
         pytest.param(0.0, 900.0, "503 Service Unavailable", id="no-step-started-long-ago"),
         pytest.param(990.0, 0.0, "200 OK", id="recent-step"),
         pytest.param(930.0, 0.0, "503 Service Unavailable", id="old-step"),
+        pytest.param(0.0, 900.0, "200 OK", id="no-step-within-the-startup-allowance"),
+        pytest.param(0.0, 700.0, "503 Service Unavailable", id="no-step-past-the-startup"),
+        pytest.param(930.0, 0.0, "503 Service Unavailable", id="startup-is-not-for-steps"),
     ],
 )
 def test_progress_counts_from_the_last_step_else_the_start(
-    last: float, started: float, code: str
+    last: float, started: float, code: str, request: pytest.FixtureRequest
 ) -> None:
+    """Before the first step the start counts, against `startup` where the query has one."""
     registry = prom.CollectorRegistry()
     prom.Gauge(contract.METRIC_STEP, "s", registry=registry).set(3)
     prom.Gauge(contract.METRIC_LAST_STEP_TIME, "t", registry=registry).set(last)
-    assert metrics.progress_answer(registry, "within=60", started, now=1000.0)[0] == code
+    query = "within=60&startup=200" if "startup" in request.node.callspec.id else "within=60"
+    assert metrics.progress_answer(registry, query, started, now=1000.0)[0] == code

@@ -132,6 +132,17 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
         else:
             assert done.returncode == 0 and "still waiting" in done.stdout, done.stderr
             assert "no step completed" in done.stderr and not log.read_text().strip()
+    # before this process's first step, the startup allowance (FSDP_STARTUP_SECONDS) counts
+    starting = (
+        script.replace("rec.step_done(41)\n", "")
+        .replace("hang_seconds=1,", "hang_seconds=1, startup_seconds=60,")
+        .replace("sleep(6)", "sleep(4)")
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO / "worker"), **{contract.ENV_GANG: "{}"})
+    done = subprocess.run([sys.executable, "-c", starting], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0 and "still waiting" in done.stdout, done.stderr
+    assert "no step completed" not in done.stderr, done.stderr
 
 
 def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path: Path) -> None:
@@ -153,6 +164,13 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path
         for pid in frozen:
             os.kill(pid, signal.SIGSTOP)
         coordinator = gang.Gang.from_env(_gang_env(tmp_path, 0)).address
+        # the frozen keeper falls silent in its coordinator's answer (what the operator asks
+        # in a hang's grace), the others keep asking
+        deadline = time.monotonic() + 30
+        while (quiet := gang.ask(coordinator, {"op": "state"})["quiet"])["1"] < 5.0:
+            assert time.monotonic() < deadline, quiet
+            time.sleep(0.5)
+        assert quiet["0"] < 2.0, quiet
         answer = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0,
                                         "failure": {"message": "node lost"}})  # fmt: skip
         assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer

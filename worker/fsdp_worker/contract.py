@@ -43,6 +43,9 @@ ENV_RELIABILITY = "FSDP_RELIABILITY"
 # The job's progressDeadlineSeconds: a rank that completes no step for this long prints its
 # stacks and flight record (FSDP_EVIDENCE); it keeps running, the operator decides.
 ENV_HANG_SECONDS = "FSDP_HANG_SECONDS"
+# The job's startupDeadlineSeconds (default: FSDP_HANG_SECONDS): the allowance, in place of
+# FSDP_HANG_SECONDS, from a rank's start to its first step (imports, rendezvous, loading).
+ENV_STARTUP_SECONDS = "FSDP_STARTUP_SECONDS"
 
 # What `spec.trainer.args` may reference as `$(NAME)` (Kubernetes expands them in the pod);
 # every other `$` in an argument reaches the trainer literally.
@@ -186,8 +189,9 @@ NON_RETRYABLE_EXIT_CODES = frozenset({int(ExitCode.CONFIG_ERROR)})
 TERMINATION_MESSAGE_MAX_BYTES = 4096  # Kubernetes truncates at 4096 per container
 
 # --- Prometheus metrics served by rank 0 (the operator scrapes step and last-step time) --------
-# Beside them, on the same port, rank 0 answers GET PROGRESS_PATH?within=S: 200 while its last
-# step (before the first: its start) is at most S seconds old, 503 after. The operator points
+# Beside them, on the same port, rank 0 answers GET PROGRESS_PATH?within=S&startup=T: 200 while
+# its last step is at most S seconds old (before the first step: its start at most T, default
+# S), 503 after. The operator points
 # rank 0's readinessProbe there: the kubelet asks from the pod's own node, so the evidence of a
 # hang reaches the operator through the pod's Ready condition where a NetworkPolicy blocks its
 # scrape (docs/contract.md, "Progress").

@@ -125,6 +125,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._evidence_root: str | None = None
         self._hang_seconds: float | None = None
+        self._startup_seconds: float | None = None
         self._reported_stall = False
         self._stop = threading.Event()
         self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
@@ -279,9 +280,17 @@ class Recorder:
             os.close(fd)
 
     # --- the watchdog ----------------------------------------------------------------------
-    def watch(self, *, hang_seconds: float | None, evidence_root: str | None) -> None:
-        """Start the watchdog (no-op without a deadline)."""
+    def watch(
+        self,
+        *,
+        hang_seconds: float | None,
+        evidence_root: str | None,
+        startup_seconds: float | None = None,
+    ) -> None:
+        """Start the watchdog (no-op without a deadline): a stall is `hang_seconds` with no
+        step, or before this process's first step, `startup_seconds` (default the same)."""
         self._hang_seconds, self._evidence_root = hang_seconds, evidence_root
+        self._startup_seconds = startup_seconds or hang_seconds
         if evidence_root is not None and self.rank == 0:
             prune(evidence_root, keep=EVIDENCE_ATTEMPTS, current=self.attempt)
         if not hang_seconds:
@@ -295,7 +304,9 @@ class Recorder:
         assert self._hang_seconds is not None
         while not self._stop.wait(WATCH_SECONDS):
             stalled = time.monotonic() - self.last_step_at
-            if stalled >= self._hang_seconds and not self._reported_stall:
+            allowed = self._hang_seconds if self.step is not None else self._startup_seconds
+            assert allowed is not None
+            if stalled >= allowed and not self._reported_stall:
                 self._reported_stall = True
                 try:
                     self.report_stall()

@@ -133,8 +133,12 @@ class _State:
     down: dict[int, set[int]] = dataclasses.field(default_factory=dict)
     done: set[int] = dataclasses.field(default_factory=set)  # nodes whose ranks exited 0
     holders: dict[int, int] = dataclasses.field(default_factory=dict)  # node -> spare now on it
+    nodes: int = 0  # pods in the gang
+    started: float = dataclasses.field(default_factory=lambda: time.monotonic())
+    heard: dict[int, float] = dataclasses.field(default_factory=dict)  # node -> last ask from it
 
     def answer(self) -> dict[str, Any]:
+        now = time.monotonic()
         return {
             "generation": self.generation,
             "final": self.final,
@@ -142,6 +146,12 @@ class _State:
             "down": {str(g): sorted(n) for g, n in self.down.items()},
             "done": len(self.done),
             "holders": {str(n): spare for n, spare in self.holders.items()},
+            # seconds since each node's keeper last asked (every POLL_SECONDS while it keeps
+            # its ranks or waits for the others): a frozen or stopped one falls silent, and
+            # the operator does not wait for a restart in place it cannot take part in
+            "quiet": {
+                str(n): round(now - self.heard.get(n, self.started), 1) for n in range(self.nodes)
+            },
         }
 
     def replace(self, doc: dict[str, Any]) -> str:
@@ -164,6 +174,7 @@ class _State:
         self.generation += 1
         self.done.clear()
         self.holders[node] = spare
+        self.heard[node] = time.monotonic()  # the spare speaks for it from now on
         return ""
 
 
@@ -171,8 +182,8 @@ class Coordinator(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int) -> None:
-        self.state = _State()
+    def __init__(self, port: int, nodes: int = 0) -> None:
+        self.state = _State(nodes=nodes)
         self.lock = threading.Lock()
         super().__init__(("", port), _Handler)
 
@@ -180,6 +191,9 @@ class Coordinator(socketserver.ThreadingTCPServer):
         op = doc.get("op")
         with self.lock:
             st = self.state
+            sender = doc.get("from")
+            if isinstance(sender, int) and 0 <= sender < st.nodes:
+                st.heard[sender] = time.monotonic()
             if op == "fail" and doc.get("generation") == st.generation and not st.final:
                 # The first failure of a generation is its cause; later ones are its symptoms.
                 given = doc.get("failure")
@@ -260,7 +274,7 @@ class Keeper:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
         if self.gang.node == 0:
-            self.coordinator = Coordinator(self.gang.address[1])
+            self.coordinator = Coordinator(self.gang.address[1], self.gang.nodes)
             threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
         start = self._stand_by() if self.gang.node < 0 else (0, [])  # a spare waits first
         if start is None:
@@ -521,7 +535,7 @@ class Keeper:
 
     def _ask(self, doc: dict[str, Any], *, quiet: bool = False) -> dict[str, Any] | None:
         try:
-            return ask(self.gang.address, doc)
+            return ask(self.gang.address, {**doc, "from": self.gang.node})
         except (OSError, ValueError) as exc:
             if not quiet:
                 log.warning("coordinator %s: %s", self.gang.coordinator, exc)

@@ -477,6 +477,7 @@ def main(
         recorder.use_device(dist_info.device)
         recorder.watch(
             hang_seconds=_int_env(contract.ENV_HANG_SECONDS, 0) or None,
+            startup_seconds=_int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
             evidence_root=settings.cfg.checkpoint.root,
         )
         meters = metrics.Metrics()

@@ -187,16 +187,20 @@ def serve(port: int, registry: prom.CollectorRegistry = prom.REGISTRY) -> None:
 def progress_answer(
     registry: prom.CollectorRegistry, query: str, started: float, now: float | None = None
 ) -> tuple[str, str]:
-    """The HTTP status and text of ``GET /progress?within=S``: whether the last step (or the
-    start, before any step) is at most S seconds old. S defaults to 60."""
+    """The HTTP status and text of ``GET /progress?within=S&startup=T``: whether the last step
+    is at most S seconds old, or before any step, the start at most T (default S). S defaults
+    to 60."""
     now = time.time() if now is None else now
+    params = urllib.parse.parse_qs(query)
     try:
-        within = float(urllib.parse.parse_qs(query).get("within", ["60"])[0])
+        within = float(params.get("within", ["60"])[0])
+        startup = float(params.get("startup", [str(within)])[0])
     except ValueError:
-        return "400 Bad Request", "within: seconds expected\n"
+        return "400 Bad Request", "within, startup: seconds expected\n"
     last = registry.get_sample_value(contract.METRIC_LAST_STEP_TIME) or 0.0
     step = registry.get_sample_value(contract.METRIC_STEP)
     since, what = (last, f"step {step:.0f}") if last > 0 else (started, "start, no step yet")
+    within = within if last > 0 else startup
     age = now - since
     text = f"last progress ({what}) {age:.0f}s ago, allowed {within:.0f}s\n"
     return ("200 OK" if age <= within else "503 Service Unavailable"), text

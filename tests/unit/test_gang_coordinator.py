@@ -1,0 +1,43 @@
+"""The in-place gang's coordinator tells how long each node's keeper has been quiet; the
+operator reads from that whether a restart in place can still come (detect.asks_the_gang)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdp_operator import observed
+from fsdp_worker import gang
+
+
+def test_the_coordinator_tells_how_long_each_keeper_has_been_quiet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
+    coordinator = gang.Coordinator(0, nodes=3)
+    try:
+        coordinator.handle_request_doc({"op": "state", "from": 0})
+        clock[0] = 104.0
+        coordinator.handle_request_doc({"op": "state", "from": 1})
+        coordinator.handle_request_doc({"op": "state", "from": -1})  # a spare: no node yet
+        clock[0] = 130.0
+        answer = coordinator.handle_request_doc({"op": "state", "from": 0})
+        # node 2's keeper never asked: quiet since the coordinator started
+        assert answer["quiet"] == {"0": 0.0, "1": 26.0, "2": 30.0}
+        health = observed.GangHealth.of(answer)
+        assert not health.restarting and health.silent == {1: 26.0, 2: 30.0}
+        assert health.why_not() == "keepers silent: node 1 for 26s, node 2 for 30s"
+        # a spare given node 2 speaks for it from then on
+        coordinator.handle_request_doc({"op": "replace", "node": 2, "spare": 0})
+        coordinator.handle_request_doc({"op": "state", "from": 1})
+        answer = coordinator.handle_request_doc({"op": "state"})
+        assert answer["quiet"] == {"0": 0.0, "1": 0.0, "2": 0.0}
+        assert observed.GangHealth.of(answer).restarting
+    finally:
+        coordinator.server_close()
+
+
+def test_an_answer_without_quiet_times_is_read_as_all_there() -> None:
+    """A coordinator of an older image says nothing of its keepers: the grace is kept."""
+    assert observed.GangHealth.of({"generation": 2, "final": False}).restarting
+    assert observed.GangHealth.of({"quiet": {"x": 9.0, "1": "long"}}).restarting
