@@ -35,8 +35,10 @@ bench/results/goodput_in_place.json and docs/goodput_in_place.png:
 
     PYTHONPATH=. python bench/goodput.py --in-place --failures 8
 
-(`make bench-goodput GOODPUT_ARGS="--in-place --failures 8"` runs the same.) `--no-build` uses
-the images as podman holds them now instead of building them first.
+(`make bench-goodput GOODPUT_ARGS="--in-place --failures 8"` runs the same.) `--spares 1` adds a
+third run, "spares": in place as the second, with `spec.spares: 1` on the node the gang leaves
+free: a lost node other than node rank 0's is given to the spare instead of recreating the gang.
+`--no-build` uses the images as podman holds them now instead of building them first.
 """
 
 from __future__ import annotations
@@ -72,9 +74,12 @@ KINDS = ("crash", "hang", "node")
 IN_PLACE_RESTARTS = 100  # the API's maximum (status.IN_PLACE_LIMIT): no budget ends the soak
 MEMORY_TIER = {"intervalSteps": "auto", "sizeLimit": "512Mi"}
 EXPECTED_CAUSE = {"crash": "Crash", "hang": "Hang", "node": "NodeLost"}
+SPARE_LABEL = "fsdpoperator.io/spare"
 
 
-def job_doc(name: str, *, every: int | str, prior: float, in_place: bool = False) -> dict[str, Any]:
+def job_doc(
+    name: str, *, every: int | str, prior: float, in_place: bool = False, spares: int = 0
+) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -93,6 +98,8 @@ def job_doc(name: str, *, every: int | str, prior: float, in_place: bool = False
     if in_place:
         spec["failurePolicy"]["inPlaceRestarts"] = IN_PLACE_RESTARTS
         spec["checkpoint"]["memory"] = dict(MEMORY_TIER)
+    if spares:
+        spec["spares"] = spares
     return doc
 
 
@@ -188,6 +195,7 @@ class Run:
     interval_samples: list[int] = dataclasses.field(default_factory=list)
     wall: float = 0.0
     in_place: bool = False
+    spares: int = 0
     history: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Every attempt's history entry as last seen: status keeps only the newest 20, and a
     fault that cost a cascade of restarts pushes earlier ones out before the run ends."""
@@ -296,7 +304,11 @@ class Soak:
         fault["sinceFault"] = round(first - fault["time"], 3) if first is not None else None
 
     def inject(self, name: str, kind: str, rng: random.Random) -> dict[str, Any]:
-        pods = self.jobs.running_pods(name, self.status(name)["attempt"])
+        pods = [
+            p
+            for p in self.jobs.running_pods(name, self.status(name)["attempt"])
+            if SPARE_LABEL not in p["metadata"]["labels"]
+        ]  # a gang's member, not a spare
         pod = rng.choice(pods)
         pname, node = pod["metadata"]["name"], pod["spec"]["nodeName"]
         if kind == "crash":
@@ -311,7 +323,9 @@ class Soak:
         self.faults.lose_node(node)
         return {"kind": kind, "pod": pname, "node": node, "time": time.time()}
 
-    def run(self, label: str, every: int | str, seed: int, *, in_place: bool = False) -> Run:
+    def run(
+        self, label: str, every: int | str, seed: int, *, in_place: bool = False, spares: int = 0
+    ) -> Run:
         name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         rng = random.Random(seed)
         draws = [rng.expovariate(1.0 / self.args.mtbf) for _ in range(self.args.failures)]
@@ -319,8 +333,8 @@ class Soak:
                  for _ in range(self.args.failures)]  # fmt: skip
         chooser = random.Random(seed + 1)  # which pod / rank: same sequence for every config
         prior = self.args.prior_factor * self.args.mtbf
-        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place))
-        run = Run(label, every, in_place=in_place)
+        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place, spares=spares))
+        run = Run(label, every, in_place=in_place, spares=spares)
         started = time.time()
         s = self.training_again(name, 0)
         try:
@@ -465,6 +479,7 @@ def in_place_summary(run: Run, step_s: float) -> dict[str, Any]:
     out = run.summary(step_s)
     out["inPlaceRestarts"] = IN_PLACE_RESTARTS if run.in_place else 0
     out["memory"] = dict(MEMORY_TIER) if run.in_place else None
+    out["spares"] = run.spares
     out["resumesByCause"] = by_cause(out["resumes"])
     since = [{"cause": f.get("cause"), "how": f.get("recovery"), "seconds": f["sinceFault"]}
              for f in run.faults if f.get("sinceFault") is not None]  # fmt: skip
@@ -578,7 +593,8 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         "recreate (failurePolicy.inPlaceRestarts 0), then in-place (inPlaceRestarts "
         f"{IN_PLACE_RESTARTS}, checkpoint.memory {MEMORY_TIER}); time to resume: an in-place "
         "restart's resumed - failure.time, a recreated gang's history timeline failed -> "
-        "firstStep; sinceFault: the fault's injection -> the next first step",
+        "firstStep; sinceFault: the fault's injection -> the next first step; with --spares a "
+        "third run, in-place with spec.spares",
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine_note(args),
         "tree": tree(),
@@ -592,10 +608,13 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
 
-    for label, in_place in (("recreate", False), ("in-place", True)):
+    plan = [("recreate", False, 0), ("in-place", True, 0)]
+    if args.spares:
+        plan.append(("spares", True, args.spares))
+    for label, in_place, spares in plan:
         print(f"{label}: intervalSteps auto, inPlaceRestarts "
-              f"{IN_PLACE_RESTARTS if in_place else 0}", flush=True)  # fmt: skip
-        runs.append(soak.run(label, "auto", args.seed, in_place=in_place))
+              f"{IN_PLACE_RESTARTS if in_place else 0}, spares {spares}", flush=True)  # fmt: skip
+        runs.append(soak.run(label, "auto", args.seed, in_place=in_place, spares=spares))
         save()
     try:
         plot_in_place(result, args.plot)
@@ -624,6 +643,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-place", action="store_true",
                         help="recreate against restarts in place (with the memory tier), "
                         "the same draws")  # fmt: skip
+    parser.add_argument("--spares", type=int, default=0,
+                        help="with --in-place: a third run, in place with spec.spares N "
+                        "(--nodes must leave a node for them)")  # fmt: skip
     parser.add_argument("--no-build", action="store_true",
                         help="use the images podman holds now; do not build them")  # fmt: skip
     args = parser.parse_args(argv)
