@@ -234,10 +234,26 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         return None
     baseline = _progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
-    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, obs.gang):
+    if baseline is None:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
+    window = hang_window(obs.spec, obs.status, obs.gang)
+    if (
+        scrape is not None
+        and scrape.blind
+        and rank0.ready is False
+        and rank0.ready_changed is not None
+        and rank0.ready_changed > baseline + 1.0
+    ):
+        # Blind, the operator never sees the first step and would wait the startup deadline;
+        # rank 0 was Ready since its pods ran (a step, or its start, within its allowance) and
+        # is no more: its probe has judged by the deadline that applies. (Its Ready condition
+        # turns False at the pod's start, before it runs; a later change came after a True. The
+        # second is for the node's clock against this one's.)
+        window = min(window, deadline + hang_grace(obs.spec, obs.gang))
+    if obs.now - baseline < window:
+        return None
     if scrape is None and rank0.ready is not False:
         # This process has not scraped rank 0 yet: it has just started, or just taken the lead
         # (after a failover, or an API-server stall that outlasted its renew deadline), and the

@@ -368,6 +368,29 @@ def test_the_startup_deadline_allows_the_first_step_and_then_the_deadline_holds(
     assert d.failure is not None and d.failure.cause is st.Cause.HANG, d.failure
 
 
+def test_blind_a_readiness_drop_after_ready_is_judged_by_the_progress_deadline() -> None:
+    """The operator cannot scrape rank 0, so it never sees a first step and its own window is
+    the startup deadline (300 s). Rank 0's readiness probe applies both allowances itself:
+    Ready, then not Ready again, is its verdict, taken at the progress deadline (100 s); never
+    Ready yet is a start, judged at the startup deadline."""
+    spec = make_spec(failurePolicy={"progressDeadlineSeconds": 100, "startupDeadlineSeconds": 300})
+
+    def judged(running: float, changed: float) -> st.Failure | None:
+        status = running_status(last_progress_time=None)
+        status.history[-1].timeline = st.Timeline(running=NOW - running)
+        rank0 = {"ready": False, "ready_changed": NOW - changed}
+        obs = observe(spec=spec, status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0))
+        return dc.decide(obs).failure
+
+    assert judged(running=50, changed=10) is None  # within the progress deadline of running
+    hung = judged(running=150, changed=10)
+    assert hung is not None and hung.cause is st.Cause.HANG, hung
+    assert "within 100s (300s to a first)" in hung.message, hung.message
+    assert judged(running=150, changed=160) is None  # never Ready: still starting
+    late = judged(running=303, changed=310)
+    assert late is not None and late.cause is st.Cause.HANG, late
+
+
 def test_no_hang_while_steps_advance() -> None:
     status = running_status(last_progress_time=NOW - 101)
     d = dc.decide(observe(status=status, progress=ob.Progress(step=51)))
