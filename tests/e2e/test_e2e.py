@@ -386,9 +386,12 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
         e2e.gang_only(namespace, name)
     blocked_at = time.time()
     names_ = ("stuck", "blocked", "oom-backward", "oom-save")
-    failed = {name: _wait(jobs, name, "Failed",
-                          lambda name=name: (s := jobs.status(name)).get("phase") == "Failed" and s)
-              for name in names_}  # fmt: skip
+    failed: dict[str, dict[str, Any]] = {}
+    for name in names_:
+        failed[name] = _wait(jobs, name, "Failed",
+                             lambda name=name: (s := jobs.status(name)).get("phase") == "Failed"
+                             and s)  # fmt: skip
+        print(f"{name}: Failed seen {time.time() - blocked_at:.0f}s after the jobs were applied")
     _blind_job_trains_on(e2e, jobs, blocked_at, deadline=30, startup=75)
 
     blocked = failed["blocked"]["lastFailure"]
