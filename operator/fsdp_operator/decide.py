@@ -946,30 +946,61 @@ SPARE_EXPECT_SECONDS = 5.0
 """Spares made this long ago and not seen yet are not made again (a surplus one is deleted)."""
 
 
+def _takeover_target(
+    obs: observed.Observed, failure: status.Failure, pods: list[observed.PodView]
+) -> tuple[observed.PodView, contract.FailureClass, str] | None:
+    """The gang pod whose node rank a spare can take for this failure, the class the gang
+    records it under, and why: a lost node's pod; for a hang, the one pod whose keeper the
+    coordinator reports silent (observed.GangHealth: the pod frozen, its ranks unable to restart
+    in place), not when several or none are (a hang of the ranks themselves restarts in place)."""
+    if failure.cause is status.Cause.NODE_LOST:
+        lost = next((p for p in pods if p.name == failure.pod), None)
+        why = f"NodeLost: node {failure.node} ({failure.message})"
+        return (lost, contract.FailureClass.NODE_LOST, why) if lost is not None else None
+    gang = obs.gang
+    if failure.cause is not status.Cause.HANG or gang is None or gang.final:
+        return None
+    if not gang.answered or len(gang.silent) != 1:
+        return None
+    ((node, quiet),) = gang.silent.items()
+    frozen = next((p for p in pods if p.rank == node), None)
+    if frozen is None:
+        return None
+    progress = failure.message.split("; not restarted in place")[0]
+    why = f"Hang: {progress}; node rank {node}'s keeper silent for {quiet:.0f}s (pod {frozen.name})"
+    return frozen, contract.FailureClass.HANG, why
+
+
 def _take_over(
     d: Decision, obs: observed.Observed, failure: status.Failure, tun: policy.Tunables
 ) -> bool:
-    """A lost node whose place a running spare takes in a restart in place (spec.spares):
-    only the lost pod goes; nothing is scheduled, no image starts. Not node rank 0's (it hosts
-    the gang's coordinator and torchrun's store), not past inPlaceRestarts, not a pod whose
-    takeover the coordinator refused. True: this pass's failure is handled (or already was)."""
+    """A lost node, or a pod frozen whole, whose place a running spare takes in a restart in
+    place (spec.spares): only that pod goes; nothing is scheduled, no image starts. Not node
+    rank 0's (it hosts the gang's coordinator and torchrun's store), not past inPlaceRestarts,
+    not a pod whose takeover the coordinator refused. True: this pass's failure is handled (or
+    already was)."""
     s, spec, sp = d.status, obs.spec, d.status.spares
-    if failure.cause is not status.Cause.NODE_LOST or sp is None or not spec.spares:
+    if sp is None or not spec.spares:
         return False
-    if failure.pod in sp.replaced:  # taken over in an earlier pass; its deletion is under way
-        d.again(1.0)
-        return True
+    if failure.cause not in (status.Cause.NODE_LOST, status.Cause.HANG):
+        return False
     pods = obs.attempt_pods(s.attempt)
-    lost = next((p for p in pods if p.name == failure.pod), None)
+    target = _takeover_target(obs, failure, pods)
+    if failure.pod in sp.replaced or (target is not None and target[0].name in sp.replaced):
+        d.again(1.0)  # taken over in an earlier pass; its deletion is under way
+        return True
+    if target is None:
+        return False
+    lost, cls, why = target
     rank0 = next((p for p in pods if p.rank == 0 and p.phase is observed.PodPhase.RUNNING), None)
     spare = next((p for p in sorted(obs.spares, key=lambda p: p.spare or 0)
                   if p.attempt == s.attempt and p.phase is observed.PodPhase.RUNNING
-                  and not p.deleting and p.node not in (None, failure.node)
+                  and not p.deleting and p.node not in (None, lost.node)
                   and not _node_gone(obs, p)), None)  # fmt: skip
     entry = _current(s)
     used = len(entry.restarts_in_place) if entry is not None else 0
     if (
-        lost is None
+        lost.rank is None
         or lost.rank <= 0
         or spare is None
         or spare.spare is None
@@ -986,21 +1017,23 @@ def _take_over(
         lost=lost.name,
         coordinator=f"{rank0.ip}:{names.GANG_PORT}",
         failure={
-            "message": failure.message,
+            "class": cls.value,
+            "message": failure.message if cls is contract.FailureClass.NODE_LOST else why,
             "time": failure.time,
             "rank": lost.rank * spec.nproc_per_node,
             "pod": lost.name,
-            "nodeName": failure.node,
+            "nodeName": lost.node,
             "detected": obs.now,
         },
     )
     sp.takeovers += 1
     sp.replaced = [*sp.replaced, lost.name][-8:]
-    s.excluded_nodes = policy.active_exclusions(s, now=obs.now, blame=failure.node, tun=tun)
+    if cls is contract.FailureClass.NODE_LOST:  # a frozen pod's node is not to blame
+        s.excluded_nodes = policy.active_exclusions(s, now=obs.now, blame=lost.node, tun=tun)
     d.emit(
         "SpareTakeover",
-        f"NodeLost: node {failure.node} ({failure.message}); spare pod {spare.name} (on "
-        f"{spare.node}) takes node rank {lost.rank}'s place in a restart in place",
+        f"{why}; spare pod {spare.name} (on {spare.node}) takes node rank {lost.rank}'s place "
+        "in a restart in place",
         warning=True,
     )
     d.again(1.0)

@@ -90,8 +90,8 @@ def in_place_failure(obs: observed.Observed, record: Mapping[str, Any]) -> statu
     node = record.get("node")
     rank = node if isinstance(node, int) and not isinstance(node, bool) else 0
     pod = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == rank), None)
-    if record.get("class") == contract.FailureClass.NODE_LOST.value:  # the lost pod, not its
-        lost = str(record.get("pod") or "")  # spare that holds the rank now
+    if record.get("spare") is not None:  # a takeover: the pod it replaced (lost or frozen),
+        lost = str(record.get("pod") or "")  # not the spare that holds the rank now
         pod = dataclasses.replace(pod, name=lost, node=record.get("nodeName")) if pod else None
     doc = {k: record[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in record}
     code = record.get("torchrunExitCode")

@@ -315,14 +315,18 @@ class Spares(_Model):
     wanted: int = Field(0, description="spec.spares.")
     running: int = Field(0, description="Spare pods running now (warm, or warming).")
     pending: int = Field(0, description="Spare pods not running yet (scheduling, starting).")
-    takeovers: int = Field(0, description="Lost nodes a spare took the place of, in all.")
+    takeovers: int = Field(
+        0, description="Lost nodes and frozen pods a spare took the place of, in all."
+    )
     next_index: int = Field(0, description="The number the next spare pod of this attempt gets.")
     last_created: Time | None = Field(None, description="When spare pods were last made.")
     replaced: list[str] = Field(
-        default_factory=list, max_length=8, description="Lost pods a spare took the place of."
+        default_factory=list,
+        max_length=8,
+        description="Lost or frozen pods a spare took the place of.",
     )
     refused: str = Field(
-        "", description="The lost pod whose takeover failed: the gang is recreated for it."
+        "", description="The pod whose takeover failed: the gang is recreated for it."
     )
 
 

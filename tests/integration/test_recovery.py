@@ -388,29 +388,58 @@ def test_pod_fault_is_charged_to_the_right_budget(
 
 
 @pytest.mark.parametrize(
-    ("in_place", "frozen"),
-    [pytest.param(0, 0, id="rank-0s-pod-frozen"),
-     pytest.param(2, 1, id="in-place-node-1s-pod-frozen")],
+    ("in_place", "frozen", "spares"),
+    [pytest.param(0, 0, 0, id="rank-0s-pod-frozen"),
+     pytest.param(2, 1, 0, id="in-place-node-1s-pod-frozen"),
+     pytest.param(2, 1, 1, id="a-spare-takes-the-frozen-node-1s-place")],
 )  # fmt: skip
 def test_hang_is_caught_by_the_progress_deadline(
-    jobs: harness.Jobs, operator: harness.Operator, in_place: int, frozen: int
+    jobs: harness.Jobs, operator: harness.Operator, in_place: int, frozen: int, spares: int
 ) -> None:
     """A pod frozen whole (every process stopped, its keeper too) hangs the gang. With restarts
     in place the operator asks the gang's coordinator past the deadline, finds node 1's keeper
-    silent and recreates the gang at once, without the grace a restart in place would get."""
+    silent and recreates the gang at once, without the grace a restart in place would get;
+    with a warm spare standing by, the spare takes node rank 1's place in a restart in place
+    (attempt 1 goes on, rank 0's pod stays, the frozen pod goes)."""
     name = harness.unique("hang")
     policy = {"progressDeadlineSeconds": 10, "startupDeadlineSeconds": 60,
               "inPlaceRestarts": in_place}  # fmt: skip
-    jobs.apply(harness.job_doc(name, training={"steps": 400}, failurePolicy=policy))
+    jobs.apply(harness.job_doc(name, training={"steps": 400}, failurePolicy=policy, spares=spares))
+
+    def context() -> str:
+        return f"{jobs.status(name)}\n{jobs.events(name)}\n{operator.log_tail()}"
+
     pods = _pods_of(jobs, name, 1)
+    if spares:
+        harness.wait_for("the spare running", lambda: any(
+            "fsdpoperator.io/spare" in p["metadata"]["labels"] for p in jobs.running_pods(name, 1)
+        ), timeout=90, context=context)  # fmt: skip
     _step_at_least(jobs, name, 6)
     pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{frozen}"))
     _faults(operator).freeze(jobs.ns, pod["metadata"]["name"])
+    if spares:
+        s = harness.wait_for(
+            "the spare trains as node rank 1",
+            lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
+            and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
+            timeout=90, context=context,
+        )  # fmt: skip
+        failure = s["history"][0]["restartsInPlace"][0]["failure"]
+        assert s["attempt"] == 1 and failure["cause"] == "Hang", s
+        assert failure["pod"] == pod["metadata"]["name"], failure
+        assert "node rank 1's keeper silent for" in failure["message"], failure
+        assert s["spares"]["takeovers"] == 1 and s["restarts"]["application"] == 1, s
+        assert not s.get("excludedNodes"), s  # the frozen pod's node is not to blame
+        reasons = jobs.events(name)
+        assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
+        harness.wait_for("the frozen pod gone", lambda: pod["metadata"]["name"] not in {
+            p["metadata"]["name"] for p in jobs.pods(name)}, context=context)  # fmt: skip
+        jobs.patch(name, {"suspend": True})
+        return
     s = harness.wait_for(
         "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-        timeout=90, context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n"
-                                    f"{operator.log_tail()}",
-    )  # fmt: skip
+        timeout=90, context=context,
+    )
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
     message = s["lastFailure"]["message"]
     assert "no step progress" in message or "readiness probe" in message, message

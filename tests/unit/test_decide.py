@@ -1416,7 +1416,7 @@ def _spare(index: int = 0, node: str = "node-5", **over: Any) -> ob.PodView:
 
 
 def _spare_status(**over: Any) -> st.FSDPJobStatus:
-    return running_status(spares=st.Spares(wanted=1, next_index=1, **over))
+    return running_status(spares=st.Spares(wanted=1, next_index=1), **over)
 
 
 def test_spares_need_restarts_in_place_and_are_made_beside_a_running_gang() -> None:
@@ -1448,8 +1448,9 @@ def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> Non
     d = dc.decide(obs)
     assert d.takeover == dc.Takeover(
         spare="job-a1-s0", index=0, node_rank=2, lost="job-a1-2", coordinator="10.0.0.5:29501",
-        failure={"message": d.takeover.failure["message"] if d.takeover else "", "time": NOW - 31,
-                 "rank": 2, "pod": "job-a1-2", "nodeName": "node-2", "detected": NOW},
+        failure={"class": "NodeLost", "time": NOW - 31, "rank": 2, "pod": "job-a1-2",
+                 "message": d.takeover.failure["message"] if d.takeover else "",
+                 "nodeName": "node-2", "detected": NOW},
     )  # fmt: skip
     assert d.launch is None and d.delete == [] and d.status.attempt == 1
     assert d.status.phase is st.Phase.RUNNING and d.status.restarts.total == 0
@@ -1474,6 +1475,73 @@ def test_node_rank_0_or_no_running_spare_means_a_recreated_gang() -> None:
                               nodes=nodes(6, down={down: NOW - 31}),
                               pods=pods(r0={"ip": "10.0.0.5"})))  # fmt: skip
         assert d.takeover is None and d.failure is not None, down
+
+
+def _frozen_obs(quiet: dict[str, float], spare_node: str = "node-5") -> ob.Observed:
+    """Past a hang's deadline and its evidence grace, the coordinator answered with `quiet`."""
+    spec = _spare_spec()
+    late = NOW - spec.failure_policy.progress_deadline_seconds
+    late -= detect.HANG_EVIDENCE_GRACE_SECONDS + 1
+    return observe(spec=spec, status=_spare_status(last_progress_time=late), progress=None,
+                   scrape=SCRAPED, pods=pods(r0={"ip": "10.0.0.5"}), nodes=nodes(6),
+                   spares=[_spare(0, node=spare_node)],
+                   gang=ob.GangHealth.of({"quiet": quiet}))  # fmt: skip
+
+
+def test_a_frozen_pods_place_is_taken_by_a_spare_as_a_hang() -> None:
+    """Node rank 2's keeper is silent past the deadline (its pod frozen whole): the spare takes
+    its rank in a restart in place, recorded as a Hang of that pod (its node is not blamed);
+    the operator no longer waits for a restart in place the frozen ranks cannot join."""
+    d = dc.decide(_frozen_obs({"0": 0.2, "1": 0.2, "2": 14.0, "3": 0.2}))
+    assert d.takeover is not None, d.failure
+    t = d.takeover
+    assert (t.spare, t.node_rank, t.lost, t.coordinator) == ("job-a1-s0", 2, "job-a1-2",
+                                                             "10.0.0.5:29501")  # fmt: skip
+    assert t.failure["class"] == contract.FailureClass.HANG.value
+    assert (t.failure["pod"], t.failure["nodeName"], t.failure["rank"]) == ("job-a1-2", "node-2", 2)
+    assert "no step progress" in t.failure["message"]
+    assert "node rank 2's keeper silent for 14s" in t.failure["message"]
+    assert "not restarted in place" not in t.failure["message"]
+    assert d.launch is None and d.delete == [] and d.status.attempt == 1
+    assert d.status.restarts.total == 0 and d.status.excluded_nodes == []
+    assert d.status.spares is not None and d.status.spares.replaced == ["job-a1-2"]
+    (event,) = [e for e in d.events if e.type is dc.EventType.WARNING]
+    assert event.reason == "SpareTakeover" and event.message.startswith("Hang: "), event
+
+
+@pytest.mark.parametrize(
+    "quiet",
+    [pytest.param({"0": 0.2, "1": 9.0, "2": 9.0}, id="two-keepers-silent"),
+     pytest.param({"0": 0.2, "1": 0.2}, id="none-silent-but-past-the-grace")],
+)  # fmt: skip
+def test_a_hang_no_single_spare_can_mend_recreates_the_gang(quiet: dict[str, float]) -> None:
+    obs = _frozen_obs(quiet)
+    if not ob.GangHealth.of({"quiet": quiet}).silent:  # all there: past the in-place grace too
+        over = NOW - obs.spec.failure_policy.progress_deadline_seconds - 60
+        obs = dataclasses.replace(obs, status=_spare_status(last_progress_time=over))
+    d = dc.decide(obs)
+    assert d.takeover is None and d.failure is not None and d.failure.cause is st.Cause.HANG
+    assert d.launch is not None and d.status.attempt == 2
+
+
+def test_a_spare_on_the_frozen_pods_node_does_not_take_its_place() -> None:
+    d = dc.decide(_frozen_obs({"0": 0.2, "2": 14.0}, spare_node="node-2"))
+    assert d.takeover is None and d.failure is not None and d.failure.cause is st.Cause.HANG
+
+
+def test_a_frozen_pods_takeover_arrives_as_a_hang_restart_in_place() -> None:
+    """The coordinator's record of that replace: a Hang (application budget) of the frozen pod,
+    not of the spare that holds its rank now."""
+    frozen = {"class": contract.FailureClass.HANG.value, "pod": "job-a1-2", "nodeName": "node-2",
+              "spare": 0, "message": "node rank 2's keeper silent"}  # fmt: skip
+    now = pods(r2={"name": "job-a1-s0", "node": "node-5"})
+    record = _in_place_record(0, **frozen)
+    d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), pods=now, nodes=nodes(6),
+                          progress=_in_place_progress(1, record)))  # fmt: skip
+    failure = d.status.last_failure
+    assert failure is not None and failure.cause is st.Cause.HANG
+    assert (failure.pod, failure.node) == ("job-a1-2", "node-2")
+    assert d.status.restarts.application == 1 and d.status.restarts.infrastructure == 0
 
 
 def test_a_takeover_arrives_as_a_node_lost_restart_in_place() -> None:

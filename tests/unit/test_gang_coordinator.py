@@ -41,3 +41,23 @@ def test_an_answer_without_quiet_times_is_read_as_all_there() -> None:
     """A coordinator of an older image says nothing of its keepers: the grace is kept."""
     assert observed.GangHealth.of({"generation": 2, "final": False}).restarting
     assert observed.GangHealth.of({"quiet": {"x": 9.0, "1": "long"}}).restarting
+
+
+@pytest.mark.parametrize(
+    ("given", "recorded"),
+    [({}, "NodeLost"), ({"class": "Hang"}, "Hang"), ({"class": "OutOfMemory"}, "NodeLost")],
+)
+def test_a_replace_is_recorded_as_a_lost_node_or_a_frozen_pods_hang(
+    given: dict[str, str], recorded: str
+) -> None:
+    """The operator's replace says why (decide._take_over): a frozen pod's is a Hang, charged
+    to the application; anything else it records as NodeLost, as before."""
+    coordinator = gang.Coordinator(0, nodes=2)
+    try:
+        doc = {"op": "replace", "node": 1, "spare": 3, "failure": {"pod": "job-a1-1", **given}}
+        answer = coordinator.handle_request_doc(doc)
+        (record,) = answer["failures"]
+        assert (record["class"], record["pod"], record["spare"]) == (recorded, "job-a1-1", 3)
+        assert answer["holders"] == {"1": 3} and answer["generation"] == 1
+    finally:
+        coordinator.server_close()

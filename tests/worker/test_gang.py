@@ -146,10 +146,11 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
 
 
 def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path: Path) -> None:
-    """Node 1's pod is cut off (its keeper and ranks frozen, as on a node that stopped); the
-    operator's `replace` gives its place to the warm spare: the gang restarts in place with
-    the spare as node 1, resumes from the claim (a spare holds no memory) and finishes. When
-    the lost node comes back its keeper finds its node taken and stops its ranks."""
+    """Node 1's pod is cut off (its keeper and ranks frozen, as in a frozen pod or on a node
+    that stopped); the operator's `replace` gives its place to the warm spare: the gang
+    restarts in place with the spare as node 1, resumes from the claim (a spare holds no
+    memory) and finishes. When the lost node comes back its keeper finds its node taken and
+    stops its ranks."""
     from fsdp_worker import gang
 
     procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
@@ -171,8 +172,10 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path
             assert time.monotonic() < deadline, quiet
             time.sleep(0.5)
         assert quiet["0"] < 2.0, quiet
-        answer = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0,
-                                        "failure": {"message": "node lost"}})  # fmt: skip
+        # what the operator sends for a frozen pod (decide._take_over); a lost node's says
+        # NodeLost, and the survivors' ranks are brought down the same way
+        why = {"class": "Hang", "message": "node rank 1's keeper silent"}
+        answer = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0, "failure": why})
         assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer
         again = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
         assert "already holds" in again["refused"]
@@ -195,7 +198,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path
     assert "spare 0 takes node 1's place" in logs, logs
     restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
     assert [g for g, _ in restarts] == ["1"], logs  # node 0 (the spare started there)
-    assert "'class': 'NodeLost'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
+    assert "'class': 'Hang'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
     assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
 

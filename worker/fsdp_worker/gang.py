@@ -155,8 +155,9 @@ class _State:
         }
 
     def replace(self, doc: dict[str, Any]) -> str:
-        """The operator's `replace`: spare `spare` takes lost node `node`'s place in the next
-        generation; the lost node counts as down. Empty when done, else why not."""
+        """The operator's `replace`: spare `spare` takes node `node`'s place in the next
+        generation (its node lost, or its pod frozen); that node counts as down. Empty when
+        done, else why not."""
         node, spare = doc.get("node"), doc.get("spare")
         if not isinstance(node, int) or not isinstance(spare, int) or node <= 0:
             return f"replace needs node > 0 (node 0 hosts this coordinator) and a spare: {doc}"
@@ -166,10 +167,13 @@ class _State:
             return f"spare {spare} already holds a node"
         given = doc.get("failure")
         record: dict[str, Any] = given if isinstance(given, dict) else {}
+        # A lost node, or a pod frozen whole (Hang: its keeper fell silent); NodeLost unless
+        # the operator said which.
+        taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
+        cls = record.get("class") if record.get("class") in taken else taken[0]
         self.failures.append(
-            {**record, "class": contract.FailureClass.NODE_LOST.value, "node": node,
-             "generation": self.generation, "spare": spare}
-        )  # fmt: skip
+            {**record, "class": cls, "node": node, "generation": self.generation, "spare": spare}
+        )
         self.down.setdefault(self.generation, set()).add(node)
         self.generation += 1
         self.done.clear()
