@@ -439,7 +439,7 @@ def test_hang_is_caught_by_the_progress_deadline(
     s = harness.wait_for(
         "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
         timeout=90, context=context,
-    )
+    )  # fmt: skip
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
     message = s["lastFailure"]["message"]
     assert "no step progress" in message or "readiness probe" in message, message
