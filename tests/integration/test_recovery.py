@@ -215,12 +215,17 @@ def _faults(operator: harness.Operator) -> lf.Faults:
 
 
 def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
+    """The gang's pods of `attempt`, once all run (spec.spares' pods are not the gang's)."""
+
+    def gang() -> list[dict]:
+        running = jobs.running_pods(name, attempt)
+        return [p for p in running if "fsdpoperator.io/spare" not in p["metadata"]["labels"]]
+
     return harness.wait_for(
         f"pods of attempt {attempt} running",
-        lambda: len(p := jobs.running_pods(name, attempt)) == jobs.status(name).get("replicas")
-        and p,
-        timeout=60,
-    )
+        lambda: len(p := gang()) == jobs.status(name).get("replicas") and p,
+        timeout=60, context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}",
+    )  # fmt: skip
 
 
 def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
