@@ -295,6 +295,12 @@ def _cost_lines(s: dict[str, Any]) -> list[str]:
                 f"MTBF {hours} ({ci.get('failures') or 0} failures)"
             )
         lines.append(f"checkpoint interval: {ci.get('steps')} steps ({how})")
+    if mt := s.get("memoryTier"):
+        sealed = mt.get("sealedStep")
+        lines.append(
+            f"memory tier: every {mt.get('intervalSteps')} steps, last save "
+            f"{_sig(mt.get('saveSeconds'))}, sealed step {'-' if sealed is None else sealed}"
+        )
     return lines
 
 

@@ -201,6 +201,7 @@ def _track(d: Decision, obs: observed.Observed) -> None:
     if prog is not None:
         _restarts_in_place(d, obs, prog)
         _worker_report(d, prog, obs.now)
+        s.memory_tier = prog.memory or s.memory_tier  # checkpoint.memory's interval and save
         _quarantined_by_pods(d, prog, obs.checkpoint_dir)
     _progress_observed(d, obs)
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)

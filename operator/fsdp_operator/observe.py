@@ -259,6 +259,15 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
             mtbf_seconds=mtbf,
             failures=int(failures) if failures is not None else None,
         )
+    memory = None
+    memory_steps = whole(contract.METRIC_MEMORY_INTERVAL)
+    if memory_steps is not None and memory_steps >= 1:
+        in_memory = whole(contract.METRIC_MEMORY_STEP)
+        memory = status.MemoryTier(
+            interval_steps=memory_steps,
+            save_seconds=num(contract.METRIC_MEMORY_SAVE_SECONDS),
+            sealed_step=in_memory if in_memory is not None and in_memory > 0 else None,
+        )
     sealed = whole(contract.METRIC_CKPT_STEP)
     prefix = f"{contract.METRIC_QUARANTINED}{{step="
     quarantined = sorted(
@@ -281,4 +290,5 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
         train_seconds=num(contract.METRIC_STEP_SECONDS_SUM),
         blocked_seconds=num(contract.METRIC_CKPT_BLOCKED),
         interval=interval,
+        memory=memory,
     )

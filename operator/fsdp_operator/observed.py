@@ -136,6 +136,7 @@ class Progress:
     train_seconds: float | None = None
     blocked_seconds: float | None = None
     interval: status.CheckpointInterval | None = None
+    memory: status.MemoryTier | None = None  # checkpoint.memory's interval and last save
     checkpoint_step: int | None = None  # the newest step it sealed (None: none yet)
     resumed_from: int | None = None  # the step it resumed from, -1 fresh (None: not reported)
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)

@@ -330,6 +330,19 @@ class Spares(_Model):
     )
 
 
+class MemoryTier(_Model):
+    """checkpoint.memory as rank 0 reports it: the steps between saves to the pods' memory, what
+    the last one blocked training, and the newest step sealed there."""
+
+    interval_steps: int = Field(description="Steps between memory saves now (auto: chosen).")
+    save_seconds: float | None = Field(
+        None, description="Seconds the last memory save blocked training (null: none yet)."
+    )
+    sealed_step: int | None = Field(
+        None, description="Newest step sealed in memory by this attempt (null: none yet)."
+    )
+
+
 class HistoryEntry(_Model):
     """One attempt: a launch of the whole gang of worker pods, and how it ended."""
 
@@ -574,6 +587,11 @@ class FSDPJobStatus(_Model):
         None,
         description="The checkpoint interval rank 0 uses now and, with intervalSteps: auto, "
         "the figures it was chosen from.",
+    )
+    memory_tier: MemoryTier | None = Field(
+        None,
+        description="checkpoint.memory's interval and last save, as rank 0 reports them (null: "
+        "no memory tier, or not reported yet).",
     )
     excluded_nodes: list[ExcludedNode] = Field(
         default_factory=list,

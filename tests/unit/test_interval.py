@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from fsdp_operator import kube, observe
+from fsdp_operator import api, kube, observe
+from fsdp_operator import status as st
 from fsdp_worker import config, contract, interval, metrics
 
 HOUR = 3600.0
@@ -181,6 +182,35 @@ def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() ->
     old = observe.progress_of({contract.METRIC_STEP: 7.0})
     assert old.step == 7 and old.milestones == {} and old.interval is None
     assert old.checkpoint_step is None and old.resumed_from is None
+
+
+def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe() -> None:
+    """checkpoint.memory's own interval (auto: chosen from every failure) and its last blocking
+    save are rank 0's to report; the status keeps them beside checkpointInterval (the claim's),
+    and `fsdpctl describe` prints them. A worker without a memory tier reports none."""
+    from fsdp_operator import cli, decide
+    from fsdp_operator import observed as ob
+
+    m = metrics.Metrics()
+    m.step.set(41)
+    assert observe.progress_of(_scraped(m)).memory is None
+    m.memory_interval.set(6)
+    m.memory_save_seconds.set(0.042)
+    m.memory_step.set(36)
+    got = observe.progress_of(_scraped(m))
+    assert got.memory == st.MemoryTier(interval_steps=6, save_seconds=0.042, sealed_step=36)
+    spec = api.FSDPJobSpec.model_validate(
+        {"image": "w:1", "replicas": 2, "checkpoint": {"root": "/ckpt", "claimName": "c"}}
+    )
+    first = st.HistoryEntry(attempt=1, started=0.0, world_size=2)
+    began = st.FSDPJobStatus(phase=st.Phase.RUNNING, attempt=1, replicas=2, pods_created=True,
+                             history=[first])  # fmt: skip
+    d = decide.decide(ob.Observed(spec=spec, status=began, generation=1, now=100.0, pods=[],
+                                  nodes={}, progress=got))  # fmt: skip
+    assert d.status.memory_tier == got.memory
+    doc = d.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert doc["memoryTier"] == {"intervalSteps": 6, "saveSeconds": 0.042, "sealedStep": 36}
+    assert "memory tier: every 6 steps, last save 0.042s, sealed step 36" in cli._cost_lines(doc)
 
 
 def test_the_goodput_totals_are_counters_that_only_rise() -> None:
