@@ -37,7 +37,20 @@ bench/results/goodput_in_place.json and docs/goodput_in_place.png:
 
 (`make bench-goodput GOODPUT_ARGS="--in-place --failures 8"` runs the same.) `--spares 1` adds a
 third run, "spares": in place as the second, with `spec.spares: 1` on the node the gang leaves
-free: a lost node other than node rank 0's is given to the spare instead of recreating the gang.
+free: a lost node other than node rank 0's, or a frozen pod other than node rank 0's (its keeper
+falls silent), is given to the spare instead of recreating the gang.
+
+`--memory-factors 0.25,1,4` then sweeps the memory tier's interval: the last of those runs
+again with `checkpoint.memory.intervalSteps` fixed at those multiples of Daly's optimum for the
+memory save's measured cost (status.memoryTier, sampled each second; the claim stays auto), and
+reports how far `auto` is from the model's optimum and the best fixed run
+(`memorySweep` in the JSON, `<plot>_memory.png`). `--no-baselines` skips the recreate and
+plain in-place runs when `--spares` is given:
+
+    PYTHONPATH=. python bench/goodput.py --in-place --spares 1 --failures 12 --no-baselines \
+        --memory-factors 0.25,1,4 --out bench/results/goodput_memory_sweep.json \
+        --plot docs/goodput_memory_sweep.png
+
 `--no-build` uses the images as podman holds them now instead of building them first.
 """
 
@@ -78,7 +91,13 @@ SPARE_LABEL = "fsdpoperator.io/spare"
 
 
 def job_doc(
-    name: str, *, every: int | str, prior: float, in_place: bool = False, spares: int = 0
+    name: str,
+    *,
+    every: int | str,
+    prior: float,
+    in_place: bool = False,
+    spares: int = 0,
+    memory_every: int | str = "auto",
 ) -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     doc["metadata"]["name"] = name
@@ -97,7 +116,7 @@ def job_doc(
     }  # fmt: skip
     if in_place:
         spec["failurePolicy"]["inPlaceRestarts"] = IN_PLACE_RESTARTS
-        spec["checkpoint"]["memory"] = dict(MEMORY_TIER)
+        spec["checkpoint"]["memory"] = {**MEMORY_TIER, "intervalSteps": memory_every}
     if spares:
         spec["spares"] = spares
     return doc
@@ -196,6 +215,9 @@ class Run:
     wall: float = 0.0
     in_place: bool = False
     spares: int = 0
+    memory_every: int | str = "auto"  # checkpoint.memory.intervalSteps (in place)
+    memory_samples: list[int] = dataclasses.field(default_factory=list)  # its steps, each second
+    memory_saves: list[float] = dataclasses.field(default_factory=list)  # its last save's seconds
     history: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Every attempt's history entry as last seen: status keeps only the newest 20, and a
     fault that cost a cascade of restarts pushes earlier ones out before the run ends."""
@@ -224,6 +246,7 @@ class Run:
                                 "phases": dict(st.breakdown(tl)),
                                 "attempt": h.get("attempt")})  # fmt: skip
         steps = statistics.mean(self.interval_samples) if self.interval_samples else None
+        mem = statistics.mean(self.memory_samples) if self.memory_samples else None
         if self.in_place or any(h.get("restartsInPlace") for h in history):
             for x in resumes:
                 x["how"] = "recreated"
@@ -238,6 +261,11 @@ class Run:
             "wallSeconds": wall, "lostSeconds": lost, "redoneSeconds": g.get("redoneSeconds"),
             "resumes": resumes, "checkpointInterval": s.get("checkpointInterval"),
             "reliability": s.get("reliability"),
+            "memoryIntervalSteps": self.memory_every if self.in_place else None,
+            "meanMemoryIntervalSteps": mem,
+            "memoryIntervalSeconds": mem * step_seconds if mem else None,
+            "memorySaveSeconds": (statistics.median(self.memory_saves)
+                                  if self.memory_saves else None),
         }  # fmt: skip
 
 
@@ -324,7 +352,14 @@ class Soak:
         return {"kind": kind, "pod": pname, "node": node, "time": time.time()}
 
     def run(
-        self, label: str, every: int | str, seed: int, *, in_place: bool = False, spares: int = 0
+        self,
+        label: str,
+        every: int | str,
+        seed: int,
+        *,
+        in_place: bool = False,
+        spares: int = 0,
+        memory_every: int | str = "auto",
     ) -> Run:
         name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         rng = random.Random(seed)
@@ -333,17 +368,24 @@ class Soak:
                  for _ in range(self.args.failures)]  # fmt: skip
         chooser = random.Random(seed + 1)  # which pod / rank: same sequence for every config
         prior = self.args.prior_factor * self.args.mtbf
-        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place, spares=spares))
-        run = Run(label, every, in_place=in_place, spares=spares)
+        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place, spares=spares,
+                                memory_every=memory_every))  # fmt: skip
+        run = Run(label, every, in_place=in_place, spares=spares, memory_every=memory_every)
         started = time.time()
         s = self.training_again(name, 0)
         try:
             for i, (wait, kind) in enumerate(zip(draws, picks, strict=True)):
                 until = time.time() + wait
                 while time.time() < until:
-                    ci = (self.status(name).get("checkpointInterval") or {}).get("steps")
+                    now = self.status(name)
+                    ci = (now.get("checkpointInterval") or {}).get("steps")
                     if ci:
                         run.interval_samples.append(int(ci))
+                    tier = now.get("memoryTier") or {}
+                    if tier.get("intervalSteps"):
+                        run.memory_samples.append(int(tier["intervalSteps"]))
+                    if tier.get("saveSeconds") is not None:
+                        run.memory_saves.append(float(tier["saveSeconds"]))
                     time.sleep(min(1.0, max(0.0, until - time.time())))
                 before = self.status(name)
                 run.remember(before)
@@ -441,7 +483,7 @@ def report(result: dict[str, Any]) -> None:
               f"{100 * r.get('modelGoodput', 0):>7.1f}%")  # fmt: skip
 
 
-def plot(result: dict[str, Any], path: Path) -> None:
+def plot(result: dict[str, Any], path: Path, title: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -465,7 +507,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("compute between checkpoints (s, log)")
     ax.set_ylabel("goodput (%), start-up excluded")
-    ax.set_title(f"goodput vs checkpoint interval: MTBF {m['mtbfSeconds']:.0f}s, "
+    ax.set_title(title or f"goodput vs checkpoint interval: MTBF {m['mtbfSeconds']:.0f}s, "
                  f"{result['args']['faults']} faults")  # fmt: skip
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -585,8 +627,82 @@ def plot_in_place(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def memory_model(auto: dict[str, Any], step_s: float, mtbf: float) -> dict[str, Any]:
+    """Daly's model for the memory tier's interval, from the in-place auto run's measurements:
+    its memory saves' blocking seconds (median of rank 0's last-save gauge, sampled), its step,
+    and its mean time to resume (every restart, in place or recreated)."""
+    save = float(auto.get("memorySaveSeconds") or 0.0)
+    resumes = [x["seconds"] for x in auto["resumes"] if x.get("seconds")]
+    optimum = interval.daly_interval_seconds(save, mtbf)
+    return {"saveSeconds": save, "stepSeconds": step_s, "mtbfSeconds": mtbf,
+            "restartSeconds": statistics.mean(resumes) if resumes else 0.0,
+            "optimumSeconds": optimum, "optimumSteps": max(1, round(optimum / step_s))}  # fmt: skip
+
+
+def memory_sweep(result: dict[str, Any]) -> dict[str, Any] | None:
+    """The sweep's runs (the auto run it varies and the fixed memory intervals) against the
+    model: each run's model goodput, and how far auto is from the optimum and the best fixed."""
+    m = result.get("memoryModel")
+    if not m:
+        return None
+    label = result["memorySweepOf"]
+    runs = [r for r in result["runs"] if r["label"] == label or r["label"].startswith("memory ")]
+    m["optimumGoodput"] = _model(m["optimumSeconds"], m)
+    for r in runs:
+        if r.get("memoryIntervalSeconds"):
+            r["memoryModelGoodput"] = _model(r["memoryIntervalSeconds"], m)
+    auto = next(r for r in runs if r["label"] == label)
+    fixed = [r for r in runs if r is not auto and r.get("goodputSteady") is not None]
+    best = max(fixed, key=lambda r: r["goodputSteady"], default=None)
+    steady = auto.get("goodputSteady") or 0.0
+    return {
+        "runs": [r["label"] for r in runs],
+        "autoSteady": auto.get("goodputSteady"),
+        "pointsUnderModelOptimum": round(100 * (m["optimumGoodput"] - steady), 1),
+        "bestFixed": best["label"] if best else None,
+        "pointsUnderBestFixed": (round(100 * (best["goodputSteady"] - auto["goodputSteady"]), 1)
+                                 if best and auto.get("goodputSteady") is not None else None),
+    }  # fmt: skip
+
+
+def report_memory_sweep(result: dict[str, Any]) -> None:
+    sweep = result.get("memorySweep")
+    if not sweep:
+        return
+    m = result["memoryModel"]
+    print(f"\nmemory tier: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, "
+          f"MTBF {m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.2f}s "
+          f"({m['optimumSteps']} steps), model {100 * m['optimumGoodput']:.1f}%")  # fmt: skip
+    print(f"{'run':<16}{'memory every':>13}{'seconds':>9}{'goodput':>9}{'steady':>8}{'model':>8}")
+    for r in result["runs"]:
+        if r["label"] not in sweep["runs"]:
+            continue
+        print(f"{r['label']:<16}{r['meanMemoryIntervalSteps'] or 0:>13.1f}"
+              f"{r['memoryIntervalSeconds'] or 0:>9.2f}{100 * (r['goodput'] or 0):>8.1f}%"
+              f"{100 * (r['goodputSteady'] or 0):>7.1f}%"
+              f"{100 * r.get('memoryModelGoodput', 0):>7.1f}%")  # fmt: skip
+    print(
+        f"auto: {sweep['pointsUnderModelOptimum']} points under the model's optimum, "
+        f"{sweep['pointsUnderBestFixed']} under the best fixed ({sweep['bestFixed']})"
+    )
+
+
+def plot_memory_sweep(result: dict[str, Any], path: Path) -> None:
+    """The memory tier's interval against goodput, as plot() draws the claim's."""
+    sweep = result.get("memorySweep")
+    if not sweep:
+        return
+    runs = [{"label": r["label"], "intervalSeconds": r.get("memoryIntervalSeconds"),
+             "goodputSteady": r.get("goodputSteady"), "intervalSteps": r["memoryIntervalSteps"]}
+            for r in result["runs"] if r["label"] in sweep["runs"]]  # fmt: skip
+    title = (f"in place: goodput vs the memory tier's interval (claim: auto), MTBF "
+             f"{float(result['args']['mtbf']):g}s")  # fmt: skip
+    plot({"model": result["memoryModel"], "runs": runs}, path, title)
+
+
 def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch: list[str]) -> int:
-    """Recreate, then in place: the same draws, one after the other."""
+    """Recreate, then in place (then with spares), the same draws one after the other; with
+    --memory-factors, then fixed memory-tier intervals around the model's optimum."""
     runs: list[Run] = []
     result: dict[str, Any] = {
         "what": "the goodput soak's 1x/auto configuration, the same seeded fault draws twice: "
@@ -594,7 +710,9 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         f"{IN_PLACE_RESTARTS}, checkpoint.memory {MEMORY_TIER}); time to resume: an in-place "
         "restart's resumed - failure.time, a recreated gang's history timeline failed -> "
         "firstStep; sinceFault: the fault's injection -> the next first step; with --spares a "
-        "third run, in-place with spec.spares",
+        "third run, in-place with spec.spares; with --memory-factors, the last of those again "
+        "with checkpoint.memory.intervalSteps fixed at those multiples of Daly's optimum for "
+        "the memory tier's measured save (the claim's interval stays auto)",
         "args": {k: str(v) for k, v in vars(args).items()},
         "machine": machine_note(args),
         "tree": tree(),
@@ -608,19 +726,40 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
 
-    plan = [("recreate", False, 0), ("in-place", True, 0)]
+    plan = [] if args.no_baselines else [("recreate", False, 0), ("in-place", True, 0)]
     if args.spares:
         plan.append(("spares", True, args.spares))
+    elif args.no_baselines:
+        plan.append(("in-place", True, 0))
     for label, in_place, spares in plan:
         print(f"{label}: intervalSteps auto, inPlaceRestarts "
               f"{IN_PLACE_RESTARTS if in_place else 0}, spares {spares}", flush=True)  # fmt: skip
         runs.append(soak.run(label, "auto", args.seed, in_place=in_place, spares=spares))
         save()
+    factors = [float(f) for f in args.memory_factors.split(",") if f.strip()]
+    if factors:
+        label, _, spares = plan[-1]
+        swept = runs[-1]
+        m = memory_model(in_place_summary(swept, _costs(swept)[1]), _costs(swept)[1], args.mtbf)
+        result["memoryModel"], result["memorySweepOf"] = m, label
+        print(f"memory tier measured: save {m['saveSeconds']:.3f}s, step "
+              f"{m['stepSeconds']:.4f}s -> optimum {m['optimumSeconds']:.2f}s = "
+              f"{m['optimumSteps']} steps", flush=True)  # fmt: skip
+        for f in factors:
+            steps = max(1, round(m["optimumSteps"] * f))
+            print(f"memory {f:g}x: checkpoint.memory.intervalSteps {steps}", flush=True)
+            runs.append(soak.run(f"memory {f:g}x", "auto", args.seed, in_place=True,
+                                 spares=spares, memory_every=steps))  # fmt: skip
+            save()
+        result["memorySweep"] = memory_sweep(result)
+        save()
     try:
         plot_in_place(result, args.plot)
+        plot_memory_sweep(result, args.plot.with_name(args.plot.stem + "_memory.png"))
     except Exception as e:  # the numbers are written already
         print(f"no plot: {e}", flush=True)
     report_in_place(result)
+    report_memory_sweep(result)
     print(f"wrote {args.out} and {args.plot} in {result['benchSeconds']:.0f}s")
     return 0
 
@@ -646,6 +785,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=0,
                         help="with --in-place: a third run, in place with spec.spares N "
                         "(--nodes must leave a node for them)")  # fmt: skip
+    parser.add_argument("--memory-factors", default="",
+                        help="with --in-place: then fixed checkpoint.memory intervals at these "
+                        "multiples of the memory tier's optimum (e.g. 0.25,1,4)")  # fmt: skip
+    parser.add_argument("--no-baselines", action="store_true",
+                        help="with --in-place: skip the recreate and plain in-place runs when "
+                        "--spares is given (only the runs --memory-factors compares)")  # fmt: skip
     parser.add_argument("--no-build", action="store_true",
                         help="use the images podman holds now; do not build them")  # fmt: skip
     args = parser.parse_args(argv)
@@ -653,8 +798,11 @@ def main(argv: list[str] | None = None) -> int:
     args.plot = args.plot or (PLOT_IN_PLACE if args.in_place else PLOT)
     if args.replot and args.in_place:
         written = json.loads(args.replot.read_text())
+        written["memorySweep"] = memory_sweep(written)
         plot_in_place(written, args.plot)
+        plot_memory_sweep(written, args.plot.with_name(args.plot.stem + "_memory.png"))
         report_in_place(written)
+        report_memory_sweep(written)
         return 0
     if args.replot:
         written = json.loads(args.replot.read_text())
