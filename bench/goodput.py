@@ -324,8 +324,17 @@ class Soak:
             ended = history.get(after_attempt) or _entry(s, after_attempt)
             tl_raw = _entry(s, s.get("attempt", 0)).get("timeline")
             tl = st.Timeline.model_validate(tl_raw) if tl_raw else None
+            # every attempt this fault ended, and how: a chain longer than one is a recovery
+            # that failed again (the cause and words the operator gave each)
+            chain = []
+            for a in range(after_attempt, s.get("attempt", 0)):
+                h = history.get(a) or _entry(s, a)
+                words = str((h.get("failure") or {}).get("message", ""))[:300]
+                stepped = bool((h.get("timeline") or {}).get("firstStep"))
+                chain.append({"attempt": a, "cause": h.get("cause"), "message": words,
+                              "firstStep": stepped})  # fmt: skip
             fault.update(recovery="recreated", cause=ended.get("cause"),
-                         attempts=s.get("attempt", 0) - after_attempt,
+                         attempts=s.get("attempt", 0) - after_attempt, chain=chain,
                          firstStep=tl.first_step if tl else None,
                          inPlaceRestarts=len(new))  # fmt: skip
         first = fault.get("firstStep")
