@@ -330,9 +330,8 @@ class Soak:
             for a in range(after_attempt, s.get("attempt", 0)):
                 h = history.get(a) or _entry(s, a)
                 words = str((h.get("failure") or {}).get("message", ""))[:300]
-                stepped = bool((h.get("timeline") or {}).get("firstStep"))
                 chain.append({"attempt": a, "cause": h.get("cause"), "message": words,
-                              "firstStep": stepped})  # fmt: skip
+                              "timeline": h.get("timeline")})  # fmt: skip
             fault.update(recovery="recreated", cause=ended.get("cause"),
                          attempts=s.get("attempt", 0) - after_attempt, chain=chain,
                          firstStep=tl.first_step if tl else None,
