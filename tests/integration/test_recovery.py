@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,16 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     jobs.patch(name, {"suspend": True})  # free the nodes for the next test
 
 
+def _spare_trained(jobs: harness.Jobs, name: str, context: Callable[[], str]) -> dict:
+    """The status once attempt 1's first restart in place (a spare's takeover) trained again."""
+    return harness.wait_for(
+        "the spare trains as node rank 1",
+        lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
+        and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
+        timeout=90, context=context,
+    )  # fmt: skip
+
+
 def test_a_spare_takes_a_lost_nodes_place_in_place(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
@@ -310,12 +321,7 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     faults = _faults(operator)
     faults.lose_node(lost)
     try:
-        s = harness.wait_for(
-            "the spare trains as node rank 1",
-            lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
-            and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
-            timeout=90, context=context,
-        )  # fmt: skip
+        s = _spare_trained(jobs, name, context)
         restart = s["history"][0]["restartsInPlace"][0]
         failure = restart["failure"]
         assert s["attempt"] == 1 and failure["cause"] == "NodeLost", restart
@@ -423,12 +429,7 @@ def test_hang_is_caught_by_the_progress_deadline(
     pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{frozen}"))
     _faults(operator).freeze(jobs.ns, pod["metadata"]["name"])
     if spares:
-        s = harness.wait_for(
-            "the spare trains as node rank 1",
-            lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
-            and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
-            timeout=90, context=context,
-        )  # fmt: skip
+        s = _spare_trained(jobs, name, context)
         failure = s["history"][0]["restartsInPlace"][0]["failure"]
         assert s["attempt"] == 1 and failure["cause"] == "Hang", s
         assert failure["pod"] == pod["metadata"]["name"], failure
