@@ -61,3 +61,35 @@ def test_a_replace_is_recorded_as_a_lost_node_or_a_frozen_pods_hang(
         assert answer["holders"] == {"1": 3} and answer["generation"] == 1
     finally:
         coordinator.server_close()
+
+
+def test_a_replace_after_the_others_failed_first_joins_their_generation() -> None:
+    """Node 1's pod froze; node 0's ranks hung on it and their watchdog ended them first, so
+    the gang is coming down from generation 0 when the operator's replace arrives. The frozen
+    node counts down there (it never would itself), the spare starts generation 1 with node 0,
+    and generation 0 has one record, the frozen pod's Hang (node 0's end its symptom)."""
+    coordinator = gang.Coordinator(0, nodes=2)
+    try:
+        hung = {"class": "Hang", "message": "rank 0: no step for 10s", "rank": 0}
+        coordinator.handle_request_doc({"op": "fail", "generation": 0, "failure": hung})
+        coordinator.handle_request_doc({"op": "down", "generation": 0, "node": 0})
+        frozen = {"class": "Hang", "pod": "job-a1-1", "message": "node rank 1's keeper silent"}
+        answer = coordinator.handle_request_doc(
+            {"op": "replace", "node": 1, "spare": 3, "failure": frozen}
+        )
+        assert "refused" not in answer, answer
+        assert answer["generation"] == 1 and answer["down"] == {"0": [0, 1]}, answer
+        (record,) = answer["failures"]
+        assert (record["generation"], record["class"], record["pod"]) == (0, "Hang", "job-a1-1")
+        assert record["spare"] == 3 and record["symptom"] == "rank 0: no step for 10s"
+        # generation 1 trains (every node came down from 0); node 1's node is lost: that is
+        # a failure of generation 1, and generation 2 follows
+        lost = coordinator.handle_request_doc({"op": "replace", "node": 1, "spare": 4})
+        assert "refused" not in lost and lost["generation"] == 2, lost
+        assert lost["down"]["1"] == [1] and lost["holders"] == {"1": 4}, lost
+        assert [(f["generation"], f["class"]) for f in lost["failures"]] == [
+            (0, "Hang"),
+            (1, "NodeLost"),
+        ]
+    finally:
+        coordinator.server_close()

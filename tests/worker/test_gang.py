@@ -145,12 +145,20 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
     assert "no step completed" not in done.stderr, done.stderr
 
 
-def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "others_first", [False, True], ids=["replaced-first", "others-failed-first"]
+)
+def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
+    tmp_path: Path, others_first: bool
+) -> None:
     """Node 1's pod is cut off (its keeper and ranks frozen, as in a frozen pod or on a node
     that stopped); the operator's `replace` gives its place to the warm spare: the gang
     restarts in place with the spare as node 1, resumes from the claim (a spare holds no
     memory) and finishes. When the lost node comes back its keeper finds its node taken and
-    stops its ranks."""
+    stops its ranks. `others_first`: node 0's ranks end first (as a frozen peer's others do at
+    their own hang watchdog, before the operator's verdict): the gang is coming down from
+    generation 0 when the replace arrives, and the spare joins the generation node 0 waits
+    to start."""
     from fsdp_worker import gang
 
     procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
@@ -172,6 +180,13 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path
             assert time.monotonic() < deadline, quiet
             time.sleep(0.5)
         assert quiet["0"] < 2.0, quiet
+        if others_first:  # what node 0's keeper sends when its ranks' watchdog ends them
+            hung = {"class": "Hang", "message": "no step for 10s", "rank": 0}
+            gang.ask(coordinator, {"op": "fail", "generation": 0, "failure": hung, "from": 0})
+            deadline = time.monotonic() + 30
+            while gang.ask(coordinator, {"op": "state"})["down"].get("0") != [0]:
+                assert time.monotonic() < deadline, keeper_logs(tmp_path, 3)
+                time.sleep(0.2)
         # what the operator sends for a frozen pod (decide._take_over); a lost node's says
         # NodeLost, and the survivors' ranks are brought down the same way
         why = {"class": "Hang", "message": "node rank 1's keeper silent"}
@@ -199,6 +214,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(tmp_path
     restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
     assert [g for g, _ in restarts] == ["1"], logs  # node 0 (the spare started there)
     assert "'class': 'Hang'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
+    assert ("'symptom': 'no step for 10s'" in restarts[0][1]) is others_first, restarts
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
     assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
 

@@ -157,7 +157,14 @@ class _State:
     def replace(self, doc: dict[str, Any]) -> str:
         """The operator's `replace`: spare `spare` takes node `node`'s place in the next
         generation (its node lost, or its pod frozen); that node counts as down. Empty when
-        done, else why not."""
+        done, else why not.
+
+        When the other nodes are already coming down from the generation before (their ranks
+        failed first: a frozen peer's ranks hang the others until their own watchdog ends
+        them), the replaced node is counted down in that generation, whose failure this is,
+        and the generation they wait to start is the spare's too: the replaced node would
+        never report itself down there, and a new generation on top would leave every keeper
+        waiting for the other's."""
         node, spare = doc.get("node"), doc.get("spare")
         if not isinstance(node, int) or not isinstance(spare, int) or node <= 0:
             return f"replace needs node > 0 (node 0 hosts this coordinator) and a spare: {doc}"
@@ -171,12 +178,21 @@ class _State:
         # the operator said which.
         taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
         cls = record.get("class") if record.get("class") in taken else taken[0]
-        self.failures.append(
-            {**record, "class": cls, "node": node, "generation": self.generation, "spare": spare}
-        )
-        self.down.setdefault(self.generation, set()).add(node)
-        self.generation += 1
-        self.done.clear()
+        before = self.generation - 1
+        coming_down = before >= 0 and bool(set(range(self.nodes)) - self.down.get(before, set()))
+        ending = before if coming_down else self.generation
+        entry = {**record, "class": cls, "node": node, "generation": ending, "spare": spare}
+        # one record per generation: the replaced node's, the cause the others' ends were
+        # symptoms of (their first failure's words stay in its `symptom`)
+        first = next((f for f in self.failures if f.get("generation") == ending), None)
+        if first is not None:
+            entry["symptom"] = str(first.get("message") or first.get("class") or "")[:300]
+            self.failures.remove(first)
+        self.failures.append(entry)
+        self.down.setdefault(ending, set()).add(node)
+        if not coming_down:
+            self.generation += 1
+            self.done.clear()
         self.holders[node] = spare
         self.heard[node] = time.monotonic()  # the spare speaks for it from now on
         return ""
