@@ -700,7 +700,8 @@ def plot_memory_sweep(result: dict[str, Any], path: Path) -> None:
     sweep = result.get("memorySweep")
     if not sweep:
         return
-    runs = [{"label": r["label"], "intervalSeconds": r.get("memoryIntervalSeconds"),
+    runs = [{"label": r["label"] + (": auto" if r["memoryIntervalSteps"] == "auto" else ""),
+             "intervalSeconds": r.get("memoryIntervalSeconds"),
              "goodputSteady": r.get("goodputSteady"), "intervalSteps": r["memoryIntervalSteps"]}
             for r in result["runs"] if r["label"] in sweep["runs"]]  # fmt: skip
     title = (f"in place: goodput vs the memory tier's interval (claim: auto), MTBF "
@@ -730,6 +731,7 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
     def save() -> None:
         step_s = _costs(runs[0])[1] if runs else 0.0
         result["runs"] = [in_place_summary(r, step_s) for r in runs]
+        result["memorySweep"] = memory_sweep(result)  # each run's model goodput too
         result["benchSeconds"] = round(time.time() - began, 1)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
@@ -759,8 +761,6 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
             runs.append(soak.run(f"memory {f:g}x", "auto", args.seed, in_place=True,
                                  spares=spares, memory_every=steps))  # fmt: skip
             save()
-        result["memorySweep"] = memory_sweep(result)
-        save()
     try:
         plot_in_place(result, args.plot)
         plot_memory_sweep(result, args.plot.with_name(args.plot.stem + "_memory.png"))
@@ -807,6 +807,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.replot and args.in_place:
         written = json.loads(args.replot.read_text())
         written["memorySweep"] = memory_sweep(written)
+        args.replot.write_text(json.dumps(written, indent=1))
         plot_in_place(written, args.plot)
         plot_memory_sweep(written, args.plot.with_name(args.plot.stem + "_memory.png"))
         report_in_place(written)
