@@ -243,6 +243,27 @@ def test_raising_the_fence_orders_the_writers(tmp_path: Path) -> None:
         catalog.check_fence(storage, ".", attempt=9, job_uid="uid-a")
 
 
+def test_a_later_generation_of_the_same_attempt_fences_an_earlier_one(tmp_path: Path) -> None:
+    """A restart in place (fsdp_worker.gang) raises the fence for its generation: a rank 0 of
+    an earlier one still running (node rank 0's pod frozen while a spare took its place)
+    publishes nothing; a newer attempt fences every generation of the older one; a fence of
+    an older image (no generation) reads as generation 0."""
+    storage = catalog.LocalStorage(str(tmp_path))
+    catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a", generation=1)
+    assert catalog.read_fence(storage, ".") == catalog.Fence(2, "uid-a", 1)
+    catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a", generation=1)
+    with pytest.raises(catalog.Superseded, match="generation 1 of attempt 2 now writes .* "
+                       "generation 0 was superseded"):  # fmt: skip
+        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")
+    with pytest.raises(catalog.Superseded):
+        catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a", generation=0)
+    catalog.raise_fence(storage, ".", attempt=3, job_uid="uid-a")
+    with pytest.raises(catalog.Superseded, match="attempt 3 now writes"):
+        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a", generation=9)
+    (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": 4, "job_uid": "uid-a"}')
+    assert catalog.read_fence(storage, ".") == catalog.Fence(4, "uid-a", 0)
+
+
 def test_a_torn_fence_is_no_fence(tmp_path: Path) -> None:
     (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": ')
     storage = catalog.LocalStorage(str(tmp_path))

@@ -498,15 +498,19 @@ class Superseded(CatalogError):
 
 @dataclass(frozen=True)
 class Fence:
-    """``FENCE.json``: the attempt that owns a checkpoint directory's writes now."""
+    """``FENCE.json``: the attempt that owns a checkpoint directory's writes now, and its
+    generation of restarts in place (fsdp_worker.gang): a rank 0 of an earlier generation
+    that still runs (its pod frozen or cut off while a spare took node rank 0's place)
+    publishes nothing over the generation that replaced it."""
 
     attempt: int
     job_uid: str | None
+    generation: int = 0
 
-    def supersedes(self, attempt: int, job_uid: str | None) -> bool:
+    def supersedes(self, attempt: int, job_uid: str | None, generation: int = 0) -> bool:
         """Whether a writer of ``attempt`` (of job ``job_uid``) must stand down."""
         other_job = None not in (self.job_uid, job_uid) and self.job_uid != job_uid
-        return other_job or self.attempt > attempt
+        return other_job or (self.attempt, self.generation) > (attempt, generation)
 
 
 def read_fence(storage: Storage, root: str) -> Fence | None:
@@ -517,37 +521,51 @@ def read_fence(storage: Storage, root: str) -> Fence | None:
         return None
     try:
         doc = json.loads(storage.read_bytes(path))
-        attempt, uid = doc["attempt"], doc.get("job_uid")
-    except (OSError, ValueError, KeyError, TypeError):
+        attempt, uid, generation = doc["attempt"], doc.get("job_uid"), doc.get("generation", 0)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not isinstance(uid, str | None):
         return None
-    return Fence(attempt, uid)
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        generation = 0
+    return Fence(attempt, uid, generation)
 
 
-def check_fence(storage: Storage, root: str, *, attempt: int, job_uid: str | None) -> None:
+def check_fence(
+    storage: Storage, root: str, *, attempt: int, job_uid: str | None, generation: int = 0
+) -> None:
     """Raise Superseded when a newer writer fenced ``root``: call before every publish,
     quarantine and delete. (A check, then the change: on a file system a writer fenced in
     between still acts once; an object store's conditional write closes that gap.)"""
     fence = read_fence(storage, root)
-    if fence is not None and fence.supersedes(attempt, job_uid):
+    if fence is not None and fence.supersedes(attempt, job_uid, generation):
         whose = "" if fence.job_uid == job_uid else f" of job {fence.job_uid}"
+        if fence.job_uid == job_uid and fence.attempt == attempt:
+            raise Superseded(
+                f"generation {fence.generation} of attempt {attempt} now writes {root}: "
+                f"generation {generation} was superseded and publishes, quarantines and "
+                "deletes nothing"
+            )
         raise Superseded(
             f"attempt {fence.attempt}{whose} now writes {root}: attempt {attempt} was superseded "
             "and publishes, quarantines and deletes nothing"
         )
 
 
-def raise_fence(storage: LocalStorage, root: str, *, attempt: int, job_uid: str | None) -> None:
+def raise_fence(
+    storage: LocalStorage, root: str, *, attempt: int, job_uid: str | None, generation: int = 0
+) -> None:
     """Rank 0 of a starting attempt: record it as the directory's writer, before its first
     change there. A newer attempt of the same job already there means this one is superseded
     before it began (Superseded); another job's fence is replaced (that job was deleted: the
     operator refuses two jobs on one directory)."""
     fence = read_fence(storage, root)
-    if fence is not None and fence.job_uid == job_uid and fence.attempt > attempt:
-        check_fence(storage, root, attempt=attempt, job_uid=job_uid)
-    if fence != Fence(attempt, job_uid):
-        doc = {"attempt": attempt, "job_uid": job_uid, "time": time.time()}
+    mine = Fence(attempt, job_uid, generation)
+    if fence is not None and fence.job_uid == job_uid:
+        check_fence(storage, root, attempt=attempt, job_uid=job_uid, generation=generation)
+    if fence != mine:
+        doc = {"attempt": attempt, "job_uid": job_uid, "generation": generation,
+               "time": time.time()}  # fmt: skip
         storage.write_atomic(posixpath.join(root, FENCE_NAME), json.dumps(doc).encode())
 
 
@@ -571,6 +589,7 @@ def quarantine_corrupt(
     *,
     attempt: int,
     job_uid: str | None,
+    generation: int = 0,
 ) -> tuple[int, ...]:
     """A writer that chose its own checkpoint sets aside those that failed verification, as
     the operator does when it reads them; returns their steps. Superseded when a newer attempt
@@ -579,7 +598,7 @@ def quarantine_corrupt(
     corrupt = [c for c in rejected if c.reason in CORRUPT]
     if not corrupt:
         return ()
-    check_fence(storage, root, attempt=attempt, job_uid=job_uid)
+    check_fence(storage, root, attempt=attempt, job_uid=job_uid, generation=generation)
     moved = []
     for c in corrupt:
         try:

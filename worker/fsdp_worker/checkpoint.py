@@ -69,6 +69,7 @@ class Identity:
     config_hash: str
     global_batch_size: int
     job_uid: str | None = None
+    generation: int = 0  # of restarts in place (FSDP_GENERATION): the fence's too
 
 
 @dataclass
@@ -166,7 +167,8 @@ class CheckpointManager:
             return
         uid = self.identity.job_uid
         try:
-            catalog.raise_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid)
+            catalog.raise_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid,
+                                generation=self.identity.generation)  # fmt: skip
         except catalog.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
         for name in self.storage.list_dirs(self.root):
@@ -371,7 +373,8 @@ class CheckpointManager:
         """Superseded (a CheckpointError, exit 1) when a newer attempt fenced the directory."""
         uid = self.identity.job_uid
         try:
-            catalog.check_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid)
+            catalog.check_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid,
+                                generation=self.identity.generation)  # fmt: skip
         except catalog.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
 

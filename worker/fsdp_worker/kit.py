@@ -232,6 +232,7 @@ class Run:
             config_hash=training.resume_hash(),
             global_batch_size=training.global_batch_size,
             job_uid=self.settings.job_uid,
+            generation=self.settings.generation,
         )
 
     def choose(self) -> ResumePoint | None:
@@ -246,6 +247,7 @@ class Run:
             dist_info=self.dist,
             job_uid=s.job_uid,
             rules=s.rules,
+            generation=s.generation,
         )
         for step in choice.quarantined:  # the operator reads them from rank 0's metrics
             self.meters.quarantined.labels(step=str(step)).set(1)

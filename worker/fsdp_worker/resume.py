@@ -73,6 +73,7 @@ def _choose_auto(
     attempt: int,
     job_uid: str | None,
     rules: contract.ResumeRules | None,
+    generation: int = 0,
 ) -> Choice:
     root = cfg.checkpoint.root
     other_jobs = cfg.checkpoint.resume_from_previous_jobs
@@ -85,7 +86,7 @@ def _choose_auto(
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
     try:
         moved = catalog.quarantine_corrupt(
-            storage, root, rejected, attempt=attempt, job_uid=job_uid
+            storage, root, rejected, attempt=attempt, job_uid=job_uid, generation=generation
         )
     except catalog.Superseded as exc:
         raise errors.CheckpointError(str(exc)) from None
@@ -117,9 +118,11 @@ def _choose(
     attempt: int,
     job_uid: str | None,
     rules: contract.ResumeRules | None,
+    generation: int = 0,
 ) -> Choice:
     if resume == contract.RESUME_AUTO:
-        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules)
+        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules,
+                            generation=generation)  # fmt: skip
     storage = catalog.LocalStorage(cfg.checkpoint.root)
     candidate = catalog.verify(storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
@@ -139,6 +142,7 @@ def choose(
     dist_info: DistInfo,
     job_uid: str | None = None,
     rules: contract.ResumeRules | None = None,
+    generation: int = 0,
 ) -> Choice:
     """Collective: rank 0 decides, every rank gets the same answer (or the same error).
 
@@ -150,7 +154,8 @@ def choose(
     box: list[object] = [None]
     if dist_info.rank == 0:
         try:
-            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules)
+            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules,
+                             generation=generation)  # fmt: skip
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc
     dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)

@@ -90,6 +90,7 @@ class StandIn:
         self.storage = catalog.LocalStorage(self.root)
         self.hash = cfg.training.resume_hash()
         self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
+        self.generation = _env_int(contract.ENV_GENERATION, 0)
         self.quarantined: list[int] = []  # steps rank 0 set aside under auto
         self.step, self.resumed_from = self._resume()
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
@@ -123,8 +124,9 @@ class StandIn:
         chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
         if self.rank == 0:  # sets aside what failed verification, as the real worker does
             moved = catalog.quarantine_corrupt(
-                self.storage, ".", rejected, attempt=self.attempt, job_uid=self.job_uid
-            )
+                self.storage, ".", rejected, attempt=self.attempt, job_uid=self.job_uid,
+                generation=self.generation,
+            )  # fmt: skip
             self.quarantined.extend(moved)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
@@ -150,7 +152,8 @@ class StandIn:
                 raise RuntimeError(f"checkpoint step {step}: not every rank wrote its shard")
             time.sleep(0.02)
         final = catalog.step_dir_name(step)
-        catalog.check_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
+        catalog.check_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid,
+                            generation=self.generation)  # fmt: skip
         if self.storage.exists(final):
             catalog.quarantine(self.storage, ".", step)
         self.storage.rename(partial, final)
@@ -208,7 +211,8 @@ class StandIn:
         """Rank 0: raise the fence, then serve the metrics (held back first, as a gang that has
         not met would: the kit serves once its process group is up)."""
         os.makedirs(self.root, exist_ok=True)
-        catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid)
+        catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid,
+                            generation=self.generation)  # fmt: skip
         if self._meets_late():
             until = time.monotonic() + float(os.environ.get("STANDIN_MEET_SECONDS", "0"))
             while time.monotonic() < until:
