@@ -93,3 +93,102 @@ def test_a_replace_after_the_others_failed_first_joins_their_generation() -> Non
         ]
     finally:
         coordinator.server_close()
+
+
+class _Waiting:
+    """What the coordinator's standby reads of its keeper: its gang, and where it hears."""
+
+    def __init__(self, node: int, spare: int | None = None) -> None:
+        self.gang = gang.Gang(restarts=4, coordinator="job-a1-0:29501", node=node, nodes=3,
+                              spare=spare)  # fmt: skip
+        self.follow: tuple[str, str] | None = None
+        self.promoted: str | None = None
+
+
+def test_a_spare_promoted_to_node_rank_0_gathers_the_others_then_restarts_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Node rank 0 (the coordinator) is lost in generation 2. The operator promotes spare 5
+    (its standby becomes the coordinator) and tells nodes 1 and 2 to follow it; they bring
+    what node 0's coordinator last said. Once both rejoined, generation 2 ends with node 0's
+    NodeLost (node 1's first failure its symptom) and generation 3 starts, every node down."""
+    clock = [10.0]
+    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
+    spare, node1 = _Waiting(-1, spare=5), _Waiting(1)
+    standby = gang.Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
+    other = gang.Coordinator(0, nodes=3, active=False, keeper=node1)  # type: ignore[arg-type]
+    try:
+        assert standby.handle_request_doc({"op": "state"}) == {"standby": True}
+        bad = standby.handle_request_doc({"op": "promote", "master": "no-port"})
+        assert "master" in bad["refused"] and spare.promoted is None
+        refused = other.handle_request_doc({"op": "promote", "master": "10.0.0.9:29500"})
+        assert "not a waiting spare" in refused["refused"], refused
+        lost = {"class": "NodeLost", "pod": "job-a1-0", "message": "node n0 stopped renewing"}
+        doc = {"op": "promote", "master": "10.0.0.9:29500", "failure": lost, "generation": 1}
+        answer = standby.handle_request_doc(doc)
+        assert spare.promoted == "10.0.0.9:29500" and answer["gathering"], answer
+        assert answer["holders"] == {"0": 5}
+        again = standby.handle_request_doc(doc)
+        assert "coordinator" in again["refused"]
+        follow = {"op": "follow", "coordinator": "10.0.0.9:29501", "master": "10.0.0.9:29500"}
+        assert other.handle_request_doc(follow) == {"following": "10.0.0.9:29501"}
+        assert node1.follow == ("10.0.0.9:29501", "10.0.0.9:29500")
+        crash = {"class": "Other", "message": "gloo: connection reset", "generation": 2}
+        earlier = {"class": "Crash", "message": "rank 3 exited 1", "generation": 0}
+        clock[0] = 12.0
+        standby.handle_request_doc({"op": "rejoin", "node": 1, "generation": 2,
+                                    "failures": [earlier, crash], "holders": {"2": 4}})  # fmt: skip
+        waiting = standby.handle_request_doc({"op": "state", "from": 1})
+        assert waiting["gathering"] and waiting["quiet"] == {"0": 2.0, "1": 0.0, "2": 2.0}
+        done = standby.handle_request_doc({"op": "rejoin", "node": 2, "generation": 1})
+        assert not done["gathering"] and done["generation"] == 3, done
+        assert done["down"] == {"2": [0, 1, 2]} and done["holders"] == {"0": 5, "2": 4}
+        (first, record) = done["failures"]
+        assert first == earlier
+        assert (record["generation"], record["node"], record["class"]) == (2, 0, "NodeLost")
+        assert record["spare"] == 5 and record["symptom"] == "gloo: connection reset"
+    finally:
+        standby.server_close()
+        other.server_close()
+
+
+def test_a_promoted_spare_that_is_never_joined_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node the operator could not tell to follow never rejoins: past the keepers' down
+    timeout the new coordinator says `final`, and every keeper waits for the operator."""
+    clock = [10.0]
+    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
+    spare = _Waiting(-1, spare=0)
+    standby = gang.Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
+    try:
+        standby.handle_request_doc({"op": "promote", "master": "10.0.0.9:29500"})
+        standby.handle_request_doc({"op": "rejoin", "node": 1, "generation": 0})
+        clock[0] += gang.DOWN_TIMEOUT_SECONDS - 1
+        assert standby.handle_request_doc({"op": "state"})["gathering"]
+        clock[0] += 2
+        answer = standby.handle_request_doc({"op": "state"})
+        assert answer["final"] and not answer["gathering"], answer
+    finally:
+        standby.server_close()
+
+
+def test_a_lone_node_rank_0_taken_by_a_spare_starts_past_the_operators_count() -> None:
+    """A one-node gang has no one to rejoin: the promote starts the next generation at once,
+    past the restarts in place the operator counted (the keepers' budget goes on)."""
+    spare = _Waiting(-1, spare=1)
+    standby = gang.Coordinator(0, nodes=1, active=False, keeper=spare)  # type: ignore[arg-type]
+    try:
+        answer = standby.handle_request_doc(
+            {"op": "promote", "master": "10.0.0.9:29500", "generation": 2}
+        )
+        assert not answer["gathering"] and answer["generation"] == 3, answer
+    finally:
+        standby.server_close()
+
+
+def test_torchruns_store_moves_with_node_rank_0() -> None:
+    argv = ["python", "-m", "torch.distributed.run", "--rdzv-endpoint=a.svc:29500", "-m", "x",
+            "--rdzv-endpoint=mine"]  # fmt: skip
+    moved = gang.with_endpoint(argv, "10.0.0.9:29500")
+    assert moved[3] == "--rdzv-endpoint=10.0.0.9:29500" and moved[-1] == "--rdzv-endpoint=mine"
+    assert gang.rendezvous(moved) == "10.0.0.9:29500"
+    assert gang.rendezvous(["--rdzv_endpoint", "h:1"]) == "h:1" and gang.rendezvous([]) == ""

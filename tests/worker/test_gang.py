@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from worker_harness import REPO, keeper_logs, launch_keepers, wait_all
+from worker_harness import REPO, free_port, keeper_logs, launch_keepers, wait_all
 
 from fsdp_worker import catalog, contract
 from fsdp_worker.gang import descendants
@@ -215,6 +215,57 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
     assert [g for g, _ in restarts] == ["1"], logs  # node 0 (the spare started there)
     assert "'class': 'Hang'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
     assert ("'symptom': 'no step for 10s'" in restarts[0][1]) is others_first, restarts
+    assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
+    assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
+
+
+def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
+    tmp_path: Path,
+) -> None:
+    """Node rank 0's pod is cut off (frozen whole: its keeper was the gang's coordinator, its
+    rank hosted the store). What the operator then sends (reconcile._promote): `promote` to
+    the spare's keeper, `follow` to node 1's. Node 1 stops its ranks and rejoins with what
+    node 0's coordinator last said; the spare, now node 0 and the coordinator, hosts the store
+    at a new address; the gang restarts in place from the claim and finishes. The old node 0,
+    back later, joins nothing."""
+    from fsdp_worker import gang
+
+    procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
+    node0 = procs[0]
+    try:
+        cut = tmp_path / "ck" / catalog.step_dir_name(20) / catalog.MARKER_NAME
+        deadline = time.monotonic() + 60
+        while not cut.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert cut.is_file(), keeper_logs(tmp_path, 3)
+        frozen = [node0.pid, *descendants(node0.pid)]
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        spare = ("127.0.0.1", gang.Gang.from_env(_gang_env(tmp_path, 2)).listen_port)
+        node1 = ("127.0.0.1", gang.Gang.from_env(_gang_env(tmp_path, 1)).listen_port)
+        master, coordinator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{spare[1]}"
+        lost = {"class": "NodeLost", "pod": "job-a1-0", "message": "node n0 stopped renewing"}
+        answer = gang.ask(spare, {"op": "promote", "master": master, "failure": lost})
+        assert answer["gathering"] and answer["holders"] == {"0": 0}, answer
+        followed = gang.ask(node1, {"op": "follow", "coordinator": coordinator, "master": master})
+        assert followed == {"following": coordinator}, followed
+        spare_log = tmp_path / "node-2.log"
+        deadline = time.monotonic() + 60
+        while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in frozen:  # the lost node comes back while the gang trains without it
+            os.kill(pid, signal.SIGCONT)
+        codes = wait_all([procs[1], procs[2]], 120)
+        assert codes == [0, 0], keeper_logs(tmp_path, 3)
+    finally:
+        for p in procs:
+            p.kill()
+    logs = keeper_logs(tmp_path, 3)
+    assert "spare 0 takes node 0's place" in logs, logs
+    assert "node 1 follows its successor's coordinator" in logs, logs
+    restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
+    assert [g for g, _ in restarts] == ["1"], logs  # node 1 (the spare started there)
+    assert "'class': 'NodeLost'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
     assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
 

@@ -173,7 +173,7 @@ def launch_keepers(
         spare = node - nodes if node >= nodes else None
         desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}",
                          node=-1 if spare is not None else node, nodes=nodes,
-                         spare=spare)  # fmt: skip
+                         spare=spare, listen=None if node == 0 else free_port())  # fmt: skip
         full = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_"))}
         full.update(
             OMP_NUM_THREADS="1",

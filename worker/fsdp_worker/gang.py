@@ -24,7 +24,11 @@ Escalation: a failure the keeper must not retry (a ConfigError, a non-retryable 
 last in-place restart spent) ends its container with torchrun's exit code, leaving the rank's
 termination message, and every other keeper stops its ranks and waits: the operator sees one
 Failed pod and recreates the gang, as without this keeper. A keeper that loses the coordinator
-(node 0's pod gone) also stops its ranks and waits for the operator.
+(node 0's pod gone) also stops its ranks and waits for the operator: it recreates the gang, or,
+with a warm spare (spec.spares), `promote`s the spare to node rank 0 (its keeper becomes the
+coordinator, its ranks host the store) and tells every other keeper to `follow` it: they bring
+what node 0's coordinator last told them (`rejoin`), and the gang restarts in place. Every
+keeper therefore listens, on standby, on the coordinator's port.
 
 The keeper imports no torch. The protocol is one JSON line each way per connection; like
 torchrun's own store it is not authenticated and is reachable only where the job's pods reach
@@ -60,6 +64,9 @@ LOST_AFTER_SECONDS = 10.0
 DOWN_TIMEOUT_SECONDS = 60.0
 """How long a keeper waits for every node to report its ranks down before it gives up the
 restart and waits for the operator (a node whose keeper died never reports)."""
+STANDBY_ASK_SECONDS = 0.5
+"""A waiting spare's ask of node rank 0's coordinator: short, so that a `promote` (node 0
+frozen: its asks hang to their timeout) is taken up at once."""
 KILL_GRACE_SECONDS = 5.0
 """SIGTERM to torchrun on the pod's own SIGTERM: torchrun passes it to the ranks, which save."""
 MAX_RECORDS = 8
@@ -80,6 +87,7 @@ class Gang:
     nodes: int  # pods in the gang
     non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
     spare: int | None = None  # a warm spare's number (spec.spares): it waits, node -1, for a node
+    listen: int | None = None  # the port this keeper answers on (default: the coordinator's)
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
@@ -93,6 +101,7 @@ class Gang:
                 nodes=int(doc["nodes"]),
                 non_retryable=tuple(int(c) for c in doc.get("nonRetryable", ())),
                 spare=int(doc["spare"]) if doc.get("spare") is not None else None,
+                listen=int(doc["listen"]) if doc.get("listen") is not None else None,
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(
@@ -114,12 +123,26 @@ class Gang:
         }
         if self.spare is not None:
             doc["spare"] = self.spare
+        if self.listen is not None:
+            doc["listen"] = self.listen
         return json.dumps(doc, separators=(",", ":"))
 
     @property
     def address(self) -> tuple[str, int]:
-        host, _, port = self.coordinator.rpartition(":")
-        return host, int(port)
+        return _host_port(self.coordinator)
+
+    @property
+    def listen_port(self) -> int:
+        """Every keeper answers on this port: node rank 0's as the gang's coordinator, the
+        others on standby, for the operator's word when node rank 0 is lost (`promote` to a
+        spare, `follow` to the others). Pods listen on the coordinator's port, each on its
+        own address; keepers sharing one host (tests) are given their own."""
+        return self.listen if self.listen is not None else self.address[1]
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 # --- the coordinator (node rank 0's keeper) ----------------------------------------------------
@@ -136,11 +159,19 @@ class _State:
     nodes: int = 0  # pods in the gang
     started: float = dataclasses.field(default_factory=lambda: time.monotonic())
     heard: dict[int, float] = dataclasses.field(default_factory=dict)  # node -> last ask from it
+    # A spare promoted to node rank 0 (`promote`): since when it gathers the other nodes'
+    # keepers, the generation each reported (`rejoin`), and the failure that made it node 0
+    gathering: float | None = None
+    joined: dict[int, int] = dataclasses.field(default_factory=dict)
+    pending: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def answer(self) -> dict[str, Any]:
         now = time.monotonic()
+        if self.gathering is not None and now - self.gathering > DOWN_TIMEOUT_SECONDS:
+            self.gathering, self.final = None, True  # a node never rejoined: the operator's
         return {
             "generation": self.generation,
+            "gathering": self.gathering is not None,
             "final": self.final,
             "failures": self.failures[-MAX_RECORDS:],
             "down": {str(g): sorted(n) for g, n in self.down.items()},
@@ -197,13 +228,72 @@ class _State:
         self.heard[node] = time.monotonic()  # the spare speaks for it from now on
         return ""
 
+    def promote(self, doc: dict[str, Any], spare: int) -> None:
+        """The operator's `promote`: node rank 0 is lost (or frozen) and this spare takes its
+        place, as the gang's coordinator too. Node 0's state went with it: the other nodes'
+        keepers, told to `follow` this one, bring what they saw (`rejoin`)."""
+        now = time.monotonic()
+        given = doc.get("failure")
+        self.pending = dict(given) if isinstance(given, dict) else {}
+        self.generation = max(0, int(doc.get("generation") or 0))  # the operator's floor
+        self.gathering, self.joined = now, {}
+        self.holders = {0: spare}
+        self.heard = dict.fromkeys(range(self.nodes), now)
+        self._gathered()
+
+    def rejoin(self, doc: dict[str, Any]) -> None:
+        """A node's keeper, its ranks stopped, following this coordinator: the generation it
+        ran and what node rank 0's coordinator last told it (failures, holders)."""
+        node, generation = doc.get("node"), doc.get("generation")
+        if self.gathering is None or not isinstance(node, int) or not isinstance(generation, int):
+            return
+        if not 0 < node < self.nodes:
+            return
+        self.joined[node] = generation
+        failures = [f for f in doc.get("failures") or () if isinstance(f, dict)]
+        if len(failures) > len(self.failures):
+            self.failures = failures[-MAX_RECORDS:]
+        for n, holder in (doc.get("holders") or {}).items():
+            if str(n).isdigit() and int(n) > 0 and isinstance(holder, int):
+                self.holders.setdefault(int(n), holder)
+        self._gathered()
+
+    def _gathered(self) -> None:
+        """Every other node rejoined: the generation node 0 was lost in ends (the lost node's
+        record is its cause; a first failure the others saw stays as its `symptom`), all are
+        down, and the next one starts with the spare as node 0."""
+        if self.gathering is None or set(range(1, self.nodes)) - self.joined.keys():
+            return
+        ending = max([self.generation, *self.joined.values()])
+        taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
+        cls = self.pending.get("class") if self.pending.get("class") in taken else taken[0]
+        entry = {**self.pending, "class": cls, "node": 0, "generation": ending,
+                 "spare": self.holders[0]}  # fmt: skip
+        first = next((f for f in self.failures if f.get("generation") == ending), None)
+        if first is not None:
+            entry["symptom"] = str(first.get("message") or first.get("class") or "")[:300]
+            self.failures.remove(first)
+        self.failures = [*self.failures, entry][-MAX_RECORDS:]
+        self.down[ending] = set(range(self.nodes))
+        self.generation = ending + 1
+        self.gathering = None
+        self.done.clear()
+
 
 class Coordinator(socketserver.ThreadingTCPServer):
+    """Node rank 0's keeper serves the gang (`active`); every other keeper listens on standby
+    for the operator's word when node rank 0 is lost: `promote` (a spare becomes node 0 and
+    this coordinator) and `follow` (the others' keepers go to it). `keeper` hears both."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, nodes: int = 0) -> None:
+    def __init__(
+        self, port: int, nodes: int = 0, *, active: bool = True, keeper: Keeper | None = None
+    ) -> None:
         self.state = _State(nodes=nodes)
+        self.active = active
+        self.keeper = keeper
         self.lock = threading.Lock()
         super().__init__(("", port), _Handler)
 
@@ -211,6 +301,10 @@ class Coordinator(socketserver.ThreadingTCPServer):
         op = doc.get("op")
         with self.lock:
             st = self.state
+            if op in ("follow", "promote"):
+                return self._hand_over(doc)
+            if not self.active:
+                return {"standby": True}
             sender = doc.get("from")
             if isinstance(sender, int) and 0 <= sender < st.nodes:
                 st.heard[sender] = time.monotonic()
@@ -232,7 +326,33 @@ class Coordinator(socketserver.ThreadingTCPServer):
             elif op == "replace":
                 refused = st.replace(doc)
                 return {**st.answer(), "refused": refused} if refused else st.answer()
+            elif op == "rejoin":
+                st.rejoin(doc)
             return st.answer()
+
+    def _hand_over(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """`promote` (to a spare's keeper: it becomes node rank 0 and this coordinator, its
+        ranks hosting the store at `master`) or `follow` (to another node's keeper: the gang's
+        coordinator is now `coordinator`, its store `master`). Both host:port."""
+        keeper, op = self.keeper, doc.get("op")
+        master, coordinator = doc.get("master"), doc.get("coordinator")
+        try:
+            _host_port(str(master))
+            if op == "follow":
+                _host_port(str(coordinator))
+        except ValueError:
+            return {"refused": f"{op} needs master (and to follow, coordinator) as host:port"}
+        if keeper is None or self.active:
+            return {"refused": "this keeper is the gang's coordinator"}
+        if op == "follow":
+            keeper.follow = (str(coordinator), str(master))
+            return {"following": coordinator}
+        if keeper.gang.spare is None or keeper.gang.node >= 0:
+            return {"refused": f"node {keeper.gang.node}'s keeper is not a waiting spare"}
+        self.state.promote(doc, keeper.gang.spare)
+        self.active = True
+        keeper.promoted = str(master)
+        return self.state.answer()
 
 
 class _Handler(socketserver.StreamRequestHandler):
@@ -266,6 +386,9 @@ def ask(address: tuple[str, int], doc: dict[str, Any], timeout: float = 2.0) -> 
 
 
 class Keeper:
+    follow: tuple[str, str] | None = None  # the operator's `follow`: (coordinator, store)
+    promoted: str | None = None  # the operator's `promote`: this spare is node 0, its store
+
     def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
         self.gang = gang
         self.argv = list(argv)
@@ -282,6 +405,7 @@ class Keeper:
             self.warm_after > 0 and tuple(self.argv[1:3]) == contract.TORCHRUN_MODULE
         )
         self._oom_baseline = self._oom_kills()
+        self.seen: dict[str, Any] = {}  # the coordinator's last answer
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
     def _on_term(self, signum: int, frame: object) -> None:
@@ -293,12 +417,10 @@ class Keeper:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
-        if self.gang.node == 0:
-            self.coordinator = Coordinator(self.gang.address[1], self.gang.nodes)
-            threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
-        start = self._stand_by() if self.gang.node < 0 else (0, [])  # a spare waits first
+        self._listen()
+        start = self._first_generation()
         if start is None:
-            return self._wait_for_operator("the spare was not given a node")
+            return 128 + signal.SIGTERM
         generation, failures = start
         while True:
             started = time.time()
@@ -320,19 +442,36 @@ class Keeper:
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
                     self._drop_warm()
-                    if self.coordinator is not None:
+                    if self.coordinator is not None and self.coordinator.active:
                         time.sleep(2 * POLL_SECONDS)  # the others read `final` before it goes
                     return code
             nxt = self._next_generation(generation) if outcome != "lost" else None
             if nxt is None:
-                return self._wait_for_operator(f"generation {generation} is not restarted")
+                why = f"generation {generation} is not restarted"
+                nxt = self._wait_for_operator(why, generation)
+            if nxt is None:
+                return 128 + signal.SIGTERM
             generation, failures = nxt
             log.warning("restarting in place: generation %d after %s", generation, failures[-1:])
+
+    def _first_generation(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """Generation 0, or a spare's: the one it is given a node's place in."""
+        if self.gang.node >= 0:
+            return 0, []
+        start = self._stand_by()
+        return (
+            start
+            if start is not None
+            else self._wait_for_operator("the spare was not given a node")
+        )
 
     def _settle(self, outcome: str, code: int, generation: int) -> str:
         """What torchrun's (or the warm launcher's) exit means for the gang: "done" (every
         node ended well), "moved" (a peer failed first: these ranks' failure is a symptom, or
-        they ended well but a node failed after), else `outcome` as watched."""
+        they ended well but a node failed after), "lost" (node rank 0 was lost: its successor
+        says what next), else `outcome` as watched."""
+        if self.follow is not None:
+            return "lost"
         if outcome == "exited" and code == 0:
             if self._finished(generation):
                 self._drop_warm()
@@ -419,7 +558,7 @@ class Keeper:
             if launcher is None or launcher.stdin is None:
                 return None
             try:
-                go = {"env": delta, "node": self.gang.node}
+                go = {"env": delta, "node": self.gang.node, "endpoint": rendezvous(self.argv)}
                 launcher.stdin.write(json.dumps(go).encode() + b"\n")
                 launcher.stdin.close()
                 return launcher
@@ -477,7 +616,10 @@ class Keeper:
                 return "stopping"
             time.sleep(POLL_SECONDS)
             self._keep_warm()
-            answer = self._ask({"op": "state"}, quiet=True)
+            answer = None if self.follow else self._ask({"op": "state"}, quiet=True)
+            if self.follow is not None:  # node rank 0 is lost: its successor restarts the gang
+                self._kill()
+                return "lost"
             if answer is None:
                 # Before its first answer the coordinator is starting (node 0's pod may start
                 # later, its name may not resolve yet): torchrun's rendezvous waits for it too.
@@ -512,7 +654,9 @@ class Keeper:
             threading.Thread(target=_warm_imports, daemon=True).start()
         log.info("spare %s: standing by for a lost node", self.gang.spare)
         while not self.stopping:
-            answer = self._ask({"op": "state"}, quiet=True) or {}
+            if self.promoted is not None:
+                return self._become_node_zero(self.promoted)
+            answer = self._ask({"op": "state"}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
             holders = answer.get("holders") or {}
             node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
             if node is None:
@@ -530,6 +674,52 @@ class Keeper:
             return int(answer["generation"]), list(answer.get("failures", []))
         return None
 
+    def _become_node_zero(self, master: str) -> tuple[int, list[dict[str, Any]]] | None:
+        """The operator's `promote`: node rank 0 was lost and this spare takes its place, its
+        ranks hosting the store at `master` and its keeper the gang's coordinator, which waits
+        for the other nodes' keepers to rejoin. Returns the generation to start."""
+        assert self.coordinator is not None
+        self.gang = dataclasses.replace(
+            self.gang, node=0, coordinator=f"127.0.0.1:{self.coordinator.server_address[1]}"
+        )
+        self.argv = with_endpoint(with_node_rank(self.argv, 0), master)
+        self.met = True
+        log.warning("spare %s takes node 0's place: the gang's coordinator, its store at %s",
+                    self.gang.spare, master)  # fmt: skip
+        return self._gathered()
+
+    def _gathered(self) -> tuple[int, list[dict[str, Any]]] | None:
+        """Wait while node rank 0's successor gathers the other nodes' keepers; the generation
+        they all start, or None when one never came (the coordinator gave up: `final`)."""
+        deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS + LOST_AFTER_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            answer = self._ask({"op": "state"}, quiet=True)
+            if answer is not None and answer.get("final"):
+                return None
+            if answer is not None and not answer.get("gathering") and "generation" in answer:
+                return int(answer["generation"]), list(answer.get("failures", []))
+            time.sleep(POLL_SECONDS / 2)
+        return None
+
+    def _rejoin(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
+        """The operator's `follow`: node rank 0 was lost and a spare took its place. Go to the
+        new coordinator with what the old one last said, and start the generation it names."""
+        assert self.follow is not None
+        (coordinator, master), self.follow = self.follow, None
+        self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
+        self.argv = with_endpoint(self.argv, master)
+        seen, self.seen = self.seen, {}
+        ran = max(generation, int(seen.get("generation", 0)))
+        log.warning("node rank 0 was lost: node %d follows its successor's coordinator %s "
+                    "(store %s) from generation %d", self.gang.node, coordinator, master,
+                    ran)  # fmt: skip
+        doc = {"op": "rejoin", "node": self.gang.node, "generation": ran,
+               "failures": seen.get("failures", []),
+               "holders": seen.get("holders", {})}  # fmt: skip
+        if self._ask(doc) is None:
+            return None
+        return self._gathered()
+
     def _moved_on(self, generation: int) -> bool:
         answer = self._ask({"op": "state"}, quiet=True)
         return answer is not None and int(answer.get("generation", 0)) > generation
@@ -545,7 +735,7 @@ class Keeper:
 
     def _all_down(self, generation: int) -> bool:
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
-        while time.monotonic() < deadline and not self.stopping:
+        while time.monotonic() < deadline and not self.stopping and self.follow is None:
             answer = self._ask({"op": "state"}, quiet=True)
             down = (answer or {}).get("down", {}).get(str(generation), [])
             if len(down) >= self.gang.nodes:
@@ -553,13 +743,34 @@ class Keeper:
             time.sleep(POLL_SECONDS / 2)
         return False
 
-    def _ask(self, doc: dict[str, Any], *, quiet: bool = False) -> dict[str, Any] | None:
+    def _ask(
+        self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
+    ) -> dict[str, Any] | None:
         try:
-            return ask(self.gang.address, {**doc, "from": self.gang.node})
+            answer = ask(self.gang.address, {**doc, "from": self.gang.node}, timeout=timeout)
         except (OSError, ValueError) as exc:
             if not quiet:
                 log.warning("coordinator %s: %s", self.gang.coordinator, exc)
             return None
+        if "generation" in answer and not answer.get("gathering"):
+            self.seen = answer
+        return answer
+
+    def _listen(self) -> None:
+        """Node rank 0's keeper serves the gang's coordinator; every other keeper listens on
+        standby for the operator's `promote` or `follow` (node rank 0 lost). A standby that
+        cannot listen costs only that: node 0's loss then recreates the gang."""
+        node0 = self.gang.node == 0
+        try:
+            self.coordinator = Coordinator(self.gang.listen_port, self.gang.nodes, active=node0,
+                                           keeper=self)  # fmt: skip
+        except OSError as exc:
+            if node0:
+                raise
+            log.warning("no standby listener on port %d (%s): a lost node rank 0 recreates "
+                        "the gang", self.gang.listen_port, exc)  # fmt: skip
+            return
+        threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
 
     def _failure(self, code: int, started: float) -> dict[str, Any]:
         """This node's failure: its ranks' termination message, torchrun's exit code, and
@@ -608,16 +819,26 @@ class Keeper:
         permanent = {*self.gang.non_retryable, *contract.NON_RETRYABLE_EXIT_CODES}
         return not (isinstance(code, int) and code in permanent)
 
-    def _wait_for_operator(self, why: str) -> int:
-        """Ranks stopped; the pod stays until the operator deletes it (SIGTERM ends this)."""
-        log.error("%s: waiting for the operator to recreate the gang", why)
-        self._drop_warm()
+    def _wait_for_operator(
+        self, why: str, generation: int | None = None
+    ) -> tuple[int, list[dict[str, Any]]] | None:
+        """Ranks stopped; the pod stays until the operator deletes it (SIGTERM ends this: None)
+        or, where node rank 0 was lost, tells it to `follow` a spare that took node 0's place
+        (the generation to start). The warm launcher is kept for that restart."""
+        log.error("%s: waiting for the operator", why)
         if self.proc is not None and self.proc.poll() is None:
             self._kill()
             self.proc.wait()
         while not self.stopping:
+            if self.follow is not None and generation is not None:
+                nxt = self._rejoin(generation)
+                if nxt is not None:
+                    return nxt
+                log.error("node rank 0's successor did not restart the gang: waiting for the "
+                          "operator")  # fmt: skip
             time.sleep(POLL_SECONDS)
-        return 128 + signal.SIGTERM
+        self._drop_warm()
+        return None
 
 
 WARM_IMPORTS = "import torch, torch.distributed.checkpoint, torch.distributed.fsdp"
@@ -641,16 +862,38 @@ def _seconds(raw: str | None, default: float) -> float:
 
 def with_node_rank(argv: Sequence[str], node: int) -> list[str]:
     """torchrun's argv with `--node-rank` set to `node` (a spare's template says 0)."""
+    return _with_option(argv, ("--node-rank", "--node_rank"), str(node))
+
+
+def with_endpoint(argv: Sequence[str], endpoint: str) -> list[str]:
+    """torchrun's argv with `--rdzv-endpoint` (the static rendezvous' store) at `endpoint`."""
+    return _with_option(argv, ("--rdzv-endpoint", "--rdzv_endpoint"), endpoint)
+
+
+def rendezvous(argv: Sequence[str]) -> str:
+    """torchrun's `--rdzv-endpoint` in `argv` ("" when it has none)."""
+    names = ("--rdzv-endpoint", "--rdzv_endpoint")
+    for i, arg in enumerate(argv):
+        if arg.startswith(tuple(f"{n}=" for n in names)):
+            return arg.split("=", 1)[1]
+        if arg in names and i + 1 < len(argv):
+            return argv[i + 1]
+    return ""
+
+
+def _with_option(argv: Sequence[str], names: tuple[str, ...], value: str) -> list[str]:
+    """`argv` with torchrun's first option of `names` set to `value`: the launcher's own,
+    not a same-named argument of the trainer after it."""
     out, done, skip = [], False, False
     for arg in argv:
         if skip:
-            out.append(str(node))
+            out.append(value)
             skip, done = False, True
-        elif not done and arg.startswith(("--node-rank=", "--node_rank=")):
-            out.append(f"{arg.split('=', 1)[0]}={node}")
+        elif not done and arg.startswith(tuple(f"{n}=" for n in names)):
+            out.append(f"{arg.split('=', 1)[0]}={value}")
             done = True
         else:
-            skip = not done and arg in ("--node-rank", "--node_rank")
+            skip = not done and arg in names
             out.append(arg)
     return out
 

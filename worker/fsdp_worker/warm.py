@@ -5,8 +5,9 @@ any rank ran a line of training: torchrun imports torch (2.6 s) before it starts
 and every rank then imports torch, DCP and FSDP again (3.7 s each, side by side). The keeper
 (gang.py) therefore keeps one of these beside its ranks: ``python -m fsdp_worker.warm
 <torchrun argv>`` imports what a rank imports, then waits on its stdin. At the next
-generation the keeper writes one JSON line (the generation's environment and this pod's node
-rank), and this process does what torchrun's local agent does for a static rendezvous: forks
+generation the keeper writes one JSON line (the generation's environment, this pod's node
+rank and the store's endpoint, which moves when a spare takes node rank 0's place), and this
+process does what torchrun's local agent does for a static rendezvous: forks
 one child per local rank, gives each the environment torchrun would (RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_*; see torch's ``local_elastic_agent``), runs the
 training module or script in it as ``__main__``, and watches them: the first to fail has the
@@ -248,6 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0  # the keeper no longer needs this one
     doc = json.loads(line)
     p["node"] = int(doc.get("node", p["node"]))
+    host, _, port = str(doc.get("endpoint") or "").rpartition(":")
+    if host and port.isdigit():  # node rank 0's store moved (a spare took its place)
+        p["host"], p["port"] = host.strip("[]"), int(port)
     extra = {str(k): str(v) for k, v in (doc.get("env") or {}).items()}
     _say(f"launching node {p['node']}'s {p['nproc']} rank(s) of {p['entry']}")
     return launch(p, extra)
