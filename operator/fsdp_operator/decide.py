@@ -92,7 +92,12 @@ class Collect:
 class Takeover:
     """Spare pod `spare` (number `index`) takes lost pod `lost`'s node rank: reconcile asks
     the gang's coordinator (`coordinator`, host:port) to `replace` it, then relabels the spare
-    and force-deletes the lost pod; if the coordinator refuses, the gang is recreated."""
+    and force-deletes the lost pod; if the coordinator refuses, the gang is recreated.
+
+    Node rank 0's place (its keeper was the coordinator, its ranks hosted the store): the
+    spare's keeper is told to `promote` itself (`coordinator` is the spare's, `master` its
+    store's host:port, `generation` the restarts in place counted so far), then every other
+    gang pod's keeper (`followers`) to `follow` it."""
 
     spare: str
     index: int
@@ -100,6 +105,9 @@ class Takeover:
     lost: str
     coordinator: str
     failure: dict[str, Any]
+    master: str = ""
+    followers: tuple[str, ...] = ()
+    generation: int = 0
 
 
 @dataclasses.dataclass
@@ -953,7 +961,8 @@ def _takeover_target(
     """The gang pod whose node rank a spare can take for this failure, the class the gang
     records it under, and why: a lost node's pod; for a hang, the one pod whose keeper the
     coordinator reports silent (observed.GangHealth: the pod frozen, its ranks unable to restart
-    in place), not when several or none are (a hang of the ranks themselves restarts in place)."""
+    in place), not when several or none are (a hang of the ranks themselves restarts in place);
+    node rank 0's running pod when the coordinator, its keeper, does not answer at all."""
     if failure.cause is status.Cause.NODE_LOST:
         lost = next((p for p in pods if p.name == failure.pod), None)
         why = f"NodeLost: node {failure.node} ({failure.message})"
@@ -961,13 +970,21 @@ def _takeover_target(
     gang = obs.gang
     if failure.cause is not status.Cause.HANG or gang is None or gang.final:
         return None
-    if not gang.answered or len(gang.silent) != 1:
+    progress = failure.message.split("; not restarted in place")[0]
+    if not gang.answered:
+        frozen = next((p for p in pods if p.rank == 0 and p.phase is observed.PodPhase.RUNNING
+                       and not _node_gone(obs, p)), None)  # fmt: skip
+        if frozen is None:
+            return None
+        why = (f"Hang: {progress}; node rank 0's keeper, the gang's coordinator, did not answer "
+               f"({gang.error}; pod {frozen.name})")  # fmt: skip
+        return frozen, contract.FailureClass.HANG, why
+    if len(gang.silent) != 1:
         return None
     ((node, quiet),) = gang.silent.items()
     frozen = next((p for p in pods if p.rank == node), None)
     if frozen is None:
         return None
-    progress = failure.message.split("; not restarted in place")[0]
     why = f"Hang: {progress}; node rank {node}'s keeper silent for {quiet:.0f}s (pod {frozen.name})"
     return frozen, contract.FailureClass.HANG, why
 
@@ -976,10 +993,10 @@ def _take_over(
     d: Decision, obs: observed.Observed, failure: status.Failure, tun: policy.Tunables
 ) -> bool:
     """A lost node, or a pod frozen whole, whose place a running spare takes in a restart in
-    place (spec.spares): only that pod goes; nothing is scheduled, no image starts. Not node
-    rank 0's (it hosts the gang's coordinator and torchrun's store), not past inPlaceRestarts,
-    not a pod whose takeover the coordinator refused. True: this pass's failure is handled (or
-    already was)."""
+    place (spec.spares): only that pod goes; nothing is scheduled, no image starts. Node rank
+    0's too (it hosted the gang's coordinator and torchrun's store): the spare becomes both,
+    and the other pods' keepers follow it. Not past inPlaceRestarts, not a pod whose takeover
+    was refused. True: this pass's failure is handled (or already was)."""
     s, spec, sp = d.status, obs.spec, d.status.spares
     if sp is None or not spec.spares:
         return False
@@ -1000,23 +1017,34 @@ def _take_over(
                   and not _node_gone(obs, p)), None)  # fmt: skip
     entry = _current(s)
     used = len(entry.restarts_in_place) if entry is not None else 0
+    others = [p for p in pods if p.name not in (lost.name, *sp.replaced) and not p.deleting]
+    reachable = True
+    if lost.rank == 0:  # the spare is the coordinator now; the others' keepers follow it
+        rank0 = spare
+        reachable = {p.rank for p in others} == set(range(1, s.replicas or len(pods))) and all(
+            p.ip and p.phase is observed.PodPhase.RUNNING for p in others
+        )
     if (
         lost.rank is None
-        or lost.rank <= 0
         or spare is None
         or spare.spare is None
         or rank0 is None
         or rank0.ip is None
+        or not reachable
         or sp.refused == lost.name
         or used >= spec.failure_policy.in_place_restarts
     ):
         return False
+    node0 = lost.rank == 0
     d.takeover = Takeover(
         spare=spare.name,
         index=spare.spare,
         node_rank=lost.rank,
         lost=lost.name,
         coordinator=f"{rank0.ip}:{names.GANG_PORT}",
+        master=f"{rank0.ip}:{names.RENDEZVOUS_PORT}" if node0 else "",
+        followers=tuple(f"{p.ip}:{names.GANG_PORT}" for p in others) if node0 else (),
+        generation=used,
         failure={
             "class": cls.value,
             "message": failure.message if cls is contract.FailureClass.NODE_LOST else why,

@@ -43,7 +43,7 @@ from fsdp_operator import (
 from fsdp_worker import catalog, gang
 
 log = logging.getLogger(__name__)
-TAKEOVER_TIMEOUT = 2.0  # seconds for the gang's coordinator to answer a spare's `replace`
+TAKEOVER_TIMEOUT = 2.0  # seconds for a keeper to answer a spare takeover's word
 GANG_ASK_TIMEOUT = 1.0  # seconds for it to answer, in a hang's grace, whether it restarts
 IDLE_SECONDS = 3600.0  # a job with nothing to wait for is looked at this often (and on events)
 ERROR_EVENT_SECONDS = 60.0  # a failing pass says so in a Warning Event at most this often
@@ -162,6 +162,42 @@ def _gang_health(ip: str) -> observed.GangHealth:
     except (OSError, ValueError) as exc:
         return observed.GangHealth(answered=False, error=f"{ip}:{names.GANG_PORT}: {exc}")
     return observed.GangHealth.of(answer)
+
+
+def _tell(address: str, doc: dict[str, Any]) -> str:
+    """One word to a keeper at host:port: "" when it took it, else why not."""
+    host, _, port = address.rpartition(":")
+    try:
+        answer = gang.ask((host, int(port)), doc, timeout=TAKEOVER_TIMEOUT)
+    except (OSError, ValueError) as exc:
+        return f"the keeper at {address} did not answer: {exc}"
+    return str(answer.get("refused") or "")
+
+
+def _replace(t: decide.Takeover) -> str:
+    """A non-zero node rank's place: node rank 0's coordinator gives it to the spare."""
+    return _tell(t.coordinator, {"op": "replace", "node": t.node_rank, "spare": t.index,
+                                 "failure": t.failure})  # fmt: skip
+
+
+def _promote(t: decide.Takeover) -> str:
+    """Node rank 0's place: the spare's keeper becomes the gang's coordinator, its ranks host
+    the store, and every other node's keeper is told to follow it (side by side: at scale one
+    after another would add a timeout per silent pod). A keeper that did not take it leaves
+    the promoted coordinator waiting for it: it is told to give up (`final`), and the gang is
+    recreated."""
+    refused = _tell(t.coordinator, {"op": "promote", "master": t.master, "failure": t.failure,
+                                    "generation": t.generation})  # fmt: skip
+    if refused or not t.followers:
+        return refused
+    doc = {"op": "follow", "coordinator": t.coordinator, "master": t.master}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(t.followers))) as pool:
+        answers = list(pool.map(lambda a: _tell(a, doc), t.followers))
+    missed = [f"{a}: {why}" for a, why in zip(t.followers, answers, strict=True) if why]
+    if not missed:
+        return ""
+    _tell(t.coordinator, {"op": "fail", "final": True})
+    return f"{len(missed)} of {len(t.followers)} keepers did not follow: {missed[0]}"
 
 
 def _wants_nodes(obs: observed.Observed, d: decide.Decision) -> bool:
@@ -519,13 +555,7 @@ class Reconciler:
         """Ask the gang's coordinator to give the lost node's place to the spare; then the
         spare carries that node rank and the lost pod goes. Refused or unreachable: say so in
         the status, and the next pass recreates the gang as without spares."""
-        host, _, port = t.coordinator.rpartition(":")
-        doc = {"op": "replace", "node": t.node_rank, "spare": t.index, "failure": t.failure}
-        try:
-            answer = gang.ask((host, int(port)), doc, timeout=TAKEOVER_TIMEOUT)
-            refused = str(answer.get("refused") or "")
-        except (OSError, ValueError) as exc:
-            refused = f"the coordinator at {t.coordinator} did not answer: {exc}"
+        refused = _promote(t) if t.node_rank == 0 else _replace(t)
         if not refused:
             labels: dict[str, str | None] = {
                 names.Label.NODE_RANK.value: str(t.node_rank),

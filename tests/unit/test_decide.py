@@ -1469,12 +1469,40 @@ def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> Non
     assert {x.name for x in d.delete} == {f"job-a1-{r}" for r in range(4)} | {"job-a1-s0"}
 
 
-def test_node_rank_0_or_no_running_spare_means_a_recreated_gang() -> None:
-    for down, spare in ((0, _spare(0)), (2, _spare(0, phase=ob.PodPhase.PENDING))):
-        d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), spares=[spare],
-                              nodes=nodes(6, down={down: NOW - 31}),
-                              pods=pods(r0={"ip": "10.0.0.5"})))  # fmt: skip
-        assert d.takeover is None and d.failure is not None, down
+def _addressed(**over: Any) -> list[ob.PodView]:
+    return pods(**{f"r{r}": {"ip": f"10.0.0.{5 + r}", **over.get(f"r{r}", {})} for r in range(4)})
+
+
+def test_node_rank_0s_place_goes_to_a_spare_that_becomes_the_coordinator() -> None:
+    """Node rank 0's node is lost: its keeper was the gang's coordinator and its ranks hosted
+    the store. The spare is promoted to both, and the three other keepers follow it."""
+    spare = _spare(0, ip="10.0.0.9")
+    d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), spares=[spare],
+                          nodes=nodes(6, down={0: NOW - 31}), pods=_addressed()))  # fmt: skip
+    t = d.takeover
+    assert t is not None, d.failure
+    assert (t.node_rank, t.lost, t.coordinator, t.master) == (
+        0, "job-a1-0", "10.0.0.9:29501", "10.0.0.9:29500")  # fmt: skip
+    assert t.followers == ("10.0.0.6:29501", "10.0.0.7:29501", "10.0.0.8:29501")
+    assert t.generation == 0 and t.failure["class"] == "NodeLost" and t.failure["rank"] == 0
+    assert d.launch is None and d.delete == [] and d.status.restarts.total == 0
+    assert [e.node for e in d.status.excluded_nodes] == ["node-0"]
+
+
+@pytest.mark.parametrize(
+    ("spare", "gang"),
+    [pytest.param(_spare(0, ip="10.0.0.9", phase=ob.PodPhase.PENDING), {}, id="spare-pending"),
+     pytest.param(_spare(0), {}, id="spare-without-an-address"),
+     pytest.param(_spare(0, ip="10.0.0.9"), {"r2": {"ip": None}}, id="a-follower-unreachable"),
+     pytest.param(_spare(0, ip="10.0.0.9"), {"r3": {"phase": ob.PodPhase.PENDING}},
+                  id="a-follower-not-running")],
+)  # fmt: skip
+def test_no_running_spare_or_follower_means_a_recreated_gang(
+    spare: ob.PodView, gang: dict[str, Any]
+) -> None:
+    d = dc.decide(observe(spec=_spare_spec(), status=_spare_status(), spares=[spare],
+                          nodes=nodes(6, down={0: NOW - 31}), pods=_addressed(**gang)))  # fmt: skip
+    assert d.takeover is None and d.failure is not None and d.launch is not None
 
 
 def _frozen_obs(quiet: dict[str, float], spare_node: str = "node-5") -> ob.Observed:
@@ -1522,6 +1550,24 @@ def test_a_hang_no_single_spare_can_mend_recreates_the_gang(quiet: dict[str, flo
     d = dc.decide(obs)
     assert d.takeover is None and d.failure is not None and d.failure.cause is st.Cause.HANG
     assert d.launch is not None and d.status.attempt == 2
+
+
+def test_a_frozen_node_rank_0_is_taken_over_when_its_coordinator_is_silent() -> None:
+    """Past the deadline node rank 0's keeper, the coordinator, does not answer at all: its
+    pod is frozen whole (or cut off); the spare takes node rank 0's place, as a Hang."""
+    obs = dataclasses.replace(
+        _frozen_obs({}),
+        pods=_addressed(),
+        spares=[_spare(0, ip="10.0.0.9")],
+        gang=ob.GangHealth(answered=False, error="10.0.0.5:29501: timed out"),
+    )
+    d = dc.decide(obs)
+    t = d.takeover
+    assert t is not None and (t.node_rank, t.lost, t.coordinator) == (
+        0, "job-a1-0", "10.0.0.9:29501")  # fmt: skip
+    assert t.failure["class"] == "Hang" and "did not answer (10.0.0.5:29501: timed out" in (
+        t.failure["message"])  # fmt: skip
+    assert d.status.excluded_nodes == []
 
 
 def test_a_spare_on_the_frozen_pods_node_does_not_take_its_place() -> None:
