@@ -615,9 +615,10 @@ class FSDPJobSpec(_Model):
         ge=0,
         le=64,
         description="Warm standby pods (scheduled, image started, imports done) on other nodes: "
-        "when a node other than node rank 0's is lost, or its pod freezes whole (a hang whose "
-        "keeper falls silent), a spare takes its place in a restart in place, without the "
-        "scheduler or an image start, and a new spare is started behind it. "
+        "when a node is lost, or its pod freezes whole (a hang whose keeper falls silent), a "
+        "spare takes its place in a restart in place (node rank 0's too: the spare becomes the "
+        "gang's coordinator and store), without the scheduler or an image start, and a new "
+        "spare is started behind it. "
         "Needs failurePolicy.inPlaceRestarts > 0. 0: none.",
     )
     image: str = Field(

@@ -284,7 +284,7 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
 def _spare_trained(jobs: harness.Jobs, name: str, context: Callable[[], str]) -> dict:
     """The status once attempt 1's first restart in place (a spare's takeover) trained again."""
     return harness.wait_for(
-        "the spare trains as node rank 1",
+        "the spare trains in the lost pod's node rank",
         lambda: (s := jobs.status(name))["history"][0].get("restartsInPlace")
         and s["history"][0]["restartsInPlace"][0].get("resumed") and s,
         timeout=90, context=context,
@@ -294,10 +294,13 @@ def _spare_trained(jobs: harness.Jobs, name: str, context: Callable[[], str]) ->
 def test_a_spare_takes_a_lost_nodes_place_in_place(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
-    """spec.spares 1: a third pod stands by, warm, on the third node. Rank 1's kubelet stops;
-    from its silent Lease the operator gives node rank 1 to the spare in a restart in place:
-    the attempt stays 1, rank 0's pod is the same, the lost pod is force-deleted, a new spare
-    is made behind (it waits for a node), and the job finishes."""
+    """spec.spares 1: a third pod stands by, warm, on the third node. Node rank 0's kubelet
+    stops (its keeper was the gang's coordinator, its rank 0 the store's host); from its silent
+    Lease the operator promotes the spare to node rank 0 and tells node rank 1's keeper to
+    follow it, in a restart in place: the attempt stays 1, node rank 1's pod is the same, the
+    lost pod is force-deleted, a new spare is made behind (it waits for a node), the spare's
+    rank 0 reports progress and the job finishes. (A non-zero node rank's place, given by the
+    coordinator's `replace`, is the frozen-pod scenario's below.)"""
     name = harness.unique("spare")
     policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300}
     doc = harness.job_doc(name, training={"steps": 150}, spares=1, failurePolicy=policy)
@@ -315,8 +318,8 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
 
     (rank0, rank1), spare = harness.wait_for("the gang and its spare running", gang_and_spare,
                                              timeout=90, context=context)  # fmt: skip
-    lost = rank1["spec"]["nodeName"]
-    assert spare["spec"]["nodeName"] not in (lost, rank0["spec"]["nodeName"])
+    lost = rank0["spec"]["nodeName"]
+    assert spare["spec"]["nodeName"] not in (lost, rank1["spec"]["nodeName"])
     _step_at_least(jobs, name, 8)
     faults = _faults(operator)
     faults.lose_node(lost)
@@ -325,16 +328,16 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         restart = s["history"][0]["restartsInPlace"][0]
         failure = restart["failure"]
         assert s["attempt"] == 1 and failure["cause"] == "NodeLost", restart
-        assert (failure["pod"], failure["node"]) == (rank1["metadata"]["name"], lost), failure
+        assert (failure["pod"], failure["node"]) == (rank0["metadata"]["name"], lost), failure
         assert s["restarts"]["infrastructure"] == 1 and s["spares"]["takeovers"] == 1
         took = f"{name}-a1-s0"
         now = {p["metadata"]["name"]: p for p in jobs.running_pods(name, 1)}
-        assert now[took]["metadata"]["labels"]["fsdpoperator.io/node-rank"] == "1"
-        assert now[rank0["metadata"]["name"]]["metadata"]["uid"] == rank0["metadata"]["uid"]
+        assert now[took]["metadata"]["labels"]["fsdpoperator.io/node-rank"] == "0"
+        assert now[rank1["metadata"]["name"]]["metadata"]["uid"] == rank1["metadata"]["uid"]
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
         harness.wait_for("the lost pod gone and a new spare made", lambda: not [
-            p for p in jobs.pods(name) if p["metadata"]["name"] == rank1["metadata"]["name"]
+            p for p in jobs.pods(name) if p["metadata"]["name"] == rank0["metadata"]["name"]
         ] and any(p["metadata"]["name"] == f"{name}-a1-s1" for p in jobs.pods(name)),
             context=context)  # fmt: skip
         first = st.parse_rfc3339(restart["resumed"])
