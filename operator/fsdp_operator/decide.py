@@ -97,7 +97,9 @@ class Takeover:
     Node rank 0's place (its keeper was the coordinator, its ranks hosted the store): the
     spare's keeper is told to `promote` itself (`coordinator` is the spare's, `master` its
     store's host:port, `generation` the restarts in place counted so far), then every other
-    gang pod's keeper (`followers`) to `follow` it."""
+    gang pod's keeper (`followers`) to `follow` it. Another node rank's: the spare's keeper
+    (at `spare_at`) is first told to `follow` node rank 0's coordinator and store (`master`),
+    which may be another spare's since a takeover of node rank 0, not its template's."""
 
     spare: str
     index: int
@@ -108,6 +110,7 @@ class Takeover:
     master: str = ""
     followers: tuple[str, ...] = ()
     generation: int = 0
+    spare_at: str = ""
 
 
 @dataclasses.dataclass
@@ -1030,6 +1033,7 @@ def _take_over(
         or spare.spare is None
         or rank0 is None
         or rank0.ip is None
+        or spare.ip is None
         or not reachable
         or sp.refused == lost.name
         or used >= spec.failure_policy.in_place_restarts
@@ -1042,9 +1046,10 @@ def _take_over(
         node_rank=lost.rank,
         lost=lost.name,
         coordinator=f"{rank0.ip}:{names.GANG_PORT}",
-        master=f"{rank0.ip}:{names.RENDEZVOUS_PORT}" if node0 else "",
+        master=f"{rank0.ip}:{names.RENDEZVOUS_PORT}",
         followers=tuple(f"{p.ip}:{names.GANG_PORT}" for p in others) if node0 else (),
         generation=used,
+        spare_at=f"{spare.ip}:{names.GANG_PORT}",
         failure={
             "class": cls.value,
             "message": failure.message if cls is contract.FailureClass.NODE_LOST else why,

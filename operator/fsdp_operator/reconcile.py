@@ -175,7 +175,12 @@ def _tell(address: str, doc: dict[str, Any]) -> str:
 
 
 def _replace(t: decide.Takeover) -> str:
-    """A non-zero node rank's place: node rank 0's coordinator gives it to the spare."""
+    """A non-zero node rank's place: the spare is told where node rank 0's coordinator and
+    store are now (its template names the attempt's first node 0, which a spare may have
+    replaced since), then that coordinator gives it the place."""
+    refused = _tell(t.spare_at, {"op": "follow", "coordinator": t.coordinator, "master": t.master})
+    if refused:
+        return refused
     return _tell(t.coordinator, {"op": "replace", "node": t.node_rank, "spare": t.index,
                                  "failure": t.failure})  # fmt: skip
 

@@ -1410,7 +1410,7 @@ def _spare_spec(spares: int = 1) -> api.FSDPJobSpec:
 def _spare(index: int = 0, node: str = "node-5", **over: Any) -> ob.PodView:
     fields: dict[str, Any] = {"name": f"job-a1-s{index}", "attempt": 1, "rank": -1,
                               "phase": ob.PodPhase.RUNNING, "node": node,
-                              "spare": index}  # fmt: skip
+                              "spare": index, "ip": f"10.0.0.{20 + index}"}  # fmt: skip
     fields.update(over)
     return ob.PodView(**fields)
 
@@ -1448,6 +1448,7 @@ def test_a_lost_node_is_taken_over_by_a_spare_without_touching_the_gang() -> Non
     d = dc.decide(obs)
     assert d.takeover == dc.Takeover(
         spare="job-a1-s0", index=0, node_rank=2, lost="job-a1-2", coordinator="10.0.0.5:29501",
+        master="10.0.0.5:29500", spare_at="10.0.0.20:29501",
         failure={"class": "NodeLost", "time": NOW - 31, "rank": 2, "pod": "job-a1-2",
                  "message": d.takeover.failure["message"] if d.takeover else "",
                  "nodeName": "node-2", "detected": NOW},
@@ -1492,7 +1493,7 @@ def test_node_rank_0s_place_goes_to_a_spare_that_becomes_the_coordinator() -> No
 @pytest.mark.parametrize(
     ("spare", "gang"),
     [pytest.param(_spare(0, ip="10.0.0.9", phase=ob.PodPhase.PENDING), {}, id="spare-pending"),
-     pytest.param(_spare(0), {}, id="spare-without-an-address"),
+     pytest.param(_spare(0, ip=None), {}, id="spare-without-an-address"),
      pytest.param(_spare(0, ip="10.0.0.9"), {"r2": {"ip": None}}, id="a-follower-unreachable"),
      pytest.param(_spare(0, ip="10.0.0.9"), {"r3": {"phase": ob.PodPhase.PENDING}},
                   id="a-follower-not-running")],

@@ -219,55 +219,75 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
     assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
 
 
+def _sealed(root: Path, step: int, nodes: int) -> None:
+    cut = root / "ck" / catalog.step_dir_name(step) / catalog.MARKER_NAME
+    deadline = time.monotonic() + 60
+    while not cut.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cut.is_file(), keeper_logs(root, nodes)
+
+
+def _freeze(proc: subprocess.Popen[bytes]) -> list[int]:
+    frozen = [proc.pid, *descendants(proc.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    return frozen
+
+
 def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     tmp_path: Path,
 ) -> None:
     """Node rank 0's pod is cut off (frozen whole: its keeper was the gang's coordinator, its
     rank hosted the store). What the operator then sends (reconcile._promote): `promote` to
-    the spare's keeper, `follow` to node 1's. Node 1 stops its ranks and rejoins with what
-    node 0's coordinator last said; the spare, now node 0 and the coordinator, hosts the store
-    at a new address; the gang restarts in place from the claim and finishes. The old node 0,
-    back later, joins nothing."""
+    spare 0's keeper, `follow` to node 1's. Node 1 stops its ranks and rejoins with what node
+    0's coordinator last said; spare 0, now node 0 and the coordinator, hosts the store at a
+    new address; the gang restarts in place from the claim. The old node 0, back, publishes
+    nothing (the generation fence). Then node 1's pod freezes: spare 1, whose template names
+    the first node 0, is told where the coordinator and the store are now (reconcile._replace:
+    `follow`, then `replace`), takes node 1's place, and the gang finishes."""
     from fsdp_worker import gang
 
-    procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
-    node0 = procs[0]
+    procs = _keepers(tmp_path, restarts=3, steps=160, spares=2)
+    port = {n: gang.Gang.from_env(_gang_env(tmp_path, n)).listen_port for n in (1, 2, 3)}
     try:
-        cut = tmp_path / "ck" / catalog.step_dir_name(20) / catalog.MARKER_NAME
-        deadline = time.monotonic() + 60
-        while not cut.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cut.is_file(), keeper_logs(tmp_path, 3)
-        frozen = [node0.pid, *descendants(node0.pid)]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        spare = ("127.0.0.1", gang.Gang.from_env(_gang_env(tmp_path, 2)).listen_port)
-        node1 = ("127.0.0.1", gang.Gang.from_env(_gang_env(tmp_path, 1)).listen_port)
-        master, coordinator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{spare[1]}"
+        _sealed(tmp_path, 20, 4)
+        frozen = _freeze(procs[0])
+        master, coordinator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{port[2]}"
+        node0 = ("127.0.0.1", port[2])
         lost = {"class": "NodeLost", "pod": "job-a1-0", "message": "node n0 stopped renewing"}
-        answer = gang.ask(spare, {"op": "promote", "master": master, "failure": lost})
+        answer = gang.ask(node0, {"op": "promote", "master": master, "failure": lost})
         assert answer["gathering"] and answer["holders"] == {"0": 0}, answer
-        followed = gang.ask(node1, {"op": "follow", "coordinator": coordinator, "master": master})
-        assert followed == {"following": coordinator}, followed
+        follow = {"op": "follow", "coordinator": coordinator, "master": master}
+        assert gang.ask(("127.0.0.1", port[1]), follow) == {"following": coordinator}
         spare_log = tmp_path / "node-2.log"
         deadline = time.monotonic() + 60
         while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in frozen:  # the lost node comes back while the gang trains without it
             os.kill(pid, signal.SIGCONT)
-        codes = wait_all([procs[1], procs[2]], 120)
-        assert codes == [0, 0], keeper_logs(tmp_path, 3)
+        _sealed(tmp_path, 70, 4)
+        _freeze(procs[1])
+        assert gang.ask(("127.0.0.1", port[3]), follow) == {"following": coordinator}
+        why = {"class": "Hang", "message": "node rank 1's keeper silent"}
+        answer = gang.ask(node0, {"op": "replace", "node": 1, "spare": 1, "failure": why})
+        assert not answer.get("refused") and answer["holders"] == {"0": 0, "1": 1}, answer
+        codes = wait_all([procs[2], procs[3]], 120)
+        assert codes == [0, 0], keeper_logs(tmp_path, 4)
     finally:
         for p in procs:
             p.kill()
-    logs = keeper_logs(tmp_path, 3)
-    assert "spare 0 takes node 0's place" in logs, logs
+    logs = keeper_logs(tmp_path, 4)
+    assert "spare 0 takes node 0's place" in logs and "spare 1 takes node 1's place" in logs, logs
     assert "node 1 follows its successor's coordinator" in logs, logs
     restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
-    assert [g for g, _ in restarts] == ["1"], logs  # node 1 (the spare started there)
+    # node 1 after node 0's loss, node 0 (spare 0) after node 1's freeze
+    assert [g for g, _ in restarts] == ["1", "2"], logs
     assert "'class': 'NodeLost'" in restarts[0][1] and "'spare': 0" in restarts[0][1]
+    assert "'class': 'Hang'" in restarts[1][1] and "'spare': 1" in restarts[1][1]
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
-    assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
+    assert (tmp_path / "ck" / catalog.step_dir_name(160) / catalog.MARKER_NAME).is_file()
+    old = (tmp_path / "node-0.log").read_text()  # thawed, its rank 0 stood down at a save
+    assert "generation 0 was superseded" in old or "not every rank wrote its shard" in old, old
 
 
 def test_a_spares_argv_takes_the_node_rank_once() -> None:

@@ -656,6 +656,10 @@ class Keeper:
         while not self.stopping:
             if self.promoted is not None:
                 return self._become_node_zero(self.promoted)
+            if self.follow is not None:  # node rank 0's coordinator and store, where now
+                (coordinator, master), self.follow = self.follow, None
+                self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
+                self.argv = with_endpoint(self.argv, master)
             answer = self._ask({"op": "state"}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
             holders = answer.get("holders") or {}
             node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
