@@ -145,6 +145,30 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
     assert "no step completed" not in done.stderr, done.stderr
 
 
+def _sealed(root: Path, step: int, nodes: int) -> None:
+    cut = root / "ck" / catalog.step_dir_name(step) / catalog.MARKER_NAME
+    deadline = time.monotonic() + 60
+    while not cut.is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cut.is_file(), keeper_logs(root, nodes)
+
+
+def _freeze(proc: subprocess.Popen[bytes]) -> list[int]:
+    frozen = [proc.pid, *descendants(proc.pid)]
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    return frozen
+
+
+def _thaw_once_resumed(spare_log: Path, frozen: list[int]) -> None:
+    """The lost node comes back once the spare resumed, while the gang trains without it."""
+    deadline = time.monotonic() + 60
+    while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in frozen:
+        os.kill(pid, signal.SIGCONT)
+
+
 @pytest.mark.parametrize(
     "others_first", [False, True], ids=["replaced-first", "others-failed-first"]
 )
@@ -164,14 +188,8 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
     procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
     node1 = procs[1]
     try:
-        cut = tmp_path / "ck" / catalog.step_dir_name(20) / catalog.MARKER_NAME
-        deadline = time.monotonic() + 60
-        while not cut.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cut.is_file(), keeper_logs(tmp_path, 3)
-        frozen = [node1.pid, *descendants(node1.pid)]
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
+        _sealed(tmp_path, 20, 3)
+        frozen = _freeze(node1)
         coordinator = gang.Gang.from_env(_gang_env(tmp_path, 0)).address
         # the frozen keeper falls silent in its coordinator's answer (what the operator asks
         # in a hang's grace), the others keep asking
@@ -194,12 +212,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
         assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer
         again = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
         assert "already holds" in again["refused"]
-        spare_log = tmp_path / "node-2.log"
-        deadline = time.monotonic() + 60
-        while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in frozen:  # the lost node comes back while the gang trains without it
-            os.kill(pid, signal.SIGCONT)
+        _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         codes = wait_all([procs[0], procs[2]], 120)
         assert codes == [0, 0], keeper_logs(tmp_path, 3)
         assert "node 1 was given to a spare" in (tmp_path / "node-1.log").read_text()
@@ -217,21 +230,6 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
     assert ("'symptom': 'no step for 10s'" in restarts[0][1]) is others_first, restarts
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
     assert (tmp_path / "ck" / catalog.step_dir_name(80) / catalog.MARKER_NAME).is_file()
-
-
-def _sealed(root: Path, step: int, nodes: int) -> None:
-    cut = root / "ck" / catalog.step_dir_name(step) / catalog.MARKER_NAME
-    deadline = time.monotonic() + 60
-    while not cut.is_file() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert cut.is_file(), keeper_logs(root, nodes)
-
-
-def _freeze(proc: subprocess.Popen[bytes]) -> list[int]:
-    frozen = [proc.pid, *descendants(proc.pid)]
-    for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
-    return frozen
 
 
 def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
@@ -259,12 +257,7 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
         assert answer["gathering"] and answer["holders"] == {"0": 0}, answer
         follow = {"op": "follow", "coordinator": coordinator, "master": master}
         assert gang.ask(("127.0.0.1", port[1]), follow) == {"following": coordinator}
-        spare_log = tmp_path / "node-2.log"
-        deadline = time.monotonic() + 60
-        while "resume=auto" not in spare_log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in frozen:  # the lost node comes back while the gang trains without it
-            os.kill(pid, signal.SIGCONT)
+        _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         _sealed(tmp_path, 70, 4)
         _freeze(procs[1])
         assert gang.ask(("127.0.0.1", port[3]), follow) == {"following": coordinator}
