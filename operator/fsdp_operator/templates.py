@@ -189,7 +189,8 @@ def spare_pod(
     """Warm spare `index` of `launch`'s attempt (spec.spares): a non-zero rank's pod (the
     same image, volumes, resources and anti-affinity, so another node), without a node rank:
     its keeper waits for the coordinator to give it a lost node's place, and torchrun's
-    `--node-rank` is set then."""
+    `--node-rank` is set then. It carries rank 0's readiness probe, as it may take node rank
+    0's place (NotReady until then: nothing of it trains, and nothing reads a spare's Ready)."""
     pod = worker_pod(job, spec, launch, node_rank=min(1, launch.replicas - 1),
                      cluster_domain=cluster_domain, worker_module=worker_module,
                      profile=profile)  # fmt: skip
@@ -199,6 +200,7 @@ def spare_pod(
     del meta["labels"][names.Label.NODE_RANK.value]
     meta["labels"][names.Label.SPARE.value] = str(index)
     (container,) = pod_spec["containers"]
+    container.setdefault("readinessProbe", progress_probe(spec))
     for var in container["env"]:
         if var["name"] == contract.ENV_GANG:
             gang = {**json.loads(var["value"]), "node": -1, "spare": index}

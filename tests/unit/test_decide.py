@@ -1619,7 +1619,9 @@ def test_a_spare_pod_waits_without_a_node_rank() -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     gang = json.loads(env[contract.ENV_GANG])
     assert (gang["node"], gang["spare"], gang["nodes"]) == (-1, 2, 4)
-    assert "readinessProbe" not in c  # rank 0's probe; a spare never becomes rank 0
+    # rank 0's probe: a spare may become node rank 0, and until then it is not Ready (nothing
+    # of it trains), which nothing reads
+    assert c["readinessProbe"] == templates.progress_probe(_spare_spec())
 
 
 def test_after_a_gang_that_never_met_the_next_attempt_gets_twice_the_time_to_meet() -> None:
