@@ -300,7 +300,30 @@ class Soak:
                     return s
             return None
 
-        return stack.wait_for(f"{name}: training again", ready, timeout=300, every=0.5)
+        return stack.wait_for(f"{name}: training again", ready, timeout=300, every=0.5,
+                              context=lambda: self.context(name))  # fmt: skip
+
+    def context(self, name: str) -> str:
+        """What a user would look at when a recovery does not come: the job's status and
+        Events, its pods, and each pod's last log lines (the keepers say what they wait for)."""
+        pods = self.jobs.pods(name)
+        rows = [
+            f"  {p['metadata']['name']} node={p['spec'].get('nodeName')} "
+            f"phase={p['status'].get('phase')} labels={p['metadata'].get('labels')} "
+            f"deleting={bool(p['metadata'].get('deletionTimestamp'))}"
+            for p in pods
+        ]
+        events = self.cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp",
+                                      check=False).stdout[-4000:]  # fmt: skip
+        logs = [
+            f"--- {p['metadata']['name']}\n"
+            + self.cluster.kubectl(
+                "logs", "-n", NS, p["metadata"]["name"], "--tail=25", check=False
+            ).stdout  # fmt: skip
+            for p in pods
+        ]
+        status = json.dumps(self.status(name), indent=1)[-6000:]
+        return "\n".join([f"status: {status}", "pods:", *rows, f"events:\n{events}", *logs])
 
     @staticmethod
     def recovery(
