@@ -192,3 +192,24 @@ def test_torchruns_store_moves_with_node_rank_0() -> None:
     assert moved[3] == "--rdzv-endpoint=10.0.0.9:29500" and moved[-1] == "--rdzv-endpoint=mine"
     assert gang.rendezvous(moved) == "10.0.0.9:29500"
     assert gang.rendezvous(["--rdzv_endpoint", "h:1"]) == "h:1" and gang.rendezvous([]) == ""
+
+
+@pytest.mark.parametrize(
+    ("answer", "settled"),
+    [
+        ({"generation": 5, "holders": {"1": 3}}, "lost"),  # spare 3 holds node 1 now
+        ({"generation": 5, "holders": {}}, "moved"),  # a peer failed first: a symptom
+        ({"generation": 4}, "exited"),  # this node's ranks failed first
+    ],
+)
+def test_ranks_that_end_after_their_node_was_given_to_a_spare_do_not_restart(
+    monkeypatch: pytest.MonkeyPatch, answer: dict[str, object], settled: str
+) -> None:
+    """A lost node's pod runs on (its kubelet stopped). When the gang restarts without it, its
+    ranks end on their own (their peers went) before its keeper's next ask: the keeper reads
+    that its node is held by a spare and stops, instead of joining the next generation beside
+    the spare as a second node 1 (seen in the spares soak as a restart that never resumed)."""
+    g = gang.Gang(restarts=9, coordinator="10.0.0.5:29501", node=1, nodes=2)
+    keeper = gang.Keeper(g, ["python", "-m", "torch.distributed.run", "-m", "x"])
+    monkeypatch.setattr(keeper, "_ask", lambda doc, **kw: answer)
+    assert keeper._settle("exited", 1, 4) == settled

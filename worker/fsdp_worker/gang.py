@@ -469,17 +469,24 @@ class Keeper:
         """What torchrun's (or the warm launcher's) exit means for the gang: "done" (every
         node ended well), "moved" (a peer failed first: these ranks' failure is a symptom, or
         they ended well but a node failed after), "lost" (node rank 0 was lost: its successor
-        says what next), else `outcome` as watched."""
+        says what next; or this node was given to a spare), else `outcome` as watched."""
         if self.follow is not None:
             return "lost"
-        if outcome == "exited" and code == 0:
+        if outcome != "exited":
+            return outcome
+        moved = self._moved_on(generation)
+        if moved is None:
+            # A lost node's pod runs on (its kubelet stopped): its ranks end on their own when
+            # the gang restarts without them, before its keeper's next ask saw it fenced. Its
+            # ranks must not join the next generation beside the spare that holds the node.
+            log.error("node %d was given to a spare: this keeper's ranks stop", self.gang.node)
+            return "lost"
+        if code == 0:
             if self._finished(generation):
                 self._drop_warm()
                 return "done"
             return "moved"  # a node failed after this one's ranks ended: again, with it
-        if outcome == "exited" and self._moved_on(generation):
-            return "moved"
-        return outcome
+        return "moved" if moved else outcome
 
     def _finished(self, generation: int) -> bool:
         """Training ended well on this node: an exit barrier, as torchrun's agents keep one.
@@ -511,7 +518,7 @@ class Keeper:
         if answer is None or answer.get("final") or not self._all_down(generation):
             return None
         answer = self._ask({"op": "state"})
-        if answer is None or answer.get("final"):
+        if answer is None or answer.get("final") or self._fenced(answer):
             return None
         return int(answer["generation"]), list(answer.get("failures", []))
 
@@ -724,8 +731,11 @@ class Keeper:
             return None
         return self._gathered()
 
-    def _moved_on(self, generation: int) -> bool:
+    def _moved_on(self, generation: int) -> bool | None:
+        """Whether the gang moved past `generation`; None when a spare holds this node now."""
         answer = self._ask({"op": "state"}, quiet=True)
+        if answer is not None and self._fenced(answer):
+            return None
         return answer is not None and int(answer.get("generation", 0)) > generation
 
     def _kill(self) -> None:
