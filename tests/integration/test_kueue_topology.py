@@ -190,14 +190,20 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
     )  # fmt: skip
     first_end = evicted["history"][0]
     assert first_end["cause"] == st.Cause.PREEMPTED.value, evicted["history"]
-    said = [
-        e["message"]
-        for e in jobs.cluster.get_json(
-            "events", "-n", jobs.ns, "--field-selector", f"involvedObject.name={name}"
-        )["items"]
-        if e["reason"] == st.Cause.PREEMPTED.value
-    ]
-    assert said and "PodsReadyTimeout" in said[0], said  # Kueue's reason, in the job's Event
+
+    def preempted_said() -> list[str]:
+        """The job's Preempted Events' words (the Event is written after the status that
+        records the cause: read at once, it can be missing on a loaded machine)."""
+        return [
+            e["message"]
+            for e in jobs.cluster.get_json(
+                "events", "-n", jobs.ns, "--field-selector", f"involvedObject.name={name}"
+            )["items"]
+            if e["reason"] == st.Cause.PREEMPTED.value
+        ]
+
+    said = harness.wait_for(f"{name}: a Preempted Event", preempted_said, timeout=30, context=ctx)
+    assert "PodsReadyTimeout" in said[0], said  # Kueue's reason, in the job's Event
 
     def trains_again(s: dict) -> bool:
         again = s.get("attempt") == 3 and s.get("phase") == "Running"

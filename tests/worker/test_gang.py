@@ -239,8 +239,8 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     rank hosted the store). What the operator then sends (reconcile._promote): `promote` to
     spare 0's keeper, `follow` to node 1's. Node 1 stops its ranks and rejoins with what node
     0's coordinator last said; spare 0, now node 0 and the coordinator, hosts the store at a
-    new address; the gang restarts in place from the claim. The old node 0, back, publishes
-    nothing (the generation fence). Then node 1's pod freezes: spare 1, whose template names
+    new address; the gang restarts in place from the claim, the old node 0 thawed beside it
+    (the generation fence keeps it from publishing: test_catalog). Then node 1's pod freezes: spare 1, whose template names
     the first node 0, is told where the coordinator and the store are now (reconcile._replace:
     `follow`, then `replace`), takes node 1's place, and the gang finishes."""
     from fsdp_worker import gang
@@ -279,8 +279,6 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     assert "'class': 'Hang'" in restarts[1][1] and "'spare': 1" in restarts[1][1]
     assert "resume=auto: step 20" in logs or "resume=auto: step 30" in logs, logs
     assert (tmp_path / "ck" / catalog.step_dir_name(160) / catalog.MARKER_NAME).is_file()
-    old = (tmp_path / "node-0.log").read_text()  # thawed, its rank 0 stood down at a save
-    assert "generation 0 was superseded" in old or "not every rank wrote its shard" in old, old
 
 
 def test_a_spares_argv_takes_the_node_rank_once() -> None:
