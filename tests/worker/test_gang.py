@@ -241,8 +241,9 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     0's coordinator last said; spare 0, now node 0 and the coordinator, hosts the store at a
     new address; the gang restarts in place from the claim, the old node 0 thawed beside it
     (the generation fence keeps it from publishing: test_catalog). Then node 1's pod freezes:
-    spare 1, whose template names the first node 0, is told where the coordinator and the store are now (reconcile._replace:
-    `follow`, then `replace`), takes node 1's place, and the gang finishes."""
+    spare 1, whose template names the first node 0, is told where the coordinator and the
+    store are now (reconcile._replace: `follow`, then `replace`), takes node 1's place, and the
+    gang finishes."""
     from fsdp_worker import gang
 
     procs = _keepers(tmp_path, restarts=3, steps=160, spares=2)
