@@ -19,8 +19,10 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -258,8 +260,10 @@ class Cluster:
             nodes.wait_socket(node.socket, functools.partial(self._alive, name))
         # Every node's images side by side: on a fresh machine each node unpacks the 5.9 GB
         # worker (about 2 minutes), and one after another that was the slowest part of a first
-        # `make test`'s cluster start.
-        with concurrent.futures.ThreadPoolExecutor(max(1, len(layouts))) as pool:
+        # `make test`'s cluster start. One after another when the disk holds only one node's
+        # peak at a time (its blobs are dropped once unpacked).
+        side_by_side = _fits(layouts, refs=refs)
+        with concurrent.futures.ThreadPoolExecutor(len(layouts) if side_by_side else 1) as pool:
             for _ in pool.map(functools.partial(_load, refs=refs), layouts):
                 pass
         # Loading a 7 GB image into a fresh node takes minutes; the kubelets then get a fresh
@@ -427,6 +431,41 @@ class Cluster:
         )
         self._kubeadm.init_phases()
         self._kubeadm.user(self.kubeconfig, client="kubernetes-admin", groups=("system:masters",))
+
+
+DISK_RESERVE = 3 << 30
+"""Bytes left free beside the images' peak: the jobs' checkpoints, the logs, etcd."""
+
+
+def _fits(layouts: Sequence[nodeconf.NodeLayout], *, refs: Sequence[str]) -> bool:
+    """Whether every node can load ``refs`` side by side; False when only one at a time fits.
+
+    Raises ControlPlaneError naming the bytes needed and free when not even one node fits: a
+    node out of space mid-import leaves a cluster whose pods never start.
+    """
+    if not layouts:
+        return True
+    where = layouts[0].store.parent
+    needs = [images.disk_needed(address=node.socket, refs=refs) for node in layouts]
+    free = shutil.disk_usage(where).free
+    if sum(needs) + DISK_RESERVE <= free:
+        return True
+    gib = 1 << 30
+    if max(needs) + DISK_RESERVE > free:
+        raise ControlPlaneError(
+            f"loading the images into the nodes needs {max(needs) / gib:.1f} GiB at its peak "
+            f"(one node at a time; {sum(needs) / gib:.1f} GiB side by side) and "
+            f"{DISK_RESERVE / gib:.0f} GiB beside it, but the disk of {where} has {free / gib:.1f} "
+            "GiB free: free some space (removing a stopped cluster's node stores there "
+            "costs a fresh import)"
+        )
+    print(
+        f"loading the nodes' images one at a time: {sum(needs) / gib:.1f} GiB side by side "
+        f"would not fit in {free / gib:.1f} GiB free",
+        file=sys.stderr,
+        flush=True,
+    )
+    return False
 
 
 def _load(node: nodeconf.NodeLayout, *, refs: Sequence[str]) -> None:

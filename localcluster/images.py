@@ -301,6 +301,19 @@ def delivery() -> str:
     return way
 
 
+def disk_needed(
+    *, address: Path, refs: Sequence[str], namespace: str = "k8s.io", snapshotter: str = "overlayfs"
+) -> int:
+    """Bytes an import of ``refs`` into the containerd at ``address`` writes at its peak (0
+    when it holds them all): what a cluster's start weighs against the free disk."""
+    node = imagestore.Containerd(address=address, namespace=namespace, snapshotter=snapshotter)
+    return sum(
+        imagestore.disk_needed(node, layout=export(ref), ref=ref)
+        for ref in refs
+        if node.config_digest(ref) != f"sha256:{_require(ref)}"
+    )
+
+
 def ensure_loaded(
     *,
     address: Path,

@@ -168,6 +168,12 @@ class Containerd:
         self._ctr("images", "tag", "--force", source, target)
         self._ctr("images", "rm", source)
 
+    def remove(self, ref: str) -> None:
+        """Drop ``ref`` (and a staging copy of it) and wait for the garbage collector to
+        remove the snapshots and blobs only they used."""
+        for name in (ref, f"{ref}{STAGING_SUFFIX}"):
+            self._ctr("images", "rm", "--sync", name, check=False)
+
     def held(self) -> set[str]:
         """The digests of every blob in this namespace's content store."""
         return set((self._ctr("content", "ls", "--quiet") or "").split())
@@ -222,26 +228,67 @@ def _padding(size: int) -> bytes:
     return b"\0" * (-size % tarfile.BLOCKSIZE)
 
 
+def _layers(layout: Path, descriptor: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    manifest = read(blob(layout, descriptor["digest"]))
+    diff_ids = read(blob(layout, manifest["config"]["digest"]))["rootfs"]["diff_ids"]
+    return manifest["layers"], diff_ids
+
+
+def lacking(node: Containerd, *, layout: Path, ref: str) -> list[dict[str, Any]]:
+    """The layer descriptors of ``ref`` that ``node`` holds neither as a blob nor unpacked."""
+    descriptor = entry(layout, ref)
+    if descriptor is None:
+        raise ImageError(f"{layout} holds no image named {ref}")
+    layers, diff_ids = _layers(layout, descriptor)
+    held = node.held()
+    return [
+        layer
+        for i, layer in enumerate(layers)
+        # A node keeps a layer's snapshot and may drop its blob (nodes.discard_layers).
+        if layer["digest"] not in held and not node.has_snapshot(chain_id(diff_ids[: i + 1]))
+    ]
+
+
+def disk_needed(node: Containerd, *, layout: Path, ref: str) -> int:
+    """Bytes ``send`` will write at its peak on ``node``'s disk: each lacking layer's blob and
+    its unpacked snapshot (the layout's layers are uncompressed, so about its size again)."""
+    missing = lacking(node, layout=layout, ref=ref)
+    descriptor = entry(layout, ref)
+    assert descriptor is not None  # lacking() raised otherwise
+    layers, _ = _layers(layout, descriptor)
+    if _rebuilt(missing, layers):
+        missing = [layer for layer in layers if layer["digest"] not in node.held()]
+    return 2 * sum(int(layer["size"]) for layer in missing)
+
+
+def _rebuilt(missing: Sequence[dict[str, Any]], layers: Sequence[dict[str, Any]]) -> bool:
+    """Whether most of an image's bytes are new to a node (its base or torch layer rebuilt),
+    not just its project layer."""
+    return 2 * sum(int(m["size"]) for m in missing) > sum(int(layer["size"]) for layer in layers)
+
+
 def send(node: Containerd, *, layout: Path, ref: str, name: str | None = None) -> int:
     """Import ``ref`` from ``layout`` (as ``name``, ``ref`` by default): its manifest, its
     config and the layers ``node`` lacks. Returns how many layers were sent.
 
     A layer left out is one the containerd already holds; unpacking finds it there, or finds
-    its snapshot and needs no blob at all.
+    its snapshot and needs no blob at all. When most of the image is new (a rebuilt torch
+    layer), the old image under that name is removed first and every layer sent: kept until
+    the new one is unpacked, its snapshots would hold the worker's 6 GB twice on each node.
     """
     with locked(layout, exclusive=False):
         descriptor = entry(layout, ref)
         if descriptor is None:
             raise ImageError(f"{layout} holds no image named {ref}")
         manifest = read(blob(layout, descriptor["digest"]))
-        held = node.held()
-        diff_ids = read(blob(layout, manifest["config"]["digest"]))["rootfs"]["diff_ids"]
-        digests = [descriptor["digest"], manifest["config"]["digest"]]
-        for i, layer in enumerate(manifest["layers"]):
-            # A node keeps a layer's snapshot and may drop its blob (nodes.discard_layers).
-            if layer["digest"] not in held and not node.has_snapshot(chain_id(diff_ids[: i + 1])):
-                digests.append(layer["digest"])
         target = name or ref
+        missing = lacking(node, layout=layout, ref=ref)
+        if _rebuilt(missing, manifest["layers"]):
+            node.remove(target)
+            held = node.held()
+            missing = [layer for layer in manifest["layers"] if layer["digest"] not in held]
+        digests = [descriptor["digest"], manifest["config"]["digest"]]
+        digests += [layer["digest"] for layer in missing]
         # Unpacked under a staging name first: imported under `target` straight away, the old
         # image under that name would lose it before the new one is unpacked, and containerd's
         # garbage collector could remove a shared layer's snapshot whose blob was left out

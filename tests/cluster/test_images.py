@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,39 @@ def test_a_node_pulls_an_image_by_digest_from_the_loopback_registry(tmp_path: Pa
             name.startswith("localhost/fsdp-pause@sha256:") for name in listed
         )
         assert images.ensure_loaded(address=sock, refs=[ref], way="registry") == []
+
+
+def test_an_image_rebuilt_underneath_a_name_replaces_the_old_one_before_it_unpacks(
+    tmp_path: Path,
+) -> None:
+    """A rebuilt torch layer is most of the worker's bytes: the old image under the name goes
+    before the new one is imported, or each node would hold both (12 GB) at the peak."""
+    old, new = images.OPERATOR, images.PAUSE  # they share no layer
+    layout = images.export(old)
+    images.export(new)
+    entry = imagestore.entry(layout, old)
+    assert entry is not None
+    config = imagestore.read(imagestore.blob(layout, entry["digest"]))["config"]["digest"]
+    top = imagestore.chain_id(
+        imagestore.read(imagestore.blob(layout, config))["rootfs"]["diff_ids"]
+    )
+
+    class Watched(imagestore.Containerd):
+        old_unpacked_at_import: list[bool] = []
+
+        def import_tar(self, layout: Path, *, index: bytes, digests: Sequence[str]) -> None:
+            self.old_unpacked_at_import.append(self.has_snapshot(top))
+            super().import_tar(layout, index=index, digests=digests)
+
+    with nodes.scratch_containerd(tmp_path) as sock:
+        node = Watched(address=sock, namespace="k8s.io", snapshotter="overlayfs")
+        assert imagestore.disk_needed(node, layout=layout, ref=old) > 0
+        imagestore.send(node, layout=layout, ref=old, name="localhost/app:1")
+        nodes.discard_layers(nodes.ctr_command(sock), "localhost/app:1")
+        assert imagestore.lacking(node, layout=layout, ref=old) == []  # unpacked: nothing to send
+        assert imagestore.disk_needed(node, layout=layout, ref=old) == 0
+
+        imagestore.send(node, layout=layout, ref=new, name="localhost/app:1")
+        assert node.old_unpacked_at_import == [False, False]
+        assert node.config_digest("localhost/app:1") == f"sha256:{images.image_id(new)}"
+        assert "localhost/app:1" + imagestore.STAGING_SUFFIX not in node.run("images", "ls", "-q")
