@@ -213,10 +213,13 @@ def kubelet_config(node: NodeLayout, *, ca: Path, dns: str) -> dict[str, Any]:
         # No registry can refill an image the kubelet collects: never collect them here.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        # Bytes, not a share of the disk: a disk shared with other machines reports its whole
+        # size (252 GB here) with far less of it ours, and 2 % of that (5 GB) would put every
+        # node under DiskPressure while the images and jobs still fit.
         "evictionHard": {
             "memory.available": "100Mi",
-            "nodefs.available": "2%",
-            "imagefs.available": "2%",
+            "nodefs.available": "1Gi",
+            "imagefs.available": "1Gi",
             "nodefs.inodesFree": "2%",
         },
         "maxPods": 110,
