@@ -422,6 +422,33 @@ class Jobs:
         )["items"]
         return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
 
+    def pods_report(self, name: str) -> str:
+        """Why a job's pods do not run: each pod's phase, node and container states, their
+        warning Events, and every node whose conditions are not those of a healthy one (a
+        node short of disk rejects pods with DiskPressure, seen only there)."""
+        lines = []
+        for pod in self.pods(name):
+            status = pod.get("status") or {}
+            states = []
+            for c in status.get("containerStatuses") or []:
+                state, detail = next(iter((c.get("state") or {"unknown": {}}).items()))
+                states.append(f"{c['name']}={state}({detail.get('reason', '')})")
+            node = pod["spec"].get("nodeName", "-")
+            lines.append(f"pod {pod['metadata']['name']} {status.get('phase')} on {node} {states}")
+        events = self.cluster.get_json("events", "-n", self.ns, "--field-selector", "type=Warning")
+        for e in events["items"]:
+            if e["involvedObject"].get("kind") == "Pod" and name in e["involvedObject"]["name"]:
+                lines.append(f"event {e['involvedObject']['name']} {e['reason']}: {e['message']}")
+        for node in self.cluster.get_json("nodes")["items"]:
+            odd = [
+                f"{c['type']}={c['status']} ({c.get('message', '')})"
+                for c in node["status"].get("conditions") or []
+                if (c["type"] == "Ready") != (c["status"] == "True")
+            ]
+            if odd:
+                lines.append(f"node {node['metadata']['name']}: {'; '.join(odd)}")
+        return "\n".join(lines)
+
     def ensure_pvc(self) -> None:
         """An RWX claim `ckpt` bound to a hostPath PV of its own: one directory on this machine
         that every node mounts, like an NFS export. Workers run as uid/gid 1000 and Kubernetes

@@ -225,7 +225,8 @@ def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
     return harness.wait_for(
         f"pods of attempt {attempt} running",
         lambda: len(p := gang()) == jobs.status(name).get("replicas") and p,
-        timeout=60, context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}",
+        timeout=60,
+        context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
     )  # fmt: skip
 
 
