@@ -88,6 +88,7 @@ def test_incomplete_damaged_and_foreign_checkpoints_are_rejected_with_reasons(
     write_step(tmp_path, 6, config_hash="other")
     (write_step(tmp_path, 7) / catalog.MARKER_NAME).write_bytes(b"{not json")
     (tmp_path / "step-8.partial-a1").mkdir()  # a save in flight: not even listed
+    (tmp_path / "step-9.partial-a1g2").mkdir()  # one by a restart in place: the same
     storage = catalog.LocalStorage(str(tmp_path))
     chosen, rejected = catalog.select(storage, str(tmp_path), config_hash=HASH, lineage=None)
     assert chosen is not None and chosen.step == 1 and chosen.marker is not None
@@ -262,6 +263,18 @@ def test_a_later_generation_of_the_same_attempt_fences_an_earlier_one(tmp_path: 
         catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a", generation=9)
     (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": 4, "job_uid": "uid-a"}')
     assert catalog.read_fence(storage, ".") == catalog.Fence(4, "uid-a", 0)
+
+
+def test_a_partial_save_names_its_attempt_and_generation() -> None:
+    """Generation 0 keeps the old name; later ones name themselves, so a rank 0 of an earlier
+    generation still saving never writes into its successor's save of the same step."""
+    assert catalog.partial_dir_name(step=8, attempt=3) == "step-8.partial-a3"
+    names = [catalog.partial_dir_name(step=8, attempt=3, generation=g) for g in (0, 1, 12)]
+    assert len(set(names)) == 3
+    assert [catalog.partial_writer(n) for n in names] == [(3, 0), (3, 1), (3, 12)]
+    for other in ("step-8", "step-8.partial-a", "step-8.partial-ax", "step-8.partial-a3g",
+                  "step-8.quarantined-1", "FENCE.json"):  # fmt: skip
+        assert catalog.partial_writer(other) is None
 
 
 def test_a_torn_fence_is_no_fence(tmp_path: Path) -> None:

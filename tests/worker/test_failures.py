@@ -35,11 +35,15 @@ def test_rank_killed_before_the_marker_leaves_a_step_that_is_never_chosen(
     assert not (root / "step-6" / catalog.MARKER_NAME).exists()  # ... but no marker
 
     (root / "step-9.partial-a1").mkdir()  # abandoned by attempt 1
+    (root / "step-10.partial-a1g3").mkdir()  # by a restart in place of attempt 1
     (root / "step-12.partial-a3").mkdir()  # a later attempt's save: not ours to delete
+    (root / "step-11.partial-a2g1").mkdir()  # a later generation of ours: not ours either
     second = launch(tmp_path, nproc=2, config=cfg, attempt=2, resume="auto", name="second")
     assert second.wait().rc == 0, second.log[-3000:]
     assert not (root / "step-9.partial-a1").exists()
+    assert not (root / "step-10.partial-a1g3").exists()
     assert (root / "step-12.partial-a3").exists()
+    assert (root / "step-11.partial-a2g1").exists()
     assert "step-6: NoMarker" in second.log
     assert "resumed from step-3" in second.log
     assert second.losses() == {s: reference["losses"][s] for s in range(4, 13)}

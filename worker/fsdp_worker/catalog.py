@@ -38,7 +38,7 @@ DCP_METADATA_NAME = ".metadata"  # DCP's own index, written by its coordinator a
 MARKER_FORMAT = 1
 STEP_PREFIX = "step-"
 STEP_DIR_RE = re.compile(r"^step-(0|[1-9][0-9]{0,17})$")
-PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>: a save in flight, ignored here
+PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>[g<gen>]: a save in flight, ignored
 QUARANTINE_INFIX = ".quarantined-"  # step-<N>.quarantined-<k>: set aside, ignored here
 FENCE_NAME = "FENCE.json"  # the attempt that writes here now; older ones change nothing
 MAX_MARKER_BYTES = 16 * 1024 * 1024  # a marker is small; refuse to parse anything huge
@@ -73,8 +73,21 @@ def step_dir_name(step: int) -> str:
     return f"{STEP_PREFIX}{step}"
 
 
-def partial_dir_name(*, step: int, attempt: int) -> str:
-    return f"{STEP_PREFIX}{step}{PARTIAL_INFIX}{attempt}"
+def partial_dir_name(*, step: int, attempt: int, generation: int = 0) -> str:
+    """Where `attempt` saves `step` before publishing it. From a restart in place's first
+    generation on, the generation is named too: a rank 0 of an earlier generation still saving
+    (its pod frozen, then thawed, while a spare took its place) writes beside the save of the
+    generation that replaced it, never into it."""
+    return f"{STEP_PREFIX}{step}{PARTIAL_INFIX}{attempt}" + (f"g{generation}" if generation else "")
+
+
+def partial_writer(name: str) -> tuple[int, int] | None:
+    """The (attempt, generation) whose save `name` is, or None for any other name."""
+    _, sep, rest = name.partition(PARTIAL_INFIX)
+    attempt, g, generation = rest.partition("g")
+    if not sep or not attempt.isdigit() or (g and not generation.isdigit()):
+        return None
+    return int(attempt), int(generation or 0)
 
 
 # --- storage ------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """Checkpoint saving: DCP save (sync or async, one in flight), publish, marker, retention.
 
-A save writes into `step-<N>.partial-a<attempt>`; when DCP has returned (which on the
-coordinator means every rank's files are written and fsync'd and `.metadata` is written) and a
-barrier has passed, rank 0 renames it to `step-<N>` and then writes `COMPLETE.json` atomically.
+A save writes into `step-<N>.partial-a<attempt>[g<generation>]`; when DCP has returned (which
+on the coordinator means every rank's files are written and fsync'd and `.metadata` is written)
+and a barrier has passed, rank 0 renames it to `step-<N>` and then writes `COMPLETE.json`
+atomically.
 An async failure is re-raised by `poll`/`wait`, never swallowed. This module must not choose
 resume checkpoints (see resume.py) or run training.
 """
@@ -171,12 +172,18 @@ class CheckpointManager:
                                 generation=self.identity.generation)  # fmt: skip
         except catalog.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
+        ours = (self.identity.attempt, self.identity.generation)
         for name in self.storage.list_dirs(self.root):
-            _, sep, attempt = name.partition(catalog.PARTIAL_INFIX)
-            if sep and attempt.isdigit() and int(attempt) < self.identity.attempt:
-                log.info("removing %s, abandoned by attempt %s", name, attempt)
+            writer = catalog.partial_writer(name)
+            if writer is not None and writer < ours:
+                log.info("removing %s, abandoned by attempt %s generation %s", name, *writer)
                 path = self.storage.resolve(posixpath.join(self.root, name))
                 shutil.rmtree(path, ignore_errors=True)
+
+    def _partial_name(self, step: int) -> str:
+        return catalog.partial_dir_name(
+            step=step, attempt=self.identity.attempt, generation=self.identity.generation
+        )
 
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
@@ -196,9 +203,7 @@ class CheckpointManager:
         self.wait()
         started = time.monotonic()
         self._samples[step] = samples
-        partial = posixpath.join(
-            self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
-        )
+        partial = posixpath.join(self.root, self._partial_name(step))
         if self.dist.rank == 0:
             shutil.rmtree(self.storage.resolve(partial), ignore_errors=True)  # our own leftover
         dist.barrier(group=self.dist.ckpt_group)
@@ -310,9 +315,7 @@ class CheckpointManager:
     # --- rank 0 only -------------------------------------------------------------------------
 
     def _publish(self, *, step: int, started: float, blocking: float) -> None:
-        partial = posixpath.join(
-            self.root, catalog.partial_dir_name(step=step, attempt=self.identity.attempt)
-        )
+        partial = posixpath.join(self.root, self._partial_name(step))
         final = posixpath.join(self.root, catalog.step_dir_name(step))
         self._check_fence()
         if self.storage.exists(final):

@@ -137,7 +137,9 @@ class StandIn:
         return 0, None
 
     def save(self, step: int) -> None:
-        partial = catalog.partial_dir_name(step=step, attempt=self.attempt)
+        partial = catalog.partial_dir_name(
+            step=step, attempt=self.attempt, generation=self.generation
+        )
         mine = self.storage.resolve(posixpath.join(partial, f"rank-{self.rank}.bin"))
         os.makedirs(os.path.dirname(mine), exist_ok=True)
         with open(mine, "wb") as fh:
