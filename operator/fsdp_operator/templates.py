@@ -190,7 +190,7 @@ def spare_pod(
     same image, volumes, resources and anti-affinity, so another node), without a node rank:
     its keeper waits for the coordinator to give it a lost node's place, and torchrun's
     `--node-rank` is set then. It carries rank 0's readiness probe, as it may take node rank
-    0's place (NotReady until then: nothing of it trains, and nothing reads a spare's Ready)."""
+    0's place; its keeper answers it while standing by (fsdp_worker.gang)."""
     pod = worker_pod(job, spec, launch, node_rank=min(1, launch.replicas - 1),
                      cluster_domain=cluster_domain, worker_module=worker_module,
                      profile=profile)  # fmt: skip

@@ -3,6 +3,12 @@ operator reads from that whether a restart in place can still come (detect.asks_
 
 from __future__ import annotations
 
+import concurrent.futures
+import socket
+import time
+import urllib.error
+import urllib.request
+
 import pytest
 
 from fsdp_operator import observed
@@ -213,3 +219,47 @@ def test_ranks_that_end_after_their_node_was_given_to_a_spare_do_not_restart(
     keeper = gang.Keeper(g, ["python", "-m", "torch.distributed.run", "-m", "x"])
     monkeypatch.setattr(keeper, "_ask", lambda doc, **kw: answer)
     assert keeper._settle("exited", 1, 4) == settled
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_spare_standing_by_answers_the_readiness_probe_then_frees_the_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A spare carries rank 0's readiness probe (for when it becomes node rank 0); while it
+    stands by its keeper answers it, so the pod is Ready for the hours it may wait, and the
+    port is free again once it stops standing by (its rank 0's metrics server takes it)."""
+    port = _free_port()
+    monkeypatch.setenv("FSDP_METRICS_PORT", str(port))
+    monkeypatch.setattr(gang, "_warm_imports", lambda: None)
+    nobody = f"127.0.0.1:{_free_port()}"  # no coordinator answers there: nobody gives a node
+    keeper = gang.Keeper(gang.Gang(restarts=1, coordinator=nobody, node=-1, nodes=2, spare=0,
+                                   listen=0), ["true"])  # fmt: skip
+    waiting = concurrent.futures.ThreadPoolExecutor(1).submit(keeper._stand_by)
+
+    def probe(path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, ""
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            status, text = probe("/progress?within=10&startup=60")
+            break
+        except urllib.error.URLError:
+            assert time.monotonic() < deadline, "the spare never answered its readiness probe"
+            time.sleep(0.05)
+    assert status == 200 and "standing by" in text
+    assert probe("/metrics")[0] == 404
+    keeper.stopping = True
+    assert waiting.result(timeout=10) is None
+    with socket.socket() as s:  # what rank 0's metrics server does next
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", port))

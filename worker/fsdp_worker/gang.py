@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import http.server
 import json
 import logging
 import os
@@ -654,7 +656,22 @@ class Keeper:
     def _stand_by(self) -> tuple[int, list[dict[str, Any]]] | None:
         """A spare's wait: the image is started and the imports warmed (the page cache holds
         torch), until the coordinator names the node this spare now is, after the operator's
-        `replace`. Returns the generation to start and the failures before it."""
+        `replace`. Returns the generation to start and the failures before it.
+
+        Meanwhile the keeper answers rank 0's readiness probe itself (the spare carries it for
+        when it becomes node rank 0): a spare standing by for hours is Ready, not counted by a
+        platform's "pod not Ready" alert. Its ranks' metrics server takes the port after."""
+        standby = _answer_progress(
+            _port(os.environ.get(contract.ENV_METRICS_PORT), contract.DEFAULT_METRICS_PORT)
+        )
+        try:
+            return self._stand_by_until_given()
+        finally:
+            if standby is not None:
+                standby.shutdown()
+                standby.server_close()
+
+    def _stand_by_until_given(self) -> tuple[int, list[dict[str, Any]]] | None:
         if self.warm_enabled:
             self._keep_warm(now=True)  # its imports done before the takeover
         else:
@@ -853,6 +870,46 @@ class Keeper:
             time.sleep(POLL_SECONDS)
         self._drop_warm()
         return None
+
+
+class _StandingBy(http.server.BaseHTTPRequestHandler):
+    """contract.PROGRESS_PATH's answer while a spare stands by: 200, no ranks yet."""
+
+    def do_GET(self) -> None:
+        found = self.path.split("?", 1)[0] == contract.PROGRESS_PATH
+        body = b"spare standing by: no ranks yet\n" if found else b"not found\n"
+        self.send_response(200 if found else 404)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # a probe a few seconds is no news
+        pass
+
+
+def _answer_progress(port: int) -> http.server.ThreadingHTTPServer | None:
+    """Serve _StandingBy on `port` from a daemon thread; None (logged) where it is taken,
+    or where metrics are off (port 0, as for rank 0's server)."""
+    if port <= 0:
+        return None
+    try:
+        server = http.server.ThreadingHTTPServer(("", port), _StandingBy)
+    except OSError as exc:
+        log.warning("spare: cannot answer the readiness probe on port %d: %s", port, exc)
+        return None
+    # Polled often: a takeover waits for the shutdown before its ranks start.
+    serve = functools.partial(server.serve_forever, poll_interval=0.05)
+    threading.Thread(target=serve, name="standby-progress", daemon=True).start()
+    return server
+
+
+def _port(raw: str | None, default: int) -> int:
+    try:
+        return int(raw) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a port: %d", contract.ENV_METRICS_PORT, raw, default)
+        return default
 
 
 WARM_IMPORTS = "import torch, torch.distributed.checkpoint, torch.distributed.fsdp"
