@@ -282,6 +282,12 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     jobs.patch(name, {"suspend": True})  # free the nodes for the next test
 
 
+def _ready(jobs: harness.Jobs, pod: str) -> bool:
+    found = [p for p in jobs.pods() if p["metadata"]["name"] == pod]
+    conditions = found[0]["status"].get("conditions") or [] if found else []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def _spare_trained(jobs: harness.Jobs, name: str, context: Callable[[], str]) -> dict:
     """The status once attempt 1's first restart in place (a spare's takeover) trained again."""
     return harness.wait_for(
@@ -303,7 +309,8 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     rank 0 reports progress and the job finishes. (A non-zero node rank's place, given by the
     coordinator's `replace`, is the frozen-pod scenario's below.)"""
     name = harness.unique("spare")
-    policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300}
+    # A deadline of 60 s has the kubelets probe rank 0's progress (and the spare) every 10 s.
+    policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300, "progressDeadlineSeconds": 60}
     doc = harness.job_doc(name, training={"steps": 150}, spares=1, failurePolicy=policy)
     jobs.apply(doc)
 
@@ -322,6 +329,9 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     lost = rank0["spec"]["nodeName"]
     assert spare["spec"]["nodeName"] not in (lost, rank1["spec"]["nodeName"])
     _step_at_least(jobs, name, 8)
+    # Standing by, it answers rank 0's readiness probe (it carries it): Ready, as the gang is.
+    harness.wait_for("the spare Ready", lambda: _ready(jobs, spare["metadata"]["name"]),
+                     timeout=60, context=context)  # fmt: skip
     faults = _faults(operator)
     faults.lose_node(lost)
     try:
