@@ -46,16 +46,18 @@ def _handles_sigterm(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
-def _start(rank: int, root: Path, *, port: int = 0) -> subprocess.Popen[str]:
+def _start(
+    rank: int, root: Path, *, port: int = 0, every: int = 1000, step_seconds: float = 0.05
+) -> subprocess.Popen[str]:
     config = {
         "training": {"steps": 10_000, "globalBatchSize": 2, "microBatchSize": 1},
-        "checkpoint": {"root": str(root), "intervalSteps": 1000},
+        "checkpoint": {"root": str(root), "intervalSteps": every},
     }
     env = dict(
         os.environ,
         RANK=str(rank),
         WORLD_SIZE="2",
-        STANDIN_STEP_SECONDS="0.05",
+        STANDIN_STEP_SECONDS=str(step_seconds),
         PYTHONPATH=str(REPO / "worker"),
         **{
             contract.ENV_CONFIG: json.dumps(config),
@@ -111,6 +113,35 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
     # rank 1 was behind when its SIGTERM came; both saved rank 0's (later) step
     assert at1 < at0 == marker.step and set(marker.files) == {"rank-0.bin", "rank-1.bin"}
     assert not any(p.name.startswith(".standin-stop") for p in tmp_path.iterdir())
+
+
+def test_sigterm_while_rank_0_waits_for_a_shard_saves_that_step(tmp_path: Path) -> None:
+    """Rank 0 is in a periodic save, waiting for a slower rank 1's shard, when SIGTERM comes
+    to rank 1 first: rank 1 must not wait for rank 0 to post its stop step while rank 0 waits
+    for it (both sat out their 60 s and the preempted job lost its steps). Rank 0 posts the
+    step it is saving; both save it and exit as preempted."""
+    rank0 = _start(0, tmp_path, every=3)
+    rank1 = _start(1, tmp_path, every=3, step_seconds=1.0)  # reaches step 3 after 3 s or more
+    shard0 = tmp_path / "step-3.partial-a1" / "rank-0.bin"
+    deadline = time.monotonic() + 30
+    try:
+        while not (shard0.exists() and _handles_sigterm(rank1.pid)):
+            assert time.monotonic() < deadline and rank0.poll() is None and rank1.poll() is None
+            time.sleep(0.02)
+        assert not (tmp_path / "step-3.partial-a1" / "rank-1.bin").exists(), "rank 1 was on time"
+        rank1.send_signal(signal.SIGTERM)
+        time.sleep(0.13)
+        rank0.send_signal(signal.SIGTERM)
+        codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+    finally:
+        for proc in (rank0, rank1):
+            proc.kill()
+            proc.wait()
+    assert codes == (contract.ExitCode.PREEMPTED, contract.ExitCode.PREEMPTED)
+    storage = catalog.LocalStorage(str(tmp_path))
+    marker = catalog.Marker.from_json(storage.read_bytes(f"step-3/{catalog.MARKER_NAME}"))
+    assert set(marker.files) == {"rank-0.bin", "rank-1.bin"}
+    assert [n for n in storage.list_dirs(".") if n.startswith("step-")] == ["step-3"]
 
 
 def _spawn(

@@ -45,7 +45,8 @@ from fsdp_worker import catalog, config, contract, interval, metrics
 
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
-STOP_FILE = ".standin-stop-a{attempt}"  # on the checkpoint volume: the step to save on SIGTERM
+# On the checkpoint volume: the step to save on SIGTERM, per attempt and generation.
+STOP_FILE = ".standin-stop-a{attempt}g{generation}"
 MET_FILE = ".standin-met-a{attempt}"  # rank 0 has "met" (STANDIN_MEET_SECONDS are over)
 
 
@@ -93,6 +94,7 @@ class StandIn:
         self.generation = _env_int(contract.ENV_GENERATION, 0)
         self.quarantined: list[int] = []  # steps rank 0 set aside under auto
         self.step, self.resumed_from = self._resume()
+        self.saved: int | None = None  # the step of this rank's last save
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
         self.save_time = float(os.environ.get("STANDIN_SAVE_SECONDS", "0"))
         self.ran = 0  # steps this process completed
@@ -146,12 +148,17 @@ class StandIn:
             fh.write(json.dumps({"step": step, "rank": self.rank}).encode().ljust(64))
             fh.flush()
             os.fsync(fh.fileno())
+        self.saved = step
         if self.rank != 0:
             return
         deadline = time.monotonic() + BARRIER_TIMEOUT
         while len(self.storage.list_files(partial)) < self.world:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"checkpoint step {step}: not every rank wrote its shard")
+            if _stop_requested and not self.storage.exists(self._stop_name()):
+                # A rank behind that got SIGTERM first waits to be told which step to save, as
+                # this one waits for its shard: this step (a collective save would be joined).
+                self.storage.write_atomic(self._stop_name(), str(step).encode())
             time.sleep(0.02)
         final = catalog.step_dir_name(step)
         catalog.check_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid,
@@ -174,9 +181,12 @@ class StandIn:
         )
         self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
         log.info("checkpoint step %d complete", step)
-        stop = self.storage.resolve(STOP_FILE.format(attempt=self.attempt))
+        stop = self.storage.resolve(self._stop_name())
         if os.path.exists(stop):  # every rank has read it: each wrote its shard after
             os.unlink(stop)
+
+    def _stop_name(self) -> str:
+        return STOP_FILE.format(attempt=self.attempt, generation=self.generation)
 
     def _agreed_stop_step(self) -> int:
         """The step every rank saves on SIGTERM: rank 0's. The real worker's ranks agree on it
@@ -184,7 +194,7 @@ class StandIn:
         at different moments, so without this they may save different steps and rank 0 then
         waits in vain for a shard (a flaky "steps lost" after a planned stop). Rank 0 posts
         its step on the shared volume; the others wait for it, as they would in a collective."""
-        name = STOP_FILE.format(attempt=self.attempt)
+        name = self._stop_name()
         if self.rank == 0:
             self.storage.write_atomic(name, str(self.step).encode())
             return self.step
@@ -336,7 +346,8 @@ class StandIn:
             if _stop_requested:  # SIGTERM between steps: a complete checkpoint, then exit
                 step = self._agreed_stop_step()
                 log.warning("SIGTERM at step %d: saving step %d before exit", self.step, step)
-                self.save(step)
+                if step != self.saved:  # else the save just made is the one agreed
+                    self.save(step)
                 return int(contract.ExitCode.PREEMPTED)
             self.step += 1
             self.ran += 1
