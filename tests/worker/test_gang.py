@@ -153,6 +153,13 @@ def _sealed(root: Path, step: int, nodes: int) -> None:
     assert cut.is_file(), keeper_logs(root, nodes)
 
 
+def _warm_launcher(pid: int) -> bool:
+    try:
+        return b"fsdp_worker.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _freeze(proc: subprocess.Popen[bytes]) -> list[int]:
     frozen = [proc.pid, *descendants(proc.pid)]
     for pid in frozen:
@@ -217,8 +224,11 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
         assert codes == [0, 0], keeper_logs(tmp_path, 3)
         assert "node 1 was given to a spare" in (tmp_path / "node-1.log").read_text()
         assert node1.poll() is None  # it waits for the operator, its ranks stopped
-        time.sleep(1.0)
-        assert not [p for p in frozen[1:] if _alive(p)], "the lost node's old ranks still run"
+        # its keeper kills them (its warm launcher, kept for a `follow`, is no rank); polled
+        deadline = time.monotonic() + 30
+        while running := [p for p in frozen[1:] if _alive(p) and not _warm_launcher(p)]:
+            assert time.monotonic() < deadline, f"the lost node's old ranks still run: {running}"
+            time.sleep(0.2)
     finally:
         for p in procs:
             p.kill()
