@@ -79,6 +79,21 @@ def _sigterm_step(proc: subprocess.Popen[str]) -> int:
     return int(match.group(1))
 
 
+def _stop_later_rank_first(rank0: subprocess.Popen[str], rank1: subprocess.Popen[str]) -> None:
+    """SIGTERM to rank 1, then to rank 0 a moment later; both exit as preempted."""
+    rank1.send_signal(signal.SIGTERM)
+    time.sleep(0.13)
+    rank0.send_signal(signal.SIGTERM)
+    codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+    assert codes == (contract.ExitCode.PREEMPTED, contract.ExitCode.PREEMPTED)
+
+
+def _kill(*procs: subprocess.Popen[str]) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
 def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None:
     port = _free_port()
     rank0 = _start(0, tmp_path, port=port)
@@ -96,16 +111,10 @@ def test_ranks_a_step_apart_save_rank_0s_step_on_sigterm(tmp_path: Path) -> None
             assert time.monotonic() < deadline and rank1.poll() is None, "rank 1 never started"
             time.sleep(0.02)
         time.sleep(0.5)
-        rank1.send_signal(signal.SIGTERM)  # the later rank first: it must wait for rank 0
-        time.sleep(0.13)
-        rank0.send_signal(signal.SIGTERM)
-        codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+        _stop_later_rank_first(rank0, rank1)  # rank 1 must wait for rank 0
         at0, at1 = _sigterm_step(rank0), _sigterm_step(rank1)
     finally:
-        for proc in (rank0, rank1):
-            proc.kill()
-            proc.wait()
-    assert codes == (contract.ExitCode.PREEMPTED, contract.ExitCode.PREEMPTED)
+        _kill(rank0, rank1)
     storage = catalog.LocalStorage(str(tmp_path))
     steps = [name for name in storage.list_dirs(".") if name.startswith("step-")]
     assert len(steps) == 1 and catalog.PARTIAL_INFIX not in steps[0], steps
@@ -129,15 +138,9 @@ def test_sigterm_while_rank_0_waits_for_a_shard_saves_that_step(tmp_path: Path) 
             assert time.monotonic() < deadline and rank0.poll() is None and rank1.poll() is None
             time.sleep(0.02)
         assert not (tmp_path / "step-3.partial-a1" / "rank-1.bin").exists(), "rank 1 was on time"
-        rank1.send_signal(signal.SIGTERM)
-        time.sleep(0.13)
-        rank0.send_signal(signal.SIGTERM)
-        codes = (rank0.wait(timeout=20), rank1.wait(timeout=20))
+        _stop_later_rank_first(rank0, rank1)
     finally:
-        for proc in (rank0, rank1):
-            proc.kill()
-            proc.wait()
-    assert codes == (contract.ExitCode.PREEMPTED, contract.ExitCode.PREEMPTED)
+        _kill(rank0, rank1)
     storage = catalog.LocalStorage(str(tmp_path))
     marker = catalog.Marker.from_json(storage.read_bytes(f"step-3/{catalog.MARKER_NAME}"))
     assert set(marker.files) == {"rank-0.bin", "rank-1.bin"}
