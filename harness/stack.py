@@ -422,9 +422,10 @@ class Jobs:
         )["items"]
         return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
 
-    def pods_report(self, name: str) -> str:
-        """Why a job's pods do not run: each pod's phase, node and container states, their
-        warning Events, and every node whose conditions are not those of a healthy one (a
+    def pods_report(self, name: str, log_lines: int = 25) -> str:
+        """Why a job's pods do not run or do not train: each pod's phase, node and container
+        states, its last `log_lines` log lines (the pods' logs go with the test's namespace),
+        their warning Events, and every node whose conditions are not those of a healthy one (a
         node short of disk rejects pods with DiskPressure, seen only there)."""
         lines = []
         for pod in self.pods(name):
@@ -435,6 +436,8 @@ class Jobs:
                 states.append(f"{c['name']}={state}({detail.get('reason', '')})")
             node = pod["spec"].get("nodeName", "-")
             lines.append(f"pod {pod['metadata']['name']} {status.get('phase')} on {node} {states}")
+            if log_lines and status.get("containerStatuses"):
+                lines.extend(f"  | {line}" for line in self._log_tail(pod, log_lines))
         events = self.cluster.get_json("events", "-n", self.ns, "--field-selector", "type=Warning")
         for e in events["items"]:
             if e["involvedObject"].get("kind") == "Pod" and name in e["involvedObject"]["name"]:
@@ -448,6 +451,30 @@ class Jobs:
             if odd:
                 lines.append(f"node {node['metadata']['name']}: {'; '.join(odd)}")
         return "\n".join(lines)
+
+    def evidence(self, name: str) -> str:
+        """What the operator kept of the job's failed attempts (their `-why` ConfigMaps: the
+        summary and the pods' last log lines), for a test whose attempt's pods are gone."""
+        found = self.cluster.get_json(
+            "configmaps", "-n", self.ns, "-l", f"fsdpoperator.io/job={name}"
+        )
+        out = []
+        for cm in found["items"]:
+            for key, text in sorted((cm.get("data") or {}).items()):
+                if key == "summary.txt" or key.startswith("log-"):
+                    out.append(f"== {cm['metadata']['name']} {key}\n{text}")
+        return "\n".join(out)
+
+    def _log_tail(self, pod: dict[str, Any], lines: int) -> list[str]:
+        """A pod's last log lines; its kubelet may be stopped (a lost node): bounded."""
+        try:
+            done = self.cluster.kubectl(
+                "logs", "-n", self.ns, pod["metadata"]["name"], "--all-containers",
+                f"--tail={lines}", "--request-timeout=5s", check=False, timeout=10,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return ["(its logs did not come in 10 s)"]
+        return (done.stdout or done.stderr).splitlines()[-lines:]
 
     def ensure_pvc(self) -> None:
         """An RWX claim `ckpt` bound to a hostPath PV of its own: one directory on this machine

@@ -51,7 +51,8 @@ def test_an_injected_crash_produces_a_complete_time_to_resume_breakdown(
     assert set(before) <= {"RendezvousTimeout"}, history
     assert done["restarts"]["application"] == 1, done["restarts"]
     tl = second["timeline"]
-    assert all(tl.get(m) is not None for m in MILESTONES), tl
+    missing = [m for m in MILESTONES if tl.get(m) is None]
+    assert not missing, f"{missing} missing: {tl}\n{json.dumps(history)}\n{jobs.evidence(name)}"
     timeline = st.Timeline.model_validate(tl)  # the status says RFC 3339 times
     # rank 0's own stamps are spaced by the stand-in's start-up knob (0.3 s)
     assert timeline.loaded is not None and timeline.rendezvous is not None

@@ -84,7 +84,8 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
         timeout=120,
         context=context,
     )
-    assert done["attempt"] == 1, json.dumps(done["history"])  # the gang was never recreated
+    # the gang was never recreated
+    assert done["attempt"] == 1, f"{json.dumps(done['history'])}\n{jobs.evidence(name)}"
     assert done["restarts"]["application"] == 2 and done["restarts"]["total"] == 2
     restart, hang = done["history"][0]["restartsInPlace"]
     failure = restart["failure"]
@@ -238,7 +239,10 @@ def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
 
 
 def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
-    harness.wait_for(f"step >= {step}", lambda: (jobs.status(name).get("step") or 0) >= step)
+    harness.wait_for(
+        f"step >= {step}", lambda: (jobs.status(name).get("step") or 0) >= step,
+        context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
+    )  # fmt: skip
 
 
 def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> dict:
@@ -579,10 +583,12 @@ def test_restart_budget_and_circuit_breaker(jobs: harness.Jobs, operator: harnes
     jobs.apply(harness.job_doc(breaker, env={"STANDIN_FAIL_AT_STEP": 3, "STANDIN_FAIL_ATTEMPT": 0},
                                failurePolicy={"maxRestartsWithoutProgress": 2}))  # fmt: skip
     s = _phase(jobs, budget, "Failed", timeout=120)
-    assert s["reason"] == "RestartBudgetExhausted" and "maxRestarts=1" in s["message"]
-    assert s["attempt"] == 2 and s["restarts"]["application"] == 1
+    told = f"{json.dumps(s['history'])}\n{jobs.evidence(budget)}"
+    assert s["reason"] == "RestartBudgetExhausted" and "maxRestarts=1" in s["message"], told
+    assert s["attempt"] == 2 and s["restarts"]["application"] == 1, told
     s = _phase(jobs, breaker, "Failed", timeout=120)
-    assert s["reason"] == "CircuitBreaker" and s["attempt"] == 2
+    told = f"{json.dumps(s['history'])}\n{jobs.evidence(breaker)}"
+    assert s["reason"] == "CircuitBreaker" and s["attempt"] == 2, told
 
 
 @pytest.mark.parametrize("kill_when", ["at-failure", "restarting", "new-pods"])
