@@ -280,6 +280,7 @@ def _final_sums(d: Decision, obs: observed.Observed) -> None:
         entry = entries.get(pod.attempt)
         if pod.rank != 0 or pod.phase not in ended or entry is None:
             continue
+        _final_milestones(entry, pod.worker_cause())
         found = contract.parse_sums(pod.worker_cause())
         if found is None or (entry.steps_run is not None and found[0] < entry.steps_run):
             continue
@@ -288,6 +289,20 @@ def _final_sums(d: Decision, obs: observed.Observed) -> None:
         entry.train_seconds = round(found[1], 3)
         if not closed:
             entry.blocked_seconds = round(found[2], 3)
+
+
+def _final_milestones(entry: status.HistoryEntry, doc: dict[str, object]) -> None:
+    """The attempt's resume milestones that no scrape saw, from rank 0's final message (an
+    attempt of seconds on a busy machine: its time to resume had no first step). Its process
+    is the attempt's last generation, so only an attempt without restarts in place takes them."""
+    tl = entry.timeline
+    if tl is None or entry.restarts_in_place:
+        return
+    reached = contract.parse_milestones(doc)
+    for name in ("rendezvous", "loaded", "first_step"):
+        at = reached.get(name)
+        if at is not None and getattr(tl, name) is None:
+            setattr(tl, name, at)
 
 
 def _quarantined_by_pods(d: Decision, prog: observed.Progress, directory: str) -> None:

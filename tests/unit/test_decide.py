@@ -1040,6 +1040,51 @@ def test_rank_0s_final_sums_count_the_steps_after_the_last_scrape() -> None:
     assert (entry.steps_run, entry.train_seconds, entry.blocked_seconds) == (50, 10.0, 0.75)
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["one-process", "restarted-in-place"])
+def test_rank_0s_final_milestones_complete_a_time_to_resume_no_scrape_saw(in_place: bool) -> None:
+    # Attempt 2 trained 10 s after a crash, on a machine too busy for the operator's scrapes
+    # (seen in CI): its time to resume had no first step. Rank 0's completion report has it.
+    # After restarts in place the process is a later generation's: its milestones are not the
+    # attempt's.
+    t0 = NOW - 30
+    reached = {"rendezvous": t0 + 5.0, "loaded": t0 + 5.6, "first_step": t0 + 5.8}
+    sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.0,
+                         milestones={**reached, "bogus": 1.0})  # fmt: skip
+    assert contract.parse_milestones({contract.SUMS: sums}) == reached
+    assert "milestones" not in contract.totals(sums)
+    done = json.dumps({"class": contract.COMPLETED, "rank": 0, "step": 60, "exitCode": 0,
+                       "message": contract.completion_message(sealed_step=60),
+                       contract.SUMS: sums})  # fmt: skip
+    tl = st.Timeline(cause=st.Cause.CRASH, failed=t0 - 2, detected=t0 - 1, gang_gone=t0 + 1,
+                     launched=t0 + 0.5, scheduled=t0 + 1.5, running=t0 + 3)  # fmt: skip
+    crash = st.Failure(cause=st.Cause.CRASH, rank=1, time=t0 + 4)
+    history = [st.HistoryEntry(attempt=2, started=t0, world_size=4, timeline=tl,
+                               restarts_in_place=[st.InPlaceRestart(generation=0, failure=crash)]
+                               if in_place else [])]  # fmt: skip
+    finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
+    finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
+    status = running_status(attempt=2, step=12, history=history)
+    d = dc.decide(observe(status=status, pods=pods(attempt=2, **finished)))
+    got = d.status.history[-1].timeline
+    assert d.status.phase is st.Phase.SUCCEEDED and got is not None
+    if in_place:
+        assert (got.rendezvous, got.loaded, got.first_step) == (None, None, None)
+        return
+    assert (got.rendezvous, got.loaded, got.first_step) == tuple(reached.values())
+    assert st.time_to_resume(got) == pytest.approx(7.8)
+    assert "TrainingResumed" in [e.reason for e in d.events]
+
+
+@pytest.mark.parametrize(
+    "milestones",
+    [None, "x", [], {"first_step": "5"}, {"first_step": True}, {"first_step": -1.0}],
+)  # fmt: skip
+def test_malformed_final_milestones_are_ignored(milestones: object) -> None:
+    sums = {"stepsRun": 5, "trainSeconds": 1.0, "blockedSeconds": 0, "milestones": milestones}
+    assert contract.parse_milestones({contract.SUMS: sums}) == {}
+    assert contract.parse_milestones("not a message") == {}
+
+
 def test_a_crashed_rank_0s_live_record_sums_count_and_older_sums_never_lower_the_scrape() -> None:
     sums = contract.sums(steps_run=33, train_seconds=6.6, blocked_seconds=0.0)
     live = {"class": contract.LIVE, "rank": 0, "step": 33, "exitCode": None, "message": "",

@@ -73,6 +73,7 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     assert live["phase"] == "forward" and live["memory"]["peakRssBytes"] > 0
     assert contract.parse_sums(live) is not None, live  # its totals, should the kernel kill it
     assert live[contract.SUMS]["stepsRun"] == STALLED_AFTER, live
+    assert contract.parse_milestones(live) == {}, "the live record's fixed size: totals only"
 
 
 def test_a_rank_stalled_before_the_end_of_step_all_reduce_is_named(tmp_path: Path) -> None:
@@ -103,3 +104,4 @@ def test_an_out_of_memory_error_leaves_its_phase_and_the_ledgers_plan(tmp_path: 
     assert term["ledger"]["persistentBytesPerRank"] > 0 and term["memory"]["rssBytes"] > 0
     assert "injected: CUDA out of memory in backward at step 4" in term["message"]
     assert (contract.parse_sums(term) or (None,))[0] == 3, term  # rank 0's steps, for goodput
+    assert set(contract.parse_milestones(term)) == {m.value for m in contract.Milestone}, term

@@ -56,6 +56,10 @@ def test_a_kit_trainer_reports_its_end(plain_reference: Any) -> None:
     assert json.loads(done["message"]) == {"sealedStep": 12}
     steps, train, blocked = contract.parse_sums(done) or (None, 0.0, 0.0)
     assert steps == 12 and train > 0 and blocked > 0, done  # its totals: goodput's last seconds
+    # its resume milestones, in order: a run too short for any scrape still has its timeline
+    reached = contract.parse_milestones(done)
+    assert list(reached) == [m.value for m in contract.Milestone], done
+    assert reached["rendezvous"] <= reached["loaded"] <= reached["first_step"], reached
 
 
 def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(

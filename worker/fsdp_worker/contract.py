@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Mapping
 
 CONTRACT_VERSION = 1
 """docs/contract.md's version: raised when a rank must act differently on what it is given or
@@ -258,16 +259,51 @@ TERMINATION_KEYS = ("class", "rank", "step", "exitCode", "message")
 # and the ledger's planned bytes per rank (persistentBytesPerRank, largestGatheredBytes).
 # Global rank 0 adds `sums` (SUMS_KEYS): its run's totals, as its metrics count them, when it
 # exits (well or not) and in its live record, so the steps after the operator's last scrape
-# still count (goodput's `Other` had been up to a scrape interval an attempt).
+# still count (goodput's `Other` had been up to a scrape interval an attempt). When it exits,
+# `sums` also holds `milestones` ({Milestone: unix time} this process reached), so an attempt
+# too short or too busy for the operator's scrapes still has its time to resume.
 TERMINATION_OPTIONAL_KEYS = ("phase", "memory", "ledger", "sums")
 SUMS = "sums"
 SUMS_KEYS = ("stepsRun", "trainSeconds", "blockedSeconds")
+SUMS_MILESTONES = "milestones"
 
 
-def sums(*, steps_run: int, train_seconds: float, blocked_seconds: float) -> dict[str, object]:
-    """The `sums` object of a termination message or live record."""
+def sums(
+    *,
+    steps_run: int,
+    train_seconds: float,
+    blocked_seconds: float,
+    milestones: Mapping[str, float] | None = None,
+) -> dict[str, object]:
+    """The `sums` object of a termination message or live record (`milestones`: only the
+    final message's; the live record's fixed size has no room to spare)."""
     values = (steps_run, round(train_seconds, 3), round(blocked_seconds, 3))
-    return dict(zip(SUMS_KEYS, values, strict=True))
+    doc: dict[str, object] = dict(zip(SUMS_KEYS, values, strict=True))
+    known = {m.value for m in Milestone}
+    reached = {k: round(v, 3) for k, v in (milestones or {}).items() if k in known}
+    if reached:
+        doc[SUMS_MILESTONES] = reached
+    return doc
+
+
+def totals(doc: dict[str, object]) -> dict[str, object]:
+    """A `sums` object without its milestones (the live record's)."""
+    return {k: v for k, v in doc.items() if k in SUMS_KEYS}
+
+
+def parse_milestones(doc: object) -> dict[str, float]:
+    """The milestones a termination message's `sums` carries ({} when none or malformed: a
+    report is advice, it never raises)."""
+    found = doc.get(SUMS) if isinstance(doc, dict) else None
+    reached = found.get(SUMS_MILESTONES) if isinstance(found, dict) else None
+    if not isinstance(reached, dict):
+        return {}
+    known = {m.value for m in Milestone}
+    return {
+        k: float(v)
+        for k, v in reached.items()
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    }
 
 
 def parse_sums(doc: object) -> tuple[int, float, float] | None:

@@ -264,7 +264,7 @@ class Recorder:
             "memory": self.memory,
         }
         if self._sums is not None:
-            doc[contract.SUMS] = self._sums()
+            doc[contract.SUMS] = contract.totals(self._sums())
         with self._lock:
             termination.write_live(self._live_fd, json.dumps(doc, separators=(",", ":")))
 

@@ -126,6 +126,7 @@ class Metrics:
             contract.METRIC_RESUMED_FROM_MEMORY, "1: this process resumed from the memory tier."
         )
         restarts_in_place(self.registry)
+        self.milestones: dict[str, float] = {}  # what `reached` set: for the final message too
 
     def sums(self) -> dict[str, object]:
         """This process's totals (contract.sums): rank 0 leaves them in its termination
@@ -134,10 +135,13 @@ class Metrics:
             steps_run=int(self.steps_run.total),
             train_seconds=self.step_seconds_sum.total,
             blocked_seconds=self.ckpt_blocked.total,
+            milestones=self.milestones,
         )
 
     def reached(self, milestone: contract.Milestone) -> None:
-        self.milestone.labels(milestone=milestone.value).set(time.time())
+        now = time.time()
+        self.milestones[milestone.value] = now
+        self.milestone.labels(milestone=milestone.value).set(now)
 
     def chose(self, choice: interval.Choice) -> None:
         self.interval.set(choice.steps)

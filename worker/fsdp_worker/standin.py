@@ -99,6 +99,7 @@ class StandIn:
         self.save_time = float(os.environ.get("STANDIN_SAVE_SECONDS", "0"))
         self.ran = 0  # steps this process completed
         self.blocked_seconds = 0.0  # seconds its steps waited on saves
+        self.milestones: dict[str, float] = {}  # contract.Milestone -> unix time, this process
         self.start_time = float(os.environ.get("STANDIN_START_SECONDS", "0"))
 
     def _resume(self) -> tuple[int, int | None]:
@@ -238,6 +239,7 @@ class StandIn:
             steps_run=self.ran,
             train_seconds=self.ran * self.step_time,
             blocked_seconds=self.blocked_seconds,
+            milestones=self.milestones,
         )
 
     def _injected(self, fault: str) -> bool:
@@ -300,6 +302,11 @@ class StandIn:
             failures=r.failures,
         )
 
+    def _reached(self, gauge: prom.Gauge, m: contract.Milestone) -> None:
+        """A milestone: on the metrics page, and kept for the final message's sums."""
+        self.milestones[m.value] = time.time()
+        gauge.labels(milestone=m.value).set(self.milestones[m.value])
+
     def run(self) -> int:
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> prom.Gauge:
             return prom.Gauge(name, doc, labelnames=labels)
@@ -334,10 +341,11 @@ class StandIn:
         self._meet()
         gauge_step.set(self.step)
         resumed.set(-1 if self.resumed_from is None else self.resumed_from)
+
         time.sleep(self.start_time)
-        milestone.labels(milestone=contract.Milestone.RENDEZVOUS.value).set(time.time())
+        self._reached(milestone, contract.Milestone.RENDEZVOUS)
         time.sleep(self.start_time)
-        milestone.labels(milestone=contract.Milestone.LOADED.value).set(time.time())
+        self._reached(milestone, contract.Milestone.LOADED)
         first = self._interval(0)
         next_save = self.step + first.steps
         chose(first)
@@ -356,7 +364,7 @@ class StandIn:
             steps_run.set(self.ran)
             step_sum.set(self.ran * self.step_time)
             if self.ran == 1:
-                milestone.labels(milestone=contract.Milestone.FIRST_STEP.value).set(time.time())
+                self._reached(milestone, contract.Milestone.FIRST_STEP)
             self._maybe_fail()
             self._maybe_hang()
             choice = self._interval(self.ran)
