@@ -263,3 +263,39 @@ def test_a_spare_standing_by_answers_the_readiness_probe_then_frees_the_port(
     with socket.socket() as s:  # what rank 0's metrics server does next
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("", port))
+
+
+def test_a_keepers_reports_lost_on_a_busy_network_are_said_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each keeper's first `fail`, `down` and `done` is lost on the way (one request that timed
+    out on a loaded machine): the coordinator still hears them. A lost `done` had held both
+    keepers in the exit barrier for a minute after training ended (the operator judged a
+    hang), a lost `down` or `fail` ended restarts in place."""
+    monkeypatch.setattr(gang, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(gang, "DOWN_TIMEOUT_SECONDS", 1.0)
+    coordinator = gang.Coordinator(0, nodes=2)
+    lost: set[str] = set()
+
+    def lossy(doc: dict[str, object], **_: object) -> dict[str, object] | None:
+        op = str(doc["op"])
+        if op != "state" and op not in lost:
+            lost.add(op)
+            return None  # never reached the coordinator
+        return coordinator.handle_request_doc({**doc, "from": 1})
+
+    keeper = gang.Keeper(gang.Gang(restarts=3, coordinator="127.0.0.1:1", node=1, nodes=2),
+                         ["true"])  # fmt: skip
+    monkeypatch.setattr(keeper, "_ask", lossy)
+    try:
+        failure = {"class": "RuntimeError", "rank": 1}
+        keeper._report({"op": "fail", "generation": 0, "failure": failure, "final": False})
+        assert coordinator.state.generation == 1 and len(coordinator.state.failures) == 1
+        coordinator.handle_request_doc({"op": "down", "generation": 0, "node": 0, "from": 0})
+        assert keeper._next_generation(0) == (1, [{**failure, "generation": 0}])
+        coordinator.handle_request_doc({"op": "done", "generation": 1, "node": 0, "from": 0})
+        assert keeper._finished(1)
+        assert coordinator.state.done == {0, 1}, "node 1's `done` never arrived"
+        assert lost == {"fail", "down", "done"}
+    finally:
+        coordinator.server_close()

@@ -439,8 +439,8 @@ class Keeper:
             if outcome == "exited":  # this node's ranks failed first
                 failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
-                self._ask({"op": "fail", "generation": generation, "failure": failure,
-                           "final": final})  # fmt: skip
+                self._report({"op": "fail", "generation": generation, "failure": failure,
+                              "final": final})  # fmt: skip
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
                     self._drop_warm()
@@ -495,11 +495,14 @@ class Keeper:
         True once every node's ranks ended well (node rank 0's keeper serves the coordinator
         until then), or node 0's is gone after they did; False when the gang moved on: a node
         failed after this one's ranks ended (its ranks' last save), and all start again."""
-        self._ask({"op": "done", "node": self.gang.node, "generation": generation}, quiet=True)
+        done = {"op": "done", "node": self.gang.node, "generation": generation}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         silent_since: float | None = None
         while time.monotonic() < deadline and not self.stopping:
-            answer = self._ask({"op": "state"}, quiet=True)
+            # said again at each poll (the coordinator keeps a set): one report lost on a busy
+            # node left both keepers in this barrier for DOWN_TIMEOUT_SECONDS, the pods Running
+            # after training ended, and the operator judged a hang (seen on a loaded machine)
+            answer = self._ask(done, quiet=True)
             if answer is None:
                 silent_since = silent_since or time.monotonic()
                 if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
@@ -516,7 +519,7 @@ class Keeper:
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
-        answer = self._ask({"op": "down", "generation": generation, "node": self.gang.node})
+        answer = self._report({"op": "down", "generation": generation, "node": self.gang.node})
         if answer is None or answer.get("final") or not self._all_down(generation):
             return None
         answer = self._ask({"op": "state"})
@@ -765,14 +768,29 @@ class Keeper:
                 os.kill(pid, signal.SIGKILL)
 
     def _all_down(self, generation: int) -> bool:
+        """Wait for every node's keeper to report `generation`'s ranks down. This node's own
+        report is said again at each poll (a set: one lost on a busy network costs nothing)."""
+        report = {"op": "down", "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
-            answer = self._ask({"op": "state"}, quiet=True)
+            answer = self._ask(report, quiet=True)
             down = (answer or {}).get("down", {}).get(str(generation), [])
             if len(down) >= self.gang.nodes:
                 return True
             time.sleep(POLL_SECONDS / 2)
         return False
+
+    def _report(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """A report the gang must not miss (`fail`, `down`), asked again until the coordinator
+        answers, for up to LOST_AFTER_SECONDS: one request that timed out on a busy node had
+        the keeper give up restarting in place. Safe to repeat: the coordinator counts a
+        generation's failure once and keeps the nodes down in a set."""
+        deadline = time.monotonic() + LOST_AFTER_SECONDS
+        answer = self._ask(doc)
+        while answer is None and time.monotonic() < deadline and not self.stopping:
+            time.sleep(POLL_SECONDS)
+            answer = self._ask(doc, quiet=True)
+        return answer
 
     def _ask(
         self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
