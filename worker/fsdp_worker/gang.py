@@ -496,7 +496,9 @@ class Keeper:
         until then), or node 0's is gone after they did; False when the gang moved on: a node
         failed after this one's ranks ended (its ranks' last save), and all start again."""
         done = {"op": "done", "node": self.gang.node, "generation": generation}
-        deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
+        log.info("generation %d's ranks ended well: waiting for every node's", generation)
+        began = time.monotonic()
+        deadline = began + DOWN_TIMEOUT_SECONDS
         silent_since: float | None = None
         while time.monotonic() < deadline and not self.stopping:
             # said again at each poll (the coordinator keeps a set): one report lost on a busy
@@ -508,12 +510,17 @@ class Keeper:
                 if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
                     break  # node 0's keeper left: it leaves only once every node is done
             elif int(answer.get("generation", 0)) > generation and not answer.get("final"):
+                log.warning("a node failed after these ranks ended: generation %d starts",
+                            int(answer["generation"]))  # fmt: skip
                 return False
             elif int(answer.get("done", 0)) >= self.gang.nodes:
                 break
             else:
                 silent_since = None
             time.sleep(POLL_SECONDS)
+        log.info(
+            "training ended on every node (%.1fs in the exit barrier)", time.monotonic() - began
+        )
         return True
 
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
