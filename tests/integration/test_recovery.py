@@ -587,13 +587,20 @@ def test_restart_budget_and_circuit_breaker(jobs: harness.Jobs, operator: harnes
     breaker = harness.unique("breaker")  # fails before any checkpoint: never any progress
     jobs.apply(harness.job_doc(breaker, env={"STANDIN_FAIL_AT_STEP": 3, "STANDIN_FAIL_ATTEMPT": 0},
                                failurePolicy={"maxRestartsWithoutProgress": 2}))  # fmt: skip
-    s = _phase(jobs, budget, "Failed", timeout=120)
+    # A gang that never met (RendezvousTimeout) is an uncharged restart of its own, counted by
+    # neither rule (seen once on a loaded machine: the budget job failed at attempt 3).
+    s = _phase(jobs, budget, "Failed", timeout=180)
     told = f"{json.dumps(s['history'])}\n{jobs.evidence(budget)}"
     assert s["reason"] == "RestartBudgetExhausted" and "maxRestarts=1" in s["message"], told
-    assert s["attempt"] == 2 and s["restarts"]["application"] == 1, told
-    s = _phase(jobs, breaker, "Failed", timeout=120)
+    assert s["attempt"] == 2 + _never_met(s) and s["restarts"]["application"] == 1, told
+    s = _phase(jobs, breaker, "Failed", timeout=180)
     told = f"{json.dumps(s['history'])}\n{jobs.evidence(breaker)}"
-    assert s["reason"] == "CircuitBreaker" and s["attempt"] == 2, told
+    assert s["reason"] == "CircuitBreaker" and s["attempt"] == 2 + _never_met(s), told
+
+
+def _never_met(s: dict) -> int:
+    """Attempts that ended as a gang that never met."""
+    return sum(e.get("cause") == "RendezvousTimeout" for e in s["history"])
 
 
 @pytest.mark.parametrize("kill_when", ["at-failure", "restarting", "new-pods"])
