@@ -502,8 +502,8 @@ class Keeper:
         silent_since: float | None = None
         while time.monotonic() < deadline and not self.stopping:
             # said again at each poll (the coordinator keeps a set): one report lost on a busy
-            # node left both keepers in this barrier for DOWN_TIMEOUT_SECONDS, the pods Running
-            # after training ended, and the operator judged a hang (seen on a loaded machine)
+            # node would hold both keepers here for DOWN_TIMEOUT_SECONDS after training ended,
+            # their pods Running, for the operator to judge a hang
             answer = self._ask(done, quiet=True)
             if answer is None:
                 silent_since = silent_since or time.monotonic()

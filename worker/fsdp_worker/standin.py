@@ -341,7 +341,6 @@ class StandIn:
         self._meet()
         gauge_step.set(self.step)
         resumed.set(-1 if self.resumed_from is None else self.resumed_from)
-
         time.sleep(self.start_time)
         self._reached(milestone, contract.Milestone.RENDEZVOUS)
         time.sleep(self.start_time)
