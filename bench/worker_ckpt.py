@@ -92,7 +92,9 @@ def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
                 "direct_writes": direct,
             }
         )
-        return checkpoint.CheckpointManager(ckcfg, identity=ident, dist_info=di, meters=meters)
+        made = checkpoint.CheckpointManager(ckcfg, identity=ident, dist_info=di, meters=meters)
+        made.remove_abandoned()  # rank 0 holds the root (its saves go through its writer dir)
+        return made
 
     def fwd_bwd() -> None:
         tokens = torch.randint(0, 256, (1, 32))

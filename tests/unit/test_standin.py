@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_worker import catalog, contract
+from fsdp_worker import catalog, contract, fence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -131,13 +131,14 @@ def test_sigterm_while_rank_0_waits_for_a_shard_saves_that_step(tmp_path: Path) 
     step it is saving; both save it and exit as preempted."""
     rank0 = _start(0, tmp_path, every=3)
     rank1 = _start(1, tmp_path, every=3, step_seconds=1.0)  # reaches step 3 after 3 s or more
-    shard0 = tmp_path / "step-3.partial-a1" / "rank-0.bin"
+    partial = tmp_path / fence.Writer(1).partial(3)
+    shard0 = partial / "rank-0.bin"
     deadline = time.monotonic() + 30
     try:
         while not (shard0.exists() and _handles_sigterm(rank1.pid)):
             assert time.monotonic() < deadline and rank0.poll() is None and rank1.poll() is None
             time.sleep(0.02)
-        assert not (tmp_path / "step-3.partial-a1" / "rank-1.bin").exists(), "rank 1 was on time"
+        assert not (partial / "rank-1.bin").exists(), "rank 1 was on time"
         _stop_later_rank_first(rank0, rank1)
     finally:
         _kill(rank0, rank1)
@@ -258,7 +259,7 @@ def test_a_zombie_that_saves_after_the_live_attempt_changes_nothing(tmp_path: Pa
     storage = catalog.LocalStorage(str(root))
     newest = catalog.Marker.from_json(storage.read_bytes(f"step-30/{catalog.MARKER_NAME}"))
     assert newest.attempt == 2
-    for moved in root.glob(f"step-*{catalog.QUARANTINE_INFIX}*"):  # only ever the zombie's
+    for moved in root.glob(f".writer-*/step-*{catalog.QUARANTINE_INFIX}*"):  # only the zombie's
         marker = catalog.Marker.from_json((moved / catalog.MARKER_NAME).read_bytes())
         assert marker.attempt == 1, moved
     resumed = int(re.search(r"resume=auto: step (\d+)", live.stderr).group(1))

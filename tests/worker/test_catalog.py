@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_worker import catalog
+from fsdp_worker import catalog, fence
 from fsdp_worker.catalog import Lineage, RejectReason
 
 HASH = "cafe0000cafe0000"
@@ -208,63 +208,6 @@ def test_markers_without_a_uid_are_this_jobs_once_it_has_run(tmp_path: Path) -> 
     assert never_started[0] is None and never_started[1][0].reason == RejectReason.OTHER_JOB
 
 
-# --- the fence: a superseded attempt changes nothing ---------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("fence", "writer", "stands_down"),
-    [
-        ((3, "uid-a"), (2, "uid-a"), True),  # a newer attempt of the same job
-        ((3, "uid-a"), (3, "uid-a"), False),  # itself
-        ((2, "uid-a"), (3, "uid-a"), False),  # an older one: this writer is the newest
-        ((1, "uid-b"), (5, "uid-a"), True),  # the directory belongs to another job now
-        ((3, None), (2, "uid-a"), True),  # no uid recorded: attempts decide
-        ((1, None), (2, "uid-a"), False),
-    ],
-)
-def test_a_fence_supersedes_older_attempts_and_other_jobs(
-    fence: tuple[int, str | None], writer: tuple[int, str | None], stands_down: bool
-) -> None:
-    assert catalog.Fence(*fence).supersedes(*writer) is stands_down
-
-
-def test_raising_the_fence_orders_the_writers(tmp_path: Path) -> None:
-    storage = catalog.LocalStorage(str(tmp_path))
-    catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a")
-    catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")  # the writer itself: fine
-    catalog.raise_fence(storage, ".", attempt=3, job_uid="uid-a")
-    assert catalog.read_fence(storage, ".") == catalog.Fence(3, "uid-a")
-    with pytest.raises(catalog.Superseded, match="attempt 3 now writes .*attempt 2 was superseded"):
-        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")
-    with pytest.raises(catalog.Superseded):  # a zombie restarting its own start is refused too
-        catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a")
-    assert catalog.read_fence(storage, ".") == catalog.Fence(3, "uid-a")  # never lowered
-    catalog.raise_fence(storage, ".", attempt=1, job_uid="uid-new")  # a new job takes over
-    with pytest.raises(catalog.Superseded, match="of job uid-new"):
-        catalog.check_fence(storage, ".", attempt=9, job_uid="uid-a")
-
-
-def test_a_later_generation_of_the_same_attempt_fences_an_earlier_one(tmp_path: Path) -> None:
-    """A restart in place (fsdp_worker.gang) raises the fence for its generation: a rank 0 of
-    an earlier one still running (node rank 0's pod frozen while a spare took its place)
-    publishes nothing; a newer attempt fences every generation of the older one; a fence of
-    an older image (no generation) reads as generation 0."""
-    storage = catalog.LocalStorage(str(tmp_path))
-    catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a", generation=1)
-    assert catalog.read_fence(storage, ".") == catalog.Fence(2, "uid-a", 1)
-    catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a", generation=1)
-    with pytest.raises(catalog.Superseded, match="generation 1 of attempt 2 now writes .* "
-                       "generation 0 was superseded"):  # fmt: skip
-        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a")
-    with pytest.raises(catalog.Superseded):
-        catalog.raise_fence(storage, ".", attempt=2, job_uid="uid-a", generation=0)
-    catalog.raise_fence(storage, ".", attempt=3, job_uid="uid-a")
-    with pytest.raises(catalog.Superseded, match="attempt 3 now writes"):
-        catalog.check_fence(storage, ".", attempt=2, job_uid="uid-a", generation=9)
-    (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": 4, "job_uid": "uid-a"}')
-    assert catalog.read_fence(storage, ".") == catalog.Fence(4, "uid-a", 0)
-
-
 def test_a_partial_save_names_its_attempt_and_generation() -> None:
     """Generation 0 keeps the old name; later ones name themselves, so a rank 0 of an earlier
     generation still saving never writes into its successor's save of the same step."""
@@ -275,14 +218,6 @@ def test_a_partial_save_names_its_attempt_and_generation() -> None:
     for other in ("step-8", "step-8.partial-a", "step-8.partial-ax", "step-8.partial-a3g",
                   "step-8.quarantined-1", "FENCE.json"):  # fmt: skip
         assert catalog.partial_writer(other) is None
-
-
-def test_a_torn_fence_is_no_fence(tmp_path: Path) -> None:
-    (tmp_path / catalog.FENCE_NAME).write_text('{"attempt": ')
-    storage = catalog.LocalStorage(str(tmp_path))
-    assert catalog.read_fence(storage, ".") is None
-    catalog.raise_fence(storage, ".", attempt=1, job_uid=None)
-    assert catalog.read_fence(storage, ".") == catalog.Fence(1, None)
 
 
 def test_dcp_metadata_proof_takes_the_newest_step_whose_metadata_was_written(
@@ -315,10 +250,12 @@ def test_a_chooser_sets_corrupt_checkpoints_aside_unless_fenced_out(tmp_path: Pa
     (tmp_path / "step-6" / "__0_0.distcp").write_bytes(b"short")  # truncated after sealing
     storage = catalog.LocalStorage(str(tmp_path))
     _, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=None)
-    catalog.raise_fence(storage, ".", attempt=3, job_uid=None)
-    with pytest.raises(catalog.Superseded):
-        catalog.quarantine_corrupt(storage, ".", rejected, attempt=2, job_uid=None)
+    old, new = fence.Writer(2), fence.Writer(3)
+    fence.take_over(storage, ".", old)
+    fence.take_over(storage, ".", new)
+    with pytest.raises(fence.Superseded):
+        fence.quarantine_corrupt(storage, ".", rejected, me=old)
     assert (tmp_path / "step-6").is_dir(), "a superseded attempt changes nothing"
-    moved = catalog.quarantine_corrupt(storage, ".", rejected, attempt=3, job_uid=None)
-    assert moved == (6,) and (tmp_path / "step-6.quarantined-1").is_dir()
+    moved = fence.quarantine_corrupt(storage, ".", rejected, me=new)
+    assert moved == (6,) and (tmp_path / new.dir_name / "step-6.quarantined-1").is_dir()
     assert (tmp_path / "step-3").is_dir()

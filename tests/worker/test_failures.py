@@ -19,7 +19,7 @@ from worker_harness import (
     worker_config,
 )
 
-from fsdp_worker import catalog, contract
+from fsdp_worker import catalog, contract, fence
 
 pytestmark = pytest.mark.torch
 
@@ -31,8 +31,12 @@ def test_rank_killed_before_the_marker_leaves_a_step_that_is_never_chosen(
     cfg = worker_config(root)
     first = launch(tmp_path, nproc=2, config=cfg, faults="kill_before_marker=6", name="first")
     assert first.wait().rc != 0
-    assert (root / "step-6" / ".metadata").exists()  # every shard written ...
-    assert not (root / "step-6" / catalog.MARKER_NAME).exists()  # ... but no marker
+    [writer] = fence.writers(catalog.LocalStorage(str(root)), ".")
+    partial = root / writer.partial(6)
+    assert (partial / ".metadata").exists()  # every shard written ...
+    assert not (root / "step-6").exists()  # ... and never published: the rename is the seal
+    # What a torn publish of an older version (or a trainer without the kit) leaves behind.
+    shutil.copytree(partial, root / "step-6")
 
     (root / "step-9.partial-a1").mkdir()  # abandoned by attempt 1
     (root / "step-10.partial-a1g3").mkdir()  # by a restart in place of attempt 1
@@ -47,9 +51,12 @@ def test_rank_killed_before_the_marker_leaves_a_step_that_is_never_chosen(
     assert "step-6: NoMarker" in second.log
     assert "resumed from step-3" in second.log
     assert second.losses() == {s: reference["losses"][s] for s in range(4, 13)}
-    # The torn directory was set aside, not reused, when step 6 was saved again.
+    # The torn directory was set aside, not reused, when step 6 was saved again; attempt 1's
+    # partial save went with the writer directory attempt 2 took over.
     assert marker(root / "step-6")["attempt"] == 2
-    assert (root / "step-6.quarantined-1").is_dir()
+    [writer] = fence.writers(catalog.LocalStorage(str(root)), ".")
+    assert writer.attempt == 2
+    assert sorted(p.name for p in (root / writer.dir_name).iterdir()) == ["step-6.quarantined-1"]
 
 
 def test_truncated_or_missing_files_fall_back_to_an_older_checkpoint(
@@ -178,12 +185,13 @@ def test_auto_resume_applies_the_operators_lineage_and_never_starts_over_silentl
 def test_a_superseded_attempt_changes_nothing_in_the_checkpoint_directory(
     reference: dict[str, Any], tmp_path: Path
 ) -> None:
-    """Attempt 3 of this job already fenced the directory: attempt 2 (a zombie started late)
-    stops before it deletes, publishes or quarantines anything."""
+    """Attempt 3 of this job already took the directory over: attempt 2 (a zombie started
+    late) stops before it deletes, publishes or quarantines anything."""
     root = tmp_path / "ckpt"
     shutil.copytree(reference["root"], root)
     (root / "step-15.partial-a1").mkdir()  # what a live attempt would delete as abandoned
-    catalog.raise_fence(catalog.LocalStorage(str(root)), ".", attempt=3, job_uid=None)
+    [writer] = fence.writers(catalog.LocalStorage(str(root)), ".")  # the reference run's
+    fence.take_over(catalog.LocalStorage(str(root)), ".", fence.Writer(3, 0, writer.job_uid))
     before = sorted(p.name for p in root.iterdir())
     run = launch(tmp_path, nproc=2, config=worker_config(root), attempt=2, resume="auto")
     assert run.wait().rc != 0

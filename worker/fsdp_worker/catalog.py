@@ -7,7 +7,8 @@ import torch/numpy/pydantic, and never write a step directory's contents other t
 
 Layout: `<root>/step-<N>/` holds one checkpoint. It counts only when `COMPLETE.json` (the
 marker) exists, parses strictly, and its manifest matches the files present. Any other name
-under the root (partial saves, quarantined steps) is ignored by `list_checkpoints`.
+under the root (writer directories with their partial saves, quarantined steps) is ignored by
+`list_checkpoints`. Who may change the root, and how, is fence.py's.
 
 With `contract.Proof.DCP_METADATA` (trainers that know nothing of the marker, torchtitan's
 layout) a step directory counts when DCP's `.metadata` is a non-empty regular file. That file
@@ -26,7 +27,6 @@ import re
 import stat
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,9 +38,8 @@ DCP_METADATA_NAME = ".metadata"  # DCP's own index, written by its coordinator a
 MARKER_FORMAT = 1
 STEP_PREFIX = "step-"
 STEP_DIR_RE = re.compile(r"^step-(0|[1-9][0-9]{0,17})$")
-PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>[g<gen>]: a save in flight, ignored
+PARTIAL_INFIX = ".partial-a"  # step-<N>.partial-a<attempt>[g<gen>]: a save in flight
 QUARANTINE_INFIX = ".quarantined-"  # step-<N>.quarantined-<k>: set aside, ignored here
-FENCE_NAME = "FENCE.json"  # the attempt that writes here now; older ones change nothing
 MAX_MARKER_BYTES = 16 * 1024 * 1024  # a marker is small; refuse to parse anything huge
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _READ_CHUNK = 8 * 1024 * 1024
@@ -504,86 +503,9 @@ def fresh_start_refusal(
     )
 
 
-class Superseded(CatalogError):
-    """A newer attempt of this job (or another job) fenced the directory: this writer must
-    publish, quarantine and delete nothing."""
-
-
-@dataclass(frozen=True)
-class Fence:
-    """``FENCE.json``: the attempt that owns a checkpoint directory's writes now, and its
-    generation of restarts in place (fsdp_worker.gang): a rank 0 of an earlier generation
-    that still runs (its pod frozen or cut off while a spare took node rank 0's place)
-    publishes nothing over the generation that replaced it."""
-
-    attempt: int
-    job_uid: str | None
-    generation: int = 0
-
-    def supersedes(self, attempt: int, job_uid: str | None, generation: int = 0) -> bool:
-        """Whether a writer of ``attempt`` (of job ``job_uid``) must stand down."""
-        other_job = None not in (self.job_uid, job_uid) and self.job_uid != job_uid
-        return other_job or (self.attempt, self.generation) > (attempt, generation)
-
-
-def read_fence(storage: Storage, root: str) -> Fence | None:
-    """The directory's fence; None when there is none (or it does not parse: a torn write is
-    replaced by the next attempt's)."""
-    path = posixpath.join(root, FENCE_NAME)
-    if not storage.exists(path):
-        return None
-    try:
-        doc = json.loads(storage.read_bytes(path))
-        attempt, uid, generation = doc["attempt"], doc.get("job_uid"), doc.get("generation", 0)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or not isinstance(uid, str | None):
-        return None
-    if not isinstance(generation, int) or isinstance(generation, bool):
-        generation = 0
-    return Fence(attempt, uid, generation)
-
-
-def check_fence(
-    storage: Storage, root: str, *, attempt: int, job_uid: str | None, generation: int = 0
-) -> None:
-    """Raise Superseded when a newer writer fenced ``root``: call before every publish,
-    quarantine and delete. (A check, then the change: on a file system a writer fenced in
-    between still acts once; an object store's conditional write closes that gap.)"""
-    fence = read_fence(storage, root)
-    if fence is not None and fence.supersedes(attempt, job_uid, generation):
-        whose = "" if fence.job_uid == job_uid else f" of job {fence.job_uid}"
-        if fence.job_uid == job_uid and fence.attempt == attempt:
-            raise Superseded(
-                f"generation {fence.generation} of attempt {attempt} now writes {root}: "
-                f"generation {generation} was superseded and publishes, quarantines and "
-                "deletes nothing"
-            )
-        raise Superseded(
-            f"attempt {fence.attempt}{whose} now writes {root}: attempt {attempt} was superseded "
-            "and publishes, quarantines and deletes nothing"
-        )
-
-
-def raise_fence(
-    storage: LocalStorage, root: str, *, attempt: int, job_uid: str | None, generation: int = 0
-) -> None:
-    """Rank 0 of a starting attempt: record it as the directory's writer, before its first
-    change there. A newer attempt of the same job already there means this one is superseded
-    before it began (Superseded); another job's fence is replaced (that job was deleted: the
-    operator refuses two jobs on one directory)."""
-    fence = read_fence(storage, root)
-    mine = Fence(attempt, job_uid, generation)
-    if fence is not None and fence.job_uid == job_uid:
-        check_fence(storage, root, attempt=attempt, job_uid=job_uid, generation=generation)
-    if fence != mine:
-        doc = {"attempt": attempt, "job_uid": job_uid, "generation": generation,
-               "time": time.time()}  # fmt: skip
-        storage.write_atomic(posixpath.join(root, FENCE_NAME), json.dumps(doc).encode())
-
-
 def quarantine(storage: Storage, root: str, step: int) -> str:
-    """Rename step-<N> to a name `list_checkpoints` ignores; returns the new path."""
+    """Rename step-<N> to a name `list_checkpoints` ignores; returns the new path. The
+    operator's (between attempts); a rank sets aside through its writer (fence.set_aside)."""
     src = posixpath.join(root, step_dir_name(step))
     if not storage.exists(src):
         raise CatalogError(f"{src} does not exist")
@@ -593,33 +515,6 @@ def quarantine(storage: Storage, root: str, step: int) -> str:
             storage.rename(src, dst)
             return dst
     raise CatalogError(f"too many quarantined copies of {src}")
-
-
-def quarantine_corrupt(
-    storage: Storage,
-    root: str,
-    rejected: Sequence[Candidate],
-    *,
-    attempt: int,
-    job_uid: str | None,
-    generation: int = 0,
-) -> tuple[int, ...]:
-    """A writer that chose its own checkpoint sets aside those that failed verification, as
-    the operator does when it reads them; returns their steps. Superseded when a newer attempt
-    fenced ``root``: then it changes nothing. One that cannot be renamed is left (and logged by
-    the caller's listing): it is skipped either way."""
-    corrupt = [c for c in rejected if c.reason in CORRUPT]
-    if not corrupt:
-        return ()
-    check_fence(storage, root, attempt=attempt, job_uid=job_uid, generation=generation)
-    moved = []
-    for c in corrupt:
-        try:
-            quarantine(storage, root, c.step)
-        except (CatalogError, OSError):
-            continue
-        moved.append(c.step)
-    return tuple(moved)
 
 
 def retention_victims(candidates: Sequence[Candidate], *, keep: int) -> list[Candidate]:

@@ -1,9 +1,10 @@
 """Checkpoint saving: DCP save (sync or async, one in flight), publish, marker, retention.
 
-A save writes into `step-<N>.partial-a<attempt>[g<generation>]`; when DCP has returned (which
-on the coordinator means every rank's files are written and fsync'd and `.metadata` is written)
-and a barrier has passed, rank 0 renames it to `step-<N>` and then writes `COMPLETE.json`
-atomically.
+A save writes into `<writer>/step-<N>.partial-a<attempt>[g<generation>]`, under this attempt's
+writer directory (fence.py); when DCP has returned (which on the coordinator means every rank's
+files are written and fsync'd and `.metadata` is written) and a barrier has passed, rank 0
+writes `COMPLETE.json` inside it and renames it to `step-<N>`: one act, which fails for a
+writer that a newer attempt superseded.
 An async failure is re-raised by `poll`/`wait`, never swallowed. This module must not choose
 resume checkpoints (see resume.py) or run training.
 """
@@ -33,6 +34,7 @@ from fsdp_worker import (
     direct,
     errors,
     faults,
+    fence,
     layout,
     metrics,
     state,
@@ -160,30 +162,38 @@ class CheckpointManager:
             else ThreadStager()
         )
 
+    @property
+    def writer(self) -> fence.Writer:
+        i = self.identity
+        return fence.Writer(i.attempt, i.generation, i.job_uid)
+
     def remove_abandoned(self) -> None:
-        """Rank 0: fence the directory for this attempt, then delete partial saves of earlier
-        attempts. They can never be published by this attempt, and a zombie of theirs that
-        tries finds the fence (lineage would reject its checkpoint anyway)."""
+        """Rank 0: hold the directory for this attempt (fence.take_over: resume.choose took it
+        over already; this is idempotent), which deletes earlier writers' partial saves. They
+        can never be published now: their writer directory is this one's."""
         if self.dist.rank != 0:
             return
-        uid = self.identity.job_uid
         try:
-            catalog.raise_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid,
-                                generation=self.identity.generation)  # fmt: skip
-        except catalog.Superseded as exc:
+            fence.take_over(self.storage, self.root, self.writer)
+        except fence.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
         ours = (self.identity.attempt, self.identity.generation)
-        for name in self.storage.list_dirs(self.root):
+        for name in self.storage.list_dirs(self.root):  # saves of versions before writer dirs
             writer = catalog.partial_writer(name)
             if writer is not None and writer < ours:
-                log.info("removing %s, abandoned by attempt %s generation %s", name, *writer)
-                path = self.storage.resolve(posixpath.join(self.root, name))
-                shutil.rmtree(path, ignore_errors=True)
+                log.info("removing %s, abandoned by an earlier writer", name)
+                shutil.rmtree(self.storage.resolve(posixpath.join(self.root, name)),
+                              ignore_errors=True)  # fmt: skip
 
-    def _partial_name(self, step: int) -> str:
-        return catalog.partial_dir_name(
-            step=step, attempt=self.identity.attempt, generation=self.identity.generation
-        )
+    def _failed(self, message: str) -> errors.CheckpointError:
+        """A failed save's error; a writer superseded by a newer attempt (its directory taken
+        over, so its files could not be created) is told so rather than with DCP's words."""
+        if fence.newer_writer(self.storage, self.root, self.writer):
+            message = str(fence.refusal(self.storage, self.root, self.writer, "saving"))
+        return errors.CheckpointError(message)
+
+    def _partial(self, step: int) -> str:
+        return posixpath.join(self.root, self.writer.partial(step))
 
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
@@ -203,7 +213,7 @@ class CheckpointManager:
         self.wait()
         started = time.monotonic()
         self._samples[step] = samples
-        partial = posixpath.join(self.root, self._partial_name(step))
+        partial = self._partial(step)
         if self.dist.rank == 0:
             shutil.rmtree(self.storage.resolve(partial), ignore_errors=True)  # our own leftover
         dist.barrier(group=self.dist.ckpt_group)
@@ -231,7 +241,7 @@ class CheckpointManager:
             )
             dist.barrier(group=self.dist.ckpt_group)
         except (Exception, CheckpointException) as exc:
-            raise errors.CheckpointError(f"saving step {step} failed: {brief(exc)}") from exc
+            raise self._failed(f"saving step {step} failed: {brief(exc)}") from exc
         if self.dist.rank == 0:
             self._publish(step=step, started=started, blocking=time.monotonic() - started)
 
@@ -300,9 +310,7 @@ class CheckpointManager:
         try:
             inflight.future.result()
         except (Exception, CheckpointException) as exc:
-            raise errors.CheckpointError(
-                f"async save of step {inflight.step} failed: {brief(exc)}"
-            ) from exc
+            raise self._failed(f"async save of step {inflight.step} failed: {brief(exc)}") from exc
 
     def close(self, *, wait: bool) -> None:
         """Release staging buffers and the publisher thread (not collective). On failure
@@ -315,25 +323,9 @@ class CheckpointManager:
     # --- rank 0 only -------------------------------------------------------------------------
 
     def _publish(self, *, step: int, started: float, blocking: float) -> None:
-        partial = posixpath.join(self.root, self._partial_name(step))
-        final = posixpath.join(self.root, catalog.step_dir_name(step))
-        self._check_fence()
-        if self.storage.exists(final):
-            old = catalog.verify(
-                self.storage, final, config_hash=self.identity.config_hash, lineage=self.lineage
-            )
-            moved = catalog.quarantine(self.storage, self.root, step)
-            log.warning(
-                "step-%d already existed (%s %s); moved it to %s",
-                step,
-                old.reason or "ok",
-                old.detail,
-                moved,
-            )
-        self.storage.rename(partial, final)
-        catalog.fsync_path(self.storage.resolve(self.root))
+        partial = self._partial(step)
         faults.kill_self_if("kill_before_marker", step)
-        manifest = self._manifest(final)
+        manifest = self._manifest(partial)
         marker = catalog.Marker(
             step=step,
             attempt=self.identity.attempt,
@@ -347,7 +339,10 @@ class CheckpointManager:
             files=manifest,
             job_uid=self.identity.job_uid,
         )
-        self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
+        try:
+            fence.publish(self.storage, self.root, self.writer, marker=marker)
+        except fence.Superseded as exc:
+            raise errors.CheckpointError(str(exc)) from None
         self.sealed_step = step
         total = time.monotonic() - started
         size = sum(f.size for f in manifest.values())
@@ -372,20 +367,15 @@ class CheckpointManager:
             total,
         )
 
-    def _check_fence(self) -> None:
-        """Superseded (a CheckpointError, exit 1) when a newer attempt fenced the directory."""
-        uid = self.identity.job_uid
-        try:
-            catalog.check_fence(self.storage, self.root, attempt=self.identity.attempt, job_uid=uid,
-                                generation=self.identity.generation)  # fmt: skip
-        except catalog.Superseded as exc:
-            raise errors.CheckpointError(str(exc)) from None
-
     def _retain(self) -> None:
-        self._check_fence()
         candidates = catalog.list_checkpoints(
             self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
         )
         for victim in catalog.retention_victims(candidates, keep=self.cfg.keep):
             log.info("retention: removing %s", victim.path)
-            shutil.rmtree(self.storage.resolve(victim.path), ignore_errors=True)
+            try:
+                fence.delete(self.storage, self.root, self.writer, path=victim.path)
+            except fence.Superseded as exc:
+                raise errors.CheckpointError(str(exc)) from None
+            except OSError as exc:  # gone already: nothing to keep it from
+                log.warning("retention: %s: %s", victim.path, exc)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
 
-from fsdp_worker import catalog, checkpoint, config, contract, errors, reader, state
+from fsdp_worker import catalog, checkpoint, config, contract, errors, fence, reader, state
 from fsdp_worker.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -85,10 +85,10 @@ def _choose_auto(
     for c in rejected:
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
     try:
-        moved = catalog.quarantine_corrupt(
-            storage, root, rejected, attempt=attempt, job_uid=job_uid, generation=generation
+        moved = fence.quarantine_corrupt(
+            storage, root, rejected, me=fence.Writer(attempt, generation, job_uid)
         )
-    except catalog.Superseded as exc:
+    except fence.Superseded as exc:
         raise errors.CheckpointError(str(exc)) from None
     if moved:
         log.warning("quarantined steps %s under %s: they failed verification", moved, root)
@@ -148,16 +148,20 @@ def choose(
 
     `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path;
     with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects.
+    Rank 0 first takes the checkpoint root over for this attempt (fence.take_over): from then
+    on no earlier attempt can publish, set aside or delete there, so the step chosen stays.
     """
-    if not resume:
-        return Choice(None)
     box: list[object] = [None]
     if dist_info.rank == 0:
         try:
+            me = fence.Writer(attempt, generation, job_uid)
+            fence.take_over(catalog.LocalStorage(cfg.checkpoint.root), cfg.checkpoint.root, me)
             box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules,
-                             generation=generation)  # fmt: skip
+                             generation=generation) if resume else Choice(None)  # fmt: skip
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc
+        except OSError as exc:  # the root cannot be written: every rank stops the same way
+            box[0] = errors.CheckpointError(f"checkpoint root {cfg.checkpoint.root}: {exc}")
     dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)
     outcome = box[0]
     if isinstance(outcome, catalog.CatalogError):

@@ -41,7 +41,7 @@ from typing import Any
 
 import prometheus_client as prom
 
-from fsdp_worker import catalog, config, contract, interval, metrics
+from fsdp_worker import catalog, config, contract, fence, interval, metrics
 
 log = logging.getLogger("fsdp_worker.standin")
 BARRIER_TIMEOUT = 60.0
@@ -93,6 +93,9 @@ class StandIn:
         self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
         self.generation = _env_int(contract.ENV_GENERATION, 0)
         self.quarantined: list[int] = []  # steps rank 0 set aside under auto
+        self.writer = fence.Writer(self.attempt, self.generation, self.job_uid)
+        if self.rank == 0:  # before choosing: no earlier attempt changes the root after this
+            fence.take_over(self.storage, ".", self.writer)
         self.step, self.resumed_from = self._resume()
         self.saved: int | None = None  # the step of this rank's last save
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
@@ -126,10 +129,7 @@ class StandIn:
         )
         chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
         if self.rank == 0:  # sets aside what failed verification, as the real worker does
-            moved = catalog.quarantine_corrupt(
-                self.storage, ".", rejected, attempt=self.attempt, job_uid=self.job_uid,
-                generation=self.generation,
-            )  # fmt: skip
+            moved = fence.quarantine_corrupt(self.storage, ".", rejected, me=self.writer)
             self.quarantined.extend(moved)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
@@ -140,11 +140,9 @@ class StandIn:
         return 0, None
 
     def save(self, step: int) -> None:
-        partial = catalog.partial_dir_name(
-            step=step, attempt=self.attempt, generation=self.generation
-        )
+        partial = self.writer.partial(step)
         mine = self.storage.resolve(posixpath.join(partial, f"rank-{self.rank}.bin"))
-        os.makedirs(os.path.dirname(mine), exist_ok=True)
+        self._make_partial(os.path.dirname(mine))
         with open(mine, "wb") as fh:
             fh.write(json.dumps({"step": step, "rank": self.rank}).encode().ljust(64))
             fh.flush()
@@ -161,12 +159,6 @@ class StandIn:
                 # this one waits for its shard: this step (a collective save would be joined).
                 self.storage.write_atomic(self._stop_name(), str(step).encode())
             time.sleep(0.02)
-        final = catalog.step_dir_name(step)
-        catalog.check_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid,
-                            generation=self.generation)  # fmt: skip
-        if self.storage.exists(final):
-            catalog.quarantine(self.storage, ".", step)
-        self.storage.rename(partial, final)
         marker = catalog.Marker(
             step=step,
             attempt=self.attempt,
@@ -178,13 +170,30 @@ class StandIn:
             torch_version="standin",
             config_hash=self.hash,
             job_uid=self.job_uid,
-            files=catalog.build_manifest(self.storage, final, checksums=True),
+            files=catalog.build_manifest(self.storage, partial, checksums=True),
         )
-        self.storage.write_atomic(posixpath.join(final, catalog.MARKER_NAME), marker.to_json())
+        fence.publish(self.storage, ".", self.writer, marker=marker)
         log.info("checkpoint step %d complete", step)
         stop = self.storage.resolve(self._stop_name())
         if os.path.exists(stop):  # every rank has read it: each wrote its shard after
             os.unlink(stop)
+
+    def _make_partial(self, path: str) -> None:
+        """The save's own directory, never its parents: the writer directory holding it is the
+        fence (fence.py), and a superseded rank must not bring it back. A rank that got here
+        before rank 0 took the root over waits for it, as it would at a collective."""
+        deadline = time.monotonic() + BARRIER_TIMEOUT
+        while True:
+            try:
+                os.mkdir(path)
+                return
+            except FileExistsError:
+                return
+            except FileNotFoundError:
+                gone = self.rank == 0 or fence.newer_writer(self.storage, ".", self.writer)
+                if gone or time.monotonic() > deadline:
+                    raise fence.refusal(self.storage, ".", self.writer, "saving") from None
+                time.sleep(0.02)
 
     def _stop_name(self) -> str:
         return STOP_FILE.format(attempt=self.attempt, generation=self.generation)
@@ -221,11 +230,8 @@ class StandIn:
             time.sleep(0.1)
 
     def _serve(self) -> None:
-        """Rank 0: raise the fence, then serve the metrics (held back first, as a gang that has
-        not met would: the kit serves once its process group is up)."""
-        os.makedirs(self.root, exist_ok=True)
-        catalog.raise_fence(self.storage, ".", attempt=self.attempt, job_uid=self.job_uid,
-                            generation=self.generation)  # fmt: skip
+        """Rank 0: serve the metrics (held back first, as a gang that has not met would: the
+        kit serves once its process group is up). It took the root over before choosing."""
         if self._meets_late():
             until = time.monotonic() + float(os.environ.get("STANDIN_MEET_SECONDS", "0"))
             while time.monotonic() < until:

@@ -88,5 +88,12 @@ class EagerWritebackFileSystem(FileSystem):
         with open(path, "wb") as f, _EagerWriteback(f, self.chunk) as stream:
             yield stream
 
+    def mkdir(self, path: str | os.PathLike[str]) -> None:
+        """The save's own directory, never its parents (DCP's default creates them): the
+        writer directory that holds a save is the checkpoint fence (fence.py), and a rank of a
+        superseded attempt must fail here rather than bring it back."""
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path)
+
     def close(self) -> None:
         """Nothing to release (a subclass may hold buffers and threads)."""
