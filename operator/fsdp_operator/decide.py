@@ -347,6 +347,26 @@ def _sealed_and_resumed(d: Decision, obs: observed.Observed) -> None:
             entry.resumed_from_step = prog.resumed_from
         d.emit("Resumed", f"attempt {s.attempt}: its pods resumed from step {prog.resumed_from}")
         _correct_steps_lost(s, prog.resumed_from)
+        _resumed_behind(d, prog.resumed_from)
+
+
+def _resumed_behind(d: Decision, resumed: int) -> None:
+    """Pods that resumed from an older step than the one sealed before the restart (it was
+    deleted or damaged since: its lineage's newest proof is older) say so: the steps between
+    are trained again, and the user should know why."""
+    s = d.status
+    rules = contract.ResumeRules.parse(s.resume_rules) if s.resume_rules else None
+    expected = rules.expect_step if rules is not None else None
+    if expected is None or resumed >= expected:
+        return
+    d.emit(
+        "ResumedBehind",
+        f"attempt {s.attempt}: step {expected} was sealed before the restart and is no longer "
+        f"a checkpoint this attempt may load (deleted, damaged or set aside: see the pods' "
+        f"log); it resumed from step {resumed}, the newest its lineage still proves, and "
+        f"trains steps {resumed + 1}-{expected} again",
+        warning=True,
+    )
 
 
 def _correct_steps_lost(s: status.FSDPJobStatus, resumed: int) -> None:
@@ -961,6 +981,9 @@ def _queued(d: Decision, obs: observed.Observed, pods: list[observed.PodView]) -
         return
     waited = round(obs.now - (s.attempt_started or obs.now), 3)
     q.admitted, q.queued_seconds = obs.now, waited
+    entry = _current(s)
+    if entry is not None and entry.timeline is not None:  # goodput leaves the wait out
+        entry.timeline.admitted = obs.now
     by = f" by ClusterQueue {said.cluster_queue}" if said is not None and said.cluster_queue else ""
     msg = f"admitted{by} after {waited:.1f}s in LocalQueue {q.name}"
     _phase(d, obs, status.Phase.PENDING, "Admitted", msg)
