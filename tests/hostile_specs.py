@@ -103,6 +103,14 @@ def _term(expr: dict[str, Any]) -> dict[str, Any]:
         "nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}  # fmt: skip
 
 
+def _memory(size: str) -> Callable[[dict[str, Any]], None]:
+    def mutate(doc: dict[str, Any]) -> None:
+        doc["checkpoint"]["memory"] = {"sizeLimit": size}
+        doc["failurePolicy"] = {"inPlaceRestarts": 1}  # what the memory tier needs besides
+
+    return mutate
+
+
 A, OP = Where.ADMISSION, Where.OPERATOR
 TPL = "template.spec"
 CASES: list[Case] = [
@@ -208,6 +216,10 @@ CASES: list[Case] = [
     Case("node-selector-too-long", A, f"{TPL}.nodeSelector",
          _set(f"{TPL}.nodeSelector", {"pool": "y" * 70})),
     Case("replicas-huge", A, "replicas", _set("replicas", 100_000)),
+    # --- a memory tier that cannot hold a save (every failed memory save ends the rank) -----
+    Case("memory-tier-negative", A, "checkpoint.memory.sizeLimit", _memory("-1Gi")),
+    Case("memory-tier-tiny", A, "checkpoint.memory.sizeLimit", _memory("4Ki")),
+    Case("memory-tier-millis", A, "checkpoint.memory.sizeLimit", _memory("500m")),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
     Case("label-key-invalid", A, "template.metadata.labels",
          _set("template.metadata.labels", {"-bad/key-": "v"})),

@@ -8,7 +8,6 @@ rejects bad specs at admission). No I/O, no clock, no kopf.
 
 from __future__ import annotations
 
-import decimal
 import enum
 import re
 from typing import Annotated, Any
@@ -718,28 +717,7 @@ class FSDPJobSpec(_Model):
         return sorted((r for r in sizes if passes % (r * self.nproc_per_node) == 0), reverse=True)
 
 
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$")
-_SUFFIX: dict[str, decimal.Decimal] = {
-    key: decimal.Decimal(value)
-    for key, value in {
-        "": "1", "n": "1e-9", "u": "1e-6", "m": "1e-3", "k": "1e3", "M": "1e6", "G": "1e9",
-        "T": "1e12", "P": "1e15", "E": "1e18", "Ki": str(2**10), "Mi": str(2**20),
-        "Gi": str(2**30), "Ti": str(2**40), "Pi": str(2**50), "Ei": str(2**60),
-    }.items()
-}  # fmt: skip
-
-
-def quantity(value: str | int | float) -> float:
-    """A Kubernetes resource quantity (`8`, `500m`, `4Gi`, `1e3`) as a number."""
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    number, suffix = match.group(1), match.group(2)
-    if suffix in _SUFFIX:
-        return float(decimal.Decimal(number) * _SUFFIX[suffix])
-    if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):  # a decimal exponent
-        return float(decimal.Decimal(number + suffix))
-    raise ValueError(f"not a quantity: {value!r} (unknown suffix {suffix!r})")
+quantity = config.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too
 
 
 # --- Runtime profiles -------------------------------------------------------------------------

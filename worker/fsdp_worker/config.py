@@ -8,9 +8,11 @@ environment or the disk.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import hashlib
 import json
+import re
 from typing import Annotated, Any, Literal
 
 import pydantic
@@ -351,6 +353,32 @@ QUANTITY_PATTERN = (
 """A Kubernetes resource quantity: `8`, `500m`, `4Gi`."""
 
 
+MEMORY_TIER_MIN = "16Mi"
+"""The smallest `checkpoint.memory.sizeLimit`: DCP's metadata and two saves of a small model."""
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$")
+_SUFFIX: dict[str, decimal.Decimal] = {
+    key: decimal.Decimal(value)
+    for key, value in {
+        "": "1", "n": "1e-9", "u": "1e-6", "m": "1e-3", "k": "1e3", "M": "1e6", "G": "1e9",
+        "T": "1e12", "P": "1e15", "E": "1e18", "Ki": str(2**10), "Mi": str(2**20),
+        "Gi": str(2**30), "Ti": str(2**40), "Pi": str(2**50), "Ei": str(2**60),
+    }.items()
+}  # fmt: skip
+
+
+def quantity(value: str | int | float) -> float:
+    """A Kubernetes resource quantity (`8`, `500m`, `4Gi`, `1e3`) as a number."""
+    match = _QUANTITY.match(str(value))
+    if match is None:
+        raise ValueError(f"not a quantity: {value!r}")
+    number, suffix = match.group(1), match.group(2)
+    if suffix in _SUFFIX:
+        return float(decimal.Decimal(number) * _SUFFIX[suffix])
+    if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):  # a decimal exponent
+        return float(decimal.Decimal(number + suffix))
+    raise ValueError(f"not a quantity: {value!r} (unknown suffix {suffix!r})")
+
+
 class MemoryTierConfig(_Model):
     """`checkpoint.memory`: a second checkpoint tier in the pods' memory (memtier.py)."""
 
@@ -368,8 +396,28 @@ class MemoryTierConfig(_Model):
         description="Size of each worker pod's memory volume (an emptyDir, medium Memory, "
         "mounted at /fsdp-memory). It holds the newest step of the pod's ranks and the one "
         "being written: about twice their share of model and optimizer state. It counts "
-        "against the pod's memory.",
+        "against the pod's memory. At least "
+        f"{MEMORY_TIER_MIN}: below that no save fits, and a failed memory save ends the rank.",
+        json_schema_extra=k8s_rules(
+            (
+                f"isQuantity(self) && quantity(self).compareTo(quantity('{MEMORY_TIER_MIN}')) >= 0",
+                f"checkpoint.memory.sizeLimit must be a quantity of at least {MEMORY_TIER_MIN}"
+                " (the memory tier holds two steps of each pod's share of the state)",
+            )
+        ),
     )
+
+    @pydantic.field_validator("size_limit")
+    @classmethod
+    def _holds_a_save(cls, value: str) -> str:
+        size = quantity(value)
+        if size < quantity(MEMORY_TIER_MIN):
+            raise ValueError(
+                f"checkpoint.memory.sizeLimit={value!r} must be at least {MEMORY_TIER_MIN} "
+                "(the memory tier holds two steps of each pod's share of the state; a "
+                "failed memory save ends the rank)"
+            )
+        return value
 
 
 class CheckpointConfig(_Model):
