@@ -373,12 +373,14 @@ def _correct_steps_lost(s: status.FSDPJobStatus, resumed: int) -> None:
     """The ending attempt's steps lost were counted at launch from the newest step the operator
     knew sealed (the pods were sent to find it, `expectStep`). Pods that found a newer one, a
     save rank 0 sealed on SIGTERM just after its last scrape, lost that much less (seen: a
-    preempted job shown with 2 steps lost that resumed from the very step it stopped at)."""
+    preempted job shown with 2 steps lost that resumed from the very step it stopped at), and
+    pods that had to go back further (the expected step was gone) lost that much more."""
     rules = contract.ResumeRules.parse(s.resume_rules) if s.resume_rules else None
     expected = rules.expect_step if rules is not None else None
     before = next((e for e in s.history if e.attempt == s.attempt - 1), None)
-    if expected is None or before is None or before.steps_lost is None or resumed <= expected:
+    if expected is None or before is None or before.steps_lost is None:
         return
+    # Behind (the expected step was gone, ResumedBehind): the steps between are lost too.
     before.steps_lost = max(0, before.steps_lost - (resumed - expected))
 
 

@@ -917,6 +917,33 @@ def test_pods_that_found_a_newer_step_than_expected_lost_that_much_less() -> Non
     assert d.status.history[0].steps_lost == 2
 
 
+def test_pods_that_resumed_behind_the_expected_step_say_so_and_count_the_steps() -> None:
+    """Step 40 was sealed before the restart and is gone by the time the pods look (deleted,
+    damaged): they resume from 20, the newest their lineage proves. A Warning says which
+    steps are trained again, and the ended attempt's steps lost grow by them."""
+    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
+    ended = st.HistoryEntry(attempt=1, started=NOW - 90, world_size=4, steps_lost=2)
+    status = running_status(
+        attempt=2,
+        resume_path="auto",
+        resume_rules=rules,
+        sealed_step=40,
+        history=[ended, st.HistoryEntry(attempt=2, started=NOW - 20, world_size=4)],
+    )
+    seen = ob.Progress(step=21, resumed_from=20)
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    behind = [e for e in d.events if e.reason == "ResumedBehind"]
+    assert len(behind) == 1 and behind[0].type is dc.EventType.WARNING
+    assert "step 40 was sealed before the restart" in behind[0].message
+    assert "resumed from step 20" in behind[0].message and "steps 21-40 again" in behind[0].message
+    assert d.status.history[0].steps_lost == 22
+    seen = ob.Progress(step=41, resumed_from=40)  # found what it was sent to find: no warning
+    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
+    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    assert "ResumedBehind" not in [e.reason for e in d.events]
+
+
 def test_an_attempt_that_never_said_where_it_resumed_bounds_the_next_lineage() -> None:
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
     status = running_status(attempt=2, resume_path="auto", resume_rules=rules, sealed_step=40)
