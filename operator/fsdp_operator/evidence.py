@@ -112,13 +112,18 @@ def config_map(
             if part
         ),
         "failure.json": json.dumps(doc, indent=1),
-        "ranks.json": json.dumps(table, separators=(",", ":"))[: explain.CONFIGMAP_BUDGET // 8],
+        "ranks.json": explain.json_within(table, explain.CONFIGMAP_BUDGET // 8),
     }
     failing = [] if failure.rank is None else [failure.rank]
     silent = [r["pod"] for r in table if r.get("evidence") is False] if collect.hang else []
+    share = explain.log_share(len(collect.pods))
     for pod in explain.pods_to_keep(sorted(tails), [*failing, *silent]):
         text = tails[pod]
-        data[f"log-{pod}.txt"] = text if text is not None else "(the log could not be read)\n"
+        # Redacted before it is kept (the ConfigMap outlives the pods; the namespace's readers
+        # see it), then bounded as the text it is: a tail cut by bytes and decoded with
+        # replacement can be three times its bytes.
+        kept = explain.bounded(explain.redact(text), share) if text is not None else None
+        data[f"log-{pod}.txt"] = kept if kept is not None else "(the log could not be read)\n"
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -9,6 +9,7 @@ termination message. Nothing here trusts them beyond their shape: a malformed li
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,68 @@ def evidence_lines(log_text: str) -> dict[int, dict[str, Any]]:
         if isinstance(rank, int) and not isinstance(rank, bool):
             found[rank] = doc
     return found
+
+
+# What a kept log tail never shows (docs/operator.md, "Evidence"): the value of anything
+# printed as an environment variable (`NAME=value` at a word boundary, as `env` and `printenv`
+# print them, and `'NAME': 'value'` as os.environ prints), and whatever looks like a
+# credential: a key, token, secret or password named before its value, an Authorization
+# header, a PEM private key, a JWT, a cloud access key id.
+REDACTED = "<redacted>"
+_ENV_ASSIGN = re.compile(r"(?<![\w.-])([A-Z][A-Z0-9_]{1,127})=(\S+)")
+_ENV_REPR = re.compile(r"(['\"])([A-Z][A-Z0-9_]{1,127})\1(\s*:\s*)(['\"])(.*?)(?<!\\)\4")
+_NAMED_SECRET = re.compile(
+    r"(?i)\b([\w.-]*(?:password|passwd|secret|token|api[_-]?key|access[_-]?key|credential)"
+    r"(?:[_-][\w-]*)?)"
+    r"(['\"]?\s*[:=]\s*)(['\"]?)([^\s'\",;]+)"
+)
+_AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*)(?:(bearer|basic)\s+)?(\S+)")
+_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)",
+                  re.DOTALL)  # fmt: skip
+_TOKENS = re.compile(
+    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # a JWT
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # an AWS access key id
+    r"|\bgh[pousr]_[A-Za-z0-9]{30,}\b"  # a GitHub token
+    r"|\bhf_[A-Za-z0-9]{30,}\b"  # a Hugging Face token
+)
+
+
+def redact(text: str) -> str:
+    """`text` with environment values and credential-looking strings replaced by REDACTED."""
+    text = _PEM.sub(REDACTED, text)
+    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "")
+                            + REDACTED, text)  # fmt: skip
+    text = _ENV_REPR.sub(lambda m: m.group(1) + m.group(2) + m.group(1) + m.group(3)
+                         + m.group(4) + REDACTED + m.group(4), text)  # fmt: skip
+    text = _ENV_ASSIGN.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
+    text = _NAMED_SECRET.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + REDACTED, text)
+    return _TOKENS.sub(REDACTED, text)
+
+
+def bounded(text: str, limit: int) -> str:
+    """The newest part of `text` that is at most `limit` bytes as UTF-8 (whole characters):
+    a tail cut by bytes and decoded with replacement can grow threefold."""
+    raw = text.encode("utf-8", errors="replace")
+    if len(raw) <= limit:
+        return text
+    return raw[-limit:].decode("utf-8", errors="ignore")
+
+
+def json_within(rows: list[dict[str, Any]], limit: int) -> str:
+    """`rows` as compact JSON of at most `limit` bytes, always whole: the rows that do not fit
+    are left out and counted in a last row `{"omitted": n}`."""
+    whole = json.dumps(rows, separators=(",", ":"))
+    if len(whole.encode()) <= limit:
+        return whole
+    kept: list[dict[str, Any]] = []
+    size = 2 + len(json.dumps({"omitted": len(rows)}).encode()) + 1
+    for row in rows:
+        piece = len(json.dumps(row, separators=(",", ":")).encode()) + 1
+        if size + piece > limit:
+            break
+        kept.append(row)
+        size += piece
+    return json.dumps([*kept, {"omitted": len(rows) - len(kept)}], separators=(",", ":"))
 
 
 def log_share(pods: int) -> int:

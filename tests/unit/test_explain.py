@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from fsdp_operator import explain
 from fsdp_worker import contract
 
@@ -83,3 +85,57 @@ def test_a_cuda_oom_is_read_against_the_ledgers_plan() -> None:
     )
     assert explain.allocator_words(memory, None) == "allocated 15.0 of 16.0 GiB"
     assert explain.allocator_words({"rssBytes": 2 * gib}, None) == "resident 2.0 GiB"
+
+
+# --- what the kept evidence may hold -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "hidden"),
+    [
+        ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY", "wJalrXUtn"),
+        ("  HF_HOME=/data/hf WANDB_API_KEY=0123456789abcdef", "0123456789abcdef"),
+        ("environ({'DB_PASSWORD': 'hunter2!', 'HOME': '/tmp'})", "hunter2!"),
+        ('config: {"password": "s3cr3t", "lr": 0.1}', "s3cr3t"),
+        ("--api-key=sk-abcdefghijklmnop and more", "sk-abcdefghijklmnop"),
+        ("Authorization: Bearer abc.def.ghi", "abc.def.ghi"),
+        ("token: eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.sig", "eyJhbGciOiJIUzI1NiJ9"),
+        ("using key AKIAIOSFODNN7EXAMPLE for s3", "AKIAIOSFODNN7EXAMPLE"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow"),
+    ],
+)
+def test_kept_logs_hide_environment_values_and_credentials(line: str, hidden: str) -> None:
+    out = explain.redact(line)
+    assert hidden not in out and explain.REDACTED in out, out
+
+
+def test_redaction_keeps_what_a_failure_is_read_by() -> None:
+    text = (
+        "[rank1] RuntimeError: CUDA out of memory at step 52 (phase forward)\n"
+        "Read error [10.244.1.2]:26527: Connection reset by peer\n"
+        'FSDP_EVIDENCE {"rank": 1, "step": 52, "where": "forward", "tokens": 12}\n'
+        "loaded 4096 tokens from shard 3\n"
+    )
+    assert explain.redact(text) == text
+
+
+def test_a_tail_is_bounded_after_decoding() -> None:
+    """A tail cut at 2 KiB and decoded with replacement grows to three times that when it
+    is not UTF-8; kept, it is cut again to whole characters within the bound."""
+    raw = bytes(range(128, 256)) * 64  # 8 KiB of bytes that are not UTF-8
+    text = raw[-2048:].decode(errors="replace")
+    assert len(text.encode()) > 2048
+    kept = explain.bounded(text, 2048)
+    assert len(kept.encode()) <= 2048 and kept.endswith("\ufffd")
+    assert explain.bounded("short é", 2048) == "short é"
+    assert explain.bounded("ééé", 5) == "éé"  # never half a character
+
+
+def test_the_rank_table_is_whole_json_within_its_budget() -> None:
+    rows = [{"rank": r, "pod": r // 8, "evidence": False, "where": "x" * 40} for r in range(4096)]
+    doc = explain.json_within(rows, 20_000)
+    assert len(doc.encode()) <= 20_000
+    parsed = json.loads(doc)
+    assert parsed[-1]["omitted"] == 4096 - (len(parsed) - 1) > 0
+    assert parsed[:-1] == rows[: len(parsed) - 1]
+    assert json.loads(explain.json_within(rows[:3], 20_000)) == rows[:3]
