@@ -10,7 +10,8 @@ Pure accounting over status.history (no I/O, no clock reads). Each attempt contr
 - per restart in place, the time from the rank's failure to the next generation's first step
   and the steps it trained again, charged to the failure's cause.
 What no measurement explains (scrape gaps, logging, a rank 0 that died before its last scrape)
-is "Other", so the parts always add up to the wall time. Attempts that fall off the history
+is "Other", so the parts always add up to the wall time. Time an attempt's pods waited for
+Kueue's admission is "Queued": it is the cluster's, so `fraction` leaves it out of the wall. Attempts that fall off the history
 (its limit) are folded into totals first, so a job with hundreds of restarts keeps its figure.
 """
 
@@ -22,6 +23,7 @@ from collections.abc import Iterable
 from fsdp_operator import status
 
 STARTUP = "Startup"
+QUEUED = "Queued"  # waiting for Kueue's admission: the cluster's time, outside `fraction`
 CHECKPOINT_SAVE = "CheckpointSave"
 OTHER = "Other"
 UNKNOWN = "Unknown"
@@ -82,9 +84,19 @@ def contribution(entry: status.HistoryEntry, *, now: float, mean_step: float | N
             end = stopped if stopped is not None else now
         if stopped is not None:  # never more than the attempt's time not spent training
             end = min(end, stopped - train - max(0.0, entry.blocked_seconds or 0.0))
+        queued = _queued(tl, end)
+        part.charge(QUEUED, queued)
         if start is not None:
-            part.charge(tl.cause.value if tl.cause else STARTUP, max(0.0, end - start))
+            part.charge(tl.cause.value if tl.cause else STARTUP, max(0.0, end - start - queued))
     return part
+
+
+def _queued(tl: status.Timeline, end: float) -> float:
+    """Seconds the attempt's pods waited for Kueue (launched -> admitted). Zero for a job under
+    no queue: it has no admitted time (account() gives a waiting attempt's as `now`)."""
+    if tl.launched is None or tl.admitted is None:
+        return 0.0
+    return max(0.0, min(tl.admitted, end) - tl.launched)
 
 
 def mean_step(history: Iterable[status.HistoryEntry]) -> float | None:
@@ -130,6 +142,20 @@ def _folded(g: status.Goodput | None) -> Part:
     return Part(g.folded_productive_seconds, g.folded_redone_seconds, dict(g.folded_lost_seconds))
 
 
+def _with_queue_wait(
+    job_status: status.FSDPJobStatus, *, now: float
+) -> Iterable[status.HistoryEntry]:
+    """The history, the current attempt's Kueue wait counted up to `now` while it lasts (its
+    pods still gated: the queue has not admitted them yet)."""
+    q = job_status.queue
+    waiting = q is not None and q.admitted is None
+    for entry in job_status.history:
+        tl = entry.timeline
+        if waiting and entry.attempt == job_status.attempt and entry.ended is None and tl:
+            entry = entry.model_copy(update={"timeline": tl.model_copy(update={"admitted": now})})
+        yield entry
+
+
 def account(job_status: status.FSDPJobStatus, *, now: float) -> status.Goodput | None:
     """Goodput as of `now` (or the job's finish): None before the first launch."""
     start = (
@@ -140,18 +166,19 @@ def account(job_status: status.FSDPJobStatus, *, now: float) -> status.Goodput |
     end = job_status.finished if job_status.finished is not None else now
     total = _folded(job_status.goodput)
     mean = mean_step(job_status.history)
-    for entry in job_status.history:
+    for entry in _with_queue_wait(job_status, now=end):
         total.add(contribution(entry, now=end, mean_step=mean))
     wall = max(0.0, end - start)
     explained = total.productive + sum(total.lost.values())
     total.charge(OTHER, wall - explained)
+    counted = wall - total.lost.get(QUEUED, 0.0)  # a queue's wait is not the job's to answer for
     folded = job_status.goodput or status.Goodput(since=start)
     return folded.model_copy(
         update={
             "since": start,
             "wall_seconds": round(wall, 3),
             "productive_seconds": round(total.productive, 3),
-            "fraction": round(total.productive / wall, 4) if wall > 0 else 0.0,
+            "fraction": round(total.productive / counted, 4) if counted > 0 else 0.0,
             "lost_seconds": {k: round(v, 3) for k, v in sorted(total.lost.items())},
             "redone_seconds": round(total.redone, 3),
         }

@@ -213,6 +213,11 @@ class Timeline(_Model):
     detected: Time | None = Field(None, description="The operator detected that end.")
     gang_gone: Time | None = Field(None, description="No pod of an earlier attempt was left.")
     launched: Time | None = Field(None, description="This attempt's pods were created.")
+    admitted: Time | None = Field(
+        None,
+        description="Kueue admitted its pods (a job under a queue): the wait before it is the "
+        "queue's, and goodput does not count it (lostSeconds.Queued, outside fraction).",
+    )
     scheduled: Time | None = Field(None, description="Every pod was bound to a node.")
     running: Time | None = Field(None, description="Every pod's container was running.")
     rendezvous: Time | None = Field(None, description="Rank 0's process group was up.")

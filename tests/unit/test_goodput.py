@@ -142,6 +142,30 @@ def test_a_recovery_still_in_progress_is_charged_until_now() -> None:
     assert g is not None and g.lost_seconds["Crash"] == 30 + 20  # 120 -> 150, plus redone
 
 
+def test_a_queue_wait_is_counted_apart_and_left_out_of_the_fraction() -> None:
+    """Preempted at 120 and re-admitted by Kueue at 1920 (30 minutes queued): the wait is the
+    cluster's, so it is "Queued" and the fraction of the job's own time stays what it was; a
+    low-goodput alert does not fire on a job that trains fine once admitted."""
+    history = _history()
+    second = history[1]
+    tl = second.timeline.model_copy(update={"cause": st.Cause.PREEMPTED, "admitted": 1921,
+                                            "first_step": 1940})  # fmt: skip
+    history[1] = second.model_copy(update={"timeline": tl})
+    admitted = st.QueueStatus(name="q", pod_group="g", admitted=1921)
+    g = goodput.account(st.FSDPJobStatus(attempt=2, history=history, queue=admitted), now=2000)
+    assert g is not None and g.lost_seconds["Queued"] == 1800
+    assert g.lost_seconds["Preempted"] == 20  # 120 -> 1940, less the wait
+    assert g.lost_seconds["Crash"] == 20  # attempt 1's redone steps
+    assert g.fraction == 0.65, "as without the wait"
+    # Still waiting (its pods gated): counted as queued up to now, not as lost to the job.
+    waiting = st.QueueStatus(name="q", pod_group="g")
+    history[1] = second.model_copy(update={"timeline": tl.model_copy(
+        update={"admitted": None, "first_step": None}), "steps_run": None})  # fmt: skip
+    g = goodput.account(st.FSDPJobStatus(attempt=2, history=history, queue=waiting), now=1000)
+    assert g is not None and g.lost_seconds["Queued"] == 1000 - 121
+    assert g.lost_seconds["Preempted"] == 1  # detection: 120 -> 121
+
+
 def test_goodput_survives_the_history_limit() -> None:
     """Attempts that fall off the history are folded first: the totals do not change."""
     status = st.FSDPJobStatus(attempt=2, history=_history())
