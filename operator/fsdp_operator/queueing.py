@@ -52,6 +52,18 @@ rank in one such domain. The operator copies them onto each attempt's pods."""
 WORKLOAD_API = ("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
+def spares_refusal(queue: Queue, spares: int) -> str:
+    """Why spare pods cannot be kept under a queue ("" when there are none)."""
+    if not spares:
+        return ""
+    return (
+        f"spec.spares={spares} is not allowed under a Kueue queue (label {QUEUE_LABEL}="
+        f"{queue.name}): Kueue admits the attempt's pods as one pod group of spec.replicas "
+        "pods, and a standby pod outside that group would never be admitted. Remove "
+        "spec.spares, or the queue label"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Queue:
     """The LocalQueue (and priority) an FSDPJob asked for by its labels."""

@@ -330,6 +330,8 @@ class Reconciler:
             spec.template.metadata.labels,
             annotations=meta.get("annotations"),
         )
+        if queue is not None and not error:
+            error = queueing.spares_refusal(queue, spec.spares)
         obs = observed.Observed(
             spec=spec,
             status=job_status,

@@ -204,3 +204,12 @@ def test_a_failed_job_releases_its_group() -> None:
     fatal = {"r1": {"phase": ob.PodPhase.FAILED, "exit_code": 42, "finished": NOW - 1}}
     d = dc.decide(observation(status=admitted_status(), pods=pods(**fatal), queue=QUEUE))
     assert d.status.phase is st.Phase.FAILED and d.release == ["job-g1"]
+
+
+def test_spares_under_a_queue_are_refused_naming_the_field_and_the_way_out() -> None:
+    queue = queueing.Queue.of("job", {queueing.QUEUE_LABEL: "team-a"})
+    assert queue is not None
+    said = queueing.spares_refusal(queue, 2)
+    assert "spec.spares=2" in said and queueing.QUEUE_LABEL in said and "team-a" in said
+    assert "Remove spec.spares, or the queue label" in said
+    assert queueing.spares_refusal(queue, 0) == ""
