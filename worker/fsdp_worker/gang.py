@@ -45,6 +45,7 @@ import json
 import logging
 import os
 import posixpath
+import secrets
 import signal
 import socket
 import socketserver
@@ -408,6 +409,8 @@ class Keeper:
         )
         self._oom_baseline = self._oom_kills()
         self.seen: dict[str, Any] = {}  # the coordinator's last answer
+        # In the environment of every process this keeper launches, whoever its parent is now.
+        self.token = secrets.token_hex(8)
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
     def _on_term(self, signum: int, frame: object) -> None:
@@ -554,7 +557,7 @@ class Keeper:
                      launcher.pid)  # fmt: skip
             self.launched_warm = True
             return launcher
-        return subprocess.Popen(self.argv, env={**os.environ, **delta})
+        return subprocess.Popen(self.argv, env={**os.environ, **delta, KEEPER_TOKEN: self.token})
 
     def _warm_refused(self, outcome: str, code: int) -> bool:
         """The warm launcher could not run this argv the same way (its log says why): nor can
@@ -607,7 +610,9 @@ class Keeper:
             return
         argv = [self.argv[0], "-m", "fsdp_worker.warm", *self.argv[3:]]
         try:
-            self.warm = subprocess.Popen(argv, stdin=subprocess.PIPE)
+            self.warm = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, env={**os.environ, KEEPER_TOKEN: self.token}
+            )
         except OSError as exc:
             log.warning("no warm launcher (%s): restarts run torchrun", exc)
             self.warm_enabled = False
@@ -766,13 +771,15 @@ class Keeper:
         return answer is not None and int(answer.get("generation", 0)) > generation
 
     def _kill(self) -> None:
-        """SIGKILL torchrun and every process under it. torchrun starts each rank in a
-        session of its own, so its process group alone would leave the ranks running (seen:
-        an orphaned rank 0 kept its metrics port and stepped on)."""
+        """SIGKILL torchrun and every process it started, however they are parented now.
+        torchrun starts each rank in a session of its own, so its process group alone would
+        leave the ranks running (seen: an orphaned rank 0 kept its metrics port and stepped
+        on); and a rank whose torchrun died first is no longer below it (reparented to the
+        container's init), so it is found by the keeper's token in its environment. The next
+        generation's warm launcher, not started yet, is spared."""
         assert self.proc is not None
-        for pid in [self.proc.pid, *descendants(self.proc.pid)]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        spared = {self.warm.pid, *descendants(self.warm.pid)} if self.warm is not None else set()
+        kill_launched(self.token, roots=[self.proc.pid], spare=spared)
 
     def _all_down(self, generation: int) -> bool:
         """Wait for every node's keeper to report `generation`'s ranks down. This node's own
@@ -992,6 +999,41 @@ def _with_option(argv: Sequence[str], names: tuple[str, ...], value: str) -> lis
             skip = not done and arg in names
             out.append(arg)
     return out
+
+
+KEEPER_TOKEN = "FSDP_KEEPER_TOKEN"
+"""Set by a keeper in the environment of everything it launches (torchrun, warm launchers),
+and so of every rank, forked or exec'd: /proc/<pid>/environ keeps it whoever the parent is."""
+
+
+def launched_by(token: str) -> list[int]:
+    """The processes whose environment carries this keeper's token (a container has its own
+    PID namespace: only its processes are visible, and the keeper's user reads their
+    environ). Restricted pods cannot make a cgroup per rank; this finds the same set."""
+    mark = f"{KEEPER_TOKEN}={token}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read()
+        except OSError:
+            continue
+        if mark in env.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+def kill_launched(token: str, *, roots: Sequence[int], spare: set[int]) -> list[int]:
+    """SIGKILL `roots`, everything below them and everything carrying `token`, but `spare`
+    and this process; returns the pids signalled."""
+    pids = {*roots, *(d for r in roots for d in descendants(r)), *launched_by(token)}
+    doomed = sorted(pids - spare - {os.getpid()})
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return doomed
 
 
 def descendants(root: int) -> list[int]:
