@@ -11,8 +11,9 @@ Pure accounting over status.history (no I/O, no clock reads). Each attempt contr
   and the steps it trained again, charged to the failure's cause.
 What no measurement explains (scrape gaps, logging, a rank 0 that died before its last scrape)
 is "Other", so the parts always add up to the wall time. Time an attempt's pods waited for
-Kueue's admission is "Queued": it is the cluster's, so `fraction` leaves it out of the wall. Attempts that fall off the history
-(its limit) are folded into totals first, so a job with hundreds of restarts keeps its figure.
+Kueue's admission is "Queued": it is the cluster's, so `fraction` leaves it out of the wall.
+Attempts that fall off the history (its limit) are folded into totals first, so a job with
+hundreds of restarts keeps its figure.
 """
 
 from __future__ import annotations

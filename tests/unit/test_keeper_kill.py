@@ -9,7 +9,6 @@ import time
 
 from fsdp_worker import gang
 
-
 # A "torchrun" that starts a "rank" in a session of its own and dies at once: the rank is
 # orphaned (reparented to init), as when torchrun is OOM-killed before its ranks.
 LAUNCHER = """

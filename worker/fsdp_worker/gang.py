@@ -1001,7 +1001,7 @@ def _with_option(argv: Sequence[str], names: tuple[str, ...], value: str) -> lis
     return out
 
 
-KEEPER_TOKEN = "FSDP_KEEPER_TOKEN"
+KEEPER_TOKEN = "FSDP_KEEPER_TOKEN"  # noqa: S105 (the variable's name, not a secret)
 """Set by a keeper in the environment of everything it launches (torchrun, warm launchers),
 and so of every rank, forked or exec'd: /proc/<pid>/environ keeps it whoever the parent is."""
 
