@@ -164,4 +164,5 @@ def test_choosing_under_auto_sets_a_corrupt_checkpoint_aside_and_says_so(
     assert "fsdp_worker_resumed_from_step 9.0" in page
     run.proc.send_signal(15)
     run.wait()
-    assert (root / "step-12.quarantined-1" / shard.name).exists(), "set aside, never deleted"
+    [aside] = root.glob(f".writer-*/step-12{catalog.QUARANTINE_INFIX}1")  # the chooser's
+    assert (aside / shard.name).exists(), "set aside, never deleted"
