@@ -207,6 +207,58 @@ def test_a_job_under_its_runtime_profile_gets_ipc_lock_and_nothing_more(
     assert done.returncode != 0 and "may not use runtime profile" in done.stderr, done.stderr
 
 
+def test_a_profile_namespace_holds_all_but_the_operators_pods_to_restricted(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """A namespace a runtime profile lists runs at Pod Security "privileged", as
+    docs/install.md says (IPC_LOCK is refused by baseline and restricted): the chart's policy
+    still holds a tenant with `edit` there, and even a cluster admin, to restricted, and the
+    operator's profile pods cannot be patched past their profile."""
+    cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
+    cluster.kubectl("label", "namespace", ns, "--overwrite",
+                    "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    _profile_lists(jobs, ns)
+    cluster.kubectl("create", "serviceaccount", "carol", "-n", ns)
+    cluster.kubectl("create", "rolebinding", "carol-edit", "-n", ns, "--clusterrole=edit",
+                    f"--serviceaccount={ns}:carol")  # fmt: skip
+    carol = cluster.kubeconfig_for_serviceaccount(ns, "carol")
+    harness.wait_for("carol may create pods", lambda: cluster.kubectl(
+        "auth", "can-i", "create", "pods", "-n", ns, kubeconfig=carol, check=False,
+    ).stdout.strip() == "yes")  # fmt: skip
+    host = _pod("host")
+    host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
+    refused = {
+        "privileged": (_pod("priv", privileged=True, allowPrivilegeEscalation=True),
+                       "may not run privileged containers"),
+        "host-path": (host, "may only use configMap"),
+        "ipc-lock": (_profile_pod("caps", "IPC_LOCK", label=None), "NET_BIND_SERVICE"),
+        "posing": (_profile_pod("posing", "IPC_LOCK"), "NET_BIND_SERVICE"),  # the label alone
+    }  # fmt: skip
+    for who, kubeconfig in (("tenant", carol), ("cluster admin", None)):
+        for case, (pod, words) in refused.items():
+            done = _create(cluster, ns, pod, kubeconfig=kubeconfig)
+            assert done.returncode != 0 and words in done.stderr, (who, case, done.stderr)
+            assert "runtime profile" in done.stderr, (who, case, done.stderr)
+    assert _create(cluster, ns, _pod("fine"), kubeconfig=carol).returncode == 0
+    # A profile pod the operator made (held back from scheduling): only it changes the image.
+    held = _profile_pod(harness.unique("held"), "IPC_LOCK")
+    held["spec"]["schedulingGates"] = [{"name": "fsdpoperator.io/test-hold"}]
+    name = held["metadata"]["name"]
+    cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(held), kubeconfig=creds)
+    try:
+        image = [{"op": "replace", "path": "/spec/containers/0/image",
+                  "value": "docker.io/evil/x:1"}]  # fmt: skip
+        done = cluster.kubectl("patch", "pod", name, "-n", ns, "--type=json", "-p",
+                               json.dumps(image), kubeconfig=carol, check=False)  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        assert "only the operator may change its images" in done.stderr, done.stderr
+        done = cluster.kubectl("label", "pod", name, "-n", ns, "team=a", kubeconfig=carol,
+                               check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr  # what is not the profile's stays the tenant's
+    finally:
+        cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=False)
+
+
 def test_only_a_cluster_admin_may_create_or_edit_a_runtime_profile(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
