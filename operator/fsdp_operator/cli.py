@@ -345,17 +345,7 @@ def why(custom: Any, namespace: str, name: str, console: Console) -> int:
         console.print(Text(head + (f" at step {f['step']}" if f.get("step") is not None else "")))
         if not f:  # an older operator recorded only the cause
             continue
-        if f.get("pod"):
-            exit_code = f" exit code {f['exitCode']}" if f.get("exitCode") is not None else ""
-            console.print(
-                Text(
-                    f"  first failing pod: {f['pod']} (node rank {_fmt(f.get('rank'))}, "
-                    f"node {_fmt(f.get('node'))}){exit_code}"
-                )
-            )
-        for key in ("phase", "message", "diagnosis", "evidence"):
-            if f.get(key):
-                console.print(Text(f"  {key}: " + str(f[key]).replace("\n", "\n    ")))
+        _print_failure(console, f)
         if ref := f.get("evidenceRef"):
             rank = f" --rank {f['rank'] * nproc}" if f.get("rank") is not None else ""
             console.print(
@@ -365,6 +355,23 @@ def why(custom: Any, namespace: str, name: str, console: Console) -> int:
                 )
             )
     return 0
+
+
+def _print_failure(console: Console, f: dict[str, Any]) -> None:
+    """The blamed pod, its rank's own words, and the pods that failed only because it did."""
+    if f.get("pod"):
+        exit_code = f" exit code {f['exitCode']}" if f.get("exitCode") is not None else ""
+        console.print(
+            Text(
+                f"  first failing pod: {f['pod']} (node rank {_fmt(f.get('rank'))}, "
+                f"node {_fmt(f.get('node'))}){exit_code}"
+            )
+        )
+    for key in ("phase", "message", "diagnosis", "evidence"):
+        if f.get(key):
+            console.print(Text(f"  {key}: " + str(f[key]).replace("\n", "\n    ")))
+    for said in f.get("symptoms") or []:
+        console.print(Text(f"  symptom: {said}"))
 
 
 def logs(

@@ -1,8 +1,9 @@
 """Failure detection: did the running attempt fail, and why? A pure function of one observation.
 
 Order matters and is the policy: someone else's eviction or deletion first, then a lost node
-(its pods' own exits are symptoms), then the earliest failed pod, then pods that vanished, then
-pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
+(its pods' own exits are symptoms), then the first failed pod by cause (a pod that failed only
+because a peer did is a symptom, never the cause while another has one), then pods that
+vanished, then pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ rank past its own deadline ends itself and its keeper restarts the gang in place
 only a gang that cannot (every process frozen, a keeper gone) is recreated. Past the deadline
 the operator asks the gang's coordinator (asks_the_gang): where a keeper has fallen silent, or
 the coordinator itself, the hang is declared without this grace."""
+SYMPTOM_GRACE_SECONDS = 10.0
+"""When every Failed pod failed only because a peer did and others still run, the verdict waits
+this long from the first exit for a pod with a cause of its own (the killed rank's pod ends a
+moment after its peers saw it go)."""
 HANG_EVIDENCE_GRACE_SECONDS = 2.0
 """Past the progress deadline, a hang is declared this much later: ranks print their evidence
 at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
@@ -139,14 +144,59 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
     return None
 
 
+def symptom(pod: observed.PodView) -> contract.Symptom | None:
+    """How a Failed pod's ranks ended when it was only because another rank did (a peer gone,
+    a collective timed out), by its own termination message; None: a cause of its own (its
+    exception, an OOM kill, a rank killed without a word, a config error, its watchdog)."""
+    if pod.reason == "OOMKilled":
+        return None
+    doc = pod.worker_cause()
+    if doc.get("class") not in (contract.FailureClass.RUNTIME, contract.FailureClass.CHECKPOINT):
+        return None
+    return contract.symptom_of(str(doc.get("message") or ""))
+
+
+def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, float, int]:
+    """Causes before symptoms; then the earlier exit; then the lower node rank."""
+    return (
+        symptom(pod) is not None,
+        pod.finished if pod.finished is not None else obs.now,
+        pod.rank,
+    )
+
+
 def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
-    failed = [p for p in pods if p.phase is observed.PodPhase.FAILED]
+    """The first failing pod by cause, not by clock: a pod whose ranks failed only because a
+    peer did is never blamed while one with a cause of its own exists. Only symptoms so far,
+    and pods still running: their cause may be a moment behind (the killed rank's pod exits
+    after its peers noticed), so the verdict waits up to SYMPTOM_GRACE_SECONDS."""
+    failed = sorted((p for p in pods if p.phase is observed.PodPhase.FAILED),
+                    key=lambda p: _blame_order(obs, p))  # fmt: skip
     if not failed:
         return None
-    first = min(failed, key=lambda p: (p.finished if p.finished is not None else obs.now, p.rank))
+    first = failed[0]
+    at = min(p.finished if p.finished is not None else obs.now for p in failed)
+    if (
+        symptom(first) is not None
+        and _others_running(pods)
+        and obs.now - at < SYMPTOM_GRACE_SECONDS
+    ):
+        return None
     codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
-    at = first.finished if first.finished is not None else obs.now
-    return _failure(classify(first, non_retryable=codes), first, at=at)
+    failure = _failure(classify(first, non_retryable=codes), first, at=at)
+    said = [f"pod {p.name} (node rank {p.rank}): {symptom(p)}: {_words(p)}"
+            for p in failed[1:] if symptom(p) is not None]  # fmt: skip
+    return (
+        failure.model_copy(update={"symptoms": said[: status.SYMPTOMS_LIMIT]}) if said else failure
+    )
+
+
+def _others_running(pods: list[observed.PodView]) -> bool:
+    return any(p.phase in (observed.PodPhase.RUNNING, observed.PodPhase.PENDING) for p in pods)
+
+
+def _words(pod: observed.PodView) -> str:
+    return str(pod.worker_cause().get("message") or pod.message)[:200]
 
 
 def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
@@ -327,6 +377,9 @@ def next_deadline(obs: observed.Observed) -> float | None:
         node = obs.node(pod.node) if pod.node else None
         if node is not None and not node.ready and node.not_ready_since is not None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
+    exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
+    if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
+        times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
     since = pending_since(s)
     if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
         times.append(since + fp.pending_timeout_seconds)

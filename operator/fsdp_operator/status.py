@@ -156,6 +156,9 @@ class Restarts(_Model):
     )
 
 
+SYMPTOMS_LIMIT = 16
+
+
 class Failure(_Model):
     """A failure the operator detected: what failed, where, and why."""
 
@@ -191,6 +194,13 @@ class Failure(_Model):
         max_length=2048,
         description="Every rank's evidence compared before the pods were deleted: who is not "
         "where the others are (a hang), or what each pod's last record says.",
+    )
+    symptoms: list[str] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Other pods that failed only because the failing one did (a peer gone, a "
+        "collective timed out), each with its own words: never the cause while a pod with a "
+        "cause of its own exists.",
     )
     evidence_ref: str | None = Field(
         None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Mapping
 
 CONTRACT_VERSION = 1
@@ -153,6 +154,39 @@ class FailureClass(enum.StrEnum):
     PREEMPTED = "Preempted"
     HANG = "Hang"  # past its own FSDP_HANG_SECONDS with restarts in place: it ended itself
     NODE_LOST = "NodeLost"  # a spare took a lost node's place (gang.py's `replace`, the operator)
+    KILLED = "Killed"  # a rank ended without a word; written by a sibling that saw it gone
+
+
+class Symptom(enum.StrEnum):
+    """How a rank that failed only because another one did ended: never the cause while a rank
+    with a cause of its own exists (detect.py's verdict, the operator's Events)."""
+
+    PEER_GONE = "PeerGone"  # a peer's socket closed or reset: it died, or its node went away
+    COLLECTIVE_TIMEOUT = "CollectiveTimeout"  # a collective waited past its timeout for a peer
+
+
+_PEER_GONE = re.compile(
+    r"connection reset by peer|connection closed by peer|broken pipe|remote process exited"
+    r"|peer closed|socket closed|communicator was aborted|connection was likely closed"
+    r"|\bend of file\b|DistNetworkError|recvValue failed|the server socket has failed"
+    r"|gloo/transport/tcp/pair\.cc.*(read|write) error|ECONNRESET|EPIPE",
+    re.IGNORECASE,
+)
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"watchdog caught collective operation timeout|gloo.*timed out|timed out waiting \d+ ?ms"
+    r"|ProcessGroupNCCL.*time(d )?out|DistStoreError.*time(d )?out|wait timeout after",
+    re.IGNORECASE,
+)
+
+
+def symptom_of(message: str) -> Symptom | None:
+    """The symptom a failing rank's own words show (a peer gone, a collective timed out), or
+    None: its failure is its own (an exception of its code, an OOM, a config error)."""
+    if _COLLECTIVE_TIMEOUT.search(message):
+        return Symptom.COLLECTIVE_TIMEOUT
+    if _PEER_GONE.search(message):
+        return Symptom.PEER_GONE
+    return None
 
 
 LIVE = "Live"

@@ -74,6 +74,12 @@ def raise_oom_if(where: str, *, rank: int, step: int) -> None:
         raise torch.OutOfMemoryError(f"injected: CUDA out of memory in {where} at step {step}")
 
 
+def raise_if(where: str, *, rank: int, step: int) -> None:
+    """`raise_at=<rank>:<step>:<where>`: a bug in the training code on this rank alone."""
+    if _at("raise_at", where, rank=rank, step=step):
+        raise ValueError(f"injected: a bug in the training code in {where} at step {step}")
+
+
 def exhaust_memory_if(where: str, *, rank: int, step: int) -> None:
     """`oom_at=<rank>:<step>:<backward|save>`: allocate (and touch) memory until the kernel's
     OOM killer ends the process, as an activation or a staging copy that does not fit would."""

@@ -467,6 +467,7 @@ def main(
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         attempt=_int_env_or(contract.ENV_ATTEMPT, 0),
     )
+    termination.register(rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     stop = StopFlag()
     stop.install()
     code = int(contract.ExitCode.SUCCESS)
@@ -508,13 +509,19 @@ def main(
         log.error("exit %d (%s) at step %s: %s", code, failure_class, step, exc)
         if not isinstance(exc, errors.WorkerError | KeyboardInterrupt):
             log.error("%s", traceback.format_exc())
+        blamed, text, extra = rank, str(exc), recorder.failure_fields()
+        symptom = failure_class == contract.FailureClass.RUNTIME and contract.symptom_of(text)
+        if symptom and (killed := termination.killed_sibling(rank=rank, symptom=text)):
+            (blamed, local, text), failure_class = killed, str(contract.FailureClass.KILLED)
+            if local == 0:  # the pod's first rank: its live record says where it was
+                extra = {**extra, **termination.live_fields()}
         termination.write(
             failure_class=failure_class,
-            rank=rank,
+            rank=blamed,
             step=step,
             exit_code=code,
-            text=str(exc),
-            extra={**recorder.failure_fields(), **_memory_fields(run)},
+            text=text,
+            extra={**extra, **_memory_fields(run)},
         )
     finally:
         flight.finish(clear=code == contract.ExitCode.SUCCESS)

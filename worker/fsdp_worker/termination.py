@@ -116,3 +116,100 @@ def write(
             os.close(fd)
     except OSError as exc:
         log.warning("could not write the termination message to %s: %s", target, exc)
+
+
+# --- a sibling that ended without a word ------------------------------------------------------
+# A rank killed by a signal (or the kernel's OOM killer) writes nothing, and its pod's other
+# ranks then fail only because it is gone ("Connection reset by peer"): their words would make
+# the pod look like a survivor. Each rank registers its pid beside its siblings' (a directory
+# per launcher: the ranks of one torchrun agent, or one warm launcher, share a parent), and a
+# rank that fails with a symptom names the sibling that is already gone instead.
+
+
+def _registry() -> str:
+    return os.path.join(os.environ.get("TMPDIR") or "/tmp", f"fsdp-ranks-{os.getppid()}")
+
+
+def _parent_started() -> str:
+    """The launcher's start time (clock ticks since boot): a registry left by an earlier
+    process that had the same pid is not this launcher's."""
+    try:
+        with open(f"/proc/{os.getppid()}/stat", encoding="utf-8") as fh:
+            return fh.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def register(*, rank: int, local_rank: int) -> None:
+    """Record this rank's pid for its siblings; never raises."""
+    try:
+        os.makedirs(_registry(), exist_ok=True)
+        doc = {"pid": os.getpid(), "rank": rank, "localRank": local_rank,
+               "parent": _parent_started()}  # fmt: skip
+        with open(os.path.join(_registry(), f"{local_rank}.json"), "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+    except OSError as exc:
+        log.debug("rank not registered: %s", exc)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def vanished_siblings() -> list[dict[str, int]]:
+    """Registered ranks of this launcher that no longer run (this one excepted)."""
+    try:
+        names = sorted(os.listdir(_registry()))
+    except OSError:
+        return []
+    gone, parent = [], _parent_started()
+    for name in names:
+        try:
+            with open(os.path.join(_registry(), name), encoding="utf-8") as fh:
+                doc = json.load(fh)
+            pid, rank, local = int(doc["pid"]), int(doc["rank"]), int(doc["localRank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if doc.get("parent") != parent:  # an earlier launcher's, with this one's pid
+            continue
+        if pid != os.getpid() and not _running(pid):
+            gone.append({"pid": pid, "rank": rank, "localRank": local})
+    return gone
+
+
+def killed_sibling(*, rank: int, symptom: str) -> tuple[int, int, str] | None:
+    """When this rank fails with a symptom (a peer gone) and a sibling of its pod already
+    ended without a word: that sibling's rank, local rank and the words for it."""
+    gone = vanished_siblings()
+    if not gone:
+        return None
+    first = gone[0]
+    return (
+        first["rank"],
+        first["localRank"],
+        (
+            f"rank {first['rank']} (local rank {first['localRank']}, pid {first['pid']}) ended "
+            "without a word (a signal, or the kernel's OOM killer) before its pod's other ranks "
+            f"failed; rank {rank} then saw: {symptom}"
+        ),
+    )
+
+
+def live_fields() -> dict[str, object]:
+    """Where the pod's first rank was by its live record (phase, step, memory), when the file
+    still holds one: a killed first rank's last word, kept in the message written for it."""
+    target = path()
+    if target is None:
+        return {}
+    try:
+        with open(target, encoding="utf-8") as fh:
+            doc = json.loads(fh.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("class") != contract.LIVE:
+        return {}
+    return {k: doc[k] for k in ("phase", "step", "memory") if k in doc}

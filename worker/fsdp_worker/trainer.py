@@ -79,6 +79,7 @@ def _forward_backward(loop: Loop, accum_index: int) -> torch.Tensor:
     (loss * loop.dist.world_size).backward()  # type: ignore[no-untyped-call]
     faults.exhaust_memory_if("backward", rank=rank, step=step)
     faults.raise_oom_if("backward", rank=rank, step=step)
+    faults.raise_if("backward", rank=rank, step=step)
     return loss.detach()
 
 
