@@ -58,8 +58,8 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                      "Deployment", "FSDPRuntimeProfile", "PodDisruptionBudget", "Role", "Role",
                      "RoleBinding", "RoleBinding", "Service", "ServiceAccount",
-                     *["ValidatingAdmissionPolicy"] * 5,
-                     *["ValidatingAdmissionPolicyBinding"] * 5]  # fmt: skip
+                     *["ValidatingAdmissionPolicy"] * 6,
+                     *["ValidatingAdmissionPolicyBinding"] * 6]  # fmt: skip
     # the one profile is the chart's own, granting nothing: pods made under no profile
     (builtin,) = _by_kind(docs, "FSDPRuntimeProfile")
     assert builtin["metadata"]["name"] == "fsdp-operator-restricted" and builtin["spec"] == {}

@@ -156,6 +156,25 @@ def test_fsdpjob_creators_must_be_allowed_to_create_pods(
                      lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
 
 
+def test_spares_under_a_kueue_queue_are_refused_at_admission(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """The CRD's rules cannot read labels: the chart's policy refuses spares under a queue at
+    `kubectl apply`, naming the field, whether the job or its pod template names the queue."""
+    queue = {"kueue.x-k8s.io/queue-name": "team-a"}
+    spares = {"spares": 1, "failurePolicy": {"inPlaceRestarts": 1}}
+    on_job = {**harness.job_doc(harness.unique("spq"), **spares)}
+    on_job["metadata"]["labels"] = queue
+    on_template = harness.job_doc(harness.unique("spq"), template={"metadata": {"labels": queue}},
+                                  **spares)  # fmt: skip
+    for doc in (on_job, on_template):
+        done = _apply(jobs, doc, dry_run="server")
+        assert done.returncode != 0, done.stdout
+        assert "spec.spares=1 is not allowed under a Kueue queue" in done.stderr, done.stderr
+    alone = harness.job_doc(harness.unique("spq"), **spares)  # no queue: spares are fine
+    assert _apply(jobs, alone, dry_run="server").returncode == 0
+
+
 def _profile_pod(name: str, *caps: str, label: str | None = hs.PROFILE, **spec: Any) -> Any:
     pod = _pod(name, capabilities={"drop": ["ALL"], "add": list(caps)})
     pod["spec"]["containers"][0]["image"] = f"{hs.PROFILE_REGISTRY}/fsdp-worker:test"
