@@ -524,6 +524,7 @@ def main(
             extra={**extra, **_memory_fields(run)},
         )
     finally:
+        termination.unregister(local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         flight.finish(clear=code == contract.ExitCode.SUCCESS)
         if run is not None and run.manager is not None:
             run.manager.close(wait=code == contract.ExitCode.SUCCESS)

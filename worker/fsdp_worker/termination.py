@@ -11,6 +11,7 @@ hide it.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -150,6 +151,15 @@ def register(*, rank: int, local_rank: int) -> None:
             json.dump(doc, fh)
     except OSError as exc:
         log.debug("rank not registered: %s", exc)
+
+
+def unregister(*, local_rank: int) -> None:
+    """A rank that ends in order (success or a failure it reported) takes its entry out: what
+    stays is a rank that ended without a word. The launcher's directory goes with its last."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(_registry(), f"{local_rank}.json"))
+    with contextlib.suppress(OSError):
+        os.rmdir(_registry())
 
 
 def _running(pid: int) -> bool:
