@@ -71,6 +71,7 @@ from typing import Any
 
 import yaml
 
+from fsdp_operator import names
 from fsdp_operator import status as st
 from fsdp_worker import interval
 from harness import stack
@@ -379,7 +380,7 @@ class Soak:
         if kind == "hang":
             self.faults.freeze(NS, pname)
             return {"kind": kind, "pod": pname, "time": time.time()}
-        self.faults.lose_node(node)
+        self.faults.lose_node(node, freeze=names.Label.JOB.value)
         return {"kind": kind, "pod": pname, "node": node, "time": time.time()}
 
     def run(

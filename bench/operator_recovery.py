@@ -40,6 +40,7 @@ from typing import Any
 
 import kubernetes
 
+from fsdp_operator import names
 from localcluster import components, controlplane, images, nodeconf
 from localcluster import faults as lf
 from tests.integration import harness
@@ -114,7 +115,7 @@ def node_loss_trials(jobs: harness.Jobs, op: harness.Operator, n: int) -> list[d
         node = pods[1]["spec"]["nodeName"]
         time.sleep(2.0)
         lost_at = time.time()
-        faults.lose_node(node)
+        faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
             s = harness.wait_for("NodeLost", lambda n=name: (s := jobs.status(n)).get("attempt")
                                  == 2 and s, timeout=120)  # fmt: skip
@@ -155,7 +156,7 @@ def production_node_loss(
         harness.wait_for("a step", lambda n=name: (jobs.status(n).get("step") or 0) >= 5)
         node = pods[1]["spec"]["nodeName"]
         stopped = time.time()
-        faults.lose_node(node)
+        faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
             entry = harness.wait_for("attempt 2's first step", lambda n=name: next((
                 h for h in jobs.status(n).get("history", [])

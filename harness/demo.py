@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from fsdp_operator import names
 from harness import stack
 from localcluster import controlplane, faults, images
 
@@ -98,7 +99,7 @@ def run(cluster: controlplane.Cluster, log_dir: Path) -> None:
         )
         node = jobs.running_pods("tiny-cpu", 2)[1]["spec"]["nodeName"]
         _say(f"fault 2: lose node {node} (its kubelet stops; its containers keep running)")
-        injector.lose_node(node)
+        injector.lose_node(node, freeze=names.Label.JOB.value)
         s = _await(
             jobs,
             "shrunk attempt running",

@@ -13,8 +13,10 @@ see on a cluster:
   deaf to SIGTERM, still killable). Not the freezer cgroup: a frozen task cannot even take
   SIGKILL, so the kubelet could never stop such a pod and it stayed Terminating for good.
 - ``lose-node`` / ``restore-node``: the node's kubelet is stopped (SIGSTOP) / continued: no
-  heartbeats, while its containers keep running unreported (a real zombie), and on restore the
-  kubelet reconciles with whatever the API server says now.
+  heartbeats; with a label key, the processes of its pods carrying it stop too (a power or
+  network loss: frozen zombies, thawed on restore), else they keep running unreported (a
+  kubelet paused: ``pause-kubelet``); on restore the kubelet reconciles with whatever the API
+  server says now.
 - ``cut-link`` / ``restore-link``: ``eth0`` down / up inside the pod's network namespace.
 - ``evict``: the Eviction API (policy/v1), so PodDisruptionBudgets apply.
 
@@ -220,11 +222,44 @@ class Faults:
         self._signal(pids, SIGCONT)
         _await_state(pids, stopped=False)
 
-    def lose_node(self, node: str) -> None:
-        self._kubelet_signal(node, SIGSTOP)  # no heartbeats; containers keep running
+    def lose_node(self, node: str, *, freeze: str = "") -> None:
+        """The node goes: its kubelet stops (no heartbeats) and, with `freeze` (a label key),
+        every process of its pods carrying that label stops too, as in a power or network
+        loss: their peers elsewhere then stop stepping. Without it the containers keep running
+        unreported, which is a kubelet paused or restarted, not a lost node (pause_kubelet)."""
+        self._kubelet_signal(node, SIGSTOP)
+        if not freeze:
+            return
+        found = self.kube.get(
+            "/api/v1/pods", labelSelector=freeze, fieldSelector=f"spec.nodeName={node}"
+        )
+        for pod in found.get("items") or []:
+            meta = pod["metadata"]
+            with contextlib.suppress(FaultError):
+                self._signal(self.pids(meta["namespace"], meta["name"]), SIGSTOP)
 
     def restore_node(self, node: str) -> None:
+        """The node is back: every stopped process of its pods continues (whether or not the
+        API still has their pods), then its kubelet, which reconciles with the API server."""
+        stopped = [pid for pid in self._node_pids(node) if _state(pid) == "T"]
+        self._signal(stopped, SIGCONT)
         self._kubelet_signal(node, SIGCONT)
+
+    def pause_kubelet(self, node: str) -> None:
+        """The kubelet alone stops (a restart or an upgrade that takes a while): no heartbeats,
+        no Lease renewals, while the node's pods run on as ever."""
+        self._kubelet_signal(node, SIGSTOP)
+
+    def resume_kubelet(self, node: str) -> None:
+        self._kubelet_signal(node, SIGCONT)
+
+    def _node_pids(self, node: str) -> list[int]:
+        base = CGROUP_FS / "pids" / nodeconf.CGROUP_PARENT / node / "kubepods"
+        found: set[int] = set()
+        for procs_file in nodes.cgroup_files(base, "cgroup.procs") if base.is_dir() else ():
+            with contextlib.suppress(OSError, ValueError):
+                found.update(int(p) for p in procs_file.read_text().split())
+        return sorted(found)
 
     def stall_apiserver(self, seconds: float) -> None:
         """The API server answers nothing for `seconds` (SIGSTOP, then SIGCONT): every
@@ -349,7 +384,10 @@ def _parser() -> argparse.ArgumentParser:
     rank.add_argument("pod", help="[namespace/]name")
     rank.add_argument("rank", type=int)
     rank.add_argument("--signal", type=int, default=9)
-    for verb in ("lose-node", "restore-node"):
+    lose = verbs.add_parser("lose-node")
+    lose.add_argument("node")
+    lose.add_argument("--freeze", default="", help="label key of the pods that go with it")
+    for verb in ("restore-node", "pause-kubelet", "resume-kubelet"):
         verbs.add_parser(verb).add_argument("node")
     verbs.add_parser("stall-apiserver").add_argument("seconds", type=float)
     return parser

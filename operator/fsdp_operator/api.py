@@ -111,7 +111,13 @@ class FailurePolicy(_Model):
     )
     backoff: Backoff = Field(default_factory=Backoff)
     node_loss_grace_seconds: int = Field(
-        30, ge=0, le=3600, description="NotReady/Unknown node time before its pods count lost."
+        30,
+        ge=0,
+        le=3600,
+        description="How long a node may be NotReady/Unknown before its pods count lost. A node "
+        "whose kubelet stops renewing its Lease is lost sooner, but only once the job stops "
+        "stepping too: a kubelet restarting under a gang that trains on restarts nothing "
+        "until this grace has passed.",
     )
     progress_deadline_seconds: int = Field(
         600, ge=5, le=604_800, description="Hang: no step advance on rank 0 for this long."

@@ -172,6 +172,8 @@ class View:
     """How the scrapes of rank 0's endpoint have gone lately (probe.Prober.health)."""
     lease_lost: Mapping[str, float] = dataclasses.field(default_factory=dict)
     """Nodes lost by their Leases, with their silence in seconds (Store.lease_lost)."""
+    lease_quiet: frozenset[str] = frozenset()
+    """Nodes that missed a Lease renewal (Store.lease_quiet): their jobs are scraped often."""
 
 
 def job_key(namespace: str, job_name: str) -> tuple[str, str]:
@@ -258,6 +260,8 @@ class Store:
         self.lease_lost: Mapping[str, float] = {}
         """Nodes lost by their Leases (nodelease.LeaseClock.lost), replaced whole, never
         changed in place: views share it."""
+        self.lease_quiet: frozenset[str] = frozenset()
+        """Nodes that missed a renewal (nodelease.LeaseClock.quiet), lost ones included."""
 
     def node_seen(self, record: NodeRecord) -> bool:
         """Keep a node's record; True when a node already known changed in what a pass reads
@@ -310,4 +314,5 @@ class Store:
             progress_pod=latest[0] if latest else "",
             scrape=scrape,
             lease_lost=self.lease_lost,
+            lease_quiet=self.lease_quiet,
         )

@@ -23,6 +23,9 @@ rank past its own deadline ends itself and its keeper restarts the gang in place
 only a gang that cannot (every process frozen, a keeper gone) is recreated. Past the deadline
 the operator asks the gang's coordinator (asks_the_gang): where a keeper has fallen silent, or
 the coordinator itself, the hang is declared without this grace."""
+LIVE_WINDOW_SECONDS = 3.0
+"""A node that stopped renewing its Lease is lost unless the job stepped within this long (or
+three of its steps): its gang trains on, so its kubelet is only paused or restarting."""
 SYMPTOM_GRACE_SECONDS = 10.0
 """When every Failed pod failed only because a peer did and others still run, the verdict waits
 this long from the first exit for a pod with a cause of its own (the killed rank's pod ends a
@@ -134,8 +137,10 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
             msg = f"node {pod.node} of pod {pod.name} no longer exists"
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
         silent = node.lease_silent_seconds
-        if silent is not None:  # its last renewal is when it was lost
-            msg = f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s)"
+        if silent is not None and not _trained_since(obs, obs.now - silent):
+            # Corroborated: its last renewal is when it was lost.
+            msg = (f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
+                   "and the job made no step since")  # fmt: skip
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
@@ -163,6 +168,28 @@ def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, f
         pod.finished if pod.finished is not None else obs.now,
         pod.rank,
     )
+
+
+def _trained_since(obs: observed.Observed, since: float) -> bool:
+    """Whether the operator saw rank 0's step advance after `since` (a node's last Lease
+    renewal). A kubelet that restarts, or is paused, stops renewing while its pods train on:
+    Lease silence alone makes a node suspect, and the job's own progress (scraped every second
+    while a node is suspect) says whether it is lost. A real loss stops the gang's steps (its
+    collectives wait for the lost ranks), so the verdict comes as soon as the Lease is lost;
+    a node NotReady past nodeLossGraceSeconds is lost whatever the job does."""
+    seen = obs.status.last_progress_time
+    return seen is not None and seen > since and obs.now - seen <= _live_window(obs.status)
+
+
+def _live_window(s: status.FSDPJobStatus) -> float:
+    """How long after its last step seen a gang still counts as training: three of its steps
+    (rank 0's own figures), at least LIVE_WINDOW_SECONDS (rank 0 is scraped every second
+    while a node is suspect)."""
+    entry = s.history[-1] if s.history else None
+    steps = entry.steps_run if entry is not None else None
+    seconds = entry.train_seconds if entry is not None else None
+    per_step = seconds / steps if steps and seconds else 0.0
+    return max(LIVE_WINDOW_SECONDS, 3.0 * per_step)
 
 
 def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
@@ -377,6 +404,13 @@ def next_deadline(obs: observed.Observed) -> float | None:
         node = obs.node(pod.node) if pod.node else None
         if node is not None and not node.ready and node.not_ready_since is not None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
+    seen = s.last_progress_time
+    if seen is not None and any(
+        (n := obs.node(p.node)) is not None and n.lease_silent_seconds is not None
+        for p in pods
+        if p.node
+    ):  # a silent Lease under a gang that trains: judged again when its steps would be late
+        times.append(seen + _live_window(s))
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)

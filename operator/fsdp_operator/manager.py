@@ -205,15 +205,22 @@ class Manager:
         while True:
             await asyncio.sleep(LEASE_TICK_SECONDS)
             clock = self.leases.clock
-            self.leases_read(clock.lost(), healthy=clock.healthy())
+            self.leases_read(clock.lost(), healthy=clock.healthy(), quiet=clock.quiet())
 
-    def leases_read(self, lost: dict[str, float], *, healthy: bool) -> None:
-        """The nodes lost by their Leases now: wake whom a change concerns."""
-        before = self.store.lease_lost
+    def leases_read(
+        self, lost: dict[str, float], *, healthy: bool, quiet: Mapping[str, float] | None = None
+    ) -> None:
+        """The nodes lost by their Leases now (and those that missed a renewal): wake whom a
+        change concerns. A node newly quiet wakes its jobs, whose next pass scrapes rank 0 at
+        once and every second while it stays so."""
+        before, quiet_before = self.store.lease_lost, self.store.lease_quiet
         self.store.lease_lost = lost
+        self.store.lease_quiet = frozenset(quiet or lost)
         metrics.NODES_LEASE_LOST.set(len(lost))
         metrics.NODE_LEASES_HEALTHY.set(1 if healthy else 0)
         wake: set[Key] = set()
+        for name in self.store.lease_quiet - quiet_before:
+            wake |= self.store.jobs_on_node(name, api.KIND)
         for name in lost.keys() - before.keys():
             log.warning("node %s lost: no Lease renewal seen for %.1fs", name, lost[name])
             wake |= self.store.jobs_on_node(name, api.KIND)

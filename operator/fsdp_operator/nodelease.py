@@ -121,6 +121,20 @@ class LeaseClock:
                     found[name] = now - node.at
             return found
 
+    def quiet(self) -> dict[str, float]:
+        """Nodes that missed one renewal (lost ones too) while the watch was healthy: the jobs
+        with pods there are scraped at once and often, so the verdict when the Lease is lost
+        can ask whether training went on (detect.py: silence alone is not a loss)."""
+        now = self._clock()
+        with self._lock:
+            if not self._open or self._healthy_since is None or self._stalled(now):
+                return {}
+            return {
+                name: now - node.at
+                for name, node in self._nodes.items()
+                if now - max(node.at, self._healthy_since) >= (1 + SLACK) * node.period
+            }
+
     def healthy(self) -> bool:
         with self._lock:
             return (

@@ -141,6 +141,7 @@ def node_views(
     spec: api.FSDPJobSpec,
     used: Mapping[str, Mapping[str, float]],
     lease_lost: Mapping[str, float] | None = None,
+    lease_quiet: frozenset[str] = frozenset(),
 ) -> observed.NodeIndex:
     """Nodes with readiness and whether one more worker of this job would fit there, each
     worked out when first read.
@@ -161,6 +162,7 @@ def node_views(
             schedulable=n.schedulable,
             fits=_fits(n, needs, used.get(n.name, nothing)),
             lease_silent_seconds=silent.get(n.name),
+            lease_quiet=n.name in lease_quiet or n.name in silent,
         )
 
     return observed.NodeIndex(list(records), view)

@@ -85,6 +85,8 @@ class NodeView:
     fits: bool = True  # a worker pod of this job fits (selector, taints, free resources)
     lease_silent_seconds: float | None = None
     """Set when the node is lost by its Lease (nodelease.py): no renewal seen for this long."""
+    lease_quiet: bool = False
+    """It missed a Lease renewal (lost or not yet): its jobs' rank 0 is scraped every second."""
 
     @property
     def usable(self) -> bool:

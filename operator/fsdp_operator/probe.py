@@ -50,6 +50,10 @@ class Target:
     """Scrape at the startup interval while it answers (resume milestones still to come)."""
 
 
+SUSPECT_INTERVAL = 1.0
+"""Seconds between scrapes of a job with a pod on a node that missed a Lease renewal."""
+
+
 def interval_for(deadline_seconds: float, max_interval: float) -> float:
     """A quarter of the progress deadline, capped: a hang is seen at most 25 % late."""
     return max(1.0, min(deadline_seconds / 4.0, max_interval))
@@ -105,8 +109,12 @@ class Prober:
         if slot is None or (slot.target.pod, slot.target.ip) != (target.pod, target.ip):
             self._slots[key] = _Slot(target, due=self._clock())
             self._wake.set()
-        else:
-            slot.target = target
+            return
+        sooner = target.every < slot.target.every
+        slot.target = target
+        if sooner and not slot.busy:  # wanted more often now (a suspect node): scrape at once
+            slot.due = min(slot.due, self._clock())
+            self._wake.set()
 
     def take(self, key: Hashable) -> tuple[str, observed.Progress] | None:
         """The job's newest good scrape, (rank 0's pod name, its progress), if no pass has had

@@ -151,6 +151,10 @@ def _probe_target(
         entry is not None and entry.timeline is not None and not status.complete(entry.timeline)
     )
     every = probe.interval_for(obs.spec.failure_policy.progress_deadline_seconds, max_interval)
+    if any((n := obs.node(p.node)) is not None and n.lease_quiet for p in obs.pods if p.node):
+        # A node of the gang missed a Lease renewal: whether training goes on decides if it is
+        # lost (detect.py), so rank 0's step is read now and every second.
+        every = probe.SUSPECT_INTERVAL
     return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting)
 
 
@@ -320,7 +324,11 @@ class Reconciler:
         pods = [p for p in pods if p.spare is None]
         own = [p for p in view.pods if observe.owned_by(p, job)]
         nodes = observe.node_views(
-            view.nodes, spec=spec, used=cache.without(view.used, own), lease_lost=view.lease_lost
+            view.nodes,
+            spec=spec,
+            used=cache.without(view.used, own),
+            lease_lost=view.lease_lost,
+            lease_quiet=view.lease_quiet,
         )
         base = checkpoints.storage_for(job, spec, self.settings.storage_template)
         found = checkpoints.newest(job, spec, job_status, base, deep=self.settings.deep_verify)

@@ -44,7 +44,7 @@ WORKER_UID = stack.WORKER_UID
 
 class Faults(Protocol):
     def kill_rank(self, namespace: str, pod: str, *, rank: int) -> object: ...
-    def lose_node(self, node: str) -> None: ...
+    def lose_node(self, node: str, *, freeze: str = "") -> None: ...
     def restore_node(self, node: str) -> None: ...
 
 
@@ -86,8 +86,8 @@ class KindFaults:
         )
         return self.kube.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", code)
 
-    def lose_node(self, node: str) -> None:
-        subprocess.run(["docker", "pause", node], check=True)
+    def lose_node(self, node: str, *, freeze: str = "") -> None:
+        subprocess.run(["docker", "pause", node], check=True)  # every pod stops with it
 
     def restore_node(self, node: str) -> None:
         subprocess.run(["docker", "unpause", node], check=True)

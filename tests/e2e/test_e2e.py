@@ -227,7 +227,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     lost = pods["survivor"][1]["spec"]["nodeName"]
     for name in ("kit", "titan"):  # beside the survivor's pods
         assert lost in {p["spec"]["nodeName"] for p in pods[name]}, (lost, pods[name])
-    e2e.faults.lose_node(lost)
+    e2e.faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         for name, attempt in (("survivor", 2), ("kit", 2), ("titan", 3)):
             s = _restarted(jobs, name, attempt, "NodeLost")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from fsdp_operator import names
 from fsdp_operator import status as st
 from localcluster import controlplane
 from localcluster import faults as lf
@@ -248,7 +249,7 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
     victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-2"))
     lost = victim["spec"]["nodeName"]
     faults = lf.Faults.for_cluster(operator.cluster.state_dir)
-    faults.lose_node(lost)
+    faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = harness.wait_for(
             f"{name} running at 2 pods",

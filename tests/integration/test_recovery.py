@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_operator import api
+from fsdp_operator import api, names
 from fsdp_operator import status as st
 from fsdp_worker import catalog
 from harness import stack
@@ -272,7 +272,7 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     _step_at_least(jobs, name, 6)
     faults = _faults(operator)
     stopped = time.monotonic()
-    faults.lose_node(lost)
+    faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = harness.wait_for(
             "restart after node loss", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
@@ -370,7 +370,7 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     harness.wait_for("the spare Ready", lambda: _ready(jobs, spare["metadata"]["name"]),
                      timeout=60, context=context)  # fmt: skip
     faults = _faults(operator)
-    faults.lose_node(lost)
+    faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = _spare_trained(jobs, name, context, attempt)
         entry = next(e for e in s["history"] if e["attempt"] == attempt)
@@ -421,6 +421,40 @@ def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness
     )  # fmt: skip
     assert s["attempt"] == 1 and "lastFailure" not in s, s
     assert not s.get("restarts", {}).get("total"), s
+    jobs.patch(name, {"suspend": True})
+    harness.wait_for("every node Ready again", lambda: all(
+        c["status"] == "True"
+        for n in operator.cluster.get_json("nodes")["items"]
+        for c in n["status"]["conditions"] if c["type"] == "Ready"
+    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
+
+
+def test_a_kubelet_paused_for_a_minute_under_a_training_job_restarts_nothing(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """A kubelet restart or upgrade that takes a minute: its Lease is silent for 60 s (lost by
+    the Lease rule after 2.25 s here), its node NotReady after 8 s, while its pods train on.
+    Lease silence alone is not a loss: rank 0 is scraped every second and keeps stepping, so
+    the job is not restarted; NotReady is judged after nodeLossGraceSeconds (90 s here)."""
+    name = harness.unique("kubelet")
+    doc = harness.job_doc(name, training={"steps": 2000})
+    doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 90
+    jobs.apply(doc)
+    victim = next(p for p in _pods_of(jobs, name, 1) if p["metadata"]["name"].endswith("-1"))
+    node = victim["spec"]["nodeName"]
+    _step_at_least(jobs, name, 6)
+    faults = _faults(operator)
+    faults.pause_kubelet(node)
+    try:
+        before = jobs.status(name).get("step") or 0
+        time.sleep(60)
+        s = jobs.status(name)
+    finally:
+        faults.resume_kubelet(node)
+    why = f"{json.dumps(s)[:3000]}\nevents: {jobs.events(name)}\n{operator.log_tail()}"
+    assert s["attempt"] == 1 and "lastFailure" not in s, why
+    assert (s.get("step") or 0) >= before + 100, why  # it trained all along (0.2 s a step)
+    assert "FailureDetected" not in jobs.events(name), why
     jobs.patch(name, {"suspend": True})
     harness.wait_for("every node Ready again", lambda: all(
         c["status"] == "True"
@@ -545,7 +579,7 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     # before the fault (once in four full runs the first restart kept 3 replicas).
     before = jobs.status(name)["attempt"]
     faults = _faults(operator)
-    faults.lose_node(lost)
+    faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = harness.wait_for(
             "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt", 0) > before

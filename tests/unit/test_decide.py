@@ -265,18 +265,57 @@ def test_node_not_ready_past_grace_is_node_loss_with_force_delete() -> None:
 
 
 def test_a_node_silent_on_its_lease_is_lost_before_it_turns_not_ready() -> None:
-    """Still Ready in the API, but its kubelet stopped renewing: lost now, not after NotReady
-    plus the grace: its pod is force-deleted, the node is excluded and counts as no capacity."""
+    """Still Ready in the API, but its kubelet stopped renewing and the job made no step since
+    (its collectives wait for the lost ranks): lost now, not after NotReady plus the grace: its
+    pod is force-deleted, the node is excluded and counts as no capacity."""
     views = nodes()
-    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0)
-    d = dc.decide(observe(nodes=views))
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
+    stopped = running_status(last_progress_time=NOW - 13)
+    d = dc.decide(observe(nodes=views, status=stopped, progress=ob.Progress(step=50)))
     assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
     assert d.failure.node == "node-2" and d.failure.time == NOW - 12.0
-    assert "stopped renewing its Lease (12s)" in d.failure.message
+    assert "stopped renewing its Lease (12s) and the job made no step since" in d.failure.message
     assert {x.name for x in d.delete if x.force} == {"job-a1-2"}
     assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
     assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
     assert observe(nodes=views).capacity(excluded=[]) == 3
+
+
+def test_a_silent_lease_under_a_job_that_trains_on_is_no_loss_until_not_ready_past_grace() -> None:
+    """A kubelet restarted or paused stops renewing while its pods train on: the operator saw
+    step 51 after the node's last renewal, so the node is suspect, not lost, and the job is not
+    restarted. NotReady past nodeLossGraceSeconds is a loss whatever the job does."""
+    views = nodes()
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
+    d = dc.decide(observe(nodes=views, progress=ob.Progress(step=51)))
+    assert d.failure is None and not d.delete and d.status.step == 51
+    assert d.status.last_progress_time == NOW
+    # Its steps stop (a real loss: the collectives wait for the lost ranks): lost once they
+    # are late by three steps' worth (at least LIVE_WINDOW_SECONDS).
+    stepped = running_status(last_progress_time=NOW - 2.0, step=51)
+    assert dc.decide(observe(nodes=views, status=stepped, progress=None)).failure is None
+    late = running_status(last_progress_time=NOW - dc.detect.LIVE_WINDOW_SECONDS - 0.1, step=51)
+    d = dc.decide(observe(nodes=views, status=late, progress=None))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    down = nodes(down={2: NOW - 31})
+    down[2] = dataclasses.replace(down[2], lease_silent_seconds=40.0, lease_quiet=True)
+    d = dc.decide(observe(nodes=down, progress=ob.Progress(step=52)))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert "not Ready for 31s" in d.failure.message
+
+
+def test_rank_0_is_scraped_every_second_while_a_node_of_the_gang_is_quiet() -> None:
+    from fsdp_operator import probe, reconcile
+
+    views = nodes()
+    obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
+    d = dc.decide(obs)
+    calm = reconcile._probe_target(obs, d, max_interval=60.0)
+    assert calm is not None and calm.every > probe.SUSPECT_INTERVAL
+    views[2] = dataclasses.replace(views[2], lease_quiet=True)
+    obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
+    suspect = reconcile._probe_target(obs, dc.decide(obs), max_interval=60.0)
+    assert suspect is not None and suspect.every == probe.SUSPECT_INTERVAL
 
 
 def test_node_loss_beats_the_crashes_it_causes() -> None:

@@ -307,7 +307,11 @@ def test_a_node_lost_by_its_lease_wakes_the_jobs_on_it_and_its_return_those_wait
             made.job_event("ns", job, type_="ADDED", version="1")
         await settled(3)
         woken.clear()
-        made.leases_read({"n1": 5.0}, healthy=True)
+        made.leases_read({}, healthy=True, quiet={"n1": 1.5})  # a renewal missed: scrape often
+        await settled(1)
+        assert woken == ["on-n1"] and seen[-1] == {}
+        woken.clear()
+        made.leases_read({"n1": 5.0}, healthy=True, quiet={"n1": 5.0})
         await settled(1)
         assert woken == ["on-n1"] and seen[-1] == {"n1": 5.0}
         made.leases_read({"n1": 5.5}, healthy=True)  # still lost: nobody
@@ -318,7 +322,7 @@ def test_a_node_lost_by_its_lease_wakes_the_jobs_on_it_and_its_return_those_wait
         await made.loops.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
-    assert woken == ["on-n1", "waiting"]
+    assert woken == ["on-n1", "waiting"]  # (cleared once the node was quiet)
     assert prometheus_client.REGISTRY.get_sample_value("fsdpjob_operator_node_leases_healthy") == 1
 
 

@@ -183,3 +183,17 @@ def test_no_read_access_to_the_leases_loses_no_node(
         assert not watch.clock.healthy() and watch.clock.lost() == {}
     finally:
         watch.stop()
+
+
+def test_a_node_that_missed_one_renewal_is_quiet_before_it_is_lost() -> None:
+    """b stops renewing after second 4 (period 1 s): quiet from 1.25 s of silence, so its jobs
+    are scraped every second before the Lease is lost at 3.25 s (detect.py then asks whether
+    they trained on)."""
+    leases, _ = play(5, {"a": range(1, 20), "b": range(1, 5)})
+    assert set(leases.quiet()) == set() and leases.lost() == {}
+    leases, _ = play(6, {"a": range(1, 20), "b": range(1, 5)})
+    assert set(leases.quiet()) == {"b"} and leases.lost() == {}
+    leases, _ = play(19, {"a": range(1, 20), "b": range(1, 5)})
+    assert leases.quiet() == {"b": 15.0} and leases.lost() == {"b": 15.0}
+    leases, _ = play(19, {"a": range(1, 5), "b": range(1, 5)})
+    assert leases.quiet() == {}, "a stalled watch makes no node quiet"

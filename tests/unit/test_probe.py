@@ -129,3 +129,31 @@ def test_a_dead_endpoint_backs_off_and_a_hung_one_delays_no_other_job() -> None:
     assert hung.answered is False and good is not None and good.answered
     assert 2 <= tries["dead"] <= 4  # tries at 0, 1 (+1), 3 (+2), 7 (+4, its interval) s: not 50
     assert good is not None and good.failures == 0 and not good.blind
+
+
+def test_a_job_wanted_more_often_is_scraped_at_once() -> None:
+    """Its interval drops to 1 s (a node of its gang missed a Lease renewal): the next scrape
+    does not wait out the old interval."""
+
+    async def scenario() -> tuple[Any, Any]:
+        page = {"step": 5}
+        prober = probe.Prober(on_change=lambda _key: None, timeout=0.5)
+        async with endpoint("127.0.0.25", page):
+            runner = asyncio.create_task(prober.run())
+            prober.want("job", probe.Target(pod="p0", ip="127.0.0.25", every=60.0))
+            await asyncio.sleep(0.3)
+            first = prober.take("job")
+            page["step"] = 6
+            prober.want("job", probe.Target(pod="p0", ip="127.0.0.25", every=60.0))
+            await asyncio.sleep(0.3)
+            same = prober.take("job")  # 60 s between scrapes: not read again yet
+            prober.want("job", probe.Target(pod="p0", ip="127.0.0.25",
+                                            every=probe.SUSPECT_INTERVAL))  # fmt: skip
+            await asyncio.sleep(0.3)
+            sooner = prober.take("job")
+            runner.cancel()
+        return first, (same, sooner)
+
+    first, (same, sooner) = asyncio.run(scenario())
+    assert first is not None and first[1].step == 5
+    assert same is None and sooner is not None and sooner[1].step == 6
