@@ -61,8 +61,11 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
         # The deadline between steps covers the saves: with a busy neighbour the last save's
         # fsyncs and the ranks' exit took 11-13 s after step 40 (the finished gang was judged
         # hung at 10 s and recreated).
-        name, env=env, failurePolicy={"inPlaceRestarts": 2, "progressDeadlineSeconds": 20,
-                                      "startupDeadlineSeconds": 60},
+        # 100 steps: generation 2 (from step 25) trains 15 s, three scrapes' worth; at 40 it
+        # trained 3 s and once ended before any scrape saw its first step ('resumed' unset).
+        name, env=env, training={"steps": 100},
+        failurePolicy={"inPlaceRestarts": 2, "progressDeadlineSeconds": 20,
+                       "startupDeadlineSeconds": 60},
     )  # fmt: skip
     jobs.apply(doc)
 
@@ -110,7 +113,7 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
     after = float(st.parse_rfc3339(hang["resumed"]) - st.parse_rfc3339(stuck["time"]))
     print(f"in place: crash -> next first step {resume:.2f}s; the rank's hang verdict -> next "
           f"first step {after:.2f}s")  # the note's figures (-s)  # fmt: skip
-    marker = (jobs.ckpt_dir(name) / "step-40" / "COMPLETE.json").read_text()
+    marker = (jobs.ckpt_dir(name) / "step-100" / "COMPLETE.json").read_text()
     assert '"attempt": 1' in marker
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
     out = subprocess.run(
