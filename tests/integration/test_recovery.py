@@ -407,6 +407,14 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     ], context=context)  # fmt: skip
 
 
+def _every_node_ready(operator: harness.Operator) -> None:
+    harness.wait_for("every node Ready again", lambda: all(
+        c["status"] == "True"
+        for n in operator.cluster.get_json("nodes")["items"]
+        for c in n["status"]["conditions"] if c["type"] == "Ready"
+    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
+
+
 def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness.Operator) -> None:
     """The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
     operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
@@ -425,11 +433,7 @@ def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness
     assert s["attempt"] == 1 and "lastFailure" not in s, s
     assert not s.get("restarts", {}).get("total"), s
     jobs.patch(name, {"suspend": True})
-    harness.wait_for("every node Ready again", lambda: all(
-        c["status"] == "True"
-        for n in operator.cluster.get_json("nodes")["items"]
-        for c in n["status"]["conditions"] if c["type"] == "Ready"
-    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
+    _every_node_ready(operator)
 
 
 def test_a_kubelet_paused_for_a_minute_under_a_training_job_restarts_nothing(
@@ -459,11 +463,7 @@ def test_a_kubelet_paused_for_a_minute_under_a_training_job_restarts_nothing(
     assert (s.get("step") or 0) >= before + 100, why  # it trained all along (0.2 s a step)
     assert "FailureDetected" not in jobs.events(name), why
     jobs.patch(name, {"suspend": True})
-    harness.wait_for("every node Ready again", lambda: all(
-        c["status"] == "True"
-        for n in operator.cluster.get_json("nodes")["items"]
-        for c in n["status"]["conditions"] if c["type"] == "Ready"
-    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
+    _every_node_ready(operator)
 
 
 @pytest.mark.parametrize(
