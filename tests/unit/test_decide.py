@@ -934,9 +934,9 @@ def test_pods_that_chose_say_which_step_they_loaded() -> None:
     ]
 
 
-def test_pods_that_found_a_newer_step_than_expected_lost_that_much_less() -> None:
-    """Rank 0 sealed step 42 on SIGTERM after its last scrape: the operator counted 2 steps lost
-    from the 40 it knew; the next attempt's pods found 42, so none were."""
+def _pods_report(seen: ob.Progress) -> dc.Decision:
+    """Attempt 2, whose pods choose (the operator reads no claim) and were sent to find step 40
+    (attempt 1 ended with 2 steps lost from it), as they report `seen`."""
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
     ended = st.HistoryEntry(attempt=1, started=NOW - 90, world_size=4, steps_lost=2)
     status = running_status(
@@ -946,13 +946,16 @@ def test_pods_that_found_a_newer_step_than_expected_lost_that_much_less() -> Non
         sealed_step=40,
         history=[ended, st.HistoryEntry(attempt=2, started=NOW - 20, world_size=4)],
     )
-    seen = ob.Progress(step=43, resumed_from=42)
     obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
-    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    return dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+
+
+def test_pods_that_found_a_newer_step_than_expected_lost_that_much_less() -> None:
+    """Rank 0 sealed step 42 on SIGTERM after its last scrape: the operator counted 2 steps lost
+    from the 40 it knew; the next attempt's pods found 42, so none were."""
+    d = _pods_report(ob.Progress(step=43, resumed_from=42))
     assert d.status.history[0].steps_lost == 0 and d.status.resumed_from_step == 42
-    seen = ob.Progress(step=41, resumed_from=40)  # found just what it was sent to find
-    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
-    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    d = _pods_report(ob.Progress(step=41, resumed_from=40))  # found what it was sent to find
     assert d.status.history[0].steps_lost == 2
 
 
@@ -960,26 +963,13 @@ def test_pods_that_resumed_behind_the_expected_step_say_so_and_count_the_steps()
     """Step 40 was sealed before the restart and is gone by the time the pods look (deleted,
     damaged): they resume from 20, the newest their lineage proves. A Warning says which
     steps are trained again, and the ended attempt's steps lost grow by them."""
-    rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=40).to_json()
-    ended = st.HistoryEntry(attempt=1, started=NOW - 90, world_size=4, steps_lost=2)
-    status = running_status(
-        attempt=2,
-        resume_path="auto",
-        resume_rules=rules,
-        sealed_step=40,
-        history=[ended, st.HistoryEntry(attempt=2, started=NOW - 20, world_size=4)],
-    )
-    seen = ob.Progress(step=21, resumed_from=20)
-    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
-    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    d = _pods_report(ob.Progress(step=21, resumed_from=20))
     behind = [e for e in d.events if e.reason == "ResumedBehind"]
     assert len(behind) == 1 and behind[0].type is dc.EventType.WARNING
     assert "step 40 was sealed before the restart" in behind[0].message
     assert "resumed from step 20" in behind[0].message and "steps 21-40 again" in behind[0].message
     assert d.status.history[0].steps_lost == 22
-    seen = ob.Progress(step=41, resumed_from=40)  # found what it was sent to find: no warning
-    obs = observe(status=status, pods=pods(attempt=2), checkpoint=None, progress=seen)
-    d = dc.decide(dataclasses.replace(obs, checkpoints_visible=False))
+    d = _pods_report(ob.Progress(step=41, resumed_from=40))  # what it was sent to find
     assert "ResumedBehind" not in [e.reason for e in d.events]
 
 
