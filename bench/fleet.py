@@ -14,7 +14,7 @@ watches on pods and FSDPJobs:
 - failures: rank 0 of distinct random jobs fails (kwok's chaos stage, exit code 1); the failed
   pod seen Failed -> every pod of the next attempt seen ADDED, p50/p95 (goal p95 <= 3 s).
 
-With --heap-report the operator writes a heap report (fsdp_operator/heap.py) idle and once the
+With --heap-report the operator writes a heap report (fsdp_operator/io/heap.py) idle and once the
 jobs settled, each right after the RSS it goes with is read; the second, what the jobs added, is
 kept as bench/results/fleet-heap-<jobs>.txt. Metrics the operator does not export yet are null.
 Results go to bench/results/fleet.json after every size and into a plot (docs/fleet.png);
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import fleet_clock, fleet_plot
-from fsdp_operator import names
+from fsdp_operator.types import names
 from harness import stack
 from harness.stack import wait_for
 from localcluster import components, controlplane, images, kubeclient, kwok, nodes
@@ -203,8 +203,8 @@ class Size:
         self._heap_report(1)
 
     def _heap_report(self, n: int) -> str:
-        """With --heap-report: SIGUSR2 to the operator, its n-th heap report (fsdp_operator/heap.py:
-        the first idle, the second what the jobs added); "" without."""
+        """With --heap-report: SIGUSR2 to the operator, its n-th heap report
+        (fsdp_operator/io/heap.py): the first idle, the second what the jobs added); "" without."""
         if not self.args.heap_report:
             return ""
         assert self.op.proc is not None
@@ -435,7 +435,7 @@ def parse_args() -> argparse.Namespace:
         "--heap-report",
         action="store_true",
         help="have the operator write a heap report idle and with the jobs settled "
-        "(fsdp_operator/heap.py) and keep the second as bench/results/fleet-heap-<jobs>.txt; "
+        "(fsdp_operator/io/heap.py) and keep the second as bench/results/fleet-heap-<jobs>.txt; "
         "taken after each RSS is read, but its walk of every object raises the operator's peak",
     )
     p.add_argument(

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdp_operator import names
+from fsdp_operator.types import names
 from localcluster import kubeclient
 
 JOBS_PATH = "/apis/fsdpoperator.io/v1alpha1/namespaces/{ns}/fsdpjobs"

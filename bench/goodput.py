@@ -71,9 +71,9 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import names
-from fsdp_operator import status as st
-from fsdp_worker import interval
+from fsdp_operator.types import names
+from fsdp_operator.types import status as st
+from fsdp_worker.contract import interval
 from harness import stack
 from localcluster import controlplane, images
 from localcluster import faults as lf

@@ -36,7 +36,9 @@ GOAL_LOAD_SECONDS = 0.3  # issue 23: a same-size load from memory
 def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) -> None:
     import torch.distributed as dist
 
-    from fsdp_worker import catalog, checkpoint, distributed, memtier, resume, state
+    from fsdp_worker.checkpointing import checkpoint, memtier, resume, state
+    from fsdp_worker.contract import catalog
+    from fsdp_worker.runtime import distributed
 
     di, st, meters, manager, _fwd_bwd, train_step = wc._build(cfg_doc, async_=False, attempt=1)
     claim = manager(checkpoint.SaveMode.SYNC)

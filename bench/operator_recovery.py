@@ -40,7 +40,7 @@ from typing import Any
 
 import kubernetes
 
-from fsdp_operator import names
+from fsdp_operator.types import names
 from localcluster import components, controlplane, images, nodeconf
 from localcluster import faults as lf
 from tests.integration import harness
@@ -323,7 +323,7 @@ def in_place(args: argparse.Namespace) -> None:
 
 
 def harness_ts(value: str) -> float:
-    from fsdp_operator import observe
+    from fsdp_operator.io import observe
 
     t = observe.ts(value)
     assert t is not None

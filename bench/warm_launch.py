@@ -3,10 +3,10 @@ the same crash, alternating, in one run. Numbers, not pass/fail.
 
     PYTHONPATH=. .venv/bin/python bench/warm_launch.py [--reps 3] [--nproc 1 2]
 
-Two keepers (fsdp_worker.gang, as two pods run them) in front of the built-in trainer on this
+Two keepers (fsdp_worker.keeper.gang, as two pods run them) in front of the built-in trainer on this
 machine's CPUs (gloo), with the memory tier every step and the claim every 50 steps; every rank
 raises after step 100 of generation 0, and both nodes restart in place. Each repetition runs
-once with ``FSDP_WARM_LAUNCH=3`` (the warm launcher, fsdp_worker/warm.py, prepared 3 s after
+once with ``FSDP_WARM_LAUNCH=3`` (the warm launcher, fsdp_worker/keeper/warm.py, prepared 3 s after
 generation 0 started) and once with ``FSDP_WARM_LAUNCH=0`` (torchrun again), in alternating
 order. From node 0's log: the failure's time (its record) -> generation 1's rank 0 resumed
 (`resumed from ...`, its load done) -> its first step. Medians and min..max go to
@@ -75,7 +75,9 @@ def _one(warm: bool, nproc: int) -> dict[str, Any]:
         failed = float(re.search(r"'time': ([\d.]+)", node0[at]).group(1))  # type: ignore[union-attr]
         after = node0[at:]
         resumed = next(_when(x) for x in after if "resumed from step-" in x and _when(x))
-        first = next(_when(x) for x in after if "fsdp_worker.trainer: step {" in x and _when(x))
+        first = next(
+            _when(x) for x in after if "fsdp_worker.train.trainer: step {" in x and _when(x)
+        )
         launched = any("starts from the warm launcher" in x for x in after)
         if launched != warm:
             raise RuntimeError(f"warm={warm} but the log says launched warm={launched}")

@@ -56,16 +56,11 @@ def _config(args: argparse.Namespace, root: Path) -> dict[str, Any]:
 def _build(cfg_doc: dict[str, Any], *, async_: bool, attempt: int) -> Any:
     import torch
 
-    from fsdp_worker import (
-        checkpoint,
-        config,
-        distributed,
-        metrics,
-        model,
-        optim,
-        parallelize,
-        state,
-    )
+    from fsdp_worker.checkpointing import checkpoint, state
+    from fsdp_worker.contract import config
+    from fsdp_worker.runtime import distributed
+    from fsdp_worker.telemetry import metrics
+    from fsdp_worker.train import model, optim, parallelize
 
     cfg = config.WorkerConfig.parse(cfg_doc)
     tcfg = cfg.training
@@ -115,7 +110,8 @@ def one_file_root(root: str) -> str:
 
 def _inner_reference(cfg_doc: dict[str, Any]) -> None:
     """World size 1 writes the checkpoints to reshard from: production layout, then DCP's."""
-    from fsdp_worker import checkpoint, distributed
+    from fsdp_worker.checkpointing import checkpoint
+    from fsdp_worker.runtime import distributed
 
     _di, st, _m, manager, _fb, train_step = _build(cfg_doc, async_=False, attempt=1)
     train_step()  # Adam state exists from here on
@@ -175,7 +171,8 @@ def _inner_saves(ctx: tuple[Any, ...], out: dict[str, Any], reps: int) -> None:
     one sync save, in a rotating order, each after an untimed `sync`. Then async saves."""
     import torch.distributed as dist
 
-    from fsdp_worker import catalog, checkpoint
+    from fsdp_worker.checkpointing import checkpoint
+    from fsdp_worker.contract import catalog
 
     di, st, meters, manager, fwd_bwd, train_step = ctx
     sync = manager(checkpoint.SaveMode.SYNC)
@@ -258,7 +255,7 @@ def _load_with_dcp_reader(point: Any, st: Any, di: Any) -> None:
     from torch.distributed.checkpoint import state_dict_loader
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from fsdp_worker import state
+    from fsdp_worker.checkpointing import state
 
     storage = FileSystemReader(point.path)
     keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
@@ -269,7 +266,7 @@ def _load_with_dcp_reader(point: Any, st: Any, di: Any) -> None:
 
 def _inner_main(cfg_doc: dict[str, Any], out_path: str, reps: int) -> None:
     """Saves: sync (with the dd baselines) and async."""
-    from fsdp_worker import distributed
+    from fsdp_worker.runtime import distributed
 
     ctx = _build(cfg_doc, async_=False, attempt=2)
     keys = (
@@ -294,7 +291,9 @@ def _inner_loads(cfg_doc: dict[str, Any], reshard_from: str, out_path: str, reps
     an idle disk."""
     import torch.distributed as dist
 
-    from fsdp_worker import catalog, distributed, resume
+    from fsdp_worker.checkpointing import resume
+    from fsdp_worker.contract import catalog
+    from fsdp_worker.runtime import distributed
 
     di, st = _build(cfg_doc, async_=False, attempt=3)[:2]
     out: dict[str, Any] = json.loads(Path(out_path).read_text()) if di.rank == 0 else {}

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from fsdp_operator import names
+from fsdp_operator.types import names
 from harness import stack
 from localcluster import controlplane, faults, images
 

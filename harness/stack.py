@@ -272,7 +272,7 @@ class Operator:
         kubeconfig: Path,
         log_dir: Path,
         *,
-        worker_module: str = "fsdp_worker.standin",
+        worker_module: str = "fsdp_worker.train.standin",
         identity: str = "",
     ) -> None:
         self.cluster = cluster

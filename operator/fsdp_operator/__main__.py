@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.command == "crd":
-        from fsdp_operator import crd
+        from fsdp_operator.render import crd
 
         crd.main()
         return 0
@@ -42,9 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     # kopf logs every handler run at INFO; our own Events and logs say what matters.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    from fsdp_operator import (
+    from fsdp_operator.io import heap
+    from fsdp_operator.run import (
         handlers,  # noqa: F401  (registers the handlers)
-        heap,
         settings,
     )
 

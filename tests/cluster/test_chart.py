@@ -12,7 +12,9 @@ import subprocess
 import pytest
 import yaml
 
-from fsdp_operator import api, decide, names, templates
+from fsdp_operator.policy import decide
+from fsdp_operator.render import templates
+from fsdp_operator.types import api, names
 from harness import stack
 from localcluster import controlplane
 

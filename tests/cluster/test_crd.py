@@ -164,8 +164,8 @@ def test_the_api_server_serves_the_pod_types_the_crd_was_generated_from(
 ) -> None:
     """kubetypes.py, made from the module's OpenAPI file, is what this API server itself serves:
     so what the CRD admits in a pod part is what the server's pod schema admits."""
-    from fsdp_operator import kubegen
+    from hack import kubegen
 
     served = json.loads(cluster.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
-    committed = (ROOT / "operator" / "fsdp_operator" / "kubetypes.py").read_text()
+    committed = (ROOT / "operator" / "fsdp_operator" / "types" / "kubetypes.py").read_text()
     assert kubegen.render(served) == committed

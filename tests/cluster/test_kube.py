@@ -7,7 +7,8 @@ import uuid
 
 import pytest
 
-from fsdp_operator import kube, metrics, names
+from fsdp_operator.io import kube, metrics
+from fsdp_operator.types import names
 from localcluster import controlplane
 
 pytestmark = pytest.mark.cluster

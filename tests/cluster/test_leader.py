@@ -12,7 +12,7 @@ import uuid
 import kubernetes
 import pytest
 
-from fsdp_operator import leader
+from fsdp_operator.io import leader
 from localcluster import controlplane
 
 pytestmark = pytest.mark.cluster

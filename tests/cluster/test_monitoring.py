@@ -16,9 +16,10 @@ from typing import Any
 import prometheus_client as prom
 import yaml
 
-from fsdp_operator import metrics as operator_metrics
-from fsdp_worker import contract, interval
-from fsdp_worker import metrics as worker_metrics
+from fsdp_operator.io import metrics as operator_metrics
+from fsdp_worker import contract
+from fsdp_worker.contract import interval
+from fsdp_worker.telemetry import metrics as worker_metrics
 from harness import prometheus, stack
 
 

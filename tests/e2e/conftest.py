@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import pytest
 import yaml
 
-from fsdp_operator import names
+from fsdp_operator.types import names
 from harness import stack
 from localcluster import faults as local_faults
 from localcluster import images

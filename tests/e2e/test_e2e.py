@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
-from fsdp_operator import names, observe
-from fsdp_worker import catalog, contract
-from fsdp_worker import faults as faults_mod
+from fsdp_operator.io import observe
+from fsdp_operator.types import names
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog
+from fsdp_worker.runtime import faults as faults_mod
 from harness import prometheus, stack
 from tests.e2e.conftest import E2E, NAMESPACE, PROFILE, RELEASE, WORKER_UID
 

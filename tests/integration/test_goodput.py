@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from fsdp_operator import status as st
+from fsdp_operator.types import status as st
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster

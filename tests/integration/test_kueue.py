@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from fsdp_operator import names
-from fsdp_operator import status as st
+from fsdp_operator.types import names
+from fsdp_operator.types import status as st
 from localcluster import controlplane
 from localcluster import faults as lf
 from localcluster import kueue as lk

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from fsdp_operator import status as st
+from fsdp_operator.types import status as st
 from localcluster import controlplane
 from localcluster import kueue as lk
 from tests.integration import harness

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_operator import api, names
-from fsdp_operator import status as st
-from fsdp_worker import catalog
+from fsdp_operator.types import api, names
+from fsdp_operator.types import status as st
+from fsdp_worker.contract import catalog
 from harness import stack
 from localcluster import faults as lf
 from tests.integration import harness

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import api, names
+from fsdp_operator.types import api, names
 from localcluster import controlplane
 from tests import hostile_specs as hs
 from tests.integration import harness

@@ -8,7 +8,7 @@ from pathlib import Path
 import kubernetes
 import pytest
 
-from fsdp_operator import kube
+from fsdp_operator.io import kube
 from tests import fakeapi
 
 

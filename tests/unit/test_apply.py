@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from fsdp_operator import decide as dc
-from fsdp_operator import reconcile, settings
+from fsdp_operator.policy import decide as dc
+from fsdp_operator.run import reconcile, settings
 from tests.unit import test_decide as table
 
 

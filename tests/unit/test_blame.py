@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from fsdp_operator import api, detect, observed, status
+from fsdp_operator.policy import detect
+from fsdp_operator.types import api, observed, status
 from fsdp_worker import contract
 
 FAILED, RUNNING = observed.PodPhase.FAILED, observed.PodPhase.RUNNING

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import cache, kube, observe
+from fsdp_operator.io import cache, kube, observe
 from tests.unit import test_templates as tt
 
 

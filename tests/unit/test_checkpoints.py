@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fsdp_operator import api, checkpoints, names, policy, status
+from fsdp_operator.io import checkpoints
+from fsdp_operator.policy import restarts
+from fsdp_operator.types import api, names, status
 
 JOB = names.JobRef(name="titan", namespace="team-a", uid="0f2a1b4c-0d1e-4f00-9abc-def012345678")
 
@@ -57,6 +59,6 @@ def test_a_newer_dcp_metadata_step_counts_as_the_attempts_progress() -> None:
     s = status.FSDPJobStatus(attempt=2, resumed_from_step=20)
     newer = status.CheckpointRef(step=40, path="/ckpt/titan/step-40", world_size=0)
     same = newer.model_copy(update={"step": 20})
-    assert policy.made_progress(s, newer) and not policy.made_progress(s, same)
+    assert restarts.made_progress(s, newer) and not restarts.made_progress(s, same)
     other = newer.model_copy(update={"attempt": 1})
-    assert not policy.made_progress(s, other), "a marker naming another attempt still counts"
+    assert not restarts.made_progress(s, other), "a marker naming another attempt still counts"

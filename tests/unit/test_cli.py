@@ -17,7 +17,8 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from fsdp_operator import api, cli, status
+from fsdp_operator import cli
+from fsdp_operator.types import api, status
 from tests import fakeapi
 
 GLOO = (

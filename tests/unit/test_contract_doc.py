@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from fsdp_operator import observe
+from fsdp_operator.io import observe
 from fsdp_worker import contract
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,16 +12,17 @@ import pydantic
 import pytest
 import yaml
 
-from fsdp_operator import api, crd, kubetypes, status
+from fsdp_operator.render import crd
+from fsdp_operator.types import api, kubetypes, status
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_crd_matches_the_model() -> None:
     committed = (ROOT / "crds" / "fsdpjobs.yaml").read_text()
-    assert committed == crd.render(), "run: python -m fsdp_operator.crd > crds/fsdpjobs.yaml"
+    assert committed == crd.render(), "run: python -m fsdp_operator.render.crd > crds/fsdpjobs.yaml"
     committed = (ROOT / "crds" / "fsdpruntimeprofiles.yaml").read_text()
-    wanted = "run: python -m fsdp_operator.crd --profile > crds/fsdpruntimeprofiles.yaml"
+    wanted = "run: python -m fsdp_operator.render.crd --profile > crds/fsdpruntimeprofiles.yaml"
     assert committed == crd.render(profile=True), wanted
     chart = ROOT / "charts" / "fsdp-operator" / "crds"
     assert sorted(p.name for p in chart.iterdir()) == sorted(
@@ -31,7 +32,7 @@ def test_committed_crd_matches_the_model() -> None:
 
 def test_committed_api_reference_matches_the_crd() -> None:
     committed = (ROOT / "docs" / "api.md").read_text()
-    wanted = "run: python -m fsdp_operator.crd --reference > docs/api.md"
+    wanted = "run: python -m fsdp_operator.render.crd --reference > docs/api.md"
     assert committed == crd.reference(), wanted
 
 

@@ -12,12 +12,15 @@ from typing import Any
 import pydantic
 import pytest
 
-from fsdp_operator import api, detect, kube, policy
-from fsdp_operator import decide as dc
-from fsdp_operator import observe as observe_mod
-from fsdp_operator import observed as ob
-from fsdp_operator import status as st
-from fsdp_worker import config, contract
+from fsdp_operator.io import kube
+from fsdp_operator.io import observe as observe_mod
+from fsdp_operator.policy import decide as dc
+from fsdp_operator.policy import detect, restarts
+from fsdp_operator.types import api
+from fsdp_operator.types import observed as ob
+from fsdp_operator.types import status as st
+from fsdp_worker import contract
+from fsdp_worker.contract import config
 
 NOW = 1_000_000.0
 
@@ -305,7 +308,8 @@ def test_a_silent_lease_under_a_job_that_trains_on_is_no_loss_until_not_ready_pa
 
 
 def test_rank_0_is_scraped_every_second_while_a_node_of_the_gang_is_quiet() -> None:
-    from fsdp_operator import probe, reconcile
+    from fsdp_operator.io import probe
+    from fsdp_operator.run import reconcile
 
     views = nodes()
     obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
@@ -596,8 +600,8 @@ def test_restart_without_new_checkpoint_backs_off_exponentially() -> None:
     assert delays[0] is None  # first failure without progress: launched at once
     assert delays[1] == NOW + 10  # second: initialSeconds, then doubling
     spec = make_spec()
-    assert policy.backoff_seconds(spec, st.Restarts(without_progress=4)) == 40
-    assert policy.backoff_seconds(spec, st.Restarts(without_progress=9)) == 60
+    assert restarts.backoff_seconds(spec, st.Restarts(without_progress=4)) == 40
+    assert restarts.backoff_seconds(spec, st.Restarts(without_progress=9)) == 60
 
 
 def test_backoff_wait_then_launch() -> None:
@@ -1249,7 +1253,7 @@ def test_a_lost_nodes_pods_logs_are_not_asked_for() -> None:
     assert d.collect is not None and d.collect.unreadable == (2,)
 
 
-# --- restarts in place (failurePolicy.inPlaceRestarts; fsdp_worker.gang) -----------------------
+# --- restarts in place (failurePolicy.inPlaceRestarts; fsdp_worker.keeper.gang) -------------------
 
 
 def _in_place_record(
@@ -1346,7 +1350,7 @@ def test_a_restart_in_place_past_the_budget_fails_the_job() -> None:
 
 
 def test_pods_carry_the_keeper_only_when_restarts_in_place_are_allowed() -> None:
-    from fsdp_operator import templates
+    from fsdp_operator.render import templates
 
     job = templates.JobRef(namespace="ns", name="job", uid="u1")
     launch = dc.Launch(attempt=2, replicas=2, resume_path="")
@@ -1354,7 +1358,7 @@ def test_pods_carry_the_keeper_only_when_restarts_in_place_are_allowed() -> None
     kept = templates.worker_pod(job, _in_place_spec(), launch, node_rank=1)
     (c_plain,), (c_kept,) = plain["spec"]["containers"], kept["spec"]["containers"]
     assert c_plain["command"][:3] == ["python", "-m", "torch.distributed.run"]
-    assert c_kept["command"][:3] == ["python", "-m", "fsdp_worker.gang"]
+    assert c_kept["command"][:3] == ["python", "-m", "fsdp_worker.keeper.gang"]
     assert c_kept["command"][3:] == c_plain["command"]
     env = {e["name"]: e.get("value") for e in c_kept["env"]}
     gang = json.loads(env[contract.ENV_GANG])
@@ -1374,7 +1378,7 @@ def test_rank_0s_in_place_records_are_read_from_its_metrics() -> None:
     the operator reads; a record that is not JSON is left out."""
     import prometheus_client as prom
 
-    from fsdp_worker import metrics
+    from fsdp_worker.telemetry import metrics
 
     record = _in_place_record(0)
     registry = prom.CollectorRegistry()
@@ -1440,7 +1444,7 @@ def test_a_gang_whose_keepers_cannot_restart_in_place_is_not_waited_for(
     assert detect.asks_the_gang(over) is None
 
 
-# --- the memory tier (checkpoint.memory; fsdp_worker.memtier) ----------------------------------
+# --- the memory tier (checkpoint.memory; fsdp_worker.checkpointing.memtier) ---------------------
 
 
 def _memory_spec(**memory: Any) -> api.FSDPJobSpec:
@@ -1463,7 +1467,7 @@ def test_the_memory_tier_needs_restarts_in_place_and_names_the_fields() -> None:
 
 
 def test_pods_get_a_memory_volume_and_its_path_only_with_the_memory_tier() -> None:
-    from fsdp_operator import templates
+    from fsdp_operator.render import templates
 
     job = templates.JobRef(namespace="ns", name="job", uid="u1")
     launch = dc.Launch(attempt=1, replicas=2, resume_path="")
@@ -1501,7 +1505,7 @@ def test_a_restart_from_memory_is_kept_as_such_and_counts_as_progress() -> None:
     assert (s.reliability.failures, s.reliability.gang_failures) == (1, 0)
 
 
-# --- spares (spec.spares; fsdp_worker.gang's replace) -------------------------------------------
+# --- spares (spec.spares; fsdp_worker.keeper.gang's replace) --------------------------------------
 
 
 def _spare_spec(spares: int = 1) -> api.FSDPJobSpec:
@@ -1708,7 +1712,7 @@ def test_a_takeover_arrives_as_a_node_lost_restart_in_place() -> None:
 
 
 def test_a_spare_pod_waits_without_a_node_rank() -> None:
-    from fsdp_operator import templates
+    from fsdp_operator.render import templates
 
     job = templates.JobRef(namespace="ns", name="job", uid="u1")
     pod = templates.spare_pod(job, _spare_spec(), dc.Launch(attempt=3, replicas=4,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import explain
+from fsdp_operator.policy import explain
 from fsdp_worker import contract
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_worker import catalog, fence
+from fsdp_worker.contract import catalog, fence
 
 HASH = "cafe0000cafe0000"
 UID = "uid-a"

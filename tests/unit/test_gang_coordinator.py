@@ -11,8 +11,8 @@ import urllib.request
 
 import pytest
 
-from fsdp_operator import observed
-from fsdp_worker import gang
+from fsdp_operator.types import observed
+from fsdp_worker.keeper import gang
 
 
 def test_the_coordinator_tells_how_long_each_keeper_has_been_quiet(

@@ -20,16 +20,9 @@ import kopf
 import prometheus_client
 import pytest
 
-from fsdp_operator import (
-    api,
-    cache,
-    handlers,
-    loops,
-    manager,
-    observe,
-    reconcile,
-    settings,
-)
+from fsdp_operator.io import cache, observe
+from fsdp_operator.run import handlers, loops, manager, reconcile, settings
+from fsdp_operator.types import api
 
 PassFn = Callable[[str, str, cache.View], "reconcile.Outcome | None"]
 
@@ -153,11 +146,11 @@ def test_a_failing_pass_backs_off_1_2_4_to_a_bound_and_starts_over_after_a_succe
                 made.pod_event("ns", owner)
             await asyncio.sleep(0.005)
 
-    logging.getLogger("fsdp_operator.loops").disabled = True  # the expected tracebacks
+    logging.getLogger("fsdp_operator.run.loops").disabled = True  # the expected tracebacks
     try:
         asyncio.run(asyncio.wait_for(scenario(), 10))
     finally:
-        logging.getLogger("fsdp_operator.loops").disabled = False
+        logging.getLogger("fsdp_operator.run.loops").disabled = False
     assert waits == [0.1, 0.2, 0.4, 0.4, 0.1, 0.2]  # to the bound; over again after a success
     gaps = [b - a for a, b in itertools.pairwise(started)]
     expected = [0.1, 0.2, 0.4, 0.4, 0.01, 0.1, 0.2]
@@ -345,7 +338,7 @@ def test_the_handlers_reach_the_manager_through_kopfs_memo_only() -> None:
 def test_a_failed_pass_is_reported_as_the_servers_message_not_its_headers() -> None:
     from kubernetes.client.exceptions import ApiException
 
-    from fsdp_operator import kube
+    from fsdp_operator.io import kube
 
     exc = ApiException(status=403, reason="Forbidden")
     exc.body = '{"message": "pods \\"x\\" is forbidden: namespace t is being terminated"}'

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_operator import heap
+from fsdp_operator.io import heap
 
 pytestmark = pytest.mark.timeout(120)
 
 CHILD = textwrap.dedent(
     """
     import os, signal, sys
-    from fsdp_operator import heap
+    from fsdp_operator.io import heap
     assert heap.install(sys.argv[1], frames=5)
     os.kill(os.getpid(), signal.SIGUSR2)
     kept = [bytearray(4096) for _ in range(2000)]  # about 8 MiB, held to the second report
@@ -54,7 +54,7 @@ def test_traced_report_names_the_line_that_grew(tmp_path: Path) -> None:
 SHAPES = textwrap.dedent(
     """
     import os, signal, sys
-    from fsdp_operator import heap
+    from fsdp_operator.io import heap
     assert heap.install(sys.argv[1], frames=int(sys.argv[2]))
     os.kill(os.getpid(), signal.SIGUSR2)
     kept = [{"podname": f"pod-{i}", "podphase": "Running"} for i in range(20000)]
@@ -76,7 +76,7 @@ def test_untraced_report_names_the_dicts_and_types_that_grew(tmp_path: Path) -> 
 
 
 def test_no_path_traces_nothing() -> None:
-    code = "import tracemalloc; from fsdp_operator import heap; "
+    code = "import tracemalloc; from fsdp_operator.io import heap; "
     code += "print(heap.install(''), tracemalloc.is_tracing())"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONTRACEMALLOC"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
@@ -89,7 +89,7 @@ def test_no_path_traces_nothing() -> None:
     [
         ("/v/lib/python3.11/site-packages/kopf/_core/engines/indexing.py", "kopf"),
         ("/v/lib/python3.11/site-packages/six.py", "six"),
-        ("/work/operator/fsdp_operator/cache.py", "fsdp_operator"),
+        ("/work/operator/fsdp_operator/io/cache.py", "fsdp_operator"),
         ("/usr/lib/python3.11/asyncio/tasks.py", "stdlib:asyncio"),
         ("/usr/lib/python3.11/json/decoder.py", "stdlib:json"),
         ("<string>", "<string>"),
@@ -101,7 +101,7 @@ def test_files_are_grouped_by_package(filename: str, want: str) -> None:
 
 TRIM = textwrap.dedent(
     """
-    from fsdp_operator import heap
+    from fsdp_operator.io import heap
 
     def rss():
         return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])

@@ -11,7 +11,8 @@ import dataclasses
 
 import pytest
 
-from fsdp_operator import api, names, reconcile
+from fsdp_operator.run import reconcile
+from fsdp_operator.types import api, names
 from tests import hostile_specs as hs
 
 JOB = names.JobRef(name="hostile", namespace="team-a", uid="00000000-0000-0000-0000-000000000001")

@@ -7,9 +7,12 @@ import math
 
 import pytest
 
-from fsdp_operator import api, kube, observe
-from fsdp_operator import status as st
-from fsdp_worker import config, contract, interval, metrics
+from fsdp_operator.io import kube, observe
+from fsdp_operator.types import api
+from fsdp_operator.types import status as st
+from fsdp_worker import contract
+from fsdp_worker.contract import config, interval
+from fsdp_worker.telemetry import metrics
 
 HOUR = 3600.0
 
@@ -188,8 +191,9 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
     """checkpoint.memory's own interval (auto: chosen from every failure) and its last blocking
     save are rank 0's to report; the status keeps them beside checkpointInterval (the claim's),
     and `fsdpctl describe` prints them. A worker without a memory tier reports none."""
-    from fsdp_operator import cli, decide
-    from fsdp_operator import observed as ob
+    from fsdp_operator import cli
+    from fsdp_operator.policy import decide
+    from fsdp_operator.types import observed as ob
 
     m = metrics.Metrics()
     m.step.set(41)

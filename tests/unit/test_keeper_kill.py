@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from fsdp_worker import gang
+from fsdp_worker.keeper import gang
 
 # A "torchrun" that starts a "rank" in a session of its own and dies at once: the rank is
 # orphaned (reparented to init), as when torchrun is OOM-killed before its ranks.

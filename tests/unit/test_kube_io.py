@@ -12,7 +12,8 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator import api, kube, metrics, names
+from fsdp_operator.io import kube, metrics
+from fsdp_operator.types import api, names
 from tests import fakeapi
 
 PODS = "/api/v1/namespaces/ns/pods"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fsdp_operator import api, kubegen, kubetypes
+from fsdp_operator.types import api, kubetypes
+from hack import kubegen
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,10 +15,10 @@ def test_committed_types_match_the_upstream_openapi() -> None:
     # The OpenAPI document ships inside the k8s.io/kubernetes module (the Go module cache).
     source = kubegen.find_openapi()
     assert source.is_file(), source
-    committed = (ROOT / "operator" / "fsdp_operator" / "kubetypes.py").read_text()
+    committed = (ROOT / "operator" / "fsdp_operator" / "types" / "kubetypes.py").read_text()
     assert committed == kubegen.render(
         json.loads(source.read_text())
-    ), "run: python -m fsdp_operator.kubegen > operator/fsdp_operator/kubetypes.py"
+    ), "run: python -m hack.kubegen > operator/fsdp_operator/types/kubetypes.py"
 
 
 def test_volumes_offer_only_what_pod_security_restricted_allows() -> None:

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from fsdp_operator import leader
+from fsdp_operator.io import leader
 from tests import fakeapi
 
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import prometheus_client as prom
 
-from fsdp_operator import metrics
+from fsdp_operator.io import metrics
 
 
 def _value(name: str, **labels: str) -> float | None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_operator import metrics, settings
+from fsdp_operator.io import metrics
+from fsdp_operator.run import settings
 
 
 def _openssl(*args: str, cwd: Path) -> None:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from fsdp_operator import names
+from fsdp_operator.types import names
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -15,7 +15,7 @@ from typing import Any
 import kmock
 import pytest
 
-from fsdp_operator import kube, nodelease
+from fsdp_operator.io import kube, nodelease
 from tests import fakeapi
 
 

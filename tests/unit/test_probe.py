@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from fsdp_operator import names, probe
-from fsdp_operator.observed import ScrapeHealth
+from fsdp_operator.io import probe
+from fsdp_operator.types import names
+from fsdp_operator.types.observed import ScrapeHealth
 from fsdp_worker import contract
 
 pytestmark = pytest.mark.timeout(60)

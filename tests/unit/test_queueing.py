@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator import api, cache, observe, queueing, templates
-from fsdp_operator import decide as dc
-from fsdp_operator import observed as ob
-from fsdp_operator import status as st
-from fsdp_operator.names import JobRef
+from fsdp_operator.io import cache, observe
+from fsdp_operator.policy import decide as dc
+from fsdp_operator.render import templates
+from fsdp_operator.types import api, queueing
+from fsdp_operator.types import observed as ob
+from fsdp_operator.types import status as st
+from fsdp_operator.types.names import JobRef
 from tests.unit.test_decide import NOW, pods, running_status
 from tests.unit.test_decide import observe as observation
 

@@ -19,19 +19,11 @@ import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator import (
-    api,
-    cache,
-    decide,
-    kube,
-    names,
-    observe,
-    observed,
-    reconcile,
-    settings,
-    status,
-    templates,
-)
+from fsdp_operator.io import cache, kube, observe
+from fsdp_operator.policy import decide
+from fsdp_operator.render import templates
+from fsdp_operator.run import reconcile, settings
+from fsdp_operator.types import api, names, observed, status
 from fsdp_worker import contract
 from tests import fakeapi
 

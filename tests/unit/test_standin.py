@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from fsdp_worker import catalog, contract, fence
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog, fence
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +68,10 @@ def _start(
         },
     )
     return subprocess.Popen(
-        [sys.executable, "-m", "fsdp_worker.standin"], env=env, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "fsdp_worker.train.standin"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -181,7 +185,7 @@ def _spawn(
     )
     if fail_at:
         env.update(STANDIN_FAIL_AT_STEP=str(fail_at), STANDIN_FAIL_ATTEMPT=str(attempt))
-    argv = [sys.executable, "-m", "fsdp_worker.standin"]
+    argv = [sys.executable, "-m", "fsdp_worker.train.standin"]
     return subprocess.Popen(
         argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

@@ -16,9 +16,11 @@ import pydantic
 import pytest
 import yaml
 
-from fsdp_operator import api, decide, names, templates
-from fsdp_worker import config as wconfig
+from fsdp_operator.policy import decide
+from fsdp_operator.render import templates
+from fsdp_operator.types import api, names
 from fsdp_worker import contract
+from fsdp_worker.contract import config as wconfig
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 JOB = names.JobRef(name="llama", namespace="team-a", uid="3f2a1b4c-0d1e-4f00-9abc-def012345678")

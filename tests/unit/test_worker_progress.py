@@ -11,7 +11,8 @@ import urllib.request
 import prometheus_client as prom
 import pytest
 
-from fsdp_worker import contract, metrics
+from fsdp_worker import contract
+from fsdp_worker.telemetry import metrics
 
 
 def _free_port() -> int:

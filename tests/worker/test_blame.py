@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 from worker_harness import REPO, free_port, training, worker_config
 
-from fsdp_operator import api, detect, observed, status
-from fsdp_worker.gang import descendants
+from fsdp_operator.policy import detect
+from fsdp_operator.types import api, observed, status
+from fsdp_worker.keeper.gang import descendants
 
 pytestmark = pytest.mark.torch
 NODES, NPROC = 2, 2

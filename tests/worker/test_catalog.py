@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_worker import catalog, fence
-from fsdp_worker.catalog import Lineage, RejectReason
+from fsdp_worker.contract import catalog, fence
+from fsdp_worker.contract.catalog import Lineage, RejectReason
 
 HASH = "cafe0000cafe0000"
 
@@ -56,7 +56,7 @@ def write_step(
 
 def test_the_catalog_imports_nothing_but_the_standard_library() -> None:
     code = (
-        "import sys, fsdp_worker.catalog; "
+        "import sys, fsdp_worker.contract.catalog; "
         "bad = {'torch', 'numpy', 'pydantic'} & set(sys.modules); print(sorted(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

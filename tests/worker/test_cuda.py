@@ -30,7 +30,8 @@ from worker_harness import (
     worker_config,
 )
 
-from fsdp_worker import catalog, reader, state
+from fsdp_worker.checkpointing import reader, state
+from fsdp_worker.contract import catalog
 
 pytestmark = [
     pytest.mark.torch,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_worker import config, data, errors
+from fsdp_worker.contract import config, errors
+from fsdp_worker.train import data
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 6, 12])

@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-from fsdp_worker import direct, layout, reader
+from fsdp_worker.checkpointing import direct, layout, reader
 
 SMALL_BUFFER = 2 * direct.ALIGN  # many buffer switches per tensor, and a tail in every file
 
@@ -159,7 +159,7 @@ def test_a_failed_background_write_reaches_the_saver(tmp_path: Path) -> None:
 import resource, signal, torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
-from fsdp_worker import direct
+from fsdp_worker.checkpointing import direct
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
 writer = FileSystemWriter({str(tmp_path)!r}, sync_files=True, thread_count=1)

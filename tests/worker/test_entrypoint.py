@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from fsdp_worker import contract, termination
+from fsdp_worker import contract
+from fsdp_worker.telemetry import termination
 
 
 def run_entry(

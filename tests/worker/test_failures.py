@@ -19,7 +19,8 @@ from worker_harness import (
     worker_config,
 )
 
-from fsdp_worker import catalog, contract, fence
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog, fence
 
 pytestmark = pytest.mark.torch
 

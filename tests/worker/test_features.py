@@ -83,7 +83,8 @@ def test_a_meta_buffer_is_filled_by_its_modules_reset_parameters() -> None:
     import factory_model
     import torch
 
-    from fsdp_worker import config, model
+    from fsdp_worker.contract import config
+    from fsdp_worker.train import model
 
     cfg = config.TrainingConfig.model_validate(
         training(model={"factory": "factory_model:build_on_meta_with_buffer", "vocabSize": 64})

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 from worker_harness import launch, training, worker_config
 
-from fsdp_operator import explain
-from fsdp_worker import contract, flight
+from fsdp_operator.policy import explain
+from fsdp_worker import contract
+from fsdp_worker.telemetry import flight
 
 pytestmark = pytest.mark.torch
 # Longer than one step of this tiny model takes on a loaded 2-core machine: a rank that pauses

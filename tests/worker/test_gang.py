@@ -1,4 +1,4 @@
-"""Restarts in place (fsdp_worker.gang): two pods' keepers, each in front of a real torchrun
+"""Restarts in place (fsdp_worker.keeper.gang): two pods' keepers, each in front of a real torchrun
 running the stand-in worker, on this machine. A rank's crash restarts both nodes' ranks
 without their keepers (the pods' containers) ending; the restart resumes from the newest
 checkpoint sealed before the crash; a failure past the allowed restarts ends the failing
@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from worker_harness import REPO, free_port, keeper_logs, launch_keepers, wait_all
 
-from fsdp_worker import catalog, contract
-from fsdp_worker.gang import descendants
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog
+from fsdp_worker.contract.keeper import ask
+from fsdp_worker.keeper.gang import descendants
 
 pytestmark = pytest.mark.torch
 
@@ -33,7 +35,7 @@ def _keepers(
     }
     env = {"STANDIN_STEP_SECONDS": "0.05", contract.ENV_CHECKPOINT_ROOT: str(root / "ck"), **knobs}
     return launch_keepers(root, restarts=restarts, config=config, env=env, spares=spares,
-                          module="fsdp_worker.standin")  # fmt: skip
+                          module="fsdp_worker.train.standin")  # fmt: skip
 
 
 def _alive(pid: int) -> bool:
@@ -109,7 +111,7 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
     script = (
         "import time\n"
         "import torch  # noqa: F401 (a worker has it; the stall report reads its recorder)\n"
-        "from fsdp_worker import flight\n"
+        "from fsdp_worker.telemetry import flight\n"
         "rec = flight.Recorder(rank=3, local_rank=1, attempt=2)\n"
         "rec.step_done(41)\n"
         "rec.watch(hang_seconds=1, evidence_root=None)\n"
@@ -155,7 +157,7 @@ def _sealed(root: Path, step: int, nodes: int) -> None:
 
 def _warm_launcher(pid: int) -> bool:
     try:
-        return b"fsdp_worker.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"fsdp_worker.keeper.warm" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -190,7 +192,7 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
     their own hang watchdog, before the operator's verdict): the gang is coming down from
     generation 0 when the replace arrives, and the spare joins the generation node 0 waits
     to start."""
-    from fsdp_worker import gang
+    from fsdp_worker.keeper import gang
 
     procs = _keepers(tmp_path, restarts=2, steps=80, spares=1)
     node1 = procs[1]
@@ -201,23 +203,23 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
         # the frozen keeper falls silent in its coordinator's answer (what the operator asks
         # in a hang's grace), the others keep asking
         deadline = time.monotonic() + 30
-        while (quiet := gang.ask(coordinator, {"op": "state"})["quiet"])["1"] < 5.0:
+        while (quiet := ask(coordinator, {"op": "state"})["quiet"])["1"] < 5.0:
             assert time.monotonic() < deadline, quiet
             time.sleep(0.5)
         assert quiet["0"] < 2.0, quiet
         if others_first:  # what node 0's keeper sends when its ranks' watchdog ends them
             hung = {"class": "Hang", "message": "no step for 10s", "rank": 0}
-            gang.ask(coordinator, {"op": "fail", "generation": 0, "failure": hung, "from": 0})
+            ask(coordinator, {"op": "fail", "generation": 0, "failure": hung, "from": 0})
             deadline = time.monotonic() + 30
-            while gang.ask(coordinator, {"op": "state"})["down"].get("0") != [0]:
+            while ask(coordinator, {"op": "state"})["down"].get("0") != [0]:
                 assert time.monotonic() < deadline, keeper_logs(tmp_path, 3)
                 time.sleep(0.2)
         # what the operator sends for a frozen pod (decide._take_over); a lost node's says
         # NodeLost, and the survivors' ranks are brought down the same way
         why = {"class": "Hang", "message": "node rank 1's keeper silent"}
-        answer = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0, "failure": why})
+        answer = ask(coordinator, {"op": "replace", "node": 1, "spare": 0, "failure": why})
         assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer
-        again = gang.ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
+        again = ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
         assert "already holds" in again["refused"]
         _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         codes = wait_all([procs[0], procs[2]], 120)
@@ -254,7 +256,7 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     spare 1, whose template names the first node 0, is told where the coordinator and the
     store are now (reconcile._replace: `follow`, then `replace`), takes node 1's place, and the
     gang finishes."""
-    from fsdp_worker import gang
+    from fsdp_worker.keeper import gang
 
     procs = _keepers(tmp_path, restarts=3, steps=160, spares=2)
     port = {n: gang.Gang.from_env(_gang_env(tmp_path, n)).listen_port for n in (1, 2, 3)}
@@ -264,16 +266,16 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
         master, coordinator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{port[2]}"
         node0 = ("127.0.0.1", port[2])
         lost = {"class": "NodeLost", "pod": "job-a1-0", "message": "node n0 stopped renewing"}
-        answer = gang.ask(node0, {"op": "promote", "master": master, "failure": lost})
+        answer = ask(node0, {"op": "promote", "master": master, "failure": lost})
         assert answer["gathering"] and answer["holders"] == {"0": 0}, answer
         follow = {"op": "follow", "coordinator": coordinator, "master": master}
-        assert gang.ask(("127.0.0.1", port[1]), follow) == {"following": coordinator}
+        assert ask(("127.0.0.1", port[1]), follow) == {"following": coordinator}
         _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         _sealed(tmp_path, 70, 4)
         _freeze(procs[1])
-        assert gang.ask(("127.0.0.1", port[3]), follow) == {"following": coordinator}
+        assert ask(("127.0.0.1", port[3]), follow) == {"following": coordinator}
         why = {"class": "Hang", "message": "node rank 1's keeper silent"}
-        answer = gang.ask(node0, {"op": "replace", "node": 1, "spare": 1, "failure": why})
+        answer = ask(node0, {"op": "replace", "node": 1, "spare": 1, "failure": why})
         assert not answer.get("refused") and answer["holders"] == {"0": 0, "1": 1}, answer
         codes = wait_all([procs[2], procs[3]], 120)
         assert codes == [0, 0], keeper_logs(tmp_path, 4)
@@ -293,7 +295,7 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
 
 
 def test_a_spares_argv_takes_the_node_rank_once() -> None:
-    from fsdp_worker import gang
+    from fsdp_worker.keeper import gang
 
     argv = ["python", "-m", "torch.distributed.run", "--node-rank=0", "-m", "x", "--node-rank=7"]
     assert gang.with_node_rank(argv, 3)[3] == "--node-rank=3"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from worker_harness import launch, training, worker_config
 
-from fsdp_worker import catalog, interval
+from fsdp_worker.contract import catalog, interval
 
 pytestmark = pytest.mark.torch
 

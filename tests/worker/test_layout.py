@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from fsdp_worker import layout, reader
+from fsdp_worker.checkpointing import layout, reader
 
 
 @pytest.mark.parametrize(("rows", "bands"), [(10, 4), (4, 4), (3, 1), (1000, 7)])

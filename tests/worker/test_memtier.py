@@ -24,7 +24,9 @@ from worker_harness import (
     worker_config,
 )
 
-from fsdp_worker import catalog, contract, memtier
+from fsdp_worker import contract
+from fsdp_worker.checkpointing import memtier
+from fsdp_worker.contract import catalog
 
 pytestmark = pytest.mark.torch
 
@@ -97,8 +99,9 @@ def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
     tmp_path: Path,
 ) -> None:
     """What a rank checks before it offers its memory (no collectives involved)."""
-    from fsdp_worker import checkpoint, metrics
-    from fsdp_worker.distributed import DistInfo
+    from fsdp_worker.checkpointing import checkpoint
+    from fsdp_worker.runtime.distributed import DistInfo
+    from fsdp_worker.telemetry import metrics
 
     ident = checkpoint.Identity(attempt=2, resumed_from_step=None, config_hash="h",
                                 global_batch_size=12, job_uid="u")  # fmt: skip

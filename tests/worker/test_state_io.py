@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-from fsdp_worker import reader, state
+from fsdp_worker.checkpointing import reader, state
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -210,7 +210,7 @@ def test_checkpoints_written_without_zip_crc32_load_through_both_readers(tmp_pat
     on the load path relies on it (a torch upgrade that starts checking would fail here)."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    from fsdp_worker import checkpoint
+    from fsdp_worker.checkpointing import checkpoint
 
     assert checkpoint.ZIP_CRC32 is False
     src = _tensors()
@@ -229,7 +229,7 @@ def test_checkpoints_written_without_zip_crc32_load_through_both_readers(tmp_pat
 def test_eager_writeback_files_hold_exactly_what_dcp_wrote(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-    from fsdp_worker import writeback
+    from fsdp_worker.checkpointing import writeback
 
     src = _tensors()
     dcp.save(src, checkpoint_id=str(tmp_path / "plain"), no_dist=True)

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from worker_harness import REPO, free_port, launch, training, worker_config
 
-from fsdp_worker import catalog, contract
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog
 
 pytestmark = pytest.mark.torch
 EXAMPLES = REPO / "examples" / "trainers"

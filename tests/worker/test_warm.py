@@ -1,4 +1,4 @@
-"""The warm launcher (fsdp_worker.warm): its ranks see what torchrun's would, meet through a
+"""The warm launcher (fsdp_worker.keeper.warm): its ranks see what torchrun's would, meet through a
 real gloo gang, name themselves, and fail, stop and pass a pod's SIGTERM on as torchrun's do."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from worker_harness import REPO, free_port
 
-from fsdp_worker import warm
+from fsdp_worker.keeper import warm
 
 pytestmark = pytest.mark.torch
 
@@ -60,7 +60,7 @@ def _env() -> dict[str, str]:
 def _warm(tmp: Path, *args: str) -> subprocess.Popen[str]:
     script = tmp / "rank.py"
     script.write_text(SCRIPT.format(KEYS=sorted(KEYS)))
-    proc = subprocess.Popen([sys.executable, "-m", "fsdp_worker.warm",
+    proc = subprocess.Popen([sys.executable, "-m", "fsdp_worker.keeper.warm",
                              *_argv(script, free_port(), str(tmp), *args)],
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
                             text=True)  # fmt: skip

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_worker.gang import descendants
+from fsdp_worker.keeper.gang import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 180
@@ -102,7 +102,7 @@ def free_port() -> int:
 def losses(log: str) -> dict[int, float]:
     out: dict[int, float] = {}
     for line in log.splitlines():
-        if "fsdp_worker.trainer: step {" in line:
+        if "fsdp_worker.train.trainer: step {" in line:
             doc = json.loads(line.split("step ", 1)[1])
             out[doc["step"]] = doc["loss"]
     return out
@@ -161,11 +161,12 @@ def launch_keepers(
     module: str = "fsdp_worker",
     spares: int = 0,
 ) -> list[subprocess.Popen[bytes]]:
-    """`nodes` pods' in-place keepers (fsdp_worker.gang), each in front of a real torchrun of
+    """`nodes` pods' in-place keepers (fsdp_worker.keeper.gang), each in front of a real torchrun of
     `module` (static rendezvous on loopback), then `spares` spares' keepers (waiting for a
     node); logs in tmp/node-<n>.log (spare s: node-<nodes + s>), termination messages in
     tmp/term-<n>."""
-    from fsdp_worker import contract, gang
+    from fsdp_worker import contract
+    from fsdp_worker.keeper import gang
 
     store, coordinator = free_port(), free_port()
     procs = []
@@ -199,7 +200,7 @@ def launch_keepers(
         with open(tmp / f"node-{node}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "fsdp_worker.gang", *torchrun],
+                    [sys.executable, "-m", "fsdp_worker.keeper.gang", *torchrun],
                     env=full,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -247,7 +248,7 @@ def marker(step_dir: Path) -> dict[str, Any]:
 def check_async_save_overlaps_training(tmp: Path, *, nproc: int, train: dict[str, Any]) -> None:
     """A 9-step run with async saves every 3 steps and slowed writes: training goes on while
     step 3 is written, the run succeeds, and all three checkpoints are complete."""
-    from fsdp_worker import catalog
+    from fsdp_worker.contract import catalog
 
     root = tmp / "ckpt"
     cfg = worker_config(root, train=train, **{"async": True})

@@ -2,6 +2,6 @@
 
 import sys
 
-from fsdp_worker import main
+from fsdp_worker.train import main
 
 sys.exit(main.main())

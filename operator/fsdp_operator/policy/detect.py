@@ -1,0 +1,446 @@
+"""Failure detection: did the running attempt fail, and why? A pure function of one observation.
+
+Order matters and is the policy: someone else's eviction or deletion first, then a lost node
+(its pods' own exits are symptoms), then the first failed pod by cause (a pod that failed only
+because a peer did is a symptom, never the cause while another has one), then pods that
+vanished, then pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fsdp_operator.policy import explain
+from fsdp_operator.types import api, observed, status
+from fsdp_worker import contract
+
+_PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
+IN_PLACE_HANG_GRACE_SECONDS = 15.0
+"""With failurePolicy.inPlaceRestarts, the operator's hang comes this much later still: a
+rank past its own deadline ends itself and its keeper restarts the gang in place (gang.py);
+only a gang that cannot (every process frozen, a keeper gone) is recreated. Past the deadline
+the operator asks the gang's coordinator (asks_the_gang): where a keeper has fallen silent, or
+the coordinator itself, the hang is declared without this grace."""
+LIVE_WINDOW_SECONDS = 3.0
+"""A node that stopped renewing its Lease is lost unless the job stepped within this long (or
+three of its steps): its gang trains on, so its kubelet is only paused or restarting."""
+SYMPTOM_GRACE_SECONDS = 10.0
+"""When every Failed pod failed only because a peer did and others still run, the verdict waits
+this long from the first exit for a pod with a cause of its own (the killed rank's pod ends a
+moment after its peers saw it go)."""
+HANG_EVIDENCE_GRACE_SECONDS = 2.0
+"""Past the progress deadline, a hang is declared this much later: ranks print their evidence
+at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
+
+
+def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.Cause:
+    """Cause of one Failed pod, from its reason, exit code and the worker's JSON message."""
+    doc = pod.worker_cause()
+    cls = doc.get("class")
+    worker_code = doc.get("exitCode") if isinstance(doc.get("exitCode"), int) else None
+    codes = {c for c in (pod.exit_code, worker_code) if c is not None}
+    if pod.reason == "OOMKilled" or cls == contract.FailureClass.OOM.value:
+        return status.Cause.OOM
+    if cls in _PERMANENT_CLASSES or int(contract.ExitCode.CONFIG_ERROR) in codes:
+        return status.Cause.CONFIG_ERROR
+    if codes & non_retryable:
+        return status.Cause.NON_RETRYABLE
+    if pod.disrupted or cls == contract.FailureClass.PREEMPTED.value:
+        return status.Cause.EVICTED
+    if cls == contract.FailureClass.HANG.value:
+        return status.Cause.HANG
+    if cls == contract.FailureClass.NODE_LOST.value:  # a spare took its place (gang.py)
+        return status.Cause.NODE_LOST
+    return status.Cause.CRASH
+
+
+def _failure(
+    cause: status.Cause, pod: observed.PodView | None, *, at: float, message: str = ""
+) -> status.Failure:
+    doc = pod.worker_cause() if pod else {}
+    step = doc.get("step") if isinstance(doc.get("step"), int) else None
+    phase = doc.get("phase") if isinstance(doc.get("phase"), str) else None
+    memory = explain.memory_words(doc.get("memory"))
+    if doc.get("class") == contract.LIVE and pod is not None:  # killed without a word
+        how = pod.reason or f"exit {pod.exit_code}"
+        when = f"after step {step}" if step is not None else "before its first step"
+        text = message or f"{how} in {phase or 'an unrecorded phase'} {when}"
+        text += f" (last recorded: {memory})" if memory else ""
+    else:
+        text = message or str(doc.get("message") or (pod.message if pod else ""))
+    diagnosis = ""
+    if cause is status.Cause.OOM:
+        diagnosis = explain.oom_diagnosis(phase, step=step)
+        if doc.get("class") == contract.LIVE:  # sampled at the last phase change, not the kill
+            diagnosis += f" (last recorded: {memory})" if diagnosis and memory else ""
+        elif view := explain.allocator_words(doc.get("memory"), doc.get("ledger")):
+            diagnosis += f" ({view})" if diagnosis else ""
+    return status.Failure(
+        cause=cause,
+        rank=pod.rank if pod else None,
+        pod=pod.name if pod else None,
+        node=pod.node if pod else None,
+        exit_code=pod.exit_code if pod else None,
+        step=step,
+        message=text[:1024],
+        phase=phase[:256] if phase else None,
+        diagnosis=diagnosis[:1024],
+        time=at,
+    )
+
+
+def in_place_failure(obs: observed.Observed, record: Mapping[str, Any]) -> status.Failure:
+    """The failure behind a restart in place, from the record its node's keeper made
+    (fsdp_worker.keeper.gang: the rank's termination message, torchrun's exit code, an OOM kill seen
+    in the container's cgroup), judged as the same message on a Failed pod would be."""
+    node = record.get("node")
+    rank = node if isinstance(node, int) and not isinstance(node, bool) else 0
+    pod = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == rank), None)
+    if record.get("spare") is not None:  # a takeover: the pod it replaced (lost or frozen),
+        lost = str(record.get("pod") or "")  # not the spare that holds the rank now
+        pod = dataclasses.replace(pod, name=lost, node=record.get("nodeName")) if pod else None
+    doc = {k: record[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in record}
+    code = record.get("torchrunExitCode")
+    at = record.get("time")
+    view = observed.PodView(
+        name=pod.name if pod else f"node rank {rank}",
+        attempt=obs.status.attempt,
+        rank=rank,
+        phase=observed.PodPhase.FAILED,
+        node=pod.node if pod else None,
+        exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+        reason=str(record.get("reason") or ""),
+        message=json.dumps(doc),
+    )
+    codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
+    when = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else obs.now
+    return _failure(classify(view, non_retryable=codes), view, at=min(when, obs.now))
+
+
+def _evicted(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    for pod in pods:
+        if pod.disrupted or (pod.deleting and pod.phase is not observed.PodPhase.SUCCEEDED):
+            how = "evicted (DisruptionTarget)" if pod.disrupted else "deleted by someone else"
+            return _failure(status.Cause.EVICTED, pod, at=obs.now, message=f"pod {pod.name} {how}")
+    return None
+
+
+def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    grace = obs.spec.failure_policy.node_loss_grace_seconds
+    for pod in pods:
+        if not pod.node or pod.phase in (observed.PodPhase.SUCCEEDED, observed.PodPhase.FAILED):
+            continue
+        node = obs.node(pod.node)
+        if node is None:
+            msg = f"node {pod.node} of pod {pod.name} no longer exists"
+            return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
+        silent = node.lease_silent_seconds
+        if silent is not None and not _trained_since(obs, obs.now - silent):
+            # Corroborated: its last renewal is when it was lost.
+            msg = (f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
+                   "and the job made no step since")  # fmt: skip
+            return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
+        since = node.not_ready_since
+        if not node.ready and since is not None and obs.now - since >= grace:
+            msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"
+            return _failure(status.Cause.NODE_LOST, pod, at=since, message=msg)
+    return None
+
+
+def symptom(pod: observed.PodView) -> contract.Symptom | None:
+    """How a Failed pod's ranks ended when it was only because another rank did (a peer gone,
+    a collective timed out), by its own termination message; None: a cause of its own (its
+    exception, an OOM kill, a rank killed without a word, a config error, its watchdog)."""
+    if pod.reason == "OOMKilled":
+        return None
+    doc = pod.worker_cause()
+    if doc.get("class") not in (contract.FailureClass.RUNTIME, contract.FailureClass.CHECKPOINT):
+        return None
+    return contract.symptom_of(str(doc.get("message") or ""))
+
+
+def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, float, int]:
+    """Causes before symptoms; then the earlier exit; then the lower node rank."""
+    return (
+        symptom(pod) is not None,
+        pod.finished if pod.finished is not None else obs.now,
+        pod.rank,
+    )
+
+
+def _trained_since(obs: observed.Observed, since: float) -> bool:
+    """Whether the operator saw rank 0's step advance after `since` (a node's last Lease
+    renewal). A kubelet that restarts, or is paused, stops renewing while its pods train on:
+    Lease silence alone makes a node suspect, and the job's own progress (scraped every second
+    while a node is suspect) says whether it is lost. A real loss stops the gang's steps (its
+    collectives wait for the lost ranks), so the verdict comes as soon as the Lease is lost;
+    a node NotReady past nodeLossGraceSeconds is lost whatever the job does."""
+    seen = obs.status.last_progress_time
+    return seen is not None and seen > since and obs.now - seen <= _live_window(obs.status)
+
+
+def _live_window(s: status.FSDPJobStatus) -> float:
+    """How long after its last step seen a gang still counts as training: three of its steps
+    (rank 0's own figures), at least LIVE_WINDOW_SECONDS (rank 0 is scraped every second
+    while a node is suspect)."""
+    entry = s.history[-1] if s.history else None
+    steps = entry.steps_run if entry is not None else None
+    seconds = entry.train_seconds if entry is not None else None
+    per_step = seconds / steps if steps and seconds else 0.0
+    return max(LIVE_WINDOW_SECONDS, 3.0 * per_step)
+
+
+def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    """The first failing pod by cause, not by clock: a pod whose ranks failed only because a
+    peer did is never blamed while one with a cause of its own exists. Only symptoms so far,
+    and pods still running: their cause may be a moment behind (the killed rank's pod exits
+    after its peers noticed), so the verdict waits up to SYMPTOM_GRACE_SECONDS."""
+    failed = sorted((p for p in pods if p.phase is observed.PodPhase.FAILED),
+                    key=lambda p: _blame_order(obs, p))  # fmt: skip
+    if not failed:
+        return None
+    first = failed[0]
+    at = min(p.finished if p.finished is not None else obs.now for p in failed)
+    if (
+        symptom(first) is not None
+        and _others_running(pods)
+        and obs.now - at < SYMPTOM_GRACE_SECONDS
+    ):
+        return None
+    codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
+    failure = _failure(classify(first, non_retryable=codes), first, at=at)
+    said = [f"pod {p.name} (node rank {p.rank}): {symptom(p)}: {_words(p)}"
+            for p in failed[1:] if symptom(p) is not None]  # fmt: skip
+    return (
+        failure.model_copy(update={"symptoms": said[: status.SYMPTOMS_LIMIT]}) if said else failure
+    )
+
+
+def _others_running(pods: list[observed.PodView]) -> bool:
+    return any(p.phase in (observed.PodPhase.RUNNING, observed.PodPhase.PENDING) for p in pods)
+
+
+def _words(pod: observed.PodView) -> str:
+    return str(pod.worker_cause().get("message") or pod.message)[:200]
+
+
+def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    if not obs.status.pods_created:
+        return None
+    present = {p.rank for p in pods}
+    missing = [r for r in range(obs.status.replicas or 0) if r not in present]
+    if not missing:
+        return None
+    failure = _failure(status.Cause.EVICTED, None, at=obs.now, message=f"ranks {missing} vanished")
+    return failure.model_copy(update={"rank": missing[0]})
+
+
+def pending_since(s: status.FSDPJobStatus) -> float | None:
+    """Since when the attempt's pods may be held Pending against them: their creation, or
+    under a Kueue queue their admission (time waiting in a queue is not a failure)."""
+    if s.queue is not None:
+        return s.queue.admitted
+    return s.attempt_started
+
+
+def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    started = pending_since(obs.status)
+    timeout = obs.spec.failure_policy.pending_timeout_seconds
+    if started is None or obs.now - started < timeout:
+        return None
+    pending = [p for p in pods if p.phase is observed.PodPhase.PENDING and not p.gated]
+    for pod in pending:
+        if pod.image_error:
+            msg = f"pod {pod.name}: {pod.image_error} for over {timeout}s"
+            return _failure(status.Cause.IMAGE_PULL, pod, at=started + timeout, message=msg)
+    stuck = [p for p in pending if p.unschedulable or not p.node]
+    if stuck:
+        msg = f"{len(stuck)} pod(s) unschedulable for over {timeout}s"
+        return _failure(status.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
+    return None
+
+
+def _progress_baseline(s: status.FSDPJobStatus) -> float | None:
+    """Since when a step is due: the last progress, else the moment every pod ran (time spent
+    Pending, pulling a large image, is not a hang), else the attempt's launch."""
+    if s.last_progress_time is not None:
+        return s.last_progress_time
+    entry = s.history[-1] if s.history and s.history[-1].attempt == s.attempt else None
+    running = entry.timeline.running if entry is not None and entry.timeline else None
+    return running if running is not None else s.attempt_started
+
+
+def hang_grace(spec: api.FSDPJobSpec, gang: observed.GangHealth | None = None) -> float:
+    """Seconds past the progress deadline before the operator declares a hang: with restarts
+    in place, time for the keepers to restart the ranks, unless their coordinator said they
+    cannot (`gang`: a keeper silent, its pod frozen; the coordinator itself silent)."""
+    waits = spec.failure_policy.in_place_restarts and (gang is None or gang.restarting)
+    return HANG_EVIDENCE_GRACE_SECONDS + (IN_PLACE_HANG_GRACE_SECONDS if waits else 0.0)
+
+
+MAX_STARTUP_DOUBLINGS = 3
+"""A gang that did not meet in its deadline gets twice the time in the next attempt, up to 8x."""
+
+
+def hang_window(
+    spec: api.FSDPJobSpec, s: status.FSDPJobStatus, gang: observed.GangHealth | None = None
+) -> float:
+    """Seconds from the baseline to a hang verdict: the progress deadline and its grace; before
+    an attempt's first step the startup deadline (startupDeadlineSeconds, default the progress
+    deadline) and its grace, doubled for each attempt before it in a row whose gang never met
+    (RendezvousTimeout), so that a start slower than the deadline (a cold torch import on a busy
+    node, NCCL's init at scale) does not end every attempt the same way (seen in the goodput
+    soak: 11 attempts in a row, 12 s each)."""
+    if s.last_progress_time is not None:
+        return spec.failure_policy.progress_deadline_seconds + hang_grace(spec, gang)
+    deadline = float(spec.failure_policy.startup_deadline)
+    window = deadline + hang_grace(spec, gang)
+    missed = 0
+    for entry in reversed([h for h in s.history if h.attempt < s.attempt]):
+        if entry.failure is None or entry.failure.cause is not status.Cause.RENDEZVOUS:
+            break
+        missed += 1
+    doublings: int = min(missed, MAX_STARTUP_DOUBLINGS)
+    return window + deadline * ((1 << doublings) - 1)
+
+
+def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
+        return None
+    baseline = _progress_baseline(obs.status)
+    deadline = obs.spec.failure_policy.progress_deadline_seconds
+    if baseline is None:
+        return None
+    rank0 = next((p for p in pods if p.rank == 0), pods[0])
+    scrape = obs.scrape
+    window = hang_window(obs.spec, obs.status, obs.gang)
+    if (
+        scrape is not None
+        and scrape.blind
+        and rank0.ready is False
+        and rank0.ready_changed is not None
+        and rank0.ready_changed > baseline + 1.0
+    ):
+        # Blind, the operator never sees the first step and would wait the startup deadline;
+        # rank 0 was Ready since its pods ran (a step, or its start, within its allowance) and
+        # is no more: its probe has judged by the deadline that applies. (Its Ready condition
+        # turns False at the pod's start, before it runs; a later change came after a True. The
+        # second is for the node's clock against this one's.)
+        window = min(window, deadline + hang_grace(obs.spec, obs.gang))
+    if obs.now - baseline < window:
+        return None
+    if scrape is None and rank0.ready is not False:
+        # This process has not scraped rank 0 yet: it has just started, or just taken the lead
+        # (after a failover, or an API-server stall that outlasted its renew deadline), and the
+        # status's last step is old news, not evidence. Its first scrape is due at once; rank
+        # 0's readiness probe failing would be evidence.
+        return None
+    if (
+        scrape is not None
+        and not scrape.blind
+        and not scrape.answered
+        and obs.status.last_progress_time is None
+    ):
+        # Reached, and refused every time: nothing serves on rank 0's metrics port. Its
+        # training processes serve it once the gang has met (torchrun spawns them after every
+        # node's agent joined the rendezvous; the kit serves after init_process_group), so the
+        # gang never met: a name not yet resolvable, a node's network, not the user's code.
+        msg = (
+            f"the gang never met: rank 0 served nothing on {scrape.address} in "
+            f"{obs.now - baseline:.0f}s of every pod running (last: {scrape.error}); the ranks'"
+            " logs say where the rendezvous stopped"
+        )
+        return _failure(status.Cause.RENDEZVOUS, rank0, at=baseline, message=msg)
+    if scrape is not None and scrape.blind:
+        # The operator's scrapes get no answer (a NetworkPolicy, a slow network): its silence
+        # is missing data, not evidence. The kubelet's readiness probe of rank 0, asked from
+        # rank 0's own node, is: Ready means a step within the deadline.
+        if rank0.ready:
+            return None
+        since = rank0.ready_changed
+        at = baseline if since is None else max(baseline, since - deadline)
+        startup = obs.spec.failure_policy.startup_deadline
+        within = f"{deadline}s" if startup == deadline else f"{deadline}s ({startup}s to a first)"
+        msg = (
+            f"rank 0's readiness probe reports no step progress within {within} "
+            f"(rank 0 at step {obs.status.step} when last scraped; the operator's scrape of "
+            f"{scrape.address} gets no answer: {scrape.error})"
+        )
+        return _failure(status.Cause.HANG, rank0, at=at, message=msg)
+    msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"
+    if obs.gang is not None and not obs.gang.restarting:
+        msg += f"; not restarted in place: {obs.gang.why_not()}"
+    # The job stopped being useful at its last progress; the deadline is the detection time.
+    return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
+
+
+_CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _hung)
+
+
+def detect(obs: observed.Observed) -> status.Failure | None:
+    """The failure of the current attempt, or None while it is healthy (or finished well)."""
+    pods = obs.attempt_pods(obs.status.attempt)
+    for check in _CHECKS:
+        failure = check(obs, pods)
+        if failure is not None:
+            return failure
+    return None
+
+
+def succeeded(obs: observed.Observed) -> bool:
+    pods = obs.attempt_pods(obs.status.attempt)
+    expected = obs.status.replicas or 0
+    return len(pods) == expected > 0 and all(p.phase is observed.PodPhase.SUCCEEDED for p in pods)
+
+
+def next_deadline(obs: observed.Observed) -> float | None:
+    """The earliest future moment a check above could fire, so the loop wakes right then."""
+    fp, s = obs.spec.failure_policy, obs.status
+    pods = obs.attempt_pods(s.attempt)
+    times: list[float] = []
+    for pod in pods:
+        node = obs.node(pod.node) if pod.node else None
+        if node is not None and not node.ready and node.not_ready_since is not None:
+            times.append(node.not_ready_since + fp.node_loss_grace_seconds)
+    seen = s.last_progress_time
+    if seen is not None and any(
+        (n := obs.node(p.node)) is not None and n.lease_silent_seconds is not None
+        for p in pods
+        if p.node
+    ):  # a silent Lease under a gang that trains: judged again when its steps would be late
+        times.append(seen + _live_window(s))
+    exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
+    if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
+        times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
+    since = pending_since(s)
+    if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
+        times.append(since + fp.pending_timeout_seconds)
+    baseline = _progress_baseline(s)
+    if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
+        times.append(baseline + hang_window(obs.spec, s))
+        if fp.in_place_restarts:  # when to ask the keepers whether they restart in place
+            times.append(baseline + hang_window(obs.spec, s, observed.GangHealth(False)))
+    future = [t for t in times if t > obs.now]
+    return min(future) if future else None
+
+
+def asks_the_gang(obs: observed.Observed) -> str | None:
+    """The coordinator's address (node rank 0's pod) when this pass should ask whether the
+    keepers can restart the gang in place: a hang's deadline and evidence grace have passed
+    and its in-place grace has not. None otherwise."""
+    if not obs.spec.failure_policy.in_place_restarts:
+        return None
+    pods = obs.attempt_pods(obs.status.attempt)
+    if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
+        return None
+    baseline = _progress_baseline(obs.status)
+    silent = observed.GangHealth(answered=False)
+    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, silent):
+        return None
+    if obs.now - baseline >= hang_window(obs.spec, obs.status):
+        return None  # past the grace: the hang is declared whatever they say
+    node0 = next((p for p in pods if p.rank == 0), None)
+    return None if node0 is None or not node0.ip else node0.ip

@@ -1,0 +1,225 @@
+"""Resume: choose the checkpoint to load (named, or `auto` via the catalog) and load it.
+
+Rank 0 reads the catalog and broadcasts the decision, so every rank loads the same step. A
+checkpoint written by a different training config is refused with a ConfigError (permanent);
+a damaged one named explicitly is a CheckpointError (retryable: the operator picks another).
+This module must not write checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+from torch.distributed.checkpoint import state_dict_loader
+from torch.distributed.checkpoint.api import CheckpointException
+
+from fsdp_worker import contract
+from fsdp_worker.checkpointing import checkpoint, reader, state
+from fsdp_worker.contract import catalog, config, errors, fence
+from fsdp_worker.runtime.distributed import DistInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What rank 0 decided: the checkpoint to load (None: fresh), and the steps it set aside
+    because they failed verification (under ``auto``: the operator could not do it)."""
+
+    point: ResumePoint | None
+    quarantined: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: str
+    step: int
+    world_size: int
+    samples: int
+    global_batch_size: int
+    memory: bool = False  # the memory tier (memtier.py): `path` is this rank's own files
+
+
+def _config_refusal(c: catalog.Candidate, training: config.TrainingConfig) -> errors.ConfigError:
+    assert c.marker is not None
+    m = c.marker
+    batch = (
+        f"training.globalBatchSize was {m.global_batch_size}, "
+        f"the config now says {training.global_batch_size}"
+        if m.global_batch_size != training.global_batch_size
+        else "the training config differs (model, data, optimizer, precision or seed)"
+    )
+    return errors.ConfigError(
+        f"refusing to resume from {c.path}: it was written with config hash {m.config_hash}, "
+        f"the running config hashes to {training.resume_hash()}; {batch}. Restore the original "
+        "config, or start a new run in an empty checkpoint root."
+    )
+
+
+def _point(c: catalog.Candidate) -> ResumePoint:
+    assert c.marker is not None
+    m = c.marker
+    return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
+
+
+def _choose_auto(
+    cfg: config.WorkerConfig,
+    *,
+    attempt: int,
+    job_uid: str | None,
+    rules: contract.ResumeRules | None,
+    generation: int = 0,
+) -> Choice:
+    root = cfg.checkpoint.root
+    other_jobs = cfg.checkpoint.resume_from_previous_jobs
+    lineage = catalog.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
+    storage = catalog.LocalStorage(root)
+    chosen, rejected = catalog.select(
+        storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
+    )
+    for c in rejected:
+        log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
+    try:
+        moved = fence.quarantine_corrupt(
+            storage, root, rejected, me=fence.Writer(attempt, generation, job_uid)
+        )
+    except fence.Superseded as exc:
+        raise errors.CheckpointError(str(exc)) from None
+    if moved:
+        log.warning("quarantined steps %s under %s: they failed verification", moved, root)
+    if chosen is not None:
+        return Choice(_point(chosen), moved)
+    mismatched = [c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH]
+    if mismatched:
+        raise _config_refusal(mismatched[0], cfg.training)
+    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+    if others:
+        raise errors.ConfigError(
+            f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
+            f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
+            " from them, or use another checkpoint.root"
+        )
+    refusal = catalog.fresh_start_refusal(root, rules, rejected)
+    if refusal is not None:
+        raise errors.ConfigError(refusal)
+    log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
+    return Choice(None, moved)
+
+
+def _choose(
+    cfg: config.WorkerConfig,
+    *,
+    resume: str,
+    attempt: int,
+    job_uid: str | None,
+    rules: contract.ResumeRules | None,
+    generation: int = 0,
+) -> Choice:
+    if resume == contract.RESUME_AUTO:
+        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules,
+                            generation=generation)  # fmt: skip
+    storage = catalog.LocalStorage(cfg.checkpoint.root)
+    candidate = catalog.verify(storage, resume, config_hash=cfg.training.resume_hash())
+    if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
+        raise _config_refusal(candidate, cfg.training)
+    if not candidate.ok:
+        raise errors.CheckpointError(
+            f"checkpoint {resume} is unusable: {candidate.reason}: {candidate.detail}"
+        )
+    return Choice(_point(candidate))
+
+
+def choose(
+    cfg: config.WorkerConfig,
+    *,
+    resume: str,
+    attempt: int,
+    dist_info: DistInfo,
+    job_uid: str | None = None,
+    rules: contract.ResumeRules | None = None,
+    generation: int = 0,
+) -> Choice:
+    """Collective: rank 0 decides, every rank gets the same answer (or the same error).
+
+    `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path;
+    with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects.
+    Rank 0 first takes the checkpoint root over for this attempt (fence.take_over): from then
+    on no earlier attempt can publish, set aside or delete there, so the step chosen stays.
+    """
+    box: list[object] = [None]
+    if dist_info.rank == 0:
+        try:
+            me = fence.Writer(attempt, generation, job_uid)
+            fence.take_over(catalog.LocalStorage(cfg.checkpoint.root), cfg.checkpoint.root, me)
+            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules,
+                             generation=generation) if resume else Choice(None)  # fmt: skip
+        except (errors.WorkerError, catalog.CatalogError) as exc:
+            box[0] = exc
+        except OSError as exc:  # the root cannot be written: every rank stops the same way
+            box[0] = errors.CheckpointError(f"checkpoint root {cfg.checkpoint.root}: {exc}")
+    dist.broadcast_object_list(box, src=0, group=dist_info.ckpt_group)
+    outcome = box[0]
+    if isinstance(outcome, catalog.CatalogError):
+        raise errors.CheckpointError(str(outcome))
+    if isinstance(outcome, errors.WorkerError):
+        raise outcome
+    assert isinstance(outcome, Choice)
+    return outcome
+
+
+def read_into(
+    point: ResumePoint,
+    make_state: Callable[[set[str]], dict[str, Any]],
+    *,
+    dist_info: DistInfo,
+) -> tuple[dict[str, Any], reader.RangeReader]:
+    """Load `point` into the state dict `make_state(saved top-level keys)` returns, in place
+    (DCP reshards to this world size; Stateful entries get `load_state_dict`); collective."""
+    if not os.path.isdir(point.path):
+        raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
+    try:
+        storage = reader.RangeReader(point.path)
+        saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
+        sd = make_state(saved_keys)
+        if point.memory:  # this rank's own shards, saved without collectives
+            with warnings.catch_warnings():  # DCP warns that no_dist means one process
+                warnings.simplefilter("ignore", UserWarning)
+                state_dict_loader.load(sd, storage_reader=storage, no_dist=True)
+        else:
+            state_dict_loader.load(sd, storage_reader=storage, process_group=dist_info.ckpt_group)
+    except (Exception, CheckpointException) as exc:
+        raise errors.CheckpointError(
+            f"loading {point.path} failed: {checkpoint.brief(exc)}"
+        ) from exc
+    return sd, storage
+
+
+def load(point: ResumePoint, st: state.TrainState, *, dist_info: DistInfo, seed: int) -> None:
+    """Load (resharding if the world size changed) into st; collective."""
+    sd, storage = read_into(
+        point,
+        lambda keys: state.template(st, saved_world_size=point.world_size, saved_keys=keys),
+        dist_info=dist_info,
+    )
+    state.apply_loaded(st, sd, rank=dist_info.rank, world_size=dist_info.world_size, seed=seed)
+    log.info(
+        "resumed from %s%s: step %d, samples %d, saved at world size %d, now %d "
+        "(%d bytes read as ranges from %d of %d files, %d items through DCP's reader)",
+        f"step-{point.step}" if point.memory else posixpath.basename(point.path),
+        " (memory)" if point.memory else "",
+        st.step,
+        st.samples,
+        point.world_size,
+        dist_info.world_size,
+        storage.ranged_bytes,
+        len(storage.files_read),
+        len({info.relative_path for info in storage.storage_data.values()}),
+        storage.fallback_items,
+    )

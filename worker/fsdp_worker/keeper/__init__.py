@@ -1,0 +1,3 @@
+"""Restarts in place: the keeper in front of torchrun (gang) and the warm launcher. Imports
+`contract` (and the stdlib) only.
+"""

@@ -1,0 +1,535 @@
+"""Each rank's flight record: where it is (phase, block, step), the collectives it entered and
+completed, its memory; kept where it outlives the rank and told before the operator erases it.
+
+The FSDP article's advice for a hang is to "compare the last completed collective or module
+transition on each rank" and for an OOM to "locate the phase"; both clues die with the pods.
+So a rank keeps:
+
+- a live record in its pod's termination-message file (contract.LIVE), rewritten at every
+  phase change: the kubelet reports it when the rank is killed without a word (a kernel OOM
+  kill, SIGKILL), so `OOMKilled` comes with the phase, step and memory;
+- a watchdog: when no step completed for `FSDP_HANG_SECONDS` (the job's progress deadline) it
+  prints every thread's stack and one `FSDP_EVIDENCE {json}` line to its log, where the
+  operator reads them before it deletes the pods, and writes both under the job's checkpoint
+  root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept).
+
+Collectives are recorded by wrapping torch.distributed's functions (FSDP2 calls them through
+the module, so its all-gathers and reduce-scatters are seen too). PyTorch's own flight
+recorder (TORCH_FR_BUFFER_SIZE, which the operator sets; gloo and NCCL alike) is dumped beside
+the evidence as JSON (`rank-<R>.fr.json`, its newest 200 entries) and its newest entry joins
+the record.
+
+Cheap by design: a phase change is a few attribute writes and, on each pod's first local
+rank, one fixed-size pwrite; nothing here may raise into training.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import resource
+import shutil
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fsdp_worker import contract
+from fsdp_worker.telemetry import termination
+
+log = logging.getLogger(__name__)
+
+EVIDENCE_DIR = ".evidence"
+EVIDENCE_ATTEMPTS = 5  # attempts whose evidence files are kept under the checkpoint root
+EVIDENCE_FILE_MAX = 64 * 1024  # bytes per rank and attempt
+STACK_LINES_MAX = 120  # per thread, in the log
+WATCH_SECONDS = 1.0
+MEMORY_EVERY_SECONDS = 0.5
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+_COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",  # FSDP2's all-gather since torch 2.1x
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",  # and its reduce-scatter
+    "broadcast",
+    "barrier",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "all_gather_object",
+    "broadcast_object_list",
+    "gather_object",
+)
+
+
+class Phase:
+    """What a rank is doing, in the article's words (docs/contract.md lists them)."""
+
+    INIT = "initialization"
+    LOAD = "checkpoint load"
+    DATA = "data loading"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer step"
+    SYNC = "end-of-step sync"
+    SAVE = "checkpoint save"
+    DONE = "finished"
+
+
+def _cgroup_limit() -> int | None:
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                raw = f.read().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and int(raw) < 1 << 60:
+            return int(raw)
+    return None
+
+
+def _rss() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Recorder:
+    """One process's record. Written by the training thread (and FSDP's hooks, and a save's
+    background thread for its collectives), read by the watchdog: every field is replaced
+    whole, so a reader sees an old or a new value, never half of one."""
+
+    def __init__(self, *, rank: int, local_rank: int, attempt: int) -> None:
+        self.rank, self.local_rank, self.attempt = rank, local_rank, attempt
+        self.step: int | None = None  # last completed step
+        self.phase = Phase.INIT
+        self.block: int | None = None
+        self.phase_since = time.monotonic()
+        self.last_step_at = time.monotonic()
+        self.collective: dict[str, Any] | None = None
+        self.collectives = 0
+        self.memory: dict[str, int | None] = {}
+        self._memory_at = 0.0
+        self._limit = _cgroup_limit()
+        self._device: Any = None
+        self._live_fd: int | None = None
+        self._lock = threading.Lock()
+        self._evidence_root: str | None = None
+        self._hang_seconds: float | None = None
+        self._startup_seconds: float | None = None
+        self._reported_stall = False
+        self._stop = threading.Event()
+        self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
+        self._sums: Callable[[], dict[str, Any]] | None = None  # global rank 0's totals
+
+    # --- the training thread's side -------------------------------------------------------
+    def enter(self, phase: str, block: int | None = None) -> None:
+        """The rank starts `phase` (of `block`): cheap, called many times a step."""
+        if phase == self.phase and block == self.block:
+            return
+        self.phase, self.block, self.phase_since = phase, block, time.monotonic()
+        self._write_live()
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        """`phase` for the duration of the block; the previous phase afterwards."""
+        before, block = self.phase, self.block
+        self.enter(phase)
+        try:
+            yield
+        finally:
+            self.enter(before, block)
+
+    def step_done(self, step: int) -> None:
+        self.step, self.last_step_at = step, time.monotonic()
+        if self._reported_stall:
+            self._reported_stall = False
+            log.info(
+                "rank %d stepping again (step %d) after its stall was reported", self.rank, step
+            )
+
+    def use_device(self, device: Any) -> None:
+        """A CUDA device's allocator figures join the memory record."""
+        self._device = device if getattr(device, "type", "") == "cuda" else None
+
+    def _collective(self, op: str, state: str) -> None:
+        self.collective = {
+            "op": op,
+            "seq": self.collectives,
+            "state": state,
+            "phase": self.phase,
+            "block": self.block,
+            "step": self.step,
+        }
+
+    # --- what it reports ------------------------------------------------------------------
+    def _sample_memory(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._memory_at < MEMORY_EVERY_SECONDS:
+            return
+        self._memory_at = now
+        mem: dict[str, int | None] = {
+            "rssBytes": _rss(),
+            "peakRssBytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "limitBytes": self._limit,
+        }
+        if self._device is not None:
+            import torch  # only when a CUDA device is in use
+
+            mem["cudaAllocatedBytes"] = int(torch.cuda.memory_allocated(self._device))
+            mem["cudaPeakBytes"] = int(torch.cuda.max_memory_allocated(self._device))
+            mem["cudaReservedBytes"] = int(torch.cuda.memory_reserved(self._device))
+            mem["cudaTotalBytes"] = int(torch.cuda.get_device_properties(self._device).total_memory)
+        self.memory = mem
+
+    def where(self) -> str:
+        """The phase in words: 'backward of block 7'."""
+        return self.phase if self.block is None else f"{self.phase} of block {self.block}"
+
+    def record(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "v": 1,
+            "rank": self.rank,
+            "localRank": self.local_rank,
+            "attempt": self.attempt,
+            "step": self.step,
+            "phase": self.phase,
+            "block": self.block,
+            "where": self.where(),
+            "phaseSeconds": round(now - self.phase_since, 3),
+            "stalledSeconds": round(now - self.last_step_at, 3),
+            "collective": self.collective,
+            "collectives": self.collectives,
+            "memory": self.memory,
+        }
+
+    def failure_fields(self) -> dict[str, Any]:
+        """What a failure message adds (termination.write's `extra`): where the rank was, its
+        memory now, and the ledger's plan (an OOM's allocator view is measured against it)."""
+        self._sample_memory(force=True)
+        fields: dict[str, Any] = {"phase": self.where(), "memory": self.memory}
+        if self.ledger:
+            fields["ledger"] = self.ledger
+        if self._sums is not None:
+            fields[contract.SUMS] = self._sums()
+        return fields
+
+    def sums_from(self, source: Callable[[], dict[str, Any]]) -> None:
+        """Global rank 0's run totals (contract.sums, read from its metrics): in its live
+        record at each rewrite and in its failure message."""
+        self._sums = source
+
+    def note_ledger(self, planned: dict[str, Any]) -> None:
+        """Keep the ledger's persistent and gathered bytes per rank."""
+        keys = ("persistentBytesPerRank", "largestGatheredBytes")
+        self.ledger = {k: int(planned[k]) for k in keys if isinstance(planned.get(k), int)}
+
+    # --- the live record in the termination-message file -----------------------------------
+    def open_live(self) -> None:
+        """Keep a live record in this pod's termination-message file (first local rank only:
+        they share the file, and the ranks of a pod are in the same phase)."""
+        if self.local_rank != 0:
+            return
+        target = termination.path()
+        if target is None:
+            return
+        try:
+            self._live_fd = os.open(target, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            log.warning("no live record in %s: %s", target, exc)
+            return
+        self._write_live()
+
+    def _write_live(self) -> None:
+        if self._live_fd is None:
+            return
+        self._sample_memory()
+        doc = {
+            "class": contract.LIVE,
+            "rank": self.rank,
+            "step": self.step,
+            "exitCode": None,
+            "message": "",
+            "phase": self.where(),
+            "memory": self.memory,
+        }
+        if self._sums is not None:
+            doc[contract.SUMS] = contract.totals(self._sums())
+        with self._lock:
+            termination.write_live(self._live_fd, json.dumps(doc, separators=(",", ":")))
+
+    def close_live(self, *, clear: bool) -> None:
+        """Stop the live record; `clear`: the rank exits well, a Succeeded pod says nothing
+        (unless a message of the run's end replaced the record)."""
+        fd, self._live_fd = self._live_fd, None
+        if fd is None:
+            return
+        with self._lock:
+            if clear:
+                termination.clear_live(fd)
+            os.close(fd)
+
+    # --- the watchdog ----------------------------------------------------------------------
+    def watch(
+        self,
+        *,
+        hang_seconds: float | None,
+        evidence_root: str | None,
+        startup_seconds: float | None = None,
+    ) -> None:
+        """Start the watchdog (no-op without a deadline): a stall is `hang_seconds` with no
+        step, or before this process's first step, `startup_seconds` (default the same)."""
+        self._hang_seconds, self._evidence_root = hang_seconds, evidence_root
+        self._startup_seconds = startup_seconds or hang_seconds
+        if evidence_root is not None and self.rank == 0:
+            prune(evidence_root, keep=EVIDENCE_ATTEMPTS, current=self.attempt)
+        if not hang_seconds:
+            return
+        threading.Thread(target=self._watch, name="fsdp-flight", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        assert self._hang_seconds is not None
+        while not self._stop.wait(WATCH_SECONDS):
+            stalled = time.monotonic() - self.last_step_at
+            allowed = self._hang_seconds if self.step is not None else self._startup_seconds
+            assert allowed is not None
+            if stalled >= allowed and not self._reported_stall:
+                self._reported_stall = True
+                try:
+                    self.report_stall()
+                except Exception:  # evidence is advice: it never takes the rank down
+                    log.exception("could not report the stall")
+                if os.environ.get(contract.ENV_GANG):
+                    self.end_hung(stalled)
+
+    def end_hung(self, stalled: float) -> None:
+        """With restarts in place (fsdp_worker.keeper.gang in front of torchrun), a rank past its
+        own hang deadline ends itself, saying so: its keeper restarts the gang's ranks in the same
+        pods, before the operator's deadline would recreate them."""
+        termination.write(
+            failure_class=contract.FailureClass.HANG.value,
+            rank=self.rank,
+            step=self.step,
+            exit_code=int(contract.ExitCode.RETRYABLE),
+            text=f"no step completed for {stalled:.0f}s (FSDP_HANG_SECONDS); restarting in place",
+            extra=self.failure_fields(),
+        )
+        os._exit(int(contract.ExitCode.RETRYABLE))
+
+    def report_stall(self) -> dict[str, Any]:
+        """Stacks and the record, to the log (one write) and the evidence file."""
+        self._sample_memory(force=True)
+        doc = self.record()
+        stacks = thread_stacks()
+        path = self._evidence_path()
+        recorded = _flight_recorder()
+        if recorded:
+            doc["flightRecorder"] = _last_entry(recorded)
+        if path is not None:
+            doc["file"] = path
+        line = f"{contract.EVIDENCE_PREFIX} {json.dumps(doc, separators=(',', ':'))}"
+        tagged = "".join(f"[rank{self.rank}] {s}\n" for s in stacks.splitlines())
+        header = f"[rank{self.rank}] no step completed for {doc['stalledSeconds']:.0f}s; stacks:\n"
+        os.write(2, (header + tagged + line + "\n").encode(errors="replace"))
+        if path is not None:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                body = (line + "\n" + stacks).encode(errors="replace")[:EVIDENCE_FILE_MAX]
+                with open(path, "wb") as f:
+                    f.write(body)
+                if recorded:
+                    with open(path.removesuffix(".txt") + ".fr.json", "w") as f:
+                        json.dump(recorded, f)
+            except OSError as exc:
+                log.warning("could not keep the evidence in %s: %s", path, exc)
+        return doc
+
+    def _evidence_path(self) -> str | None:
+        if self._evidence_root is None:
+            return None
+        return os.path.join(
+            self._evidence_root, EVIDENCE_DIR, f"attempt-{self.attempt}", f"rank-{self.rank}.txt"
+        )
+
+
+FR_ENTRIES_KEPT = 200
+
+
+def _flight_recorder() -> dict[str, Any] | None:
+    """PyTorch's own flight recorder of this process (TORCH_FR_BUFFER_SIZE; gloo and NCCL), its
+    newest FR_ENTRIES_KEPT entries; None when it is off or this torch has none. JSON only:
+    nothing is unpickled."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+
+        raw = c10d._dump_fr_trace_json(True, False)  # private, typed since torch 2.1x
+        doc = json.loads(raw)
+    except Exception:  # an older torch, or no process group: the record above still stands
+        return None
+    if not isinstance(doc, dict) or not doc.get("entries"):
+        return None
+    doc["entries"] = doc["entries"][-FR_ENTRIES_KEPT:]
+    return doc
+
+
+def _last_entry(recorded: dict[str, Any]) -> dict[str, Any]:
+    """The flight recorder's newest entry, in a few words: op, sequence number, state."""
+    last = recorded["entries"][-1]
+    return {
+        "op": last.get("profiling_name"),
+        "seq": last.get("collective_seq_id"),
+        "state": last.get("state"),
+        "processGroup": (last.get("process_group") or [None, None])[1],
+    }
+
+
+def thread_stacks() -> str:
+    """Every other thread's Python stack (not the watchdog's own), the innermost frames kept
+    when one is very deep."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+            continue
+        lines = "".join(traceback.format_stack(frame)).splitlines()[-STACK_LINES_MAX:]
+        parts.append(f"thread {names.get(ident, ident)}:\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
+def prune(root: str, *, keep: int, current: int) -> None:
+    """Delete the evidence of all but the newest `keep` attempts (this one counts)."""
+    base = os.path.join(root, EVIDENCE_DIR)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    attempts = sorted(
+        int(n.split("-", 1)[1])
+        for n in names
+        if n.startswith("attempt-") and n.split("-", 1)[1].isdigit()
+    )
+    older = [a for a in attempts if a < current]
+    for attempt in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(os.path.join(base, f"attempt-{attempt}"), ignore_errors=True)
+
+
+# --- the process's recorder, and the hooks that feed it ----------------------------------------
+_current: Recorder | None = None
+
+
+def current() -> Recorder | None:
+    return _current
+
+
+def start(*, rank: int, local_rank: int, attempt: int) -> Recorder:
+    """This process's recorder: the live record opened, collectives wrapped."""
+    global _current
+    _current = Recorder(rank=rank, local_rank=local_rank, attempt=attempt)
+    _current.open_live()
+    _wrap_collectives()
+    return _current
+
+
+def finish(*, clear: bool) -> None:
+    global _current
+    if _current is not None:
+        _current.stop()
+        _current.close_live(clear=clear)
+    _current = None
+
+
+def enter(phase: str, block: int | None = None) -> None:
+    if _current is not None:
+        _current.enter(phase, block)
+
+
+@contextmanager
+def during(phase: str) -> Iterator[None]:
+    if _current is None:
+        yield
+        return
+    with _current.during(phase):
+        yield
+
+
+def step_done(step: int) -> None:
+    if _current is not None:
+        _current.step_done(step)
+
+
+def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        rec = _current
+        if rec is None:
+            return fn(*args, **kwargs)
+        rec.collectives += 1
+        rec._collective(name, "entered")
+        result = fn(*args, **kwargs)
+        # An async op has only been issued; FSDP waits for it in the next phase it records.
+        rec._collective(name, "issued" if kwargs.get("async_op") else "completed")
+        return result
+
+    recorded.__fsdp_flight__ = True  # type: ignore[attr-defined]
+    return recorded
+
+
+def _wrap_collectives() -> None:
+    import torch.distributed as dist
+
+    for name in _COLLECTIVES:
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, "__fsdp_flight__", False):
+            setattr(dist, name, _wrap(name, fn))
+
+
+def watch_blocks(model: Any) -> int:
+    """Record forward and backward of each FSDP-wrapped block of `model` (its `fully_shard`
+    children, in module order; the root as plain forward); returns how many blocks are watched.
+    The pre-hooks go first, so that FSDP's all-gather of a block is recorded as the block's."""
+    from torch import nn
+    from torch.distributed.fsdp import FSDPModule
+
+    modules: list[nn.Module] = list(model.modules())
+    blocks = [m for m in modules if isinstance(m, FSDPModule) and m is not model]
+    model.register_forward_pre_hook(functools.partial(_forward_pre, None), prepend=True)
+    for index, fsdp_block in enumerate(blocks):
+        block: nn.Module = fsdp_block  # FSDPModule is a mixin of an nn.Module
+        block.register_forward_pre_hook(functools.partial(_forward_pre, index), prepend=True)
+        block.register_forward_hook(functools.partial(_forward_post, index))
+    return len(blocks)
+
+
+def _forward_pre(index: int | None, module: Any, args: Any) -> None:
+    rec = _current
+    if rec is None:
+        return
+    # activation checkpointing runs a block's forward again inside backward
+    rec.enter(Phase.BACKWARD if rec.phase == Phase.BACKWARD else Phase.FORWARD, index)
+
+
+def _forward_post(index: int, module: Any, args: Any, output: Any) -> None:
+    rec = _current
+    if rec is None or rec.phase == Phase.BACKWARD:
+        return
+    tensor = output[0] if isinstance(output, tuple) and output else output
+    if getattr(tensor, "requires_grad", False):
+        tensor.register_hook(functools.partial(_backward_of, index))
+
+
+def _backward_of(index: int, grad: Any) -> None:
+    enter(Phase.BACKWARD, index)
