@@ -108,7 +108,7 @@ worker-compat:
 demo: venv cluster-bin images
 	$(VPY) -m harness.demo
 
-# Both benchmarks; numbers land in bench/results/ (docs/operator.md and
+# Both benchmarks; numbers land in bench/results/ (docs/benchmarks.md and
 # docs/worker.md, "Benchmarks").
 bench: venv cluster-bin images
 	PYTHONPATH=. $(VPY) bench/operator_recovery.py

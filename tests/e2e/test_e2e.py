@@ -259,7 +259,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
 def _report_capabilities(e2e: E2E, namespace: str, pod: dict[str, Any]) -> None:
     """The profile's capability reaches the container on the real runtime (its bounding set
     is IPC_LOCK alone), and its NCCL variable the environment. Printed: the effective set and
-    the memlock limit the non-root worker really has (docs/operator.md, "Runtime profiles")."""
+    the memlock limit the non-root worker really has (docs/operations.md, "Runtime profiles")."""
     name = pod["metadata"]["name"]
     shell = "grep -E '^Cap(Bnd|Eff)' /proc/self/status; ulimit -l; echo $NCCL_SOCKET_IFNAME"
     out = e2e.kube.kubectl("exec", "-n", namespace, name, "--", "sh", "-c", shell).stdout

@@ -141,7 +141,7 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
         replicas=2,
         minReplicas=2,
         training={"steps": 160},
-        resources={"limits": {lk.GPU: 8}},  # a whole node each (docs/operator.md, Kueue)
+        resources={"limits": {lk.GPU: 8}},  # a whole node each (docs/operations.md, Kueue)
         failurePolicy={"progressDeadlineSeconds": PROGRESS_DEADLINE},
         env={
             "STANDIN_MEET_SECONDS": "600",  # attempt 1 only: rank 0 never Ready
