@@ -38,10 +38,15 @@ kwok-bin:
 kueue-bin:
 	bash localcluster/build-kueue.sh >/dev/null
 
+# `ruff format` owns layout; `# fmt: skip` stays only on aligned tables, and their count may
+# fall but not grow (`python -m hack.fmt_skips --list` says where they are).
+FMT_SKIPS_MAX := 518
+
 lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VPY) -m hack.fmt_skips --max $(FMT_SKIPS_MAX)
 
 typecheck: venv
 	$(VENV)/bin/mypy
