@@ -98,13 +98,37 @@ def test_two_writers_that_raced_leave_one_and_leftovers_are_cleared(tmp_path: Pa
     storage = catalog.LocalStorage(str(tmp_path))
     zombie, live = fence.Writer(1, 0, UID), fence.Writer(2, 0, UID)
     (tmp_path / zombie.dir_name / "step-5.partial-a1").mkdir(parents=True)  # both made theirs
-    (tmp_path / live.dir_name / "step-4.partial-a2").mkdir(parents=True)
+    (tmp_path / live.dir_name / "step-4.partial-a2").mkdir(parents=True)  # its own: kept
     (tmp_path / live.dir_name / "step-3.quarantined-1").mkdir()  # evidence: kept
     fence.take_over(storage, ".", live)
     assert fence.writers(storage, ".") == [live]
-    assert sorted(p.name for p in (tmp_path / live.dir_name).iterdir()) == ["step-3.quarantined-1"]
+    kept = sorted(p.name for p in (tmp_path / live.dir_name).iterdir())
+    assert kept == ["step-3.quarantined-1", "step-4.partial-a2"]
     with pytest.raises(FileNotFoundError):
         _save(storage, zombie, 6)  # its writer directory is gone: it cannot even save
+
+
+def test_a_peer_rank_writing_before_the_take_over_ends_keeps_its_shard(tmp_path: Path) -> None:
+    """Rank 0 renames the old writer's directory to its own, then clears what earlier writers
+    left there. A rank of its own generation that saw the directory appear between the two and
+    wrote its shard keeps it: rank 0 would otherwise wait for a shard that was written (seen
+    in tests/worker/test_gang.py's spare takeover, where the stand-in's rank 1 ran ahead)."""
+    storage = catalog.LocalStorage(str(tmp_path))
+    before, me = fence.Writer(1, 0, UID), fence.Writer(1, 1, UID)
+    (tmp_path / before.dir_name / "step-30.partial-a1").mkdir(parents=True)  # before's: cleared
+    real_claim = fence._claim
+
+    def claim_then_a_peer_writes(*args: Any, **kwargs: Any) -> None:
+        real_claim(*args, **kwargs)
+        shard = Path(storage.resolve(me.partial(30))) / "rank-1.bin"
+        shard.parent.mkdir()
+        shard.write_bytes(b"rank 1 step 30")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fence, "_claim", claim_then_a_peer_writes)
+        fence.take_over(storage, ".", me)
+    assert [p.name for p in (tmp_path / me.dir_name).iterdir()] == ["step-30.partial-a1g1"]
+    assert (Path(storage.resolve(me.partial(30))) / "rank-1.bin").read_bytes() == b"rank 1 step 30"
 
 
 def test_a_step_already_there_is_set_aside_and_a_sealed_step_never_overwritten(

@@ -110,7 +110,7 @@ def take_over(storage: catalog.LocalStorage, root: str, me: Writer) -> str:
             _claim(storage, root, me, donor=max(others, key=_order) if others else None)
             continue
         if not others:
-            _clear_leftovers(storage, mine)
+            _clear_leftovers(storage, mine, me)
             return mine
         for other in others:
             _move_into(storage, posixpath.join(root, other.dir_name), mine,
@@ -144,11 +144,15 @@ def _move_into(storage: catalog.LocalStorage, src: str, writer_dir: str, name: s
         os.rename(storage.resolve(src), storage.resolve(posixpath.join(writer_dir, name)))
 
 
-def _clear_leftovers(storage: catalog.LocalStorage, writer_dir: str) -> None:
+def _clear_leftovers(storage: catalog.LocalStorage, writer_dir: str, me: Writer) -> None:
     """Earlier writers' partial saves, deleted steps and moved directories: none of them can
-    ever be published now. Set-aside (quarantined) steps stay: they are evidence."""
+    ever be published now. Set-aside (quarantined) steps stay: they are evidence. So do `me`'s
+    own partial saves: a rank of this generation may already be writing its shard there (the
+    directory exists from the rename on), and deleting it would leave rank 0 waiting for a shard
+    that was written."""
+    own = posixpath.basename(me.partial(0)).removeprefix(catalog.step_dir_name(0))
     for name in storage.list_dirs(writer_dir):
-        if catalog.QUARANTINE_INFIX not in name:
+        if catalog.QUARANTINE_INFIX not in name and not name.endswith(own):
             log.info("removing %s, left by an earlier writer", name)
             shutil.rmtree(storage.resolve(posixpath.join(writer_dir, name)), ignore_errors=True)
 
