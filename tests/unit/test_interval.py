@@ -191,7 +191,7 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
     """checkpoint.memory's own interval (auto: chosen from every failure) and its last blocking
     save are rank 0's to report; the status keeps them beside checkpointInterval (the claim's),
     and `fsdpctl describe` prints them. A worker without a memory tier reports none."""
-    from fsdp_operator import cli
+    from fsdp_operator.cli import documents, views
     from fsdp_operator.policy import decide
     from fsdp_operator.types import observed as ob
 
@@ -214,7 +214,8 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
     assert d.status.memory_tier == got.memory
     doc = d.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     assert doc["memoryTier"] == {"intervalSteps": 6, "saveSeconds": 0.042, "sealedStep": 36}
-    assert "memory tier: every 6 steps, last save 0.042s, sealed step 36" in cli._cost_lines(doc)
+    described = views.cost_lines(documents.job_status({"status": doc}))  # as fsdpctl reads it
+    assert "memory tier: every 6 steps, last save 0.042s, sealed step 36" in described
 
 
 def test_the_goodput_totals_are_counters_that_only_rise() -> None:
