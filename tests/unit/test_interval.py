@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fsdp_operator.io import kube, observe
-from fsdp_operator.types import api
+from fsdp_operator.types import api, scrape
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
 from fsdp_worker.contract import config, interval
@@ -139,7 +139,7 @@ def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
         config.CheckpointConfig.model_validate({"intervalSteps": value})
 
 
-def _scraped(m: metrics.Metrics) -> dict[str, float]:
+def _scraped(m: metrics.Metrics) -> scrape.Scrape:
     """What the operator's prober reads off this registry's page."""
     return kube.contract_samples(m.render())
 
@@ -182,7 +182,7 @@ def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() ->
     m.chose(interval.Choice(steps=500, auto=False))
     got = observe.progress_of(_scraped(m))
     assert got.interval is not None and got.interval.steps == 500 and not got.interval.auto
-    old = observe.progress_of({contract.METRIC_STEP: 7.0})
+    old = observe.progress_of(scrape.Scrape([scrape.Sample(contract.METRIC_STEP, (), 7.0)]))
     assert old.step == 7 and old.milestones == {} and old.interval is None
     assert old.checkpoint_step is None and old.resumed_from is None
 
