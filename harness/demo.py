@@ -28,7 +28,7 @@ from rich.console import Console
 
 from fsdp_operator.types import names
 from harness import stack
-from localcluster import controlplane, faults, images
+from localcluster import controlplane, faults, images, poll
 
 console = Console()
 NS = "demo"
@@ -57,7 +57,7 @@ def _await(jobs: stack.Jobs, what: str, probe: Any, timeout: float = 240) -> Any
     def show() -> str:
         return json.dumps(jobs.status("tiny-cpu"), indent=1)[:2000]
 
-    return stack.wait_for(what, probe, timeout=timeout, every=1.0, context=show)
+    return poll.until(what, probe, timeout=timeout, every=1.0, diagnosis=show)
 
 
 def _full(s: dict[str, Any]) -> bool:

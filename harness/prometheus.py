@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from harness import stack
+from localcluster import poll
 
 _CAMEL = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
 
@@ -211,7 +212,7 @@ class Prometheus:
         self.proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        stack.wait_for("prometheus ready", self._ready, timeout=60, context=self.log_tail)
+        poll.until("prometheus ready", self._ready, timeout=60, diagnosis=self.log_tail)
 
     def _ready(self) -> bool:
         try:

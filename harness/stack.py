@@ -15,24 +15,22 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from localcluster import controlplane
+from localcluster import controlplane, poll
 
 ROOT = Path(__file__).resolve().parents[1]
 OP_NS = "fsdp-system"
 OP_SA = "fsdp-operator"
 WORKER_UID = 1000
 """The worker image's user (and the operator's pod templates' runAsUser/fsGroup)."""
-T = TypeVar("T")
 
 
 def _die_with_parent() -> None:
@@ -60,7 +58,7 @@ def install_crd(cluster: controlplane.Cluster) -> None:
         return got.stdout == "True"
 
     for name in ("fsdpjobs", "fsdpruntimeprofiles"):
-        wait_for(f"the {name} CRD Established", functools.partial(established, name), timeout=60)
+        poll.until(f"the {name} CRD Established", functools.partial(established, name), timeout=60)
 
 
 def helm() -> Path:
@@ -251,7 +249,7 @@ class ChartOperator:
             holder = self.lease_holder()
             return next((p for p in self.running_pods() if p["metadata"]["name"] == holder), None)
 
-        return wait_for("a leading operator pod", leader, timeout=60)
+        return poll.until("a leading operator pod", leader, timeout=60)
 
     def metrics_url(self, port: int = 8000) -> str:
         return f"http://{self.running_pod()['status']['podIP']}:{port}/metrics"
@@ -502,25 +500,3 @@ def make_worker_dir(directory: Path) -> None:
 def volumes_root(cluster: controlplane.Cluster) -> Path:
     """Where the claims' PersistentVolumes live on this machine, one directory per claim."""
     return cluster.state_dir / "volumes"
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], T | None],
-    *,
-    timeout: float = 60.0,
-    every: float = 0.25,
-    context: Callable[[], str] | None = None,
-) -> T:
-    """Poll until probe() returns something truthy; fail with `what` and context."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(every)
-    extra = context() if context else ""
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}; last={last!r}\n{extra}"
-    )

@@ -16,13 +16,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import kmock
 import yaml
+
+from localcluster import poll
 
 
 def status(code: int, message: str = "") -> kmock.Response:
@@ -79,10 +80,13 @@ class FakeAPI:
     def wait(self, criteria: Any, count: int, *, timeout: float = 5.0) -> None:
         """Blocks until the server has got `count` requests matching `criteria` (a request is
         recorded on arrival, before it is answered)."""
-        deadline = time.monotonic() + timeout
-        while len(self.handler[criteria]) < count:
-            assert time.monotonic() < deadline, f"{count} x {criteria!r} not seen: {self.log()}"
-            time.sleep(0.002)
+        poll.until(
+            f"{count} x {criteria!r}",
+            lambda: len(self.handler[criteria]) >= count,
+            timeout=timeout,
+            every=0.002,
+            diagnosis=lambda: f"requests: {self.log()}",
+        )
 
     def log(self) -> list[str]:
         """Every request so far as "METHOD /path?query", in order (for assertion messages)."""

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
-import pytest
-
-from localcluster import images
+from localcluster import images, poll
 from localcluster.controlplane import Cluster, KubectlError
 
 JSON = dict[str, Any]
@@ -18,18 +14,6 @@ RESTRICTED_CONTAINER: JSON = {
     "capabilities": {"drop": ["ALL"]},
     "readOnlyRootFilesystem": True,
 }
-
-
-def eventually(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "") -> Any:
-    """Poll ``check`` until it returns something truthy; that value is returned."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.25)
 
 
 def python_pod(
@@ -97,7 +81,7 @@ def wait_phase(
         pod = get_pod(cluster, namespace, name)
         return pod if pod and pod.get("status", {}).get("phase") in phases else None
 
-    found: JSON = eventually(check, timeout=timeout, what=f"pod {name} in {phases}")
+    found: JSON = poll.until(f"pod {name} in {phases}", check, timeout=timeout)
     return found
 
 
@@ -115,7 +99,7 @@ def running(cluster: Cluster, namespace: str, name: str, *, timeout: float = 60.
         statuses = (pod or {}).get("status", {}).get("containerStatuses") or []
         return pod if statuses and "running" in statuses[0]["state"] else None
 
-    found: JSON = eventually(check, timeout=timeout, what=f"pod {name} running")
+    found: JSON = poll.until(f"pod {name} running", check, timeout=timeout)
     return found
 
 

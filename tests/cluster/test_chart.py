@@ -16,7 +16,7 @@ from fsdp_operator.policy import decide
 from fsdp_operator.render import templates
 from fsdp_operator.types import api, names
 from harness import stack
-from localcluster import controlplane
+from localcluster import controlplane, poll
 
 pytestmark = pytest.mark.cluster
 CHART = stack.ROOT / "charts" / "fsdp-operator"
@@ -264,11 +264,11 @@ def test_edit_and_view_users_get_fsdpjob_rights_through_aggregation(
         return done.stdout.strip() == "yes"
 
     # the clusterrole-aggregation controller folds the rules in, a moment after the apply
-    stack.wait_for(
+    poll.until(
         "edit to include FSDPJob create",
         lambda: can("alice", "create"),
         timeout=60,
-        context=lambda: cluster.kubectl(
+        diagnosis=lambda: cluster.kubectl(
             "auth",
             "can-i",
             "create",
@@ -281,7 +281,7 @@ def test_edit_and_view_users_get_fsdpjob_rights_through_aggregation(
         ).stderr
         + cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml", check=False).stdout,
     )
-    stack.wait_for("view to include FSDPJob list", lambda: can("bob", "list"), timeout=60)
+    poll.until("view to include FSDPJob list", lambda: can("bob", "list"), timeout=60)
     assert can("alice", "delete") and can("bob", "get")
     assert not can("bob", "create") and not can("bob", "delete")
     assert not can("carol", "list")  # bound to nothing

@@ -5,23 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from localcluster import poll
 from localcluster.controlplane import Cluster, KubectlError
 
 pytestmark = pytest.mark.cluster
-
-
-def eventually(check: Callable[[], bool], *, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.25)
 
 
 def pod(
@@ -73,7 +64,7 @@ def test_rbac_forbids_a_service_account_until_a_role_allows_it(
         args = ("get", "pods", "-n", kube_namespace)
         return cluster.kubectl(*args, kubeconfig=as_reader, check=False).returncode == 0
 
-    eventually(can_list, timeout=10, what="the RoleBinding to take effect")
+    poll.until("the RoleBinding to take effect", can_list, timeout=10)
     # Still least privilege: nothing outside the Role.
     with pytest.raises(KubectlError, match="forbidden"):
         cluster.kubectl("get", "secrets", "-n", kube_namespace, kubeconfig=as_reader)
@@ -119,7 +110,7 @@ def test_deleting_an_owner_garbage_collects_its_pods(cluster: Cluster, kube_name
     def names() -> set[str]:
         return {p["metadata"]["name"] for p in cluster.get_json("pods", *ns)["items"]}
 
-    eventually(lambda: names() == {"bystander"}, what="owned pods to be collected")
+    poll.until("owned pods to be collected", lambda: names() == {"bystander"}, timeout=30)
 
 
 def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
@@ -145,7 +136,7 @@ def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
         "cluster-dns",
         "storage-provisioner",
     }
-    eventually(lambda: not any(running(p["pid"]) for p in started), timeout=5, what="all stopped")
+    poll.until("all stopped", lambda: not any(running(p["pid"]) for p in started), timeout=5)
     assert cli("status").returncode == 1
 
 

@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
+from localcluster import poll
 from localcluster.controlplane import Cluster
 from localcluster.faults import FaultError, Faults
 from tests.cluster._podkit import (
     alive,
     apply,
-    eventually,
     get_pod,
     process_state,
     python_pod,
@@ -82,9 +82,9 @@ def test_freeze_stops_every_process_and_thaw_resumes(
         "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
     )
     _started(cluster, kube_namespace, "stuck", forking + SLEEPER)
-    pids = eventually(
+    pids = poll.until(
+        "parent and child",
         lambda: len(found := faults.pids(kube_namespace, "stuck")) == 2 and found,
-        what="parent and child",
     )
     faults.freeze(kube_namespace, "stuck")
     assert [process_state(p) for p in pids] == ["T", "T"], "every process of the pod stopped"
@@ -107,8 +107,8 @@ def test_evict_goes_through_the_eviction_api(
         kinds = {c["type"] for c in pod["status"].get("conditions", [])}
         return "DisruptionTarget" in kinds
 
-    eventually(evicted, timeout=60, what="pod evicted")
-    eventually(lambda: get_pod(cluster, kube_namespace, "evictee") is None, what="pod gone")
+    poll.until("pod evicted", evicted, timeout=60)
+    poll.until("pod gone", lambda: get_pod(cluster, kube_namespace, "evictee") is None)
 
 
 def test_cut_link_makes_the_pod_unreachable_until_restored(
@@ -126,11 +126,11 @@ def test_cut_link_makes_the_pod_unreachable_until_restored(
         except OSError:
             return False
 
-    eventually(reachable, timeout=20, what="reachable before the cut")
+    poll.until("reachable before the cut", reachable, timeout=20)
     faults.cut_link(kube_namespace, "island")
     assert not reachable()
     faults.restore_link(kube_namespace, "island")
-    eventually(reachable, timeout=20, what="reachable after restore")
+    poll.until("reachable after restore", reachable, timeout=20)
 
 
 def test_unknown_pod_is_a_clear_error(kube_namespace: str, faults: Faults) -> None:
@@ -150,7 +150,7 @@ def test_kill_rank_signals_only_that_worker(
         "sys.exit(1)\n"
     )
     _started(cluster, kube_namespace, "gang", launcher)
-    eventually(lambda: len(faults.pids(kube_namespace, "gang")) == 3, what="launcher + 2 ranks")
+    poll.until("launcher + 2 ranks", lambda: len(faults.pids(kube_namespace, "gang")) == 3)
     killed = faults.kill_rank(kube_namespace, "gang", rank=1)
     assert len(killed) == 1
     pod = wait_phase(cluster, kube_namespace, "gang", ("Failed",))

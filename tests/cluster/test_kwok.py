@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from localcluster import controlplane, kwok, nodes
-from tests.cluster._podkit import RESTRICTED_CONTAINER, eventually
+from localcluster import controlplane, kwok, nodes, poll
+from tests.cluster._podkit import RESTRICTED_CONTAINER
 
 # The first run builds kwok from its Go module (about 80 s here) inside the first test's setup.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -95,7 +95,7 @@ def test_scheduler_places_a_gpu_pod_that_runs_at_an_unreachable_address(
     fleet: kwok.Fleet, namespace: str
 ) -> None:
     create(fleet, namespace, gpu_pod("gpu"))
-    pod = eventually(lambda: running(fleet, namespace, "gpu"), timeout=30, what="pod Running")
+    pod = poll.until("pod Running", lambda: running(fleet, namespace, "gpu"), timeout=30)
 
     assert pod["spec"]["nodeName"] in FLEET.names()
     ip = pod["status"]["podIP"]
@@ -116,7 +116,7 @@ def test_a_pod_without_the_toleration_is_not_scheduled(fleet: kwok.Fleet, namesp
         return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
                    for c in conditions)  # fmt: skip
 
-    eventually(unschedulable, timeout=30, what="PodScheduled=False, Unschedulable")
+    poll.until("PodScheduled=False, Unschedulable", unschedulable, timeout=30)
     assert not get(fleet, namespace, "untolerated")["spec"].get("nodeName")
 
 
@@ -124,7 +124,7 @@ def test_fail_pod_terminates_the_container_with_the_exit_code(
     fleet: kwok.Fleet, namespace: str
 ) -> None:
     create(fleet, namespace, gpu_pod("crash"))
-    eventually(lambda: running(fleet, namespace, "crash"), timeout=30, what="pod Running")
+    poll.until("pod Running", lambda: running(fleet, namespace, "crash"), timeout=30)
 
     fleet.fail_pod(namespace, "crash", 137)
 
@@ -132,7 +132,7 @@ def test_fail_pod_terminates_the_container_with_the_exit_code(
         pod = get(fleet, namespace, "crash")
         return pod if pod["status"].get("phase") == "Failed" else None
 
-    pod = eventually(failed, timeout=15, what="pod Failed")
+    pod = poll.until("pod Failed", failed, timeout=15)
     (status,) = pod["status"]["containerStatuses"]
     assert status["state"]["terminated"]["exitCode"] == 137
     assert status["state"]["terminated"]["reason"] == "Error"

@@ -9,8 +9,9 @@ import json
 
 import pytest
 
+from localcluster import poll
 from localcluster.controlplane import Cluster
-from tests.cluster._podkit import apply, eventually, get_pod, python_pod, running, wait_phase
+from tests.cluster._podkit import apply, get_pod, python_pod, running, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -68,7 +69,7 @@ def test_an_isolated_pod_takes_only_allowed_peers_and_its_kubelets_probes(
         apply(cluster, kube_namespace, _client(name, ip, role="stranger", node=nodes[1]))
         return _outcome(cluster, kube_namespace, name) == "Failed"
 
-    eventually(refused, timeout=120, what="a stranger refused by the policy")
+    poll.until("a stranger refused by the policy", refused, timeout=120)
     # from the server's own node too: pods there are isolated just the same
     apply(cluster, kube_namespace, _client("neighbour", ip, role="stranger", node=nodes[0]))
     assert _outcome(cluster, kube_namespace, "neighbour") == "Failed"

@@ -13,8 +13,9 @@ import socket
 
 import pytest
 
+from localcluster import poll
 from localcluster.controlplane import Cluster
-from tests.cluster._podkit import apply, eventually, python_pod, running, terminated, wait_phase
+from tests.cluster._podkit import apply, python_pod, running, terminated, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -117,4 +118,4 @@ def test_host_reaches_pod_address(cluster: Cluster, kube_namespace: str) -> None
         except OSError:
             return b""
 
-    assert eventually(fetch, timeout=20, what="host -> pod TCP") == b"metrics"
+    assert poll.until("host -> pod TCP", fetch, timeout=20) == b"metrics"

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from localcluster import poll
 from localcluster.controlplane import Cluster
 from localcluster.faults import Faults
 from tests.cluster._podkit import (
     alive,
     apply,
-    eventually,
     get_pod,
     node_ready,
     python_pod,
@@ -140,15 +140,13 @@ def test_delete_stops_the_process_within_the_grace_period(
     stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + SLEEPER
     apply(cluster, kube_namespace, python_pod("stubborn", stubborn, grace=3))
     running(cluster, kube_namespace, "stubborn")
-    pids = eventually(lambda: faults.pids(kube_namespace, "stubborn"), what="pod pids")
+    pids = poll.until("pod pids", lambda: faults.pids(kube_namespace, "stubborn"))
     started = time.monotonic()
     cluster.kubectl("delete", "pod", "stubborn", "-n", kube_namespace, "--wait=false")
-    eventually(lambda: not any(alive(p) for p in pids), timeout=10, what="process gone")
+    poll.until("process gone", lambda: not any(alive(p) for p in pids), timeout=10)
     elapsed = time.monotonic() - started
     assert 2.0 < elapsed < 8.0, f"SIGTERM ignored, so SIGKILL after the 3 s grace; took {elapsed}"
-    eventually(
-        lambda: get_pod(cluster, kube_namespace, "stubborn") is None, what="pod object deleted"
-    )
+    poll.until("pod object deleted", lambda: get_pod(cluster, kube_namespace, "stubborn") is None)
 
 
 def test_lost_node_turns_not_ready_and_gets_no_new_pods(
@@ -162,9 +160,11 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
     doomed = faults.pids(kube_namespace, "doomed")
     faults.lose_node(node)
     try:
-        eventually(lambda: node_ready(cluster, node) != "True", timeout=60, what="NotReady")
-        eventually(lambda: "node.kubernetes.io/unreachable" in taints(cluster, node),
-                   what="the node lifecycle controller taints the node")  # fmt: skip
+        poll.until("NotReady", lambda: node_ready(cluster, node) != "True", timeout=60)
+        poll.until(
+            "the node lifecycle controller taints the node",
+            lambda: "node.kubernetes.io/unreachable" in taints(cluster, node),
+        )
         # What the operator does to pods on a lost node: force-delete them.
         cluster.kubectl("delete", "pod", "doomed", "-n", kube_namespace, "--force",
                         "--grace-period=0")  # fmt: skip
@@ -179,10 +179,13 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
         assert not pinned_now["spec"].get("nodeName"), "the scheduler avoids the lost node"
     finally:
         faults.restore_node(node)
-    eventually(lambda: node_ready(cluster, node) == "True", timeout=60, what="Ready again")
+    poll.until("Ready again", lambda: node_ready(cluster, node) == "True", timeout=60)
     assert all(alive(p) for p in pids), "a restored node's pods kept running"
-    eventually(lambda: not any(alive(p) for p in doomed), timeout=10,
-               what="pods deleted meanwhile are killed on restore")  # fmt: skip
+    poll.until(
+        "pods deleted meanwhile are killed on restore",
+        lambda: not any(alive(p) for p in doomed),
+        timeout=10,
+    )
     wait_phase(cluster, kube_namespace, "pinned", ("Succeeded",), timeout=90)
 
 

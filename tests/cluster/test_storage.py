@@ -6,13 +6,12 @@ and that directory goes with the claim.
 from __future__ import annotations
 
 import stat
-import time
 
 import pytest
 
-from localcluster import components, procs
+from localcluster import components, poll, procs
 from localcluster.controlplane import Cluster
-from tests.cluster._podkit import JSON, apply, eventually, python_pod, terminated, wait_phase
+from tests.cluster._podkit import JSON, apply, python_pod, terminated, wait_phase
 
 pytestmark = pytest.mark.cluster
 
@@ -41,15 +40,19 @@ def pod_on_claim(name: str, claim_name: str, code: str, *, node: str | None = No
 def wait_bound(cluster: Cluster, namespace: str, name: str, *, timeout: float = 60.0) -> JSON:
     """The claim once Bound; past ``timeout``, fail with its status, events and the
     provisioner's log."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def bound() -> JSON | None:
         found: JSON = cluster.get_json("pvc", name, "-n", namespace)
-        if found.get("status", {}).get("phase") == "Bound":
-            return found
-        time.sleep(0.25)
-    described = cluster.kubectl("describe", "pvc", name, "-n", namespace, check=False).stdout
-    log = procs.tail(cluster.logs / "storage-provisioner.log")
-    pytest.fail(f"claim {namespace}/{name} not Bound in {timeout:.0f}s:\n{described}\n{log}")
+        return found if found.get("status", {}).get("phase") == "Bound" else None
+
+    def diagnosis() -> str:
+        described = cluster.kubectl("describe", "pvc", name, "-n", namespace, check=False).stdout
+        return f"{described}\n{procs.tail(cluster.logs / 'storage-provisioner.log')}"
+
+    found: JSON = poll.until(
+        f"claim {namespace}/{name} Bound", bound, timeout=timeout, diagnosis=diagnosis
+    )
+    return found
 
 
 def run_to_success(cluster: Cluster, namespace: str, pod: JSON) -> JSON:
@@ -91,10 +94,10 @@ def test_a_claim_gets_a_directory_the_workers_write_and_loses_it_with_the_claim(
     # A claim in use by a pod stays until the pod goes (the pvc-protection finalizer).
     cluster.kubectl("delete", "pod", "writer", "-n", kube_namespace)
     cluster.kubectl("delete", "pvc", "data", "-n", kube_namespace)
-    eventually(
+    poll.until(
+        f"PersistentVolume {volume_name} and {directory} removed with the claim",
         lambda: volume_gone(cluster, volume_name) and not directory.exists(),
         timeout=30,
-        what=f"PersistentVolume {volume_name} and {directory} removed with the claim",
     )
 
 

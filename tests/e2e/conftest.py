@@ -34,7 +34,7 @@ import yaml
 from fsdp_operator.types import names
 from harness import stack
 from localcluster import faults as local_faults
-from localcluster import images
+from localcluster import images, poll
 
 NAMESPACE = "fsdp-e2e"
 PROFILE = "e2e-rdma"
@@ -164,7 +164,7 @@ class E2E:
         def why() -> str:
             return self.kube.kubectl("describe", "pvc", "-n", namespace, name, check=False).stdout
 
-        volume = stack.wait_for(f"claim {namespace}/{name} bound", bound, timeout=90, context=why)
+        volume = poll.until(f"claim {namespace}/{name} bound", bound, timeout=90, diagnosis=why)
         return Path(self.kube.get_json("pv", volume)["spec"]["hostPath"]["path"])
 
     def _static(self, namespace: str, name: str) -> Path:

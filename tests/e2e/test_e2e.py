@@ -26,6 +26,7 @@ from fsdp_worker import contract
 from fsdp_worker.contract import catalog
 from fsdp_worker.runtime import faults as faults_mod
 from harness import prometheus, stack
+from localcluster import poll
 from tests.e2e.conftest import E2E, NAMESPACE, PROFILE, RELEASE, WORKER_UID
 
 # Longer than any one wait below, so a wait that runs out says why (status, Events, the
@@ -58,8 +59,8 @@ def _job(e2e: E2E, name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _wait(jobs: stack.Jobs, name: str, what: str, probe: Any, *, timeout: float = 300) -> Any:
-    return stack.wait_for(what, probe, timeout=timeout, every=1.0,
-                          context=lambda: _story(jobs, name))  # fmt: skip
+    return poll.until(what, probe, timeout=timeout, every=1.0,
+                      diagnosis=lambda: _story(jobs, name))  # fmt: skip
 
 
 def _story(jobs: stack.Jobs, name: str) -> str:
@@ -155,7 +156,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
                checkpoint={"memory": {"intervalSteps": 3, "sizeLimit": "256Mi"}},
                failurePolicy={"inPlaceRestarts": 2})  # fmt: skip
     # the profile's patch reaches the admission policy through a watch: a moment behind
-    stack.wait_for("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
+    poll.until("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
         "apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False,
     ).returncode == 0, timeout=30)  # fmt: skip
     # The team's pods go where the survivor's are (two nodes), so a node loss hits all three.
@@ -561,12 +562,12 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
             f'ALERTS{{alertname="FSDPJobRestartStorm",alertstate="firing",'
             f'job_namespace="{namespace}",job_name="storm"}}'
         )
-        stack.wait_for(
+        poll.until(
             "the restart-storm alert firing for storm",
             lambda: prom.query(storm_alert),
             timeout=300,
             every=2.0,
-            context=lambda: context() + _story(jobs, "storm"),
+            diagnosis=lambda: context() + _story(jobs, "storm"),
         )
         quiet = (
             f'ALERTS{{alertname="FSDPJobRestartStorm",job_namespace="{namespace}",'
@@ -582,7 +583,7 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
         assert len(queries) >= 15
 
         def series(what: str, expr: str) -> None:
-            stack.wait_for(what, lambda: prom.query(expr), timeout=120, every=2.0, context=context)
+            poll.until(what, lambda: prom.query(expr), timeout=120, every=2.0, diagnosis=context)
 
         for title, expr in queries:
             series(f"series for panel {title!r}: {expr}", expr)

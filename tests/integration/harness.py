@@ -5,11 +5,19 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from harness.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac, wait_for
+from harness.stack import ROOT, Jobs, Operator, free_port, install_crd, install_rbac
 from localcluster import images
 
-__all__ = ["ROOT", "Jobs", "Operator", "free_port", "install_crd", "install_rbac", "job_doc",
-           "unique", "wait_for"]  # fmt: skip
+__all__ = [
+    "ROOT",
+    "Jobs",
+    "Operator",
+    "free_port",
+    "install_crd",
+    "install_rbac",
+    "job_doc",
+    "unique",
+]
 
 
 def job_doc(name: str, **spec: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from fsdp_operator.types import status as st
+from localcluster import poll
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
@@ -35,11 +36,11 @@ def test_an_injected_crash_produces_a_complete_time_to_resume_breakdown(
     name = harness.unique("ttr")
     env = {"STANDIN_FAIL_AT_STEP": 12, "STANDIN_START_SECONDS": 0.3}
     jobs.apply(harness.job_doc(name, training={"steps": 60}, env=env))
-    done = harness.wait_for(
+    done = poll.until(
         "job to succeed after one crash",
         lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
         timeout=150,
-        context=operator.log_tail,
+        diagnosis=operator.log_tail,
     )
     # The attempt after the crash. Before it, a first gang that never met (seen once in a fresh
     # machine's run: RendezvousTimeout, issue 23's part 5) is an uncharged restart of its own.
@@ -95,24 +96,24 @@ def test_auto_interval_reports_its_choice_and_carries_the_failure_record(
     ckpt = {"intervalSteps": "auto",
             "autoInterval": {"minSteps": 3, "maxSteps": 50, "priorMtbfSeconds": 20}}  # fmt: skip
     jobs.apply(harness.job_doc(name, training={"steps": 60}, checkpoint=ckpt, env=env))
-    status = harness.wait_for(
+    status = poll.until(
         "an auto interval chosen from measured costs",
         lambda: ((s := jobs.status(name)).get("checkpointInterval") or {}).get("saveSeconds") and s,
         timeout=90,
-        context=operator.log_tail,
+        diagnosis=operator.log_tail,
     )
     assert status.get("attempt") == 1, f"first interval seen on attempt {status.get('attempt')}"
     first = status["checkpointInterval"]
     assert first["auto"] and first["saveSeconds"] == 0.5 and first["stepSeconds"] == 0.2
     assert first["failures"] == 0 and first["mtbfSeconds"] >= 20
     assert 3 <= first["steps"] <= 50
-    again = harness.wait_for(
+    again = poll.until(
         "the next attempt's interval, from the job's failure record",
         lambda: (s := jobs.status(name)).get("attempt", 0) >= 2
         and (s.get("checkpointInterval") or {}).get("failures") == 1
         and s,
         timeout=90,
-        context=operator.log_tail,
+        diagnosis=operator.log_tail,
     )
     assert again["reliability"]["failures"] == 1
     pod = next(p for p in jobs.pods(name) if p["metadata"]["labels"].get(

@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import stack
-from localcluster import controlplane, network
+from localcluster import controlplane, network, poll
 from localcluster import faults as lf
 from tests.integration import harness, netcut
 
@@ -37,15 +37,15 @@ def solo_session(operator: harness.Operator) -> Iterator[harness.Operator]:
         yield operator
     finally:
         operator.start()
-        harness.wait_for("the session's operator leading again",
-                         lambda: operator.sample(LEADER) == 1, timeout=60)  # fmt: skip
+        poll.until("the session's operator leading again",
+                   lambda: operator.sample(LEADER) == 1, timeout=60)  # fmt: skip
 
 
 def _start(op: harness.Operator, *, leads: bool) -> harness.Operator:
     op.start()
-    harness.wait_for(
+    poll.until(
         f"{op.identity} {'leading' if leads else 'standing by'}",
-        lambda: op.sample(LEADER) == (1 if leads else 0), timeout=60, context=op.log_tail,
+        lambda: op.sample(LEADER) == (1 if leads else 0), timeout=60, diagnosis=op.log_tail,
     )  # fmt: skip
     return op
 
@@ -95,15 +95,15 @@ def test_the_standby_finishes_a_recovery_when_the_leader_is_killed(
     leader, standby = pair
     name = harness.unique("hakill")
     jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 8}, training={"steps": 30}))
-    harness.wait_for("restart decided", lambda: jobs.status(name).get("attempt") == 2,
-                     timeout=90, every=0.05)  # fmt: skip
+    poll.until("restart decided", lambda: jobs.status(name).get("attempt") == 2,
+               timeout=90, every=0.05)  # fmt: skip
     leader.kill()  # in the middle of the recovery: old pods going, new ones perhaps not created
-    harness.wait_for("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=30,
-                     context=standby.log_tail)  # fmt: skip
+    poll.until("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=30,
+               diagnosis=standby.log_tail)  # fmt: skip
     assert _holder(jobs.cluster) == standby.identity
-    done = harness.wait_for(
+    done = poll.until(
         "job done", lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
-        timeout=120, context=standby.log_tail,
+        timeout=120, diagnosis=standby.log_tail,
     )  # fmt: skip
     assert done["attempt"] == 2 and done["restarts"]["total"] == 1
     assert [h["attempt"] for h in done["history"]] == [1, 2]
@@ -116,20 +116,20 @@ def test_a_clean_shutdown_hands_the_lease_over(
     leader, standby = pair
     name = harness.unique("hastop")
     jobs.apply(harness.job_doc(name, training={"steps": 400}))
-    harness.wait_for("running", lambda: jobs.status(name).get("phase") == "Running", timeout=60)
+    poll.until("running", lambda: jobs.status(name).get("phase") == "Running", timeout=60)
     passes = standby.sample("fsdpjob_reconcile_passes_total")
     assert passes == 0, "a standby runs no passes"
     leader.stop()  # SIGTERM: the leader releases the Lease on its way out
     assert "released lease" in leader.log_tail()
-    harness.wait_for("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=10,
-                     context=standby.log_tail)  # fmt: skip
+    poll.until("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=10,
+               diagnosis=standby.log_tail)  # fmt: skip
     assert _holder(jobs.cluster) == standby.identity
-    harness.wait_for("the new leader's passes",
-                     lambda: (standby.sample("fsdpjob_reconcile_passes_total") or 0) > 0,
-                     timeout=10)  # fmt: skip
+    poll.until("the new leader's passes",
+               lambda: (standby.sample("fsdpjob_reconcile_passes_total") or 0) > 0,
+               timeout=10)  # fmt: skip
     jobs.patch(name, {"suspend": True})
-    harness.wait_for("suspended by the new leader",
-                     lambda: jobs.status(name).get("phase") == "Suspended", timeout=60)  # fmt: skip
+    poll.until("suspended by the new leader",
+               lambda: jobs.status(name).get("phase") == "Suspended", timeout=60)  # fmt: skip
 
 
 def _logged(op: harness.Operator, pattern: str) -> float:
@@ -160,20 +160,20 @@ def test_a_leader_cut_off_from_the_api_server_writes_nothing_after_its_renew_dea
         _start(b, leads=False)
         name = harness.unique("hacut")
         jobs.apply(harness.job_doc(name, training={"steps": 2000}))
-        harness.wait_for("running", lambda: (jobs.status(name).get("step") or 0) >= 3, timeout=90)
+        poll.until("running", lambda: (jobs.status(name).get("step") or 0) >= 3, timeout=90)
         relay.cut()
-        harness.wait_for("a stops leading", lambda: a.sample(LEADER) == 0, timeout=20,
-                         context=a.log_tail)  # fmt: skip
+        poll.until("a stops leading", lambda: a.sample(LEADER) == 0, timeout=20,
+                   diagnosis=a.log_tail)  # fmt: skip
         written = _writes(a)
-        harness.wait_for("b leads", lambda: b.sample(LEADER) == 1, timeout=30,
-                         context=b.log_tail)  # fmt: skip
+        poll.until("b leads", lambda: b.sample(LEADER) == 1, timeout=30,
+                   diagnosis=b.log_tail)  # fmt: skip
         # A failure only the new leader may handle, while the old one still believes in it.
         rank0 = next(p for p in jobs.pods(name) if p["metadata"]["name"].endswith("-a1-0"))
         lf.Faults.for_cluster(cluster.state_dir).crash(jobs.ns, rank0["metadata"]["name"])
-        harness.wait_for(
+        poll.until(
             "b restarts the job",
             lambda: (s := jobs.status(name)).get("attempt") == 2 and s.get("phase") == "Running",
-            timeout=90, context=b.log_tail,
+            timeout=90, diagnosis=b.log_tail,
         )  # fmt: skip
         relay.heal()  # whatever a had queued in the cut may arrive now
         time.sleep(6)  # a's next tries see b's lease; its watches catch up

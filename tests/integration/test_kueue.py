@@ -15,7 +15,7 @@ import pytest
 
 from fsdp_operator.types import names
 from fsdp_operator.types import status as st
-from localcluster import controlplane
+from localcluster import controlplane, poll
 from localcluster import faults as lf
 from localcluster import kueue as lk
 from tests.integration import harness
@@ -88,11 +88,11 @@ def _event_words(jobs: harness.Jobs, name: str) -> list[str]:
 
 
 def _phase(jobs: harness.Jobs, kueue: lk.Kueue, name: str, phase: str, *, timeout: float) -> dict:
-    return harness.wait_for(
+    return poll.until(
         f"{name} phase {phase}",
         lambda: (s := jobs.status(name)).get("phase") == phase and s,
         timeout=timeout,
-        context=lambda: _context(jobs, kueue, name),
+        diagnosis=lambda: _context(jobs, kueue, name),
     )
 
 
@@ -108,29 +108,29 @@ def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
     low, high = harness.unique("kq-low"), harness.unique("kq-high")
     jobs.apply(_gpu_job(low, steps=150, priority="fsdpop-low"))
     _phase(jobs, kueue, low, "Running", timeout=120)
-    harness.wait_for(
+    poll.until(
         f"{low} step 6", lambda: (jobs.status(low).get("step") or 0) >= 6, timeout=90,
-        context=lambda: _context(jobs, kueue, low),
+        diagnosis=lambda: _context(jobs, kueue, low),
     )  # fmt: skip
     jobs.apply(_gpu_job(high, steps=20, priority="fsdpop-high"))
-    preempted = harness.wait_for(
+    preempted = poll.until(
         f"{low} preempted",
         lambda: (s := jobs.status(low)).get("history")
         and s["history"][0].get("cause") == st.Cause.PREEMPTED.value
         and s,
         timeout=60,
-        context=lambda: _context(jobs, kueue, low, high),
+        diagnosis=lambda: _context(jobs, kueue, low, high),
     )
     assert "Kueue evicted pod group" in preempted["message"], preempted
     _phase(jobs, kueue, high, "Succeeded", timeout=180)
-    harness.wait_for(
+    poll.until(
         f"{low} attempt 2 trains",
         lambda: (s := jobs.status(low)).get("attempt") == 2
         and s.get("phase") == "Running"
         and (s.get("step") or 0) > (s.get("resumedFromStep") or 0)
         and s,
         timeout=180,
-        context=lambda: _context(jobs, kueue, low, high),
+        diagnosis=lambda: _context(jobs, kueue, low, high),
     )
     done = _phase(jobs, kueue, low, "Succeeded", timeout=180)
     first, second = done["history"][0], done["history"][1]
@@ -180,9 +180,9 @@ def test_a_job_beyond_the_quota_waits_while_the_first_recovers_in_its_group_then
     a = _phase(jobs, kueue, name, "Running", timeout=120)
     group = a["queue"]["podGroup"]
     assert a["queue"]["admitted"] and group == f"{name}-g1"
-    harness.wait_for(
+    poll.until(
         f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
-        context=lambda: _context(jobs, kueue, name),
+        diagnosis=lambda: _context(jobs, kueue, name),
     )  # fmt: skip
     jobs.apply(_gpu_job(waiting, steps=20))
     b = _phase(jobs, kueue, waiting, "Queued", timeout=60)
@@ -201,9 +201,9 @@ def test_a_job_beyond_the_quota_waits_while_the_first_recovers_in_its_group_then
         again = s.get("attempt") == 2 and s.get("phase") == "Running"
         return s if again and (s.get("step") or 0) > (s.get("resumedFromStep") or 0) else None
 
-    s = harness.wait_for(
+    s = poll.until(
         f"{name} attempt 2 trains", trained_again, timeout=150,
-        context=lambda: _context(jobs, kueue, name, waiting),
+        diagnosis=lambda: _context(jobs, kueue, name, waiting),
     )  # fmt: skip
     assert s["history"][0]["cause"] == st.Cause.CRASH.value and s["restarts"]["application"] == 1
     assert s["queue"]["podGroup"] == group, s["queue"]
@@ -242,20 +242,20 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
     jobs.apply(doc)
     first = _phase(jobs, kueue, name, "Running", timeout=120)
     old_group = first["queue"]["podGroup"]
-    harness.wait_for(
+    poll.until(
         f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
-        context=lambda: _context(jobs, kueue, name),
+        diagnosis=lambda: _context(jobs, kueue, name),
     )  # fmt: skip
     victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-2"))
     lost = victim["spec"]["nodeName"]
     faults = lf.Faults.for_cluster(operator.cluster.state_dir)
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
-        s = harness.wait_for(
+        s = poll.until(
             f"{name} running at 2 pods",
             lambda: (s := jobs.status(name)).get("attempt", 0) >= 2
             and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
-            timeout=180, context=lambda: _context(jobs, kueue, name),
+            timeout=180, diagnosis=lambda: _context(jobs, kueue, name),
         )  # fmt: skip
         assert s["history"][0]["cause"] == st.Cause.NODE_LOST.value
         group = s["queue"]["podGroup"]
@@ -263,13 +263,13 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
         wl = kueue.workload(jobs.ns, group)
         usage = wl["status"]["admission"]["podSetAssignments"][0]
         assert usage["count"] == 2 and usage["resourceUsage"]["nvidia.com/gpu"] == "4", usage
-        harness.wait_for(
+        poll.until(
             f"old Workload {old_group} deleted", lambda: kueue.workload(jobs.ns, old_group) is None,
-            timeout=60, context=lambda: _context(jobs, kueue, name),
+            timeout=60, diagnosis=lambda: _context(jobs, kueue, name),
         )  # fmt: skip
-        harness.wait_for(  # the ClusterQueue's usage: 4 GPUs now, not the 6 of three pods
+        poll.until(  # the ClusterQueue's usage: 4 GPUs now, not the 6 of three pods
             "ClusterQueue uses 4 GPUs", lambda: _gpus_used(kueue, f"cq-{jobs.ns}") == "4",
-            timeout=60, context=lambda: f"usage {_gpus_used(kueue, f'cq-{jobs.ns}')}",
+            timeout=60, diagnosis=lambda: f"usage {_gpus_used(kueue, f'cq-{jobs.ns}')}",
         )  # fmt: skip
     finally:
         faults.restore_node(lost)

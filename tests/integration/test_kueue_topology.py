@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from fsdp_operator.types import status as st
-from localcluster import controlplane
+from localcluster import controlplane, poll
 from localcluster import kueue as lk
 from tests.integration import harness
 
@@ -78,12 +78,12 @@ def blocks(cluster: controlplane.Cluster) -> Iterator[dict[str, str]]:
     """node -> block: the first node alone in b2, the others in b1. Waits until every node is
     Ready, untainted and holds no GPU pod (a job an earlier test left ending), since a whole-node
     pod needs all 8 of a node's GPUs free in Kueue's view."""
-    harness.wait_for(
+    poll.until(
         "every node Ready, untainted, its GPUs free",
         lambda: all(v == "Ready=True taints=[]" for v in _node_states(cluster).values())
         and not _gpu_pods_on_nodes(cluster),
         timeout=240,
-        context=lambda: f"nodes {_node_states(cluster)}; GPU pods {_gpu_pods_on_nodes(cluster)}",
+        diagnosis=lambda: f"nodes {_node_states(cluster)}; GPU pods {_gpu_pods_on_nodes(cluster)}",
     )
     nodes = sorted(_node_states(cluster))
     assert len(nodes) >= 3, nodes
@@ -172,9 +172,9 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
 
         return check
 
-    first = harness.wait_for(
+    first = poll.until(
         f"{name} attempt 1 running", seen(lambda s: s.get("phase") == "Running"),
-        timeout=120, context=ctx,
+        timeout=120, diagnosis=ctx,
     )  # fmt: skip
     group = first["queue"]["podGroup"]
     wl = kueue.workload(jobs.ns, group)
@@ -183,10 +183,10 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
     assignment = wl["status"]["admission"]["podSetAssignments"][0]
     assert assignment.get("topologyAssignment"), assignment
 
-    evicted = harness.wait_for(
+    evicted = poll.until(
         f"{name} evicted by Kueue's PodsReady timeout",
         seen(lambda s: bool(s.get("history") and s["history"][0].get("cause"))),
-        timeout=PODS_READY_TIMEOUT + 60, context=ctx,
+        timeout=PODS_READY_TIMEOUT + 60, diagnosis=ctx,
     )  # fmt: skip
     first_end = evicted["history"][0]
     assert first_end["cause"] == st.Cause.PREEMPTED.value, evicted["history"]
@@ -202,16 +202,16 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
             if e["reason"] == st.Cause.PREEMPTED.value
         ]
 
-    said = harness.wait_for(f"{name}: a Preempted Event", preempted_said, timeout=30, context=ctx)
+    said = poll.until(f"{name}: a Preempted Event", preempted_said, timeout=30, diagnosis=ctx)
     assert "PodsReadyTimeout" in said[0], said  # Kueue's reason, in the job's Event
 
     def trains_again(s: dict) -> bool:
         again = s.get("attempt") == 3 and s.get("phase") == "Running"
         return again and (s.get("step") or 0) > (s.get("resumedFromStep") or 0)
 
-    s = harness.wait_for(
+    s = poll.until(
         f"{name} attempt 3 trains in the same group", seen(trains_again),
-        timeout=240, context=ctx,
+        timeout=240, diagnosis=ctx,
     )  # fmt: skip
     # one pod group throughout: attempt 2's pods waited for the evicted group's re-admission
     # (Kueue's requeue backoff), attempt 3's replaced attempt 2's crashed gang in the group
@@ -228,10 +228,10 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
     causes = [h.get("cause") for h in s["history"]]
     assert causes[:2] == [st.Cause.PREEMPTED.value, st.Cause.CRASH.value], s["history"]
     assert s["queue"]["podGroup"] == group, s["queue"]
-    done = harness.wait_for(
+    done = poll.until(
         f"{name} Succeeded",
         seen(lambda d: d.get("phase") == "Succeeded"),
-        timeout=180, context=ctx,
+        timeout=180, diagnosis=ctx,
     )  # fmt: skip
     assert done["attempt"] == 3 and done["replicas"] == 2, done
     assert done["restarts"]["application"] == 1 and done["restarts"]["infrastructure"] == 0

@@ -24,13 +24,14 @@ from fsdp_operator.types import status as st
 from fsdp_worker.contract import catalog
 from harness import stack
 from localcluster import faults as lf
+from localcluster import poll
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
 
 
 def _attempt(jobs: harness.Jobs, name: str, n: int) -> dict:
-    return harness.wait_for(
+    return poll.until(
         f"attempt {n} running",
         lambda: (s := jobs.status(name)).get("attempt", 0) >= n
         and s.get("phase") == "Running"
@@ -78,17 +79,17 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
             f"status={jobs.status(name)}\nevents={jobs.events(name)}\n{pods}\n{operator.log_tail()}"
         )
 
-    first = harness.wait_for(
+    first = poll.until(
         "both pods of attempt 1 running",
         lambda: len(pods := jobs.running_pods(name, 1)) == 2 and pods,
-        context=context,
+        diagnosis=context,
     )
     uids = {p["metadata"]["uid"] for p in first}
-    done = harness.wait_for(
+    done = poll.until(
         "job to succeed after a crash restarted in place",
         lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
         timeout=180,
-        context=context,
+        diagnosis=context,
     )
     # the gang was never recreated
     assert (
@@ -135,11 +136,11 @@ def test_crash_restarts_from_newest_complete_checkpoint(
 ) -> None:
     name = harness.unique("crash")
     jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 12}))
-    done = harness.wait_for(
+    done = poll.until(
         "job to succeed after one crash",
         lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
         timeout=120,
-        context=operator.log_tail,
+        diagnosis=operator.log_tail,
     )
     assert done["attempt"] == 2
     assert done["restarts"] == {"total": 1, "application": 1, "infrastructure": 0,
@@ -205,11 +206,11 @@ def test_an_operator_that_cannot_read_checkpoints_still_resumes_from_the_newest(
         # (an attempt of a few seconds on a loaded machine ended between two scrapes).
         doc = harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 12}, training={"steps": 80})
         jobs.apply(doc)
-        done = harness.wait_for(
+        done = poll.until(
             "job to succeed after one crash",
             lambda: (s := jobs.status(name)).get("phase") in ("Succeeded", "Failed") and s,
             timeout=120,
-            context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{operator.log_tail()}",
+            diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{operator.log_tail()}",
         )
     finally:
         operator.stop()
@@ -238,25 +239,25 @@ def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
         running = jobs.running_pods(name, attempt)
         return [p for p in running if "fsdpoperator.io/spare" not in p["metadata"]["labels"]]
 
-    return harness.wait_for(
+    return poll.until(
         f"pods of attempt {attempt} running",
         lambda: len(p := gang()) == jobs.status(name).get("replicas") and p,
         timeout=60,
-        context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
+        diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
     )  # fmt: skip
 
 
 def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
-    harness.wait_for(
+    poll.until(
         f"step >= {step}", lambda: (jobs.status(name).get("step") or 0) >= step,
-        context=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
+        diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
     )  # fmt: skip
 
 
 def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> dict:
-    return harness.wait_for(
+    return poll.until(
         f"phase {phase}", lambda: (s := jobs.status(name)).get("phase") == phase and s,
-        timeout=timeout, context=lambda: f"{name} status: {jobs.status(name)}",
+        timeout=timeout, diagnosis=lambda: f"{name} status: {jobs.status(name)}",
     )  # fmt: skip
 
 
@@ -277,9 +278,9 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     stopped = time.monotonic()
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
-        s = harness.wait_for(
+        s = poll.until(
             "restart after node loss", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-            timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+            timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
         )  # fmt: skip
         print(
             f"kubelet stopped -> attempt 2 in {time.monotonic() - stopped:.1f}s; {s['history'][0]}"
@@ -291,7 +292,7 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
         pods = _pods_of(jobs, name, 2)
         assert lost not in {p["spec"]["nodeName"] for p in pods} and len(pods) == 2
         # the lost node's pod was force-deleted: no object waits for a kubelet that is gone
-        harness.wait_for("old pods gone", lambda: not [
+        poll.until("old pods gone", lambda: not [
             p for p in jobs.pods(name) if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "1"
         ])  # fmt: skip
         detect = s["history"][0]["detectSeconds"]
@@ -316,10 +317,10 @@ def _spare_trained(
         entry = next((e for e in s.get("history", []) if e["attempt"] == attempt), {})
         return (entry.get("restartsInPlace") or [{}])[0]
 
-    return harness.wait_for(
+    return poll.until(
         "the spare trains in the lost pod's node rank",
         lambda: first_restart(s := jobs.status(name)).get("resumed") and s,
-        timeout=90, context=context,
+        timeout=90, diagnosis=context,
     )  # fmt: skip
 
 
@@ -349,10 +350,10 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     def context() -> str:
         return f"status={jobs.status(name)}\nevents={jobs.events(name)}\n{operator.log_tail()}"
 
-    trained = harness.wait_for(
+    trained = poll.until(
         "a gang training (step >= 8)",
         lambda: ((s := jobs.status(name)).get("step") or 0) >= 8 and s,
-        timeout=180, context=lambda: f"{context()}\n{jobs.pods_report(name)}",
+        timeout=180, diagnosis=lambda: f"{context()}\n{jobs.pods_report(name)}",
     )  # fmt: skip
     attempt = trained["attempt"]
     never_met = [e.get("cause") for e in trained["history"] if e["attempt"] < attempt]
@@ -365,13 +366,13 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         return (sorted(gang, key=lambda p: p["metadata"]["name"]), spares[0]) if len(
             gang) == 2 and spares else None  # fmt: skip
 
-    (rank0, rank1), spare = harness.wait_for("the gang and its spare running", gang_and_spare,
-                                             timeout=90, context=context)  # fmt: skip
+    (rank0, rank1), spare = poll.until("the gang and its spare running", gang_and_spare,
+                                       timeout=90, diagnosis=context)  # fmt: skip
     lost = rank0["spec"]["nodeName"]
     assert spare["spec"]["nodeName"] not in (lost, rank1["spec"]["nodeName"])
     # Standing by, it answers rank 0's readiness probe (it carries it): Ready, as the gang is.
-    harness.wait_for("the spare Ready", lambda: _ready(jobs, spare["metadata"]["name"]),
-                     timeout=60, context=context)  # fmt: skip
+    poll.until("the spare Ready", lambda: _ready(jobs, spare["metadata"]["name"]),
+               timeout=60, diagnosis=context)  # fmt: skip
     faults = _faults(operator)
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
@@ -390,10 +391,10 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons, reasons
         assert reasons.count("Restarting") == attempt - 1, reasons  # none for the takeover
-        harness.wait_for("the lost pod gone and a new spare made", lambda: not [
+        poll.until("the lost pod gone and a new spare made", lambda: not [
             p for p in jobs.pods(name) if p["metadata"]["name"] == rank0["metadata"]["name"]
         ] and any(p["metadata"]["name"] == f"{name}-a{attempt}-s1" for p in jobs.pods(name)),
-            context=context)  # fmt: skip
+            diagnosis=context)  # fmt: skip
         first = st.parse_rfc3339(restart["resumed"])
         heard = first - st.parse_rfc3339(failure["time"])
         taken = first - st.parse_rfc3339(restart["detected"])
@@ -402,17 +403,18 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         faults.restore_node(lost)
     done = _phase(jobs, name, "Succeeded", timeout=180)
     assert done["attempt"] == attempt and done["step"] == 400
-    harness.wait_for("the spares gone with the job", lambda: not [
+    poll.until("the spares gone with the job", lambda: not [
         p for p in jobs.pods(name) if "fsdpoperator.io/spare" in p["metadata"]["labels"]
-    ], context=context)  # fmt: skip
+    ], diagnosis=context)  # fmt: skip
 
 
 def _every_node_ready(operator: harness.Operator) -> None:
-    harness.wait_for("every node Ready again", lambda: all(
+    poll.until("every node Ready again", lambda: all(
         c["status"] == "True"
         for n in operator.cluster.get_json("nodes")["items"]
         for c in n["status"]["conditions"] if c["type"] == "Ready"
-    ), context=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:])  # fmt: skip
+    ), diagnosis=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:],
+    )  # fmt: skip
 
 
 def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness.Operator) -> None:
@@ -426,9 +428,9 @@ def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness
     _pods_of(jobs, name, 1)
     _step_at_least(jobs, name, 6)
     _faults(operator).stall_apiserver(10)
-    s = harness.wait_for(
+    s = poll.until(
         "step 150 after it", lambda: ((s := jobs.status(name)).get("step") or 0) >= 150 and s,
-        timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
     )  # fmt: skip
     assert s["attempt"] == 1 and "lastFailure" not in s, s
     assert not s.get("restarts", {}).get("total"), s
@@ -513,9 +515,9 @@ def test_hang_is_caught_by_the_progress_deadline(
 
     pods = _pods_of(jobs, name, 1)
     if spares:
-        harness.wait_for("the spare running", lambda: any(
+        poll.until("the spare running", lambda: any(
             "fsdpoperator.io/spare" in p["metadata"]["labels"] for p in jobs.running_pods(name, 1)
-        ), timeout=90, context=context)  # fmt: skip
+        ), timeout=90, diagnosis=context)  # fmt: skip
     _step_at_least(jobs, name, 6)
     pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{frozen}"))
     _faults(operator).freeze(jobs.ns, pod["metadata"]["name"])
@@ -529,13 +531,13 @@ def test_hang_is_caught_by_the_progress_deadline(
         assert not s.get("excludedNodes"), s  # the frozen pod's node is not to blame
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
-        harness.wait_for("the frozen pod gone", lambda: pod["metadata"]["name"] not in {
-            p["metadata"]["name"] for p in jobs.pods(name)}, context=context)  # fmt: skip
+        poll.until("the frozen pod gone", lambda: pod["metadata"]["name"] not in {
+            p["metadata"]["name"] for p in jobs.pods(name)}, diagnosis=context)  # fmt: skip
         jobs.patch(name, {"suspend": True})
         return
-    s = harness.wait_for(
+    s = poll.until(
         "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-        timeout=90, context=context,
+        timeout=90, diagnosis=context,
     )  # fmt: skip
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
     message = s["lastFailure"]["message"]
@@ -555,10 +557,10 @@ def test_a_gang_that_never_meets_is_not_charged_as_the_users_hang(
     infrastructure budget, and attempt 2 trains."""
     name = harness.unique("meet")
     jobs.apply(harness.job_doc(name, training={"steps": 400}, env={"STANDIN_MEET_SECONDS": 600}))
-    s = harness.wait_for(
+    s = poll.until(
         "attempt 1 ended as a gang that never met",
         lambda: (s := jobs.status(name)).get("attempt", 0) >= 2 and s,
-        timeout=120, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        timeout=120, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
     )  # fmt: skip
     assert s["history"][0]["cause"] == "RendezvousTimeout", s["history"]
     assert "the gang never met" in s["history"][0]["failure"]["message"]
@@ -584,10 +586,10 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     faults = _faults(operator)
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
-        s = harness.wait_for(
+        s = poll.until(
             "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt", 0) > before
             and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
-            timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+            timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
         )  # fmt: skip
         assert s["worldSize"] == 2, s
         assert {h.get("cause") for h in s["history"]} & {"NodeLost", "Unschedulable"}, s
@@ -598,9 +600,9 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
         faults.restore_node(lost)
     # capacity is back (after the node's exclusion expires): a planned restart at full size
     shrunk = s["attempt"]
-    s = harness.wait_for(
+    s = poll.until(
         "grown back", lambda: (s := jobs.status(name)).get("replicas") == 3
-        and s.get("attempt", 0) > shrunk and s, timeout=90, context=operator.log_tail,
+        and s.get("attempt", 0) > shrunk and s, timeout=90, diagnosis=operator.log_tail,
     )  # fmt: skip
     resize = s["history"][shrunk - 1]
     assert resize["cause"] == "Resize" and resize["stepsLost"] == 0, s
@@ -678,10 +680,10 @@ def test_operator_killed_mid_recovery_makes_no_duplicate_attempt(
     if kill_when == "at-failure":
         _step_at_least(jobs, name, 7)
     elif kill_when == "restarting":
-        harness.wait_for("restart decided", lambda: jobs.status(name).get("attempt") == 2,
-                         every=0.05)  # fmt: skip
+        poll.until("restart decided", lambda: jobs.status(name).get("attempt") == 2,
+                   every=0.05)  # fmt: skip
     else:
-        harness.wait_for("new pods", lambda: any(
+        poll.until("new pods", lambda: any(
             p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2" for p in jobs.pods(name)
         ), every=0.05)  # fmt: skip
     operator.kill()
@@ -706,14 +708,14 @@ def test_suspend_saves_and_resume_continues_from_that_step(
     _pods_of(jobs, name, 1)
     _step_at_least(jobs, name, 7)
     jobs.patch(name, {"suspend": True})
-    harness.wait_for("pods gone", lambda: not jobs.pods(name), timeout=60)
+    poll.until("pods gone", lambda: not jobs.pods(name), timeout=60)
     # The phase reads Suspended from the pass that stops the pods; lastCheckpoint shows their
     # SIGTERM save from the pass their exit wakes (CI once read the status in between: step 5).
-    s = harness.wait_for(
+    s = poll.until(
         "the SIGTERM save in status",
         lambda: (s := jobs.status(name)).get("phase") == "Suspended"
         and (s.get("lastCheckpoint") or {}).get("step", 0) >= 7 and s,
-        timeout=30, context=lambda: f"{name} status: {jobs.status(name)}",
+        timeout=30, diagnosis=lambda: f"{name} status: {jobs.status(name)}",
     )  # fmt: skip
     saved = s["lastCheckpoint"]["step"]
     jobs.patch(name, {"suspend": False})
@@ -729,13 +731,13 @@ def test_checkpoints_gone_from_storage_stop_the_job_instead_of_a_fresh_start(
     volume). The next attempt must not quietly train the job again from step 0."""
     name = harness.unique("vanish")
     jobs.apply(harness.job_doc(name, training={"steps": 400}))
-    harness.wait_for(
+    poll.until(
         "a checkpoint sealed",
         lambda: ((s := jobs.status(name)).get("lastCheckpoint") or {}).get("step", 0) >= 10 and s,
-        timeout=90, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
     )  # fmt: skip
     jobs.patch(name, {"suspend": True})
-    harness.wait_for("pods gone", lambda: not jobs.pods(name), timeout=60)
+    poll.until("pods gone", lambda: not jobs.pods(name), timeout=60)
     _phase(jobs, name, "Suspended")
     shutil.rmtree(jobs.ckpt_dir(name))
     jobs.patch(name, {"suspend": False})
@@ -753,7 +755,7 @@ def test_delete_garbage_collects_everything(jobs: harness.Jobs, operator: harnes
     jobs.apply(harness.job_doc(name, training={"steps": 400}))
     _pods_of(jobs, name, 1)
     jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
-    harness.wait_for("pods collected", lambda: not jobs.pods(name), timeout=60)
+    poll.until("pods collected", lambda: not jobs.pods(name), timeout=60)
     svc = jobs.cluster.kubectl("get", "svc", "-n", jobs.ns, "-o", "name").stdout
     assert f"{name}-workers" not in svc
 

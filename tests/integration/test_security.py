@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fsdp_operator.types import api, names
-from localcluster import controlplane
+from localcluster import controlplane, poll
 from tests import hostile_specs as hs
 from tests.integration import harness
 
@@ -48,8 +48,8 @@ def _profile_lists(jobs: harness.Jobs, *namespaces: str) -> None:
         done = _apply(jobs, probe, dry_run="server")
         return (done.returncode == 0) == want
 
-    harness.wait_for(f"profile {hs.PROFILE} lists {namespaces} at admission", admitted,
-                     timeout=30)  # fmt: skip
+    poll.until(f"profile {hs.PROFILE} lists {namespaces} at admission", admitted,
+               timeout=30)  # fmt: skip
 
 
 def test_hostile_specs_are_refused_at_admission_naming_the_field(
@@ -78,9 +78,9 @@ def test_hostile_specs_the_api_server_admits_fail_with_invalid_spec_and_no_pods(
         assert _apply(jobs, _job(f"h-{case.id}", hs.spec_of(case))).returncode == 0, case.id
     for case in OPERATOR:
         name = f"h-{case.id}"
-        s = harness.wait_for(
+        s = poll.until(
             f"{name} Failed", lambda n=name: (s := jobs.status(n)).get("phase") == "Failed" and s,
-            timeout=30, context=operator.log_tail,
+            timeout=30, diagnosis=operator.log_tail,
         )  # fmt: skip
         assert s["reason"] == "InvalidSpec", (case.id, s)
         assert case.field in s["message"], (case.id, s["message"])
@@ -91,8 +91,8 @@ def test_hostile_specs_the_api_server_admits_fail_with_invalid_spec_and_no_pods(
     assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
     good = harness.unique("good")
     jobs.apply(harness.job_doc(good, training={"steps": 400}))
-    harness.wait_for("good job Running", lambda: jobs.status(good).get("phase") == "Running",
-                     timeout=60, context=operator.log_tail)  # fmt: skip
+    poll.until("good job Running", lambda: jobs.status(good).get("phase") == "Running",
+               timeout=60, diagnosis=operator.log_tail)  # fmt: skip
 
 
 def _pod(name: str, **container_security: Any) -> dict[str, Any]:
@@ -152,8 +152,8 @@ def test_fsdpjob_creators_must_be_allowed_to_create_pods(
     cluster.kubectl("create", "role", "pods", "-n", ns, "--verb=create", "--resource=pods")
     cluster.kubectl("create", "rolebinding", "alice-pods", "-n", ns, "--role=pods",
                     f"--serviceaccount={ns}:alice")  # fmt: skip
-    harness.wait_for("alice admitted once she may create pods",
-                     lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
+    poll.until("alice admitted once she may create pods",
+               lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
 
 
 def test_spares_under_a_kueue_queue_are_refused_at_admission(
@@ -196,9 +196,9 @@ def test_a_job_under_its_runtime_profile_gets_ipc_lock_and_nothing_more(
                           image=f"{hs.PROFILE_REGISTRY}/fsdp-worker:test",
                           template={"spec": {"capabilities": ["IPC_LOCK"]}})  # fmt: skip
     jobs.apply(doc)
-    pods = harness.wait_for(
+    pods = poll.until(
         f"{name}'s pods created", lambda: len(p := jobs.pods(name)) == 2 and p,
-        timeout=60, context=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        timeout=60, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
     )  # fmt: skip
     for pod in pods:
         c = pod["spec"]["containers"][0]
@@ -241,7 +241,7 @@ def test_a_profile_namespace_holds_all_but_the_operators_pods_to_restricted(
     cluster.kubectl("create", "rolebinding", "carol-edit", "-n", ns, "--clusterrole=edit",
                     f"--serviceaccount={ns}:carol")  # fmt: skip
     carol = cluster.kubeconfig_for_serviceaccount(ns, "carol")
-    harness.wait_for("carol may create pods", lambda: cluster.kubectl(
+    poll.until("carol may create pods", lambda: cluster.kubectl(
         "auth", "can-i", "create", "pods", "-n", ns, kubeconfig=carol, check=False,
     ).stdout.strip() == "yes")  # fmt: skip
     host = _pod("host")
@@ -288,7 +288,7 @@ def test_only_a_cluster_admin_may_create_or_edit_a_runtime_profile(
                     f"--serviceaccount={ns}:bob")  # fmt: skip
     try:
         bob = cluster.kubeconfig_for_serviceaccount(ns, "bob")
-        harness.wait_for("bob may create FSDPJobs", lambda: cluster.kubectl(
+        poll.until("bob may create FSDPJobs", lambda: cluster.kubectl(
             "auth", "can-i", "create", "fsdpjobs.fsdpoperator.io", "-n", ns,
             kubeconfig=bob, check=False).stdout.strip() == "yes")  # fmt: skip
         mine = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.PROFILE_KIND,
@@ -333,8 +333,8 @@ def test_a_hand_made_pod_with_the_jobs_name_is_never_adopted(
     }  # fmt: skip
     jobs.cluster.kubectl("create", "-n", jobs.ns, "-f", "-", input=json.dumps(squatter))
     jobs.apply(harness.job_doc(name, training={"steps": 400}))
-    cond = harness.wait_for("Conflict condition", lambda: _conflict(jobs, name),
-                            timeout=30, context=operator.log_tail)  # fmt: skip
+    cond = poll.until("Conflict condition", lambda: _conflict(jobs, name),
+                      timeout=30, diagnosis=operator.log_tail)  # fmt: skip
     assert cond["reason"] == "NameConflict"
     assert f"pod {name}-a1-0 is owned by no controller" in cond["message"]
     assert "NameConflict" in jobs.events(name)
@@ -342,9 +342,9 @@ def test_a_hand_made_pod_with_the_jobs_name_is_never_adopted(
     assert s["phase"] == "Pending" and _owned(jobs, name) == []  # nothing adopted or created
     jobs.cluster.kubectl("delete", "pod", f"{name}-a1-0", "-n", jobs.ns, "--grace-period=0",
                          "--force")  # fmt: skip
-    harness.wait_for("Running once the squatter is gone",
-                     lambda: jobs.status(name).get("phase") == "Running", timeout=60,
-                     context=operator.log_tail)  # fmt: skip
+    poll.until("Running once the squatter is gone",
+               lambda: jobs.status(name).get("phase") == "Running", timeout=60,
+               diagnosis=operator.log_tail)  # fmt: skip
     s = jobs.status(name)
     assert s["attempt"] == 1 and s["restarts"]["total"] == 0 and _conflict(jobs, name) is None
     assert len(_owned(jobs, name)) == 2
@@ -356,25 +356,25 @@ def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked
     name = harness.unique("again")
     doc = harness.job_doc(name, training={"steps": 400})
     jobs.apply(doc)
-    harness.wait_for("first job at step 7", lambda: (jobs.status(name).get("step") or 0) >= 7,
-                     timeout=60, context=operator.log_tail)  # fmt: skip
+    poll.until("first job at step 7", lambda: (jobs.status(name).get("step") or 0) >= 7,
+               timeout=60, diagnosis=operator.log_tail)  # fmt: skip
     old_uid = (jobs.get(name) or {})["metadata"]["uid"]
     jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
     jobs.apply(doc)
     new_uid = (jobs.get(name) or {})["metadata"]["uid"]
     assert new_uid != old_uid
     # the old job's pods and checkpoints are not the new job's: it waits and says why
-    cond = harness.wait_for(
+    cond = poll.until(
         "checkpoint conflict", lambda: (c := _conflict(jobs, name))
         and c["reason"] == "CheckpointsOfAnotherJob" and c, timeout=90,
-        context=lambda: f"{jobs.get(name)}\n{jobs.events(name)}\n{jobs.pods(name)}",
+        diagnosis=lambda: f"{jobs.get(name)}\n{jobs.events(name)}\n{jobs.pods(name)}",
     )  # fmt: skip
     assert f"FSDPJob uid {old_uid}" in cond["message"]
     assert "resumeFromPreviousJobs" in cond["message"]
     assert jobs.pods(name) == [] and jobs.status(name)["attempt"] == 0
     jobs.patch(name, {"checkpoint": {"resumeFromPreviousJobs": True}})
-    s = harness.wait_for("new job Running", lambda: (s := jobs.status(name)).get("phase")
-                         == "Running" and s, timeout=60, context=operator.log_tail)  # fmt: skip
+    s = poll.until("new job Running", lambda: (s := jobs.status(name)).get("phase")
+                   == "Running" and s, timeout=60, diagnosis=operator.log_tail)  # fmt: skip
     assert s["attempt"] == 1 and s["restarts"]["total"] == 0
     assert (s["history"][0]["resumedFromStep"] or 0) >= 5
     assert len(_owned(jobs, name)) == 2 and len(jobs.pods(name)) == 2

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from fsdp_operator.io import kube, observe
-from fsdp_operator.types import api
+from fsdp_operator.types import api, scrape
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
 from fsdp_worker.contract import config, interval
@@ -139,7 +139,7 @@ def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
         config.CheckpointConfig.model_validate({"intervalSteps": value})
 
 
-def _scraped(m: metrics.Metrics) -> dict[str, float]:
+def _scraped(m: metrics.Metrics) -> scrape.Scrape:
     """What the operator's prober reads off this registry's page."""
     return kube.contract_samples(m.render())
 
@@ -182,7 +182,7 @@ def test_a_fixed_interval_is_reported_as_fixed_and_an_old_worker_as_nothing() ->
     m.chose(interval.Choice(steps=500, auto=False))
     got = observe.progress_of(_scraped(m))
     assert got.interval is not None and got.interval.steps == 500 and not got.interval.auto
-    old = observe.progress_of({contract.METRIC_STEP: 7.0})
+    old = observe.progress_of(scrape.Scrape([scrape.Sample(contract.METRIC_STEP, (), 7.0)]))
     assert old.step == 7 and old.milestones == {} and old.interval is None
     assert old.checkpoint_step is None and old.resumed_from is None
 
@@ -191,7 +191,7 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
     """checkpoint.memory's own interval (auto: chosen from every failure) and its last blocking
     save are rank 0's to report; the status keeps them beside checkpointInterval (the claim's),
     and `fsdpctl describe` prints them. A worker without a memory tier reports none."""
-    from fsdp_operator import cli
+    from fsdp_operator.cli import documents, views
     from fsdp_operator.policy import decide
     from fsdp_operator.types import observed as ob
 
@@ -214,7 +214,8 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
     assert d.status.memory_tier == got.memory
     doc = d.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     assert doc["memoryTier"] == {"intervalSteps": 6, "saveSeconds": 0.042, "sealedStep": 36}
-    assert "memory tier: every 6 steps, last save 0.042s, sealed step 36" in cli._cost_lines(doc)
+    described = views.cost_lines(documents.job_status({"status": doc}))  # as fsdpctl reads it
+    assert "memory tier: every 6 steps, last save 0.042s, sealed step 36" in described
 
 
 def test_the_goodput_totals_are_counters_that_only_rise() -> None:

@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from worker_harness import REPO, free_port
 
 from fsdp_worker.keeper import warm
+from localcluster import poll
 
 pytestmark = pytest.mark.torch
 
@@ -71,13 +71,6 @@ def _warm(tmp: Path, *args: str) -> subprocess.Popen[str]:
     return proc
 
 
-def _until(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.1)
-
-
 def test_warm_ranks_get_torchruns_environment_and_meet_through_rank_0s_store(
     tmp_path: Path,
 ) -> None:
@@ -117,7 +110,8 @@ def test_a_failed_rank_stops_the_others_and_a_sigterm_reaches_every_rank(tmp_pat
     term.mkdir()
     proc = _warm(term, "term")
     for rank in (0, 1):
-        _until(term / f"up-{rank}")
+        up = term / f"up-{rank}"
+        poll.until(f"{up} to appear", up.exists, timeout=60, every=0.1)
     proc.send_signal(signal.SIGTERM)  # the pod's, passed on by the keeper
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err  # both ranks saved and exited 0

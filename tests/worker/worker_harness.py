@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_worker.keeper.gang import descendants
+from localcluster import poll
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 180
@@ -65,14 +66,22 @@ class Run:
         return self
 
     def wait_for(self, predicate: Callable[[str], bool], timeout: float = RUN_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Until the worker's log says `predicate`; fails at once when the worker has exited."""
+
+        def logged() -> bool:
             if predicate(self.log):
-                return
+                return True
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited early:\n{self.log[-3000:]}")
-            time.sleep(0.05)
-        raise AssertionError(f"timed out waiting:\n{self.log[-3000:]}")
+            return False
+
+        poll.until(
+            "the worker's log",
+            logged,
+            timeout=timeout,
+            every=0.05,
+            diagnosis=lambda: self.log[-3000:],
+        )
 
     def kill_all(self) -> None:
         """SIGKILL torchrun and every rank at once (torchrun puts ranks in their own sessions,

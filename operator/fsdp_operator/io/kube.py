@@ -25,7 +25,7 @@ from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsdp_operator.io import metrics
-from fsdp_operator.types import api, names, queueing
+from fsdp_operator.types import api, names, queueing, scrape
 
 log = logging.getLogger(__name__)
 
@@ -431,21 +431,19 @@ def describe_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"[:1024]
 
 
-def contract_samples(text: str) -> dict[str, float]:
-    """The samples of the contract's metrics in a Prometheus text page, keyed `name` or
-    `name{label=value}`. Other metrics (a user's, the runtime's) and garbage are ignored."""
-    values: dict[str, float] = {}
+def contract_samples(text: str) -> scrape.Scrape:
+    """The samples of the contract's metrics in a Prometheus text page, each with its name and
+    labels. Other metrics (a user's, the runtime's) and garbage are ignored."""
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError:  # not Prometheus text: nothing known
-        return values
-    for family in families:
-        for sample in family.samples:
-            if not sample.name.startswith(_CONTRACT_PREFIXES):
-                continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-    return values
+        return scrape.Scrape()
+    return scrape.Scrape(
+        scrape.Sample(sample.name, scrape.labels_of(sample.labels), sample.value)
+        for family in families
+        for sample in family.samples
+        if sample.name.startswith(_CONTRACT_PREFIXES)
+    )
 
 
 _CONTRACT_PREFIXES = ("fsdp_train_", "fsdp_checkpoint_", "fsdp_worker_")

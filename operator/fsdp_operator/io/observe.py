@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fsdp_operator.io import cache
-from fsdp_operator.types import api, kubetypes, names, observed, queueing, status
+from fsdp_operator.types import api, kubetypes, names, observed, queueing, scrape, status
 from fsdp_worker import contract
 
 IMAGE_ERRORS = frozenset(
@@ -208,16 +208,15 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _restarts_in_place(samples: Mapping[str, float]) -> tuple[dict[str, Any], ...]:
+def _restarts_in_place(samples: scrape.Scrape) -> tuple[dict[str, Any], ...]:
     """The failure records rank 0 serves (label `record`, JSON), by generation; a record that
     does not parse, or names no generation, is left out."""
-    prefix = f"{contract.METRIC_RESTART_IN_PLACE}{{record="
     found: dict[int, dict[str, Any]] = {}
-    for key, value in samples.items():
-        if not key.startswith(prefix) or not key.endswith("}") or value != 1:
+    for record, value in samples.by_label(contract.METRIC_RESTART_IN_PLACE, "record").items():
+        if value != 1:
             continue
         try:
-            doc = json.loads(key[len(prefix) : -1])
+            doc = json.loads(record)
         except ValueError:
             continue
         generation = doc.get("generation") if isinstance(doc, dict) else None
@@ -226,14 +225,14 @@ def _restarts_in_place(samples: Mapping[str, float]) -> tuple[dict[str, Any], ..
     return tuple(found[g] for g in sorted(found))
 
 
-def progress_of(samples: Mapping[str, float]) -> observed.Progress:
+def progress_of(samples: scrape.Scrape) -> observed.Progress:
     """Rank 0's scraped samples (kube.scrape_metrics) -> what decisions read. Lenient: what a
     worker does not report (an older image) is None, never an error."""
 
-    def num(name: str) -> float | None:
-        value = samples.get(name)
-        if value is None and name in contract.LEGACY_METRIC_NAMES:  # an older kit's name
-            value = samples.get(contract.LEGACY_METRIC_NAMES[name])
+    def num(name: str, **labels: str) -> float | None:
+        value = samples.value(name, **labels)
+        if value is None and not labels and name in contract.LEGACY_METRIC_NAMES:  # older kit
+            value = samples.value(contract.LEGACY_METRIC_NAMES[name])
         return _finite(value)
 
     def whole(name: str) -> int | None:
@@ -242,7 +241,7 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
 
     milestones = {}
     for m in contract.Milestone:
-        at = num(f"{contract.METRIC_MILESTONE}{{milestone={m.value}}}")
+        at = num(contract.METRIC_MILESTONE, milestone=m.value)
         if at is not None and at > 0:
             milestones[m.value] = at
     interval = None
@@ -250,7 +249,7 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
     if steps is not None and steps >= 1:
 
         def given(key: contract.IntervalInput) -> float | None:
-            return num(f"{contract.METRIC_INTERVAL_INPUT}{{input={key.value}}}")
+            return num(contract.METRIC_INTERVAL_INPUT, input=key.value)
 
         failures = given(contract.IntervalInput.FAILURES)
         mtbf = given(contract.IntervalInput.MTBF_SECONDS)
@@ -272,11 +271,10 @@ def progress_of(samples: Mapping[str, float]) -> observed.Progress:
             sealed_step=in_memory if in_memory is not None and in_memory > 0 else None,
         )
     sealed = whole(contract.METRIC_CKPT_STEP)
-    prefix = f"{contract.METRIC_QUARANTINED}{{step="
     quarantined = sorted(
-        int(key[len(prefix) : -1])
-        for key, value in samples.items()
-        if key.startswith(prefix) and key[len(prefix) : -1].isdigit() and value == 1
+        int(step)
+        for step, value in samples.by_label(contract.METRIC_QUARANTINED, "step").items()
+        if step.isdigit() and value == 1
     )
     return observed.Progress(
         generation=max(0, whole(contract.METRIC_GENERATION) or 0),
