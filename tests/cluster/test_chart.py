@@ -164,7 +164,8 @@ def test_operator_scheduling_and_pull_secrets_reach_its_pods() -> None:
 
 
 def test_the_memory_limit_fits_the_measured_restart_peak() -> None:
-    """docs/benchmarks.md, "Fleet": 452 MiB RSS after a restart at 1,000 jobs (the old limit was 512Mi)."""
+    """docs/benchmarks.md, "Fleet": 452 MiB RSS after a restart at 1,000 jobs (the old limit
+    was 512Mi)."""
     resources = _deployment()["spec"]["template"]["spec"]["containers"][0]["resources"]
     limit = resources["limits"]["memory"]
     assert limit.endswith("Gi") and float(limit[:-2]) * 1024 >= 2 * 452
