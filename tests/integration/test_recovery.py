@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -417,42 +418,42 @@ def _every_node_ready(operator: harness.Operator) -> None:
     )  # fmt: skip
 
 
-def test_an_api_server_stall_loses_no_node(jobs: harness.Jobs, operator: harness.Operator) -> None:
-    """The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
-    operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
-    no node renew in that time, so it judges none, and the job trains on in attempt 1."""
-    name = harness.unique("stall")
-    doc = harness.job_doc(name, training={"steps": 400})
-    doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 300  # NotReady is not the question
-    jobs.apply(doc)
-    _pods_of(jobs, name, 1)
-    _step_at_least(jobs, name, 6)
-    _faults(operator).stall_apiserver(10)
-    s = poll.until(
-        "step 150 after it", lambda: ((s := jobs.status(name)).get("step") or 0) >= 150 and s,
-        timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-    )  # fmt: skip
-    assert s["attempt"] == 1 and "lastFailure" not in s, s
-    assert not s.get("restarts", {}).get("total"), s
-    jobs.patch(name, {"suspend": True})
-    _every_node_ready(operator)
-
-
-def test_a_kubelet_paused_for_a_minute_under_a_training_job_restarts_nothing(
+def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
-    """A kubelet restart or upgrade that takes a minute: its Lease is silent for 60 s (lost by
+    """One job (they share it to spare CI a bring-up), two things that are not a lost node.
+
+    The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
+    operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
+    no node renew in that time, so it judges none, and the job trains on in attempt 1.
+
+    Then a kubelet restart or upgrade that takes a minute: its Lease is silent for 60 s (lost by
     the Lease rule after 2.25 s here), its node NotReady after 8 s, while its pods train on.
     Lease silence alone is not a loss: rank 0 is scraped every second and keeps stepping, so
     the job is not restarted; NotReady is judged after nodeLossGraceSeconds (90 s here)."""
-    name = harness.unique("kubelet")
+    name = harness.unique("stall")
     doc = harness.job_doc(name, training={"steps": 2000})
     doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 90
     jobs.apply(doc)
     victim = next(p for p in _pods_of(jobs, name, 1) if p["metadata"]["name"].endswith("-1"))
-    node = victim["spec"]["nodeName"]
     _step_at_least(jobs, name, 6)
+
+    def why(s: dict[str, Any]) -> str:
+        return f"{json.dumps(s)[:3000]}\nevents: {jobs.events(name)}\n{operator.log_tail()}"
+
     faults = _faults(operator)
+    faults.stall_apiserver(10)
+    stepped = (jobs.status(name).get("step") or 0) + 100
+    s = poll.until(
+        f"step {stepped} after the stall",
+        lambda: ((s := jobs.status(name)).get("step") or 0) >= stepped and s,
+        timeout=90, diagnosis=lambda: why(jobs.status(name)),
+    )  # fmt: skip
+    assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
+    assert not s.get("restarts", {}).get("total"), why(s)
+    _every_node_ready(operator)
+
+    node = victim["spec"]["nodeName"]
     faults.pause_kubelet(node)
     try:
         before = jobs.status(name).get("step") or 0
@@ -460,10 +461,9 @@ def test_a_kubelet_paused_for_a_minute_under_a_training_job_restarts_nothing(
         s = jobs.status(name)
     finally:
         faults.resume_kubelet(node)
-    why = f"{json.dumps(s)[:3000]}\nevents: {jobs.events(name)}\n{operator.log_tail()}"
-    assert s["attempt"] == 1 and "lastFailure" not in s, why
-    assert (s.get("step") or 0) >= before + 100, why  # it trained all along (0.2 s a step)
-    assert "FailureDetected" not in jobs.events(name), why
+    assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
+    assert (s.get("step") or 0) >= before + 100, why(s)  # it trained all along (0.2 s a step)
+    assert "FailureDetected" not in jobs.events(name), why(s)
     jobs.patch(name, {"suspend": True})
     _every_node_ready(operator)
 
