@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_worker.keeper.gang import descendants
+from fsdp_worker.keeper.processes import descendants
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT = 180
