@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def delete(storage: catalog.LocalStorage, root: str, me: Writer, *, path: str) -
 def quarantine_corrupt(
     storage: catalog.LocalStorage,
     root: str,
-    rejected: Sequence[catalog.Candidate],
+    rejected: Sequence[selection.Candidate],
     *,
     me: Writer,
 ) -> tuple[int, ...]:
@@ -238,7 +238,7 @@ def quarantine_corrupt(
     when a newer writer took the root over. One that cannot be moved otherwise is skipped."""
     moved = []
     for c in rejected:
-        if c.reason not in catalog.CORRUPT:
+        if c.reason not in selection.CORRUPT:
             continue
         try:
             set_aside(storage, root, me, step=c.step)
