@@ -13,8 +13,9 @@ directory:
 A writer whose directory was taken over therefore fails at the rename itself (its source or
 target no longer exists), wherever it was paused: no check comes before the act that a newer
 writer could slip between. ``os.rename`` of a directory never replaces a non-empty one, so no
-publish overwrites a sealed step either. This module must not choose checkpoints (catalog.py,
-resume.py) and imports the standard library and the catalog only (the stand-in uses it).
+publish overwrites a sealed step either. This module must not choose checkpoints
+(selection.py, resume.py) and imports the standard library, the catalog and selection's
+verdicts only (the stand-in uses it).
 """
 
 from __future__ import annotations
