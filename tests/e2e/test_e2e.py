@@ -23,7 +23,7 @@ import yaml
 from fsdp_operator.io import observe
 from fsdp_operator.types import names
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 from fsdp_worker.runtime import faults as faults_mod
 from harness import prometheus, stack
 from localcluster import poll
@@ -181,7 +181,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         root = ckpt / name
         if not root.is_dir():
             return 0
-        found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), ".", proof=proofs[name])
+        found = selection.list_checkpoints(catalog.LocalStorage(str(root)), ".", proof=proofs[name])
         return max((c.step for c in found if c.ok), default=0)
 
     def trains_on(attempt: int) -> dict[str, list[dict[str, Any]]]:
@@ -247,7 +247,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     # sealed; titan reports nothing, and only its files say how far it got.
     assert done["kit"]["lastCheckpoint"]["step"] == OWN_STEPS, done["kit"]
     assert sealed("titan") == OWN_STEPS
-    found = catalog.list_checkpoints(catalog.LocalStorage(str(ckpt / "kit")), ".")
+    found = selection.list_checkpoints(catalog.LocalStorage(str(ckpt / "kit")), ".")
     markers = [c.marker for c in found if c.ok and c.marker is not None]
     last = max(markers, key=lambda m: m.step)
     assert last.step == OWN_STEPS and last.attempt >= 2 and (last.resumed_from_step or 0) > 0
@@ -272,7 +272,9 @@ def _report_capabilities(e2e: E2E, namespace: str, pod: dict[str, Any]) -> None:
 
 def _sealed(root: Path, *, attempt: int) -> int | None:
     """The newest step `attempt` sealed under `root` (None: none yet)."""
-    found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), ".") if root.is_dir() else []
+    found = (
+        selection.list_checkpoints(catalog.LocalStorage(str(root)), ".") if root.is_dir() else []
+    )
     steps = [c.step for c in found if c.ok and c.marker is not None and c.marker.attempt == attempt]
     return max(steps, default=None)
 
@@ -281,7 +283,7 @@ def _check_checkpoints(root: Path, *, global_batch: int) -> None:
     """Every sealed checkpoint: its data cursor is exactly step x global batch (no sample
     skipped or repeated across the restarts), and it was written by the non-root worker."""
     storage = catalog.LocalStorage(str(root))
-    found = catalog.list_checkpoints(storage, ".")
+    found = selection.list_checkpoints(storage, ".")
     sealed = [c for c in found if c.ok and c.marker is not None]
     assert sealed, f"no sealed checkpoint under {root}"
     for candidate in sealed:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_worker.contract import catalog, fence
+from fsdp_worker.contract import catalog, fence, selection
 
 HASH = "cafe0000cafe0000"
 UID = "uid-a"
@@ -41,15 +41,15 @@ def _seal(storage: catalog.LocalStorage, me: fence.Writer, step: int) -> None:
 
 def _retain(storage: catalog.LocalStorage, me: fence.Writer, *, keep: int) -> None:
     """The worker's retention (checkpoint.CheckpointManager._retain) under `me`'s lineage."""
-    lineage = catalog.Lineage(me.attempt, None, job_uid=UID)
-    found = catalog.list_checkpoints(storage, ".", config_hash=HASH, lineage=lineage)
-    for victim in catalog.retention_victims(found, keep=keep):
+    lineage = selection.Lineage(me.attempt, None, job_uid=UID)
+    found = selection.list_checkpoints(storage, ".", config_hash=HASH, lineage=lineage)
+    for victim in selection.retention_victims(found, keep=keep):
         fence.delete(storage, ".", me, path=victim.path)
 
 
 def _sealed(storage: catalog.LocalStorage) -> dict[int, int]:
     """Every sealed step under the root and the attempt that wrote it."""
-    return {c.step: c.marker.attempt for c in catalog.list_checkpoints(storage, ".", deep=True)
+    return {c.step: c.marker.attempt for c in selection.list_checkpoints(storage, ".", deep=True)
             if c.ok and c.marker is not None}  # fmt: skip
 
 
@@ -247,8 +247,8 @@ def test_a_zombie_paused_anywhere_in_its_publish_or_retention_disturbs_no_newer_
             thread.start()
             assert pause.paused.wait(10), f"the zombie never reached act {at}"
             fence.take_over(storage, ".", live)
-            lineage = catalog.Lineage(1, None, job_uid=UID)  # the rules after attempt 1
-            chosen, _ = catalog.select(storage, ".", config_hash=HASH, lineage=lineage, deep=True)
+            lineage = selection.Lineage(1, None, job_uid=UID)  # the rules after attempt 1
+            chosen, _ = selection.select(storage, ".", config_hash=HASH, lineage=lineage, deep=True)
             assert chosen is not None and chosen.marker is not None
             before = _sealed(storage)
             pause.resume.set()

@@ -12,15 +12,16 @@ import urllib.request
 import pytest
 
 from fsdp_operator.types import observed
-from fsdp_worker.keeper import gang
+from fsdp_worker.keeper import gang, torchrun_argv
+from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
 
 
 def test_the_coordinator_tells_how_long_each_keeper_has_been_quiet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
-    coordinator = gang.Coordinator(0, nodes=3)
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    coordinator = Coordinator(0, nodes=3)
     try:
         coordinator.handle_request_doc({"op": "state", "from": 0})
         clock[0] = 104.0
@@ -58,7 +59,7 @@ def test_a_replace_is_recorded_as_a_lost_node_or_a_frozen_pods_hang(
 ) -> None:
     """The operator's replace says why (decide._take_over): a frozen pod's is a Hang, charged
     to the application; anything else it records as NodeLost, as before."""
-    coordinator = gang.Coordinator(0, nodes=2)
+    coordinator = Coordinator(0, nodes=2)
     try:
         doc = {"op": "replace", "node": 1, "spare": 3, "failure": {"pod": "job-a1-1", **given}}
         answer = coordinator.handle_request_doc(doc)
@@ -74,7 +75,7 @@ def test_a_replace_after_the_others_failed_first_joins_their_generation() -> Non
     the gang is coming down from generation 0 when the operator's replace arrives. The frozen
     node counts down there (it never would itself), the spare starts generation 1 with node 0,
     and generation 0 has one record, the frozen pod's Hang (node 0's end its symptom)."""
-    coordinator = gang.Coordinator(0, nodes=2)
+    coordinator = Coordinator(0, nodes=2)
     try:
         hung = {"class": "Hang", "message": "rank 0: no step for 10s", "rank": 0}
         coordinator.handle_request_doc({"op": "fail", "generation": 0, "failure": hung})
@@ -119,10 +120,10 @@ def test_a_spare_promoted_to_node_rank_0_gathers_the_others_then_restarts_them(
     what node 0's coordinator last said. Once both rejoined, generation 2 ends with node 0's
     NodeLost (node 1's first failure its symptom) and generation 3 starts, every node down."""
     clock = [10.0]
-    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     spare, node1 = _Waiting(-1, spare=5), _Waiting(1)
-    standby = gang.Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
-    other = gang.Coordinator(0, nodes=3, active=False, keeper=node1)  # type: ignore[arg-type]
+    standby = Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
+    other = Coordinator(0, nodes=3, active=False, keeper=node1)  # type: ignore[arg-type]
     try:
         assert standby.handle_request_doc({"op": "state"}) == {"standby": True}
         bad = standby.handle_request_doc({"op": "promote", "master": "no-port"})
@@ -162,13 +163,13 @@ def test_a_promoted_spare_that_is_never_joined_gives_up(monkeypatch: pytest.Monk
     """A node the operator could not tell to follow never rejoins: past the keepers' down
     timeout the new coordinator says `final`, and every keeper waits for the operator."""
     clock = [10.0]
-    monkeypatch.setattr(gang.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     spare = _Waiting(-1, spare=0)
-    standby = gang.Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
+    standby = Coordinator(0, nodes=3, active=False, keeper=spare)  # type: ignore[arg-type]
     try:
         standby.handle_request_doc({"op": "promote", "master": "10.0.0.9:29500"})
         standby.handle_request_doc({"op": "rejoin", "node": 1, "generation": 0})
-        clock[0] += gang.DOWN_TIMEOUT_SECONDS - 1
+        clock[0] += DOWN_TIMEOUT_SECONDS - 1
         assert standby.handle_request_doc({"op": "state"})["gathering"]
         clock[0] += 2
         answer = standby.handle_request_doc({"op": "state"})
@@ -181,7 +182,7 @@ def test_a_lone_node_rank_0_taken_by_a_spare_starts_past_the_operators_count() -
     """A one-node gang has no one to rejoin: the promote starts the next generation at once,
     past the restarts in place the operator counted (the keepers' budget goes on)."""
     spare = _Waiting(-1, spare=1)
-    standby = gang.Coordinator(0, nodes=1, active=False, keeper=spare)  # type: ignore[arg-type]
+    standby = Coordinator(0, nodes=1, active=False, keeper=spare)  # type: ignore[arg-type]
     try:
         answer = standby.handle_request_doc(
             {"op": "promote", "master": "10.0.0.9:29500", "generation": 2}
@@ -194,10 +195,13 @@ def test_a_lone_node_rank_0_taken_by_a_spare_starts_past_the_operators_count() -
 def test_torchruns_store_moves_with_node_rank_0() -> None:
     argv = ["python", "-m", "torch.distributed.run", "--rdzv-endpoint=a.svc:29500", "-m", "x",
             "--rdzv-endpoint=mine"]  # fmt: skip
-    moved = gang.with_endpoint(argv, "10.0.0.9:29500")
+    moved = torchrun_argv.with_endpoint(argv, "10.0.0.9:29500")
     assert moved[3] == "--rdzv-endpoint=10.0.0.9:29500" and moved[-1] == "--rdzv-endpoint=mine"
-    assert gang.rendezvous(moved) == "10.0.0.9:29500"
-    assert gang.rendezvous(["--rdzv_endpoint", "h:1"]) == "h:1" and gang.rendezvous([]) == ""
+    assert torchrun_argv.rendezvous(moved) == "10.0.0.9:29500"
+    assert (
+        torchrun_argv.rendezvous(["--rdzv_endpoint", "h:1"]) == "h:1"
+        and torchrun_argv.rendezvous([]) == ""
+    )
 
 
 @pytest.mark.parametrize(
@@ -235,7 +239,7 @@ def test_a_spare_standing_by_answers_the_readiness_probe_then_frees_the_port(
     port is free again once it stops standing by (its rank 0's metrics server takes it)."""
     port = _free_port()
     monkeypatch.setenv("FSDP_METRICS_PORT", str(port))
-    monkeypatch.setattr(gang, "_warm_imports", lambda: None)
+    monkeypatch.setattr("fsdp_worker.keeper.standby.warm_imports", lambda: None)
     nobody = f"127.0.0.1:{_free_port()}"  # no coordinator answers there: nobody gives a node
     keeper = gang.Keeper(gang.Gang(restarts=1, coordinator=nobody, node=-1, nodes=2, spare=0,
                                    listen=0), ["true"])  # fmt: skip
@@ -274,7 +278,7 @@ def test_a_keepers_reports_lost_on_a_busy_network_are_said_again(
     hang), a lost `down` or `fail` ended restarts in place."""
     monkeypatch.setattr(gang, "POLL_SECONDS", 0.01)
     monkeypatch.setattr(gang, "DOWN_TIMEOUT_SECONDS", 1.0)
-    coordinator = gang.Coordinator(0, nodes=2)
+    coordinator = Coordinator(0, nodes=2)
     lost: set[str] = set()
 
     def lossy(doc: dict[str, object], **_: object) -> dict[str, object] | None:

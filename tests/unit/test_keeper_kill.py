@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from fsdp_worker.keeper import gang
+from fsdp_worker.keeper import processes
 
 # A "torchrun" that starts a "rank" in a session of its own and dies at once: the rank is
 # orphaned (reparented to init), as when torchrun is OOM-killed before its ranks.
@@ -29,17 +29,17 @@ def _alive(pid: int) -> bool:
 
 def test_an_orphaned_rank_is_killed_by_the_keepers_token() -> None:
     token = "t0ken" + os.urandom(4).hex()
-    env = {**os.environ, gang.KEEPER_TOKEN: token}
+    env = {**os.environ, processes.KEEPER_TOKEN: token}
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], env=env, stdout=subprocess.PIPE)
     assert launcher.stdout is not None
     rank = int(launcher.stdout.readline())
     launcher.wait(timeout=30)
-    assert _alive(rank) and rank not in gang.descendants(launcher.pid), "orphaned"
+    assert _alive(rank) and rank not in processes.descendants(launcher.pid), "orphaned"
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     spared = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
     try:
-        assert gang.launched_by(token) == sorted([rank, spared.pid])
-        killed = gang.kill_launched(token, roots=[launcher.pid], spare={spared.pid})
+        assert processes.launched_by(token) == sorted([rank, spared.pid])
+        killed = processes.kill_launched(token, roots=[launcher.pid], spare={spared.pid})
         assert rank in killed and other.pid not in killed and spared.pid not in killed
         deadline = time.monotonic() + 10
         while _alive(rank):  # reaped by init, or a zombie of it: either way not running

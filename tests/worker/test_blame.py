@@ -22,7 +22,7 @@ from worker_harness import REPO, free_port, training, worker_config
 
 from fsdp_operator.policy import detect
 from fsdp_operator.types import api, observed, status
-from fsdp_worker.keeper.gang import descendants
+from fsdp_worker.keeper.processes import descendants
 
 pytestmark = pytest.mark.torch
 NODES, NPROC = 2, 2

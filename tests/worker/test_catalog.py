@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from fsdp_worker.contract import catalog, fence
-from fsdp_worker.contract.catalog import Lineage, RejectReason
+from fsdp_worker import contract
+from fsdp_worker.contract import catalog, fence, selection
+from fsdp_worker.contract.selection import Lineage, RejectReason
 
 HASH = "cafe0000cafe0000"
 
@@ -56,7 +57,7 @@ def write_step(
 
 def test_the_catalog_imports_nothing_but_the_standard_library() -> None:
     code = (
-        "import sys, fsdp_worker.contract.catalog; "
+        "import sys, fsdp_worker.contract.catalog, fsdp_worker.contract.selection; "
         "bad = {'torch', 'numpy', 'pydantic'} & set(sys.modules); print(sorted(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -90,7 +91,7 @@ def test_incomplete_damaged_and_foreign_checkpoints_are_rejected_with_reasons(
     (tmp_path / "step-8.partial-a1").mkdir()  # a save in flight: not even listed
     (tmp_path / "step-9.partial-a1g2").mkdir()  # one by a restart in place: the same
     storage = catalog.LocalStorage(str(tmp_path))
-    chosen, rejected = catalog.select(storage, str(tmp_path), config_hash=HASH, lineage=None)
+    chosen, rejected = selection.select(storage, str(tmp_path), config_hash=HASH, lineage=None)
     assert chosen is not None and chosen.step == 1 and chosen.marker is not None
     assert [(c.step, c.reason) for c in rejected] == [
         (7, RejectReason.BAD_MARKER),
@@ -107,8 +108,8 @@ def test_deep_verification_catches_same_size_corruption(tmp_path: Path) -> None:
     d = write_step(tmp_path, 1)
     (d / "__0_0.distcp").write_bytes(bytes(reversed(range(200))))
     storage = catalog.LocalStorage(str(tmp_path))
-    assert catalog.verify(storage, str(d)).ok
-    assert catalog.verify(storage, str(d), deep=True).reason == RejectReason.CHECKSUM_MISMATCH
+    assert selection.verify(storage, str(d)).ok
+    assert selection.verify(storage, str(d), deep=True).reason == RejectReason.CHECKSUM_MISMATCH
 
 
 @pytest.mark.parametrize(
@@ -127,7 +128,7 @@ def test_lineage_fences_superseded_attempts(
     tmp_path: Path, marker_attempt: int, step: int, lineage: Lineage, ok: bool
 ) -> None:
     d = write_step(tmp_path, step, attempt=marker_attempt)
-    candidate = catalog.verify(catalog.LocalStorage(str(tmp_path)), str(d), lineage=lineage)
+    candidate = selection.verify(catalog.LocalStorage(str(tmp_path)), str(d), lineage=lineage)
     assert candidate.ok is ok
     assert candidate.reason == ("" if ok else RejectReason.LINEAGE)
 
@@ -137,7 +138,7 @@ def test_select_skips_a_zombie_write_and_takes_the_restart_point(tmp_path: Path)
     write_step(tmp_path, 20, attempt=1)
     write_step(tmp_path, 30, attempt=1)  # written by a zombie of attempt 1 after the restart
     storage = catalog.LocalStorage(str(tmp_path))
-    chosen, rejected = catalog.select(
+    chosen, rejected = selection.select(
         storage, str(tmp_path), config_hash=HASH, lineage=Lineage(2, 20)
     )
     assert chosen is not None and chosen.step == 20
@@ -151,7 +152,7 @@ def test_quarantine_hides_a_step_and_never_overwrites(tmp_path: Path) -> None:
     write_step(tmp_path, 5)
     second = catalog.quarantine(storage, str(tmp_path), 5)
     assert first != second and Path(first).is_dir() and Path(second).is_dir()
-    assert catalog.list_checkpoints(storage, str(tmp_path)) == []
+    assert selection.list_checkpoints(storage, str(tmp_path)) == []
     with pytest.raises(catalog.CatalogError):
         catalog.quarantine(storage, str(tmp_path), 5)
 
@@ -170,9 +171,9 @@ def test_retention_keeps_the_newest_and_never_touches_incomplete_ones(tmp_path: 
         write_step(tmp_path, step)
     write_step(tmp_path, 5, marker=False)  # may still be in flight
     storage = catalog.LocalStorage(str(tmp_path))
-    candidates = catalog.list_checkpoints(storage, str(tmp_path))
-    assert [c.step for c in catalog.retention_victims(candidates, keep=2)] == [2, 1]
-    assert [c.step for c in catalog.retention_victims(candidates, keep=0)] == [3, 2, 1]
+    candidates = selection.list_checkpoints(storage, str(tmp_path))
+    assert [c.step for c in selection.retention_victims(candidates, keep=2)] == [2, 1]
+    assert [c.step for c in selection.retention_victims(candidates, keep=0)] == [3, 2, 1]
 
 
 @pytest.mark.parametrize(
@@ -191,7 +192,7 @@ def test_checkpoints_of_another_job_are_resumed_only_when_asked(
     for step in (10, 20, 30):
         write_step(tmp_path, step, attempt=2, job_uid="old")
     storage = catalog.LocalStorage(str(tmp_path))
-    got, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=lineage)
+    got, rejected = selection.select(storage, ".", config_hash=HASH, lineage=lineage)
     assert (got.step if got else None) == chosen
     if chosen is None:
         assert {c.reason for c in rejected} == {RejectReason.OTHER_JOB}
@@ -201,9 +202,11 @@ def test_checkpoints_of_another_job_are_resumed_only_when_asked(
 def test_markers_without_a_uid_are_this_jobs_once_it_has_run(tmp_path: Path) -> None:
     write_step(tmp_path, 10, attempt=1)  # written before markers carried a uid
     storage = catalog.LocalStorage(str(tmp_path))
-    running = catalog.select(storage, ".", config_hash=HASH, lineage=Lineage(1, None, job_uid="j"))
-    never_started = catalog.select(storage, ".", config_hash=HASH,
-                                   lineage=Lineage(0, None, job_uid="j"))  # fmt: skip
+    running = selection.select(
+        storage, ".", config_hash=HASH, lineage=Lineage(1, None, job_uid="j")
+    )
+    never_started = selection.select(storage, ".", config_hash=HASH,
+                                     lineage=Lineage(0, None, job_uid="j"))  # fmt: skip
     assert running[0] is not None and running[0].step == 10
     assert never_started[0] is None and never_started[1][0].reason == RejectReason.OTHER_JOB
 
@@ -233,14 +236,14 @@ def test_dcp_metadata_proof_takes_the_newest_step_whose_metadata_was_written(
     torn = write_step(tmp_path, 25, marker=False)
     (torn / ".metadata").write_bytes(b"")
     storage = catalog.LocalStorage(str(tmp_path))
-    proof = catalog.contract.Proof.DCP_METADATA
-    chosen, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=None, proof=proof)
+    proof = contract.Proof.DCP_METADATA
+    chosen, rejected = selection.select(storage, ".", config_hash=HASH, lineage=None, proof=proof)
     assert chosen is not None and chosen.step == 20 and chosen.marker is None
     assert [(c.step, c.reason) for c in rejected] == [
         (30, RejectReason.NO_MARKER),
         (25, RejectReason.NO_MARKER),
     ]
-    marker_mode, _ = catalog.select(storage, ".", config_hash=HASH, lineage=None)
+    marker_mode, _ = selection.select(storage, ".", config_hash=HASH, lineage=None)
     assert marker_mode is None, "without a marker nothing counts in the default mode"
 
 
@@ -249,7 +252,7 @@ def test_a_chooser_sets_corrupt_checkpoints_aside_unless_fenced_out(tmp_path: Pa
         write_step(tmp_path, step, attempt=2)
     (tmp_path / "step-6" / "__0_0.distcp").write_bytes(b"short")  # truncated after sealing
     storage = catalog.LocalStorage(str(tmp_path))
-    _, rejected = catalog.select(storage, ".", config_hash=HASH, lineage=None)
+    _, rejected = selection.select(storage, ".", config_hash=HASH, lineage=None)
     old, new = fence.Writer(2), fence.Writer(3)
     fence.take_over(storage, ".", old)
     fence.take_over(storage, ".", new)

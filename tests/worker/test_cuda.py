@@ -31,7 +31,7 @@ from worker_harness import (
 )
 
 from fsdp_worker.checkpointing import reader, state
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 
 pytestmark = [
     pytest.mark.torch,
@@ -85,7 +85,7 @@ def test_a_gpu_checkpoint_holds_the_cuda_rng_row_and_verifies(
     keys = set(reader.RangeReader(str(step)).read_metadata().state_dict_metadata)
     assert {state.RNG_CPU, state.RNG_CUDA} <= keys
     storage = catalog.LocalStorage(str(gpu_reference["root"]))
-    assert catalog.verify(storage, str(step), deep=True).ok
+    assert selection.verify(storage, str(step), deep=True).ok
     assert marker(step)["world_size"] == 1
 
 

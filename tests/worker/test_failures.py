@@ -20,7 +20,7 @@ from worker_harness import (
 )
 
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog, fence
+from fsdp_worker.contract import catalog, fence, selection
 
 pytestmark = pytest.mark.torch
 
@@ -111,7 +111,9 @@ def test_sigterm_saves_the_current_step_then_exits_preempted(tmp_path: Path) -> 
     last = max(run.losses())
     assert 4 <= last < 500
     assert marker(root / f"step-{last}")["step"] == last
-    assert catalog.verify(catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True).ok
+    assert selection.verify(
+        catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True
+    ).ok
     term = run.termination()
     assert (term["class"], term["exitCode"], term["step"]) == ("Preempted", 143, last)
 

@@ -12,7 +12,7 @@ from worker_harness import launch, training, worker_config
 
 from fsdp_operator.policy import explain
 from fsdp_worker import contract
-from fsdp_worker.telemetry import flight
+from fsdp_worker.telemetry import evidence
 
 pytestmark = pytest.mark.torch
 # Longer than one step of this tiny model takes on a loaded 2-core machine: a rank that pauses
@@ -60,15 +60,17 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     )
     assert {doc["step"] for doc in found.values()} == {STALLED_AFTER}
     # the evidence file of each rank: its record and every thread's stack
-    kept = (root / flight.EVIDENCE_DIR / "attempt-1" / "rank-2.txt").read_text()
+    kept = (root / evidence.EVIDENCE_DIR / "attempt-1" / "rank-2.txt").read_text()
     assert kept.startswith(contract.EVIDENCE_PREFIX) and "in stall_if" in kept
     # PyTorch's own flight recorder agrees: rank 2's newest is the previous step's all_reduce,
     # the others have one collective more, the all-gather rank 2 never joined
     fr = {rank: doc["flightRecorder"] for rank, doc in found.items()}
     assert fr[2]["op"] == "gloo:all_reduce" and fr[0]["op"] == "gloo:all_gather", fr
     assert fr[0]["seq"] == fr[1]["seq"] == fr[3]["seq"] == fr[2]["seq"] + 1, fr
-    recorded = json.loads((root / flight.EVIDENCE_DIR / "attempt-1" / "rank-0.fr.json").read_text())
-    assert 0 < len(recorded["entries"]) <= flight.FR_ENTRIES_KEPT
+    recorded = json.loads(
+        (root / evidence.EVIDENCE_DIR / "attempt-1" / "rank-0.fr.json").read_text()
+    )
+    assert 0 < len(recorded["entries"]) <= evidence.FR_ENTRIES_KEPT
     # rank 0's live record: what `OOMKilled` would come with if the kernel killed it now
     assert live["class"] == contract.LIVE and live["step"] == STALLED_AFTER
     assert live["phase"] == "forward" and live["memory"]["peakRssBytes"] > 0
@@ -86,10 +88,10 @@ def test_a_rank_stalled_before_the_end_of_step_all_reduce_is_named(tmp_path: Pat
 
 
 def test_old_attempts_evidence_is_pruned(tmp_path: Path) -> None:
-    base = tmp_path / flight.EVIDENCE_DIR
+    base = tmp_path / evidence.EVIDENCE_DIR
     for attempt in range(1, 9):
         (base / f"attempt-{attempt}").mkdir(parents=True)
-    flight.prune(str(tmp_path), keep=flight.EVIDENCE_ATTEMPTS, current=9)
+    evidence.prune(str(tmp_path), keep=evidence.EVIDENCE_ATTEMPTS, current=9)
     assert sorted(p.name for p in base.iterdir()) == [f"attempt-{a}" for a in (5, 6, 7, 8)]
 
 

@@ -21,7 +21,7 @@ from worker_harness import REPO, free_port, keeper_logs, launch_keepers, wait_al
 from fsdp_worker import contract
 from fsdp_worker.contract import catalog
 from fsdp_worker.contract.keeper import ask
-from fsdp_worker.keeper.gang import descendants
+from fsdp_worker.keeper.processes import descendants
 
 pytestmark = pytest.mark.torch
 
@@ -295,9 +295,11 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
 
 
 def test_a_spares_argv_takes_the_node_rank_once() -> None:
-    from fsdp_worker.keeper import gang
+    from fsdp_worker.keeper import torchrun_argv
 
     argv = ["python", "-m", "torch.distributed.run", "--node-rank=0", "-m", "x", "--node-rank=7"]
-    assert gang.with_node_rank(argv, 3)[3] == "--node-rank=3"
-    assert gang.with_node_rank(argv, 3)[-1] == "--node-rank=7"  # the trainer's own argument
-    assert gang.with_node_rank(["--node_rank", "0", "a"], 2) == ["--node_rank", "2", "a"]
+    assert torchrun_argv.with_node_rank(argv, 3)[3] == "--node-rank=3"
+    assert (
+        torchrun_argv.with_node_rank(argv, 3)[-1] == "--node-rank=7"
+    )  # the trainer's own argument
+    assert torchrun_argv.with_node_rank(["--node_rank", "0", "a"], 2) == ["--node_rank", "2", "a"]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from worker_harness import launch, training, worker_config
 
-from fsdp_worker.contract import catalog, interval
+from fsdp_worker.contract import catalog, interval, selection
 
 pytestmark = pytest.mark.torch
 
@@ -23,7 +23,7 @@ def _choices(log: str) -> list[dict[str, float]]:
 
 
 def _saved_steps(root: Path) -> list[int]:
-    found = catalog.list_checkpoints(catalog.LocalStorage(str(root)), str(root), deep=True)
+    found = selection.list_checkpoints(catalog.LocalStorage(str(root)), str(root), deep=True)
     assert all(c.ok for c in found), [(c.path, c.reason) for c in found]
     return sorted(c.step for c in found)
 

@@ -19,7 +19,7 @@ import pytest
 from worker_harness import REPO, free_port, launch, training, worker_config
 
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 
 pytestmark = pytest.mark.torch
 EXAMPLES = REPO / "examples" / "trainers"
@@ -111,16 +111,16 @@ def test_a_trainer_that_knows_nothing_of_us_is_resumed_from_its_newest_dcp_metad
     (dump / "step-30").mkdir()
     (dump / "step-30" / "__0_0.distcp").write_bytes(b"\0" * 64)
     storage = catalog.LocalStorage(str(dump))
-    chosen, _ = catalog.select(storage, ".", config_hash=None, lineage=None,
-                               proof=contract.Proof.DCP_METADATA)  # fmt: skip
+    chosen, _ = selection.select(storage, ".", config_hash=None, lineage=None,
+                                 proof=contract.Proof.DCP_METADATA)  # fmt: skip
     assert chosen is not None and chosen.step == 20, "what the operator names, DCPMetadata mode"
     second = launch(tmp_path, nproc=2, config=cfg, name="second", entry=args).wait()
     assert second.rc == 0, second.log[-3000:]
     assert re.search(r"loaded the checkpoint from .*step-20\b", second.log)
     steps = [int(m) for m in re.findall(r"^step (\d+) loss", second.log, re.M)]
     assert steps == list(range(21, 31))
-    chosen, _ = catalog.select(storage, ".", config_hash=None, lineage=None,
-                               proof=contract.Proof.DCP_METADATA)  # fmt: skip
+    chosen, _ = selection.select(storage, ".", config_hash=None, lineage=None,
+                                 proof=contract.Proof.DCP_METADATA)  # fmt: skip
     assert chosen is not None and chosen.step == 30
 
 
@@ -140,7 +140,9 @@ def test_a_kit_trainer_saves_on_sigterm_and_serves_its_progress(tmp_path: Path) 
     run.wait()
     last = max(_plain_losses(run.log))
     assert 4 <= last < 500
-    assert catalog.verify(catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True).ok
+    assert selection.verify(
+        catalog.LocalStorage(str(root)), str(root / f"step-{last}"), deep=True
+    ).ok
     term = run.termination()
     assert (term["class"], term["exitCode"], term["step"]) == ("Preempted", 143, last)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdp_worker.keeper.gang import descendants
+from fsdp_worker.keeper.processes import descendants
 from localcluster import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,7 +257,7 @@ def marker(step_dir: Path) -> dict[str, Any]:
 def check_async_save_overlaps_training(tmp: Path, *, nproc: int, train: dict[str, Any]) -> None:
     """A 9-step run with async saves every 3 steps and slowed writes: training goes on while
     step 3 is written, the run succeeds, and all three checkpoints are complete."""
-    from fsdp_worker.contract import catalog
+    from fsdp_worker.contract import catalog, selection
 
     root = tmp / "ckpt"
     cfg = worker_config(root, train=train, **{"async": True})
@@ -268,5 +268,5 @@ def check_async_save_overlaps_training(tmp: Path, *, nproc: int, train: dict[str
     step4 = next(i for i, x in enumerate(lines) if '"step": 4,' in x)
     assert step4 < complete3  # training went on while step 3 was being written
     storage = catalog.LocalStorage(str(root))
-    found = catalog.list_checkpoints(storage, str(root), deep=True)
+    found = selection.list_checkpoints(storage, str(root), deep=True)
     assert [(c.step, c.ok) for c in found] == [(9, True), (6, True), (3, True)]

@@ -10,7 +10,7 @@ import logging
 import os
 
 from fsdp_operator.types import api, names, observed, status
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def storage_for(job: names.JobRef, spec: api.FSDPJobSpec, template: str) -> str 
     return names.checkpoint_dir(volume, job.name)
 
 
-def _writer(cand: catalog.Candidate) -> str:
+def _writer(cand: selection.Candidate) -> str:
     uid = cand.marker.job_uid if cand.marker else None
     return f"FSDPJob uid {uid}" if uid else "an FSDPJob that recorded no uid (an older version)"
 
@@ -55,14 +55,14 @@ def newest(
     if base is None or not os.path.isdir(base):
         return Found(visible=False)
     storage = catalog.LocalStorage(base)
-    lineage = catalog.Lineage(
+    lineage = selection.Lineage(
         attempt=job_status.attempt,
         resumed_from_step=job_status.resumed_from_step,
         job_uid=job.uid,
         other_jobs=spec.checkpoint.resume_from_previous_jobs,
     )
     proof = spec.checkpoint.completion
-    chosen, rejected = catalog.select(
+    chosen, rejected = selection.select(
         storage,
         ".",
         config_hash=spec.training.resume_hash(),
@@ -79,8 +79,8 @@ def newest(
             cand.reason,
             cand.detail,
         )
-    corrupt = tuple(c.path for c in rejected if c.reason in catalog.CORRUPT)
-    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+    corrupt = tuple(c.path for c in rejected if c.reason in selection.CORRUPT)
+    others = [c for c in rejected if c.reason == selection.RejectReason.OTHER_JOB]
     # Before the first attempt, another job's checkpoints mean the user re-used a name (or a
     # directory): starting fresh there would mix two runs' steps, resuming would be a guess.
     conflicts = tuple(

@@ -1,16 +1,16 @@
 """Pure templating: an FSDPJob spec in, the headless Service and worker pod dicts out.
 
-Everything the operator creates is spelled here (merging the user's volumes and affinity lives
-in podmerge.py), golden-tested, so a reviewer knows what runs in the cluster. It must stay
-pure: no kubernetes client objects, no I/O, no clock reads, no kopf, no torch. What the CRD
-cannot check (user volumes, env and affinity that would break the operator's own settings)
-raises TemplateError naming the field.
+Everything the operator creates is spelled here (the worker container in worker_container.py,
+merging the user's volumes and affinity in podmerge.py), golden-tested, so a reviewer knows
+what runs in the cluster. It must stay pure: no kubernetes client objects, no I/O, no clock
+reads, no kopf, no torch. What the CRD cannot check (user volumes, env and affinity that would
+break the operator's own settings) raises TemplateError naming the field.
 
 Security choices, enforced here rather than left to the user's template:
 - The worker command is an argument list for torchrun; nothing passes through a shell.
 - Kubernetes expands `$(VAR)` in command, args and env values; `$$` is its escape for a literal
-  `$`. Every `$` in those strings is doubled (see `escape`), so a user string such as a config
-  value containing `$(HOME)` reaches the worker byte for byte.
+  `$`. Every `$` in those strings is doubled (worker_container.escape), so a user string such
+  as a config value containing `$(HOME)` reaches the worker byte for byte.
 - The Pod Security "restricted" profile (non-root uid 1000, RuntimeDefault seccomp, no
   privilege escalation, all capabilities dropped); no service-account token (workers hold no
   credentials); no service-link env vars.
@@ -28,37 +28,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsdp_operator.policy import decide
-from fsdp_operator.render import podmerge
+from fsdp_operator.render import podmerge, worker_container
 from fsdp_operator.types import api, names, queueing
 from fsdp_worker import contract
 from fsdp_worker.contract import config
 
 JobRef = names.JobRef
 DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
-GANG_MODULE = (
-    "fsdp_worker.keeper.gang"  # the in-place keeper in front of torchrun (inPlaceRestarts)
-)
-
 RUN_AS_ID = 1000
-OMP_NUM_THREADS = "OMP_NUM_THREADS"
-# PyTorch's flight recorder (gloo and NCCL): the last collectives of each rank, which a rank's
-# stall evidence dumps (flight.py). torchtitan turns it on by default the same way.
-FLIGHT_RECORDER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-FLIGHT_RECORDER_ENTRIES = "2000"
-
-
 TemplateError = podmerge.TemplateError
-
-
-def escape(value: str) -> str:
-    """Double every `$` so Kubernetes' `$(VAR)` expansion yields `value` literally."""
-    return value.replace("$", "$$")
-
-
-def trainer_arg(arg: str) -> str:
-    """A `spec.trainer.args` entry for the pod: its `$(NAME)` references (to the operator's
-    variables, api.Trainer checked) stay for Kubernetes to expand; everything else is escaped."""
-    return "".join(f"$({text})" if is_ref else escape(text) for text, is_ref in api.arg_parts(arg))
+# Rank 0's readiness probe, which a spare carries too (worker_container.py spells it).
+progress_probe = worker_container.progress_probe
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:
@@ -93,50 +73,11 @@ def _labels(job: JobRef, spec: api.FSDPJobSpec, component: names.Component) -> d
     }
 
 
-def _ports() -> list[dict[str, Any]]:
-    return [
-        {
-            "name": names.RENDEZVOUS_PORT_NAME,
-            "containerPort": names.RENDEZVOUS_PORT,
-            "protocol": "TCP",
-        },
-        {"name": names.METRICS_PORT_NAME, "containerPort": names.METRICS_PORT, "protocol": "TCP"},
-    ]
-
-
-def _gang_port(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
-    """The in-place keepers' coordinator (node rank 0's), with failurePolicy.inPlaceRestarts."""
-    if not spec.failure_policy.in_place_restarts:
-        return []
-    return [{"name": names.GANG_PORT_NAME, "containerPort": names.GANG_PORT, "protocol": "TCP"}]
-
-
-def progress_probe(spec: api.FSDPJobSpec) -> dict[str, Any]:
-    """Rank 0's readiness probe: its /progress answer (contract.PROGRESS_PATH) says whether a
-    step came within the progress deadline. The kubelet asks from rank 0's own node, which
-    NetworkPolicies leave open, so the Ready condition carries the evidence of a hang where the
-    operator's scrape is blocked (detect._hung). Asked every sixth of the deadline (1-30 s);
-    two misses in a row: a hang shows at most a third of the deadline late. Before the first
-    step the startup deadline applies."""
-    deadline = spec.failure_policy.progress_deadline_seconds
-    startup = spec.failure_policy.startup_deadline
-    return {
-        "httpGet": {
-            "path": f"{contract.PROGRESS_PATH}?within={deadline}&startup={startup}",
-            "port": names.METRICS_PORT_NAME,
-        },
-        "periodSeconds": max(1, min(30, deadline // 6)),
-        "timeoutSeconds": 5,
-        "failureThreshold": 2,
-        "successThreshold": 1,
-    }
-
-
 def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
     """The headless Service giving every worker pod a DNS name (stable across attempts)."""
     ports = [
         {"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
-        for p in _ports()
+        for p in worker_container.ports()
     ]
     return {
         "apiVersion": "v1",
@@ -214,7 +155,7 @@ def spare_pod(
 
 
 @dataclasses.dataclass(frozen=True)
-class _Slot:
+class Slot:
     """One rank's place in one attempt: what every part of its pod is derived from."""
 
     job: JobRef
@@ -255,7 +196,7 @@ def worker_pod(
     it was not found) the pod gets what the profile adds and the capabilities the job asks."""
     if not re.fullmatch(config.FACTORY_PATTERN.split(":")[0] + "$", worker_module):
         raise TemplateError(f"worker module {worker_module!r} is not a dotted module name")
-    slot = _Slot(
+    slot = Slot(
         job=job,
         spec=spec,
         attempt=launch.attempt,
@@ -292,7 +233,7 @@ def worker_pod(
             "fsGroup": RUN_AS_ID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [_container(slot)],
+        "containers": [worker_container.render(slot)],
         "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None),
         "affinity": podmerge.affinity(
             overrides.affinity,
@@ -313,7 +254,7 @@ def worker_pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
 
 
-def _check_profile(slot: _Slot) -> None:
+def _check_profile(slot: Slot) -> None:
     """The job may use its runtime profile as asked (the admission policies say the same)."""
     name = slot.spec.runtime_profile
     if name is None:
@@ -328,7 +269,7 @@ def _check_profile(slot: _Slot) -> None:
         raise TemplateError(refused)
 
 
-def _check_shape(slot: _Slot) -> None:
+def _check_shape(slot: Slot) -> None:
     spec, replicas = slot.spec, slot.replicas
     if not 1 <= replicas <= spec.replicas:
         raise TemplateError(f"replicas={replicas} must be within 1..spec.replicas={spec.replicas}")
@@ -342,7 +283,7 @@ def _check_shape(slot: _Slot) -> None:
         raise TemplateError(f"replicas={replicas}: {err}") from err
 
 
-def _pod_metadata(slot: _Slot) -> dict[str, Any]:
+def _pod_metadata(slot: Slot) -> dict[str, Any]:
     job, spec = slot.job, slot.spec
     labels = {
         **_labels(job, spec, names.Component.WORKER),
@@ -372,143 +313,3 @@ def _pod_metadata(slot: _Slot) -> dict[str, Any]:
         "annotations": annotations,
         "ownerReferences": [owner_reference(job)],
     }
-
-
-def _command(slot: _Slot) -> list[str]:
-    """The container's command: the operator's torchrun launch, then what it runs (the
-    built-in trainer's module, or `spec.trainer`'s module or script and arguments), escaped
-    for Kubernetes' `$(VAR)` expansion."""
-    trainer = slot.spec.trainer
-    keeper = ["python", "-m", GANG_MODULE] if slot.spec.failure_policy.in_place_restarts else []
-    if trainer is None:
-        return [escape(arg) for arg in [*keeper, *_launch(slot), "-m", slot.worker_module]]
-    entry = ["-m", trainer.module] if trainer.module is not None else [str(trainer.script)]
-    launch = [escape(arg) for arg in [*keeper, *_launch(slot), *entry]]
-    return [*launch, *(trainer_arg(arg) for arg in trainer.args)]
-
-
-def _launch(slot: _Slot) -> list[str]:
-    """The torchrun argument list (unescaped); the operator's, whatever the trainer."""
-    job, attempt = slot.job, slot.attempt
-    endpoint = names.rank0_address(job, attempt=attempt, cluster_domain=slot.cluster_domain)
-    return [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        f"--nnodes={slot.replicas}",
-        f"--nproc-per-node={slot.spec.nproc_per_node}",
-        f"--node-rank={slot.node_rank}",
-        "--rdzv-backend=static",
-        # Static rendezvous takes the endpoint as rank 0's TCPStore (master) address.
-        f"--rdzv-endpoint={endpoint}:{names.RENDEZVOUS_PORT}",
-        f"--rdzv-id={names.rendezvous_id(job, attempt=attempt)}",
-        "--max-restarts=0",  # the operator owns restarts
-    ]
-
-
-def _container(slot: _Slot) -> dict[str, Any]:
-    spec = slot.spec
-    resources = _resources(slot)
-    probe = {"readinessProbe": progress_probe(spec)} if slot.node_rank == 0 else {}
-    return {
-        "name": names.CONTAINER_NAME,
-        "image": spec.image,
-        "command": _command(slot),
-        "env": _env(slot),
-        "ports": _ports() + _gang_port(spec),
-        "resources": resources,
-        "volumeMounts": podmerge.volume_mounts(spec),
-        "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {
-                "drop": ["ALL"],
-                **({"add": sorted(caps)} if (caps := spec.template.spec.capabilities) else {}),
-            },
-            "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the volumes
-        },
-        **probe,
-    }
-
-
-def _resources(slot: _Slot) -> dict[str, Any]:
-    """The job's resources, plus its profile's (RDMA devices, hugepages) in requests and limits
-    (extended resources and hugepages need both, and equal); a job asking less gets less."""
-    resources = slot.spec.resources.to_api()
-    for part in ("requests", "limits"):  # `nvidia.com/gpu: 8` in YAML is a number: a quantity
-        if isinstance(resources.get(part), dict):
-            resources[part] = {k: str(v) for k, v in resources[part].items()}
-    granted = slot.profile.resources if slot.profile else {}
-    asked = {**resources.get("requests", {}), **resources.get("limits", {})}
-    amounts = {k: str(asked.get(k, v)) for k, v in granted.items()}  # the job may ask less
-    for part in ("requests", "limits") if granted else ():
-        resources[part] = {**resources.get(part, {}), **amounts}
-    return resources
-
-
-def worker_config(spec: api.FSDPJobSpec) -> config.WorkerConfig:
-    """The document every rank reads from FSDP_WORKER_CONFIG."""
-    return config.WorkerConfig(training=spec.training, checkpoint=spec.checkpoint.worker_config())
-
-
-def _env(slot: _Slot) -> list[dict[str, str]]:
-    job, spec = slot.job, slot.spec
-    user = spec.template.spec.env
-    pairs = [
-        (contract.ENV_CONTRACT_VERSION, str(contract.CONTRACT_VERSION)),
-        (contract.ENV_JOB_NAME, job.name),
-        (contract.ENV_JOB_NAMESPACE, job.namespace),
-        (contract.ENV_JOB_UID, job.uid),
-        (contract.ENV_ATTEMPT, str(slot.attempt)),
-        (contract.ENV_CONFIG, worker_config(spec).to_json()),
-        (contract.ENV_RESUME, slot.resume_path),
-        (contract.ENV_CHECKPOINT_ROOT, names.checkpoint_dir(spec.checkpoint.root, slot.job.name)),
-        (contract.ENV_CONFIG_HASH, spec.training.resume_hash()),
-        (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
-        (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
-        (contract.ENV_HANG_SECONDS, str(spec.failure_policy.progress_deadline_seconds)),
-        (contract.ENV_STARTUP_SECONDS, str(spec.failure_policy.startup_deadline)),
-    ]
-    if slot.reliability:
-        pairs.append((contract.ENV_RELIABILITY, slot.reliability))
-    if restarts := spec.failure_policy.in_place_restarts:
-        rank0 = names.rank0_address(job, attempt=slot.attempt, cluster_domain=slot.cluster_domain)
-        gang = {
-            "restarts": restarts,
-            "coordinator": f"{rank0}:{names.GANG_PORT}",
-            "node": slot.node_rank,
-            "nodes": slot.replicas,
-            "nonRetryable": list(spec.failure_policy.non_retryable_exit_codes),
-        }
-        pairs.append((contract.ENV_GANG, json.dumps(gang, separators=(",", ":"))))
-    if spec.checkpoint.memory is not None:
-        pairs.append((contract.ENV_MEMORY_ROOT, contract.MEMORY_MOUNT))
-    if slot.resume_rules:
-        pairs.append((contract.ENV_RESUME_RULES, slot.resume_rules))
-    if all(var.name != OMP_NUM_THREADS for var in user):
-        pairs.append((OMP_NUM_THREADS, omp_threads(spec)))
-    if all(var.name not in FLIGHT_RECORDER_ENV for var in user):
-        pairs.append((FLIGHT_RECORDER_ENV[0], FLIGHT_RECORDER_ENTRIES))
-    own = {var.name for var in user}
-    defaults = slot.profile.env if slot.profile else []  # the profile's (NCCL_*)
-    pairs += [(var.name, var.value or "") for var in defaults if var.name not in own]
-    env = [{"name": name, "value": escape(value)} for name, value in pairs]
-    for var in user:
-        entry = var.to_api()
-        if var.value is not None:
-            entry["value"] = escape(var.value)
-        env.append(entry)
-    return env
-
-
-def omp_threads(spec: api.FSDPJobSpec) -> str:
-    """OMP_NUM_THREADS per rank: the pod's CPUs split over its ranks, at least 1.
-
-    Without it each rank would start one OpenMP thread per host core and oversubscribe shared
-    nodes (torchrun only sets 1, and only for nprocPerNode > 1). A user env var wins.
-    """
-    raw = (spec.resources.limits or {}).get("cpu") or (spec.resources.requests or {}).get("cpu")
-    if raw is None:
-        return "1"
-    return str(max(1, int(api.quantity(raw) // spec.nproc_per_node)))

@@ -4,18 +4,64 @@ The CRD in crds/ is generated from these models (see crd.py); a test fails when 
 file drifts. Cross-field rules live here twice on purpose, in one place: as Python validators
 (the operator re-checks what it reads) and as CEL strings attached to the schema (the API server
 rejects bad specs at admission). No I/O, no clock, no kopf.
+
+This module is the entry every caller imports (`api.<Name>`): the FSDPJob spec itself is here;
+its pod template (spec_pod.py), the FSDPRuntimeProfile (spec_profile.py) and what all spec
+models share (spec_rules.py) live beside it, their models re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
 import re
-from typing import Annotated, Any
+from typing import Annotated
 
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes
+from fsdp_operator.types import kubetypes, spec_profile
+from fsdp_operator.types.spec_pod import (
+    Capability as Capability,
+)
+from fsdp_operator.types.spec_pod import (
+    EnvVar as EnvVar,
+)
+from fsdp_operator.types.spec_pod import (
+    PodOverrides as PodOverrides,
+)
+from fsdp_operator.types.spec_pod import (
+    PodTemplate as PodTemplate,
+)
+from fsdp_operator.types.spec_pod import (
+    TemplateMetadata as TemplateMetadata,
+)
+from fsdp_operator.types.spec_pod import (
+    Volume as Volume,
+)
+from fsdp_operator.types.spec_profile import (
+    PROFILE_KIND as PROFILE_KIND,
+)
+from fsdp_operator.types.spec_profile import (
+    PROFILE_PLURAL as PROFILE_PLURAL,
+)
+from fsdp_operator.types.spec_profile import (
+    PROFILE_SHORT_NAMES as PROFILE_SHORT_NAMES,
+)
+from fsdp_operator.types.spec_profile import (
+    PROFILE_SINGULAR as PROFILE_SINGULAR,
+)
+from fsdp_operator.types.spec_profile import (
+    RESTRICTED_PROFILE as RESTRICTED_PROFILE,
+)
+from fsdp_operator.types.spec_profile import (
+    FSDPRuntimeProfile as FSDPRuntimeProfile,
+)
+from fsdp_operator.types.spec_profile import (
+    ProfileEnv as ProfileEnv,
+)
+from fsdp_operator.types.spec_profile import (
+    RuntimeProfileSpec as RuntimeProfileSpec,
+)
+from fsdp_operator.types.spec_rules import NAME_PATTERN, SpecModel, cel, rules
 from fsdp_worker import contract
 from fsdp_worker.contract import config
 
@@ -27,56 +73,10 @@ SINGULAR = "fsdpjob"
 SHORT_NAMES = ["fsdpj"]
 CATEGORIES = ["training"]
 
-NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
-LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-NO_VAR_EXPANSION = "!self.contains('$(')"
 
 
-class _Model(config._Model):
-    """Spec models share the worker config's wire conventions (camelCase, extra=forbid)."""
-
-
-def _cel(rule: str, message: str, **extra: str) -> dict[str, str]:
-    return {"rule": rule, "message": message, **extra}
-
-
-def _rules(*rules: dict[str, str]) -> dict[str, Any]:
-    return {"x-kubernetes-validations": list(rules)}
-
-
-def _immutable(field: str) -> dict[str, Any]:
-    return _rules(_cel("self == oldSelf", f"{field} is immutable"))
-
-
-# What the API server would refuse when it creates the pod (core/v1 validation), said at
-# admission of the FSDPJob instead of in its status after the operator's dry run.
-_TOLERATION_RULES = (
-    _cel(
-        "self.all(t, !has(t.operator) || t.operator in ['Exists', 'Equal'])",
-        "tolerations[].operator must be Exists or Equal",
-    ),
-    _cel(
-        "self.all(t, !has(t.effect) || "
-        "t.effect in ['NoSchedule', 'PreferNoSchedule', 'NoExecute'])",
-        "tolerations[].effect must be NoSchedule, PreferNoSchedule or NoExecute",
-    ),
-    _cel(
-        "self.all(t, (has(t.key) && t.key != '') || (has(t.operator) && t.operator == 'Exists'))",
-        "a toleration without a key must have operator Exists",
-    ),
-    _cel(
-        "self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')",
-        "a toleration with operator Exists has no value",
-    ),
-    _cel(
-        "self.all(t, !has(t.tolerationSeconds) || (has(t.effect) && t.effect == 'NoExecute'))",
-        "tolerations[].tolerationSeconds needs effect NoExecute",
-    ),
-)
-
-
-class Backoff(_Model):
+class Backoff(SpecModel):
     """Exponential backoff between attempts."""
 
     initial_seconds: int = Field(
@@ -89,13 +89,13 @@ class Backoff(_Model):
     max_seconds: int = Field(300, ge=0, le=86_400, description="Upper bound of the delay.")
 
     model_config = pydantic.ConfigDict(
-        json_schema_extra=_rules(
-            _cel("self.initialSeconds <= self.maxSeconds", "initialSeconds must be <= maxSeconds")
+        json_schema_extra=rules(
+            cel("self.initialSeconds <= self.maxSeconds", "initialSeconds must be <= maxSeconds")
         )
     )
 
 
-class FailurePolicy(_Model):
+class FailurePolicy(SpecModel):
     """How failures are detected and how many restarts each budget allows."""
 
     max_restarts: int = Field(20, ge=0, le=10_000, description="Application-failure budget.")
@@ -185,280 +185,6 @@ class CheckpointSpec(config.CheckpointConfig):
         )
 
 
-PROFILE_ONLY_RESOURCES = ("rdma/", "hugepages-")
-"""Resource name prefixes only a profile grants (the chart's admissionPolicies default)."""
-RESERVED_ENV_PREFIX = "FSDP_"  # the worker reads this prefix (FSDP_WORKER_CONFIG_FILE, ...)
-RESERVED_VOLUME_PREFIX = "fsdp-"  # the operator's own volumes
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-QUALIFIED_NAME_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
-# Annotations that loosen a container's confinement: Pod Security "baseline" forbids them.
-CONFINEMENT_ANNOTATIONS = (
-    "container.apparmor.security.beta.kubernetes.io/",
-    "seccomp.security.alpha.kubernetes.io/",
-    "container.seccomp.security.alpha.kubernetes.io/",
-)
-# The generated Volume holds exactly the sources Pod Security "restricted" allows.
-_VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
-
-
-def _reserved_name(
-    *, pattern: str, max_length: int, prefix: str, description: str
-) -> Any:  # a FieldInfo
-    """A name field that may not start with the operator's `prefix`: CEL at admission."""
-    message = f"names starting with {prefix} are reserved for the operator"
-    rule = _cel(f"!self.startsWith('{prefix}')", message)
-    return Field(
-        pattern=pattern,
-        max_length=max_length,
-        description=description,
-        json_schema_extra=_rules(rule),
-    )
-
-
-def _refuse_reserved(name: str, *, kind: str, prefix: str) -> str:
-    """The same rule in the operator's check (the model also reads specs the CRD never saw)."""
-    if name.startswith(prefix):
-        raise ValueError(
-            f"{kind} name {name!r}: names starting with {prefix!r} are reserved for the"
-            " operator; choose another name"
-        )
-    return name
-
-
-class EnvVar(kubetypes.EnvVar):
-    """A worker env var: Kubernetes' EnvVar without `$(VAR)` expansion or the operator's names."""
-
-    name: str = _reserved_name(
-        pattern=ENV_NAME_PATTERN,
-        max_length=128,
-        prefix=RESERVED_ENV_PREFIX,
-        description=f"Variable name; names starting with {RESERVED_ENV_PREFIX} are reserved.",
-    )
-    value: str | None = Field(
-        None,
-        max_length=4096,
-        description="The value, as written: it must not contain '$(' (Kubernetes would expand "
-        "it). Or set valueFrom.",
-        json_schema_extra=_rules(
-            _cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
-        ),
-    )
-
-    @pydantic.field_validator("name")
-    @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        return _refuse_reserved(name, kind="env", prefix=RESERVED_ENV_PREFIX)
-
-    @pydantic.field_validator("value")
-    @classmethod
-    def _no_expansion(cls, value: str | None) -> str | None:
-        if value is not None and "$(" in value:
-            raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
-        return value
-
-
-_ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _VOLUME_SOURCES) + " <= 1"
-
-
-class Volume(kubetypes.Volume):
-    """A pod volume of one of the sources Pod Security "restricted" allows (no hostPath, ...)."""
-
-    name: str = _reserved_name(
-        pattern=DNS_LABEL_PATTERN,
-        max_length=63,
-        prefix=RESERVED_VOLUME_PREFIX,
-        description=f"Volume name; names starting with {RESERVED_VOLUME_PREFIX} are reserved.",
-    )
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=_rules(_cel(_ONE_SOURCE, "a volume may have at most one source"))
-    )
-
-    @pydantic.field_validator("name")
-    @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        return _refuse_reserved(name, kind="volume", prefix=RESERVED_VOLUME_PREFIX)
-
-    @pydantic.model_validator(mode="after")
-    def _one_source(self) -> Volume:
-        given = [k for k in _VOLUME_SOURCES if getattr(self, k) is not None]
-        if len(given) > 1:
-            raise ValueError(f"volume {self.name!r} has sources {given}; at most one is allowed")
-        return self
-
-
-LabelValue = Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
-_KEYS_RULE = _cel(
-    f"self.all(k, k.size() <= 316 && k.matches(r'{QUALIFIED_NAME_PATTERN}'))",
-    "keys must be qualified names: [prefix/]name, name of [A-Za-z0-9-_.] (<= 63),"
-    " prefix a DNS subdomain",
-)
-_CONFINEMENT_RULE = _cel(
-    "!self.exists(k, "
-    + " || ".join(f"k.startsWith('{prefix}')" for prefix in CONFINEMENT_ANNOTATIONS)
-    + ")",
-    "AppArmor and seccomp annotations are the operator's (it sets RuntimeDefault)",
-)
-
-
-def _check_keys(values: dict[str, str], *, what: str) -> dict[str, str]:
-    for key in values:
-        name = key.rsplit("/", 1)[-1]
-        if len(key) > 316 or len(name) > 63 or not re.fullmatch(QUALIFIED_NAME_PATTERN, key):
-            raise ValueError(
-                f"{what} key {key!r} is not a qualified name ([prefix/]name, name <= 63"
-                " characters of [A-Za-z0-9-_.], prefix a DNS subdomain)"
-            )
-    return values
-
-
-class Capability(enum.StrEnum):
-    """A capability a runtime profile may grant: what GPU networking needs, nothing more."""
-
-    IPC_LOCK = "IPC_LOCK"  # RDMA: pin (register) memory for InfiniBand/RoCE verbs
-    SYS_NICE = "SYS_NICE"  # NUMA binding and thread priorities of data-loader and NCCL threads
-
-
-class PodOverrides(_Model):
-    """`spec.template.spec`: the pod fields a user may set, as Kubernetes types them.
-
-    Anything else in the pod is the operator's (security context, command, ports, hostname).
-    """
-
-    node_selector: dict[str, LabelValue] = Field(
-        default_factory=dict,
-        max_length=64,
-        description="Labels a node must have to run a worker pod.",
-        json_schema_extra=_rules(_KEYS_RULE),
-    )
-    tolerations: list[kubetypes.Toleration] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Taints the worker pods tolerate (e.g. those of GPU nodes).",
-        json_schema_extra=_rules(*_TOLERATION_RULES),
-    )
-    affinity: kubetypes.Affinity | None = Field(
-        None,
-        description="Node and pod affinity of the worker pods. The operator adds its own "
-        "rules: one worker pod per node, and none on nodes excluded after a failure.",
-    )
-    volumes: list[Volume] = Field(
-        default_factory=list,
-        max_length=64,
-        description='More volumes for the worker pods, of the sources Pod Security "restricted" '
-        "allows (no hostPath), one source each.",
-    )
-    volume_mounts: list[kubetypes.VolumeMount] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Where the worker container mounts those volumes; not at /dev/shm, /tmp, "
-        "the termination log or checkpoint.root, which the operator mounts.",
-    )
-    env: list[EnvVar] = Field(
-        default_factory=list,
-        max_length=128,
-        description="More environment variables of the worker container, after the operator's "
-        "own.",
-    )
-    termination_grace_period_seconds: int = Field(
-        120,
-        ge=1,
-        le=86_400,
-        description="Time a worker gets on SIGTERM to finish its step and save a checkpoint.",
-    )
-    priority_class_name: str | None = Field(
-        None,
-        pattern=NAME_PATTERN,
-        max_length=253,
-        description="PriorityClass of the worker pods; the system-* classes are refused (they "
-        "would let training preempt the pods that keep nodes and the cluster running).",
-        json_schema_extra=_rules(
-            _cel("!self.startsWith('system-')", "the system-* priority classes are reserved")
-        ),
-    )
-    scheduler_name: str | None = Field(
-        None,
-        pattern=NAME_PATTERN,
-        max_length=253,
-        description="Scheduler that places the worker pods; unset: the cluster's default.",
-    )
-    capabilities: list[Capability] = Field(
-        default_factory=list,
-        max_length=len(Capability),
-        description="Linux capabilities added to the worker container (all others stay "
-        "dropped). Only with spec.runtimeProfile, and only those its profile grants.",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-
-    @pydantic.field_validator("priority_class_name")
-    @classmethod
-    def _not_system(cls, name: str | None) -> str | None:
-        if name is not None and name.startswith("system-"):
-            raise ValueError(
-                f"priorityClassName {name!r}: the system-* priority classes are reserved for"
-                " the pods that keep nodes and the cluster running"
-            )
-        return name
-
-    @pydantic.field_validator("node_selector")
-    @classmethod
-    def _selector_keys(cls, values: dict[str, str]) -> dict[str, str]:
-        return _check_keys(values, what="nodeSelector")
-
-
-class TemplateMetadata(_Model):
-    """`spec.template.metadata`: labels and annotations the user adds to the job's objects."""
-
-    labels: dict[str, LabelValue] = Field(
-        default_factory=dict,
-        max_length=64,
-        description="Labels added to every worker pod and to the job's headless Service. Keys "
-        "under fsdpoperator.io/ and the operator's own label keys are dropped.",
-        json_schema_extra=_rules(_KEYS_RULE),
-    )
-    annotations: dict[str, Annotated[str, Field(max_length=65_536)]] = Field(
-        default_factory=dict,
-        max_length=64,
-        description="Annotations added to every worker pod. Keys under fsdpoperator.io/ are "
-        "dropped; AppArmor and seccomp ones are refused (the operator sets RuntimeDefault).",
-        json_schema_extra=_rules(_KEYS_RULE, _CONFINEMENT_RULE),
-    )
-
-    @pydantic.field_validator("labels")
-    @classmethod
-    def _label_keys(cls, values: dict[str, str]) -> dict[str, str]:
-        return _check_keys(values, what="label")
-
-    @pydantic.field_validator("annotations")
-    @classmethod
-    def _annotation_keys(cls, values: dict[str, str]) -> dict[str, str]:
-        for key in values:
-            if key.startswith(CONFINEMENT_ANNOTATIONS):
-                raise ValueError(
-                    f"annotation {key!r} sets a container's AppArmor or seccomp profile, which"
-                    " Pod Security forbids users to loosen; the operator sets RuntimeDefault"
-                )
-        return _check_keys(values, what="annotation")
-
-
-class PodTemplate(_Model):
-    """`spec.template`: pod overrides merged into every worker pod."""
-
-    metadata: TemplateMetadata = Field(
-        default_factory=TemplateMetadata,
-        description="Labels and annotations for the worker pods.",
-    )
-    spec: PodOverrides = Field(
-        default_factory=PodOverrides,
-        description="The pod fields a user may set, as Kubernetes types them. The rest of the "
-        "pod (security context, command, ports, hostname) is the operator's.",
-    )
-
-
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 SCRIPT_PATTERN = r"^/[A-Za-z0-9._/+-]*[A-Za-z0-9_+-]$"
 _ARG_REFERENCE = re.compile(r"\(([A-Za-z_][A-Za-z0-9_]*)\)")
@@ -481,7 +207,7 @@ def arg_parts(arg: str) -> list[tuple[str, bool]]:
     return [p for p in [*parts, (literal, False)] if p[0]]
 
 
-class Trainer(_Model):
+class Trainer(SpecModel):
     """`spec.trainer`: the team's own training code, in `spec.image`, started by the operator's
     torchrun (rendezvous, ranks, restarts and environment stay the operator's: see
     docs/contract.md). Without it every rank runs the built-in trainer."""
@@ -497,7 +223,7 @@ class Trainer(_Model):
         pattern=SCRIPT_PATTERN,
         max_length=1024,
         description="Or an absolute path of a Python script in the image (`torchrun <script>`).",
-        json_schema_extra=_rules(_cel("!self.contains('/../')", "script must not contain /../")),
+        json_schema_extra=rules(cel("!self.contains('/../')", "script must not contain /../")),
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
@@ -508,8 +234,8 @@ class Trainer(_Model):
     )
 
     model_config = pydantic.ConfigDict(
-        json_schema_extra=_rules(
-            _cel("has(self.module) != has(self.script)", "set exactly one of module and script")
+        json_schema_extra=rules(
+            cel("has(self.module) != has(self.script)", "set exactly one of module and script")
         )
     )
 
@@ -534,27 +260,27 @@ class Trainer(_Model):
         return self
 
 
-_SPEC_RULES = _rules(
-    _cel(
+_SPEC_RULES = rules(
+    cel(
         "!has(self.spares) || self.spares == 0 || (has(self.failurePolicy) &&"
         " has(self.failurePolicy.inPlaceRestarts) && self.failurePolicy.inPlaceRestarts > 0)",
         "spares needs failurePolicy.inPlaceRestarts > 0: a spare joins the gang in a restart in"
         " place",
         fieldPath=".spares",
     ),
-    _cel(
+    cel(
         "!has(self.checkpoint) || !has(self.checkpoint.memory) || (has(self.failurePolicy) &&"
         " has(self.failurePolicy.inPlaceRestarts) && self.failurePolicy.inPlaceRestarts > 0)",
         "checkpoint.memory needs failurePolicy.inPlaceRestarts > 0: the memory tier survives"
         " only restarts in place",
         fieldPath=".checkpoint.memory",
     ),
-    _cel(
+    cel(
         "!has(self.minReplicas) || self.minReplicas <= self.replicas",
         "minReplicas must be <= replicas",
         fieldPath=".minReplicas",
     ),
-    _cel(
+    cel(
         # Guarded: replicas 0 (refused by its own minimum) would add "modulus by zero" beside
         # the real error.
         "self.replicas < 1 || self.nprocPerNode < 1 || self.training.microBatchSize < 1 ||"
@@ -564,12 +290,12 @@ _SPEC_RULES = _rules(
         " nprocPerNode",
         fieldPath=".training.globalBatchSize",
     ),
-    _cel(
+    cel(
         "self.nprocPerNode == oldSelf.nprocPerNode",
         "nprocPerNode is immutable",
         fieldPath=".nprocPerNode",
     ),
-    _cel(
+    cel(
         "self.training.model == oldSelf.training.model"
         " && self.training.globalBatchSize == oldSelf.training.globalBatchSize"
         " && self.training.data == oldSelf.training.data"
@@ -578,18 +304,18 @@ _SPEC_RULES = _rules(
         " immutable (checkpoints depend on them)",
         fieldPath=".training",
     ),
-    _cel(
+    cel(
         "!has(self.template.spec.capabilities) || size(self.template.spec.capabilities) == 0"
         " || has(self.runtimeProfile)",
         "template.spec.capabilities needs spec.runtimeProfile: capabilities come only from a"
         " runtime profile the cluster admin made",
         fieldPath=".template.spec.capabilities",
     ),
-    _cel(
+    cel(
         "has(self.runtimeProfile) || !has(self.resources) || "
         + " && ".join(
             f"(!has(self.resources.{part}) || self.resources.{part}.all(k, "
-            + " && ".join(f"!k.startsWith('{p}')" for p in PROFILE_ONLY_RESOURCES)
+            + " && ".join(f"!k.startsWith('{p}')" for p in spec_profile.PROFILE_ONLY_RESOURCES)
             + "))"
             for part in ("limits", "requests")
         ),
@@ -597,7 +323,7 @@ _SPEC_RULES = _rules(
         " (spec.runtimeProfile)",
         fieldPath=".resources",
     ),
-    _cel(
+    cel(
         "self.checkpoint.root == oldSelf.checkpoint.root",
         "checkpoint.root is immutable",
         fieldPath=".checkpoint.root",
@@ -605,7 +331,7 @@ _SPEC_RULES = _rules(
 )
 
 
-class FSDPJobSpec(_Model):
+class FSDPJobSpec(SpecModel):
     """`spec` of an FSDPJob."""
 
     replicas: int = Field(ge=1, le=1024, description="Worker pods (one per node).")
@@ -708,7 +434,9 @@ class FSDPJobSpec(_Model):
                 " needs spec.runtimeProfile: capabilities come only from a runtime profile the"
                 " cluster admin made"
             )
-        if self.runtime_profile is None and (refused := resource_refusal(self, granted={})):
+        if self.runtime_profile is None and (
+            refused := spec_profile.resource_refusal(self, granted={})
+        ):
             raise ValueError(refused)
         return self
 
@@ -725,175 +453,3 @@ class FSDPJobSpec(_Model):
 
 
 quantity = config.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too
-
-
-# --- Runtime profiles -------------------------------------------------------------------------
-# An FSDPRuntimeProfile is the cluster admin's: cluster-scoped, and no tenant role may write it.
-# A job names one in spec.runtimeProfile. The chart's admission policies check every FSDPJob
-# that names one and every pod the operator makes under one against it (the API server's
-# ValidatingAdmissionPolicy with the profile as its parameter); `refusal` below is the
-# operator's own copy of the job-level check.
-
-PROFILE_KIND = "FSDPRuntimeProfile"
-PROFILE_PLURAL = "fsdpruntimeprofiles"
-PROFILE_SINGULAR = "fsdpruntimeprofile"
-PROFILE_SHORT_NAMES = ["fsdprp"]
-RESTRICTED_PROFILE = "restricted"
-"""The chart's own profile, which grants nothing: the admission policy's parameter for every
-pod made under no profile (or under one the chart does not bind)."""
-REGISTRY_PATTERN = (
-    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]{1,5})?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*$"
-)
-_OWN_RESOURCES = ("cpu", "memory", "ephemeral-storage")
-
-
-class ProfileEnv(EnvVar):
-    """A variable every worker pod under the profile gets (a job's own env wins)."""
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=_rules(
-            _cel("has(self.value) && !has(self.valueFrom)", "a profile's env sets value only")
-        )
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _value_only(self) -> ProfileEnv:
-        if self.value is None or self.valueFrom is not None:
-            raise ValueError(f"profile env {self.name!r}: set value (and no valueFrom)")
-        return self
-
-
-DnsLabel = Annotated[str, Field(max_length=63, pattern=DNS_LABEL_PATTERN)]
-ObjectName = Annotated[str, Field(max_length=253, pattern=NAME_PATTERN)]
-
-
-class RuntimeProfileSpec(_Model):
-    """`spec` of an FSDPRuntimeProfile: what its jobs may have beyond restricted, and get."""
-
-    namespaces: list[DnsLabel] = Field(
-        default_factory=list,
-        max_length=1024,
-        description="The namespaces whose FSDPJobs may name this profile (empty: none).",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-    capabilities: list[Capability] = Field(
-        default_factory=list,
-        max_length=len(Capability),
-        description="Capabilities a job may ask for in template.spec.capabilities.",
-        json_schema_extra={"x-kubernetes-list-type": "set"},
-    )
-    resources: dict[str, kubetypes.Quantity] = Field(
-        default_factory=dict,
-        max_length=16,
-        description="Resources added to every worker container's requests and limits, e.g. "
-        "{rdma/ib: 1, hugepages-2Mi: 2Gi}. Names under rdma/ and hugepages- come only from a "
-        "profile; a job may ask for at most these amounts. Not cpu, memory or "
-        "ephemeral-storage (the job's own).",
-        json_schema_extra=_rules(
-            _KEYS_RULE,
-            _cel(
-                "self.all(k, !(k in " + str(list(_OWN_RESOURCES)) + "))",
-                "resources may not name cpu, memory or ephemeral-storage (the job's own)",
-            ),
-        ),
-    )
-    runtime_class_name: str | None = Field(
-        None,
-        pattern=NAME_PATTERN,
-        max_length=253,
-        description="RuntimeClass of the worker pods (e.g. nvidia).",
-    )
-    shm_size: kubetypes.Quantity | None = Field(
-        None,
-        description="Size limit of the worker pods' /dev/shm (a memory-backed emptyDir; unset: "
-        "no limit of its own, the pod's memory bounds it).",
-    )
-    env: list[ProfileEnv] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Variables every worker container gets, e.g. NCCL_IB_HCA, NCCL_SOCKET_IFNAME;"
-        " a job's own env of the same name wins.",
-    )
-    image_registries: list[Annotated[str, Field(max_length=255, pattern=REGISTRY_PATTERN)]] = Field(
-        default_factory=list,
-        max_length=64,
-        description="Registries (host[:port][/path]) a job's image must come from, matched "
-        "as written: `registry.example.com/team` admits registry.example.com/team/<image>. "
-        "Empty: any.",
-    )
-    image_pull_secrets: list[ObjectName] = Field(
-        default_factory=list,
-        max_length=16,
-        description="Secrets (in the job's namespace) the worker pods pull their image with.",
-    )
-    priority_class_names: list[ObjectName] = Field(
-        default_factory=list,
-        max_length=64,
-        description="PriorityClasses a job may set in template.spec.priorityClassName. Empty: "
-        "any (the system-* ones stay refused).",
-    )
-
-    @pydantic.field_validator("resources")
-    @classmethod
-    def _resources(cls, values: dict[str, Any]) -> dict[str, Any]:
-        own = [k for k in values if k in _OWN_RESOURCES]
-        if own:
-            raise ValueError(f"resources may not name {own[0]!r} (the job's own)")
-        _check_keys({k: str(v) for k, v in values.items()}, what="resource")
-        return values
-
-    def refusal(self, spec: FSDPJobSpec, *, namespace: str, name: str) -> str:
-        """Why a job in `namespace` may not have `spec` under this profile ("" when it may).
-        The chart's admission policy for FSDPJobs says the same at admission."""
-        if namespace not in self.namespaces:
-            return (
-                f"spec.runtimeProfile={name!r}: namespace {namespace!r} is not one of the"
-                f" profile's namespaces {self.namespaces}"
-            )
-        extra = [str(c) for c in spec.template.spec.capabilities if c not in self.capabilities]
-        if extra:
-            return (
-                f"spec.template.spec.capabilities: {extra[0]} is not granted by runtime profile"
-                f" {name!r} (it grants {[str(c) for c in self.capabilities]})"
-            )
-        if self.image_registries and not any(
-            spec.image.startswith(r + "/") for r in self.image_registries
-        ):
-            return (
-                f"spec.image={spec.image!r} is not from a registry runtime profile {name!r}"
-                f" allows {self.image_registries}"
-            )
-        wanted = spec.template.spec.priority_class_name
-        if self.priority_class_names and wanted and wanted not in self.priority_class_names:
-            return (
-                f"spec.template.spec.priorityClassName={wanted!r} is not one runtime profile"
-                f" {name!r} allows {self.priority_class_names}"
-            )
-        return resource_refusal(spec, granted=self.resources, profile=name)
-
-
-def resource_refusal(
-    spec: FSDPJobSpec, *, granted: dict[str, Any], profile: str | None = None
-) -> str:
-    """A profile-only resource (rdma/, hugepages-) the job asks for beyond its profile's."""
-    asked = {**(spec.resources.requests or {}), **(spec.resources.limits or {})}
-    for key, value in asked.items():
-        if not key.startswith(PROFILE_ONLY_RESOURCES):
-            continue
-        if key not in granted:
-            where = f"runtime profile {profile!r}" if profile else "no runtime profile"
-            return (
-                f"spec.resources: {key} comes only from a runtime profile, and {where}" " grants it"
-            )
-        if quantity(value) > quantity(granted[key]):
-            return (
-                f"spec.resources: {key}={value} exceeds runtime profile {profile!r}'s"
-                f" {granted[key]}"
-            )
-    return ""
-
-
-class FSDPRuntimeProfile(_Model):
-    """The object as the operator reads it: only its spec matters."""
-
-    spec: RuntimeProfileSpec

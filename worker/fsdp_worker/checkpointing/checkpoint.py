@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
 from fsdp_worker.checkpointing import direct, layout, state, writeback
-from fsdp_worker.contract import catalog, config, errors, fence
+from fsdp_worker.contract import catalog, config, errors, fence, selection
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -132,7 +132,7 @@ class CheckpointManager:
         )
         self.dist, self.meters = dist_info, meters
         self.storage = catalog.LocalStorage(cfg.root)
-        self.lineage = catalog.Lineage(
+        self.lineage = selection.Lineage(
             identity.attempt, identity.resumed_from_step, job_uid=identity.job_uid
         )
         self._inflight: _InFlight | None = None
@@ -360,10 +360,10 @@ class CheckpointManager:
         )
 
     def _retain(self) -> None:
-        candidates = catalog.list_checkpoints(
+        candidates = selection.list_checkpoints(
             self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
         )
-        for victim in catalog.retention_victims(candidates, keep=self.cfg.keep):
+        for victim in selection.retention_victims(candidates, keep=self.cfg.keep):
             log.info("retention: removing %s", victim.path)
             try:
                 fence.delete(self.storage, self.root, self.writer, path=victim.path)

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint, reader, state
-from fsdp_worker.contract import catalog, config, errors, fence
+from fsdp_worker.contract import catalog, config, errors, fence, selection
 from fsdp_worker.runtime.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class ResumePoint:
     memory: bool = False  # the memory tier (memtier.py): `path` is this rank's own files
 
 
-def _config_refusal(c: catalog.Candidate, training: config.TrainingConfig) -> errors.ConfigError:
+def _config_refusal(c: selection.Candidate, training: config.TrainingConfig) -> errors.ConfigError:
     assert c.marker is not None
     m = c.marker
     batch = (
@@ -63,7 +63,7 @@ def _config_refusal(c: catalog.Candidate, training: config.TrainingConfig) -> er
     )
 
 
-def _point(c: catalog.Candidate) -> ResumePoint:
+def _point(c: selection.Candidate) -> ResumePoint:
     assert c.marker is not None
     m = c.marker
     return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
@@ -79,9 +79,9 @@ def _choose_auto(
 ) -> Choice:
     root = cfg.checkpoint.root
     other_jobs = cfg.checkpoint.resume_from_previous_jobs
-    lineage = catalog.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
+    lineage = selection.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
     storage = catalog.LocalStorage(root)
-    chosen, rejected = catalog.select(
+    chosen, rejected = selection.select(
         storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
     )
     for c in rejected:
@@ -96,17 +96,17 @@ def _choose_auto(
         log.warning("quarantined steps %s under %s: they failed verification", moved, root)
     if chosen is not None:
         return Choice(_point(chosen), moved)
-    mismatched = [c for c in rejected if c.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH]
+    mismatched = [c for c in rejected if c.reason == selection.RejectReason.CONFIG_HASH_MISMATCH]
     if mismatched:
         raise _config_refusal(mismatched[0], cfg.training)
-    others = [c for c in rejected if c.reason == catalog.RejectReason.OTHER_JOB]
+    others = [c for c in rejected if c.reason == selection.RejectReason.OTHER_JOB]
     if others:
         raise errors.ConfigError(
             f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
             f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
             " from them, or use another checkpoint.root"
         )
-    refusal = catalog.fresh_start_refusal(root, rules, rejected)
+    refusal = selection.fresh_start_refusal(root, rules, rejected)
     if refusal is not None:
         raise errors.ConfigError(refusal)
     log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)
@@ -126,8 +126,8 @@ def _choose(
         return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules,
                             generation=generation)  # fmt: skip
     storage = catalog.LocalStorage(cfg.checkpoint.root)
-    candidate = catalog.verify(storage, resume, config_hash=cfg.training.resume_hash())
-    if candidate.reason == catalog.RejectReason.CONFIG_HASH_MISMATCH:
+    candidate = selection.verify(storage, resume, config_hash=cfg.training.resume_hash())
+    if candidate.reason == selection.RejectReason.CONFIG_HASH_MISMATCH:
         raise _config_refusal(candidate, cfg.training)
     if not candidate.ok:
         raise errors.CheckpointError(

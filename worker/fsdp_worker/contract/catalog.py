@@ -1,4 +1,4 @@
-"""The checkpoint catalog: marker format, listing, verification, selection, retention choice.
+"""The checkpoint catalog: step directory names, the storage they live in, the marker format.
 
 Shared by the operator (which picks the resume checkpoint) and the worker (which writes markers
 and applies retention). Standard library only: the operator image has no torch. It must never
@@ -8,7 +8,8 @@ import torch/numpy/pydantic, and never write a step directory's contents other t
 Layout: `<root>/step-<N>/` holds one checkpoint. It counts only when `COMPLETE.json` (the
 marker) exists, parses strictly, and its manifest matches the files present. Any other name
 under the root (writer directories with their partial saves, quarantined steps) is ignored by
-`list_checkpoints`. Who may change the root, and how, is fence.py's.
+`selection.list_checkpoints`: which checkpoints count, and which one is resumed or kept, is
+selection.py's. Who may change the root, and how, is fence.py's.
 
 With `contract.Proof.DCP_METADATA` (trainers that know nothing of the marker, torchtitan's
 layout) a step directory counts when DCP's `.metadata` is a non-empty regular file. That file
@@ -18,20 +19,15 @@ is pickled: it is never read here, only its presence and size are checked.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import hashlib
 import json
 import os
 import posixpath
 import re
 import stat
-import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
-
-from fsdp_worker import contract
 
 MARKER_NAME = "COMPLETE.json"
 DCP_METADATA_NAME = ".metadata"  # DCP's own index, written by its coordinator after all ranks
@@ -47,25 +43,6 @@ _READ_CHUNK = 8 * 1024 * 1024
 
 class CatalogError(Exception):
     """A marker that does not parse, or a storage path that escapes its root."""
-
-
-class RejectReason(enum.StrEnum):
-    """Why a step directory cannot be resumed from."""
-
-    NO_MARKER = "NoMarker"  # incomplete: a save never finished (or is still in flight)
-    BAD_MARKER = "BadMarker"  # marker unreadable, malformed, or for another step
-    MANIFEST_MISMATCH = "ManifestMismatch"  # a file missing, truncated, or unexpected
-    CHECKSUM_MISMATCH = "ChecksumMismatch"  # sizes match but content does not (deep only)
-    CONFIG_HASH_MISMATCH = "ConfigHashMismatch"  # written by a different training config
-    LINEAGE = "Lineage"  # written by a superseded attempt after the restart point
-    OTHER_JOB = "OtherJob"  # written by another FSDPJob object (e.g. deleted, same name)
-
-
-# A checkpoint that failed verification this way is set aside (quarantined), never deleted:
-# it is evidence. The other reasons say a checkpoint is not this attempt's to load, not broken.
-CORRUPT = frozenset(
-    {RejectReason.BAD_MARKER, RejectReason.MANIFEST_MISMATCH, RejectReason.CHECKSUM_MISMATCH}
-)
 
 
 def step_dir_name(step: int) -> str:
@@ -290,221 +267,8 @@ def _files(doc: dict[str, Any]) -> dict[str, FileEntry]:
     return out
 
 
-# --- verification and selection -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Lineage:
-    """The attempt that is running (or just failed) and the step it resumed from (None: fresh).
-
-    Allowed: checkpoints of `attempt` itself, and of earlier attempts only at steps
-    <= `resumed_from_step`. An attempt that started fresh (None) superseded every earlier one,
-    so no earlier-attempt checkpoint qualifies. Later attempts' markers are always refused.
-    """
-
-    attempt: int
-    resumed_from_step: int | None
-    job_uid: str | None = None
-    """The FSDPJob object running now; None skips the job check (tests, legacy callers)."""
-    other_jobs: bool = False
-    """Whether another job's checkpoints may be resumed (spec.checkpoint.resumeFromPreviousJobs):
-    then they count like an earlier attempt's, before this job's first attempt or at or before
-    the step it resumed from."""
-
-    def same_job(self, marker: Marker) -> bool:
-        """Written by this job. A marker without a uid predates uids: this job's own once the
-        job has run (it may have written it), another's for a job that never started."""
-        if self.job_uid is None or marker.job_uid == self.job_uid:
-            return True
-        return marker.job_uid is None and self.attempt > 0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    step: int
-    path: str
-    marker: Marker | None
-    ok: bool
-    reason: str  # a RejectReason member, or "" when ok
-    detail: str = ""
-
-
-def lineage_allows(marker: Marker, lineage: Lineage) -> bool:
-    if not lineage.same_job(marker):
-        before = lineage.resumed_from_step
-        return lineage.attempt == 0 or (before is not None and marker.step <= before)
-    if marker.attempt == lineage.attempt:
-        return True
-    if marker.attempt > lineage.attempt or lineage.resumed_from_step is None:
-        return False
-    return marker.step <= lineage.resumed_from_step
-
-
-def verify(
-    storage: Storage,
-    step_path: str,
-    *,
-    config_hash: str | None = None,
-    lineage: Lineage | None = None,
-    deep: bool = False,
-    proof: contract.Proof = contract.Proof.MARKER,
-) -> Candidate:
-    """Check one step directory: marker, manifest (sizes; sha256 when deep), config, lineage;
-    or, with `proof` DCP_METADATA, only that DCP's `.metadata` is there (nothing else is known)."""
-    match = STEP_DIR_RE.match(posixpath.basename(step_path.rstrip("/")))
-    step = int(match.group(1)) if match else -1
-
-    def reject(reason: RejectReason, detail: str, marker: Marker | None = None) -> Candidate:
-        return Candidate(step, step_path, marker, ok=False, reason=reason, detail=detail)
-
-    if proof is contract.Proof.DCP_METADATA:
-        size = storage.list_files(step_path).get(DCP_METADATA_NAME, 0)
-        if size <= 0:
-            detail = f"DCP {DCP_METADATA_NAME} absent or empty: the save never completed"
-            return reject(RejectReason.NO_MARKER, detail)
-        return Candidate(step, step_path, None, ok=True, reason="")
-
-    marker_path = posixpath.join(step_path, MARKER_NAME)
-    if not storage.exists(marker_path):
-        return reject(RejectReason.NO_MARKER, f"{MARKER_NAME} absent: the save never completed")
-    try:
-        marker = Marker.from_json(storage.read_bytes(marker_path))
-    except (CatalogError, OSError) as exc:
-        return reject(RejectReason.BAD_MARKER, str(exc))
-    if marker.step != step:
-        return reject(RejectReason.BAD_MARKER, f"marker says step {marker.step}", marker)
-    problem = _manifest_problem(storage, step_path=step_path, marker=marker, deep=deep)
-    if problem:
-        reason = RejectReason.CHECKSUM_MISMATCH if "sha256" in problem else None
-        return reject(reason or RejectReason.MANIFEST_MISMATCH, problem, marker)
-    if config_hash is not None and marker.config_hash != config_hash:
-        detail = (
-            f"written with training-config hash {marker.config_hash}, the running config has "
-            f"{config_hash} (globalBatchSize={marker.global_batch_size} then)"
-        )
-        return reject(RejectReason.CONFIG_HASH_MISMATCH, detail, marker)
-    if lineage is not None and not lineage.same_job(marker) and not lineage.other_jobs:
-        detail = f"written by another FSDPJob (uid {marker.job_uid or 'unrecorded'})"
-        return reject(RejectReason.OTHER_JOB, detail, marker)
-    if lineage is not None and not lineage_allows(marker, lineage):
-        detail = (
-            f"written by attempt {marker.attempt}; attempt {lineage.attempt} resumed from step "
-            f"{lineage.resumed_from_step}"
-        )
-        return reject(RejectReason.LINEAGE, detail, marker)
-    return Candidate(step, step_path, marker, ok=True, reason="")
-
-
-def _manifest_problem(storage: Storage, *, step_path: str, marker: Marker, deep: bool) -> str:
-    present = storage.list_files(step_path)
-    present.pop(MARKER_NAME, None)
-    for name, entry in sorted(marker.files.items()):
-        if name not in present:
-            return f"file {name} listed in the marker is missing"
-        if present[name] != entry.size:
-            return f"file {name} is {present[name]} bytes, the marker says {entry.size}"
-    extra = sorted(set(present) - set(marker.files))
-    if extra:
-        return f"files not in the marker: {', '.join(extra[:5])}"
-    if deep:
-        for name, entry in sorted(marker.files.items()):
-            if entry.sha256 is None:
-                continue
-            digest = _sha256(storage, posixpath.join(step_path, name))
-            if digest != entry.sha256:
-                return f"file {name} sha256 {digest[:12]} differs from the marker's"
-    return ""
-
-
-def _sha256(storage: Storage, path: str) -> str:
-    fast = getattr(storage, "sha256", None)
-    if callable(fast):
-        return str(fast(path))
-    return hashlib.sha256(storage.read_bytes(path)).hexdigest()
-
-
-def list_checkpoints(
-    storage: Storage,
-    root: str,
-    *,
-    config_hash: str | None = None,
-    lineage: Lineage | None = None,
-    deep: bool = False,
-    proof: contract.Proof = contract.Proof.MARKER,
-) -> list[Candidate]:
-    """Every `step-<N>` directory under root, newest first, each verified."""
-    steps = sorted(
-        (int(m.group(1)), name)
-        for name in storage.list_dirs(root)
-        if (m := STEP_DIR_RE.match(name))
-    )
-    return [
-        verify(
-            storage,
-            posixpath.join(root, name),
-            config_hash=config_hash,
-            lineage=lineage,
-            deep=deep,
-            proof=proof,
-        )
-        for _step, name in reversed(steps)
-    ]
-
-
-def select(
-    storage: Storage,
-    root: str,
-    *,
-    config_hash: str | None,
-    lineage: Lineage | None,
-    deep: bool = False,
-    proof: contract.Proof = contract.Proof.MARKER,
-) -> tuple[Candidate | None, list[Candidate]]:
-    """The newest checkpoint that passes, and every rejected one (newest first, with reasons)."""
-    candidates = list_checkpoints(
-        storage, root, config_hash=config_hash, lineage=lineage, deep=deep, proof=proof
-    )
-    chosen = next((c for c in candidates if c.ok), None)
-    return chosen, [c for c in candidates if not c.ok]
-
-
-def auto_lineage(
-    rules: contract.ResumeRules | None, *, attempt: int, job_uid: str | None, other_jobs: bool
-) -> Lineage:
-    """The lineage a rank choosing its own resume point (``auto``) applies: the operator's
-    ``rules`` when it sent them, else only "no checkpoint of a later attempt" (without the
-    restart chain, nothing finer is known)."""
-    if rules is None:
-        return Lineage(
-            attempt=attempt, resumed_from_step=sys.maxsize, job_uid=job_uid, other_jobs=other_jobs
-        )
-    return Lineage(
-        attempt=rules.attempt,
-        resumed_from_step=rules.resumed_from_step,
-        job_uid=job_uid,
-        other_jobs=other_jobs,
-    )
-
-
-def fresh_start_refusal(
-    root: str, rules: contract.ResumeRules | None, rejected: Sequence[Candidate]
-) -> str | None:
-    """Why starting from step 0 would be wrong when nothing under ``root`` qualifies: a rank 0
-    reported a step sealed (``rules.expect_step``). None when a fresh start is what is left."""
-    if rules is None or rules.expect_step is None:
-        return None
-    seen = "; ".join(f"{c.path}: {c.reason} {c.detail}".strip() for c in rejected[:3])
-    return (
-        f"no checkpoint to resume from under {root}, but step {rules.expect_step} was sealed "
-        f"before this restart (after attempt {rules.attempt}); refusing to train again from "
-        f"step 0. {'Found and refused: ' + seen if seen else 'The directory holds none.'} "
-        "Check that checkpoint.claimName is the claim those checkpoints were written to and "
-        "that it mounts at checkpoint.root on every pod."
-    )
-
-
 def quarantine(storage: Storage, root: str, step: int) -> str:
-    """Rename step-<N> to a name `list_checkpoints` ignores; returns the new path. The
+    """Rename step-<N> to a name `selection.list_checkpoints` ignores; returns the new path. The
     operator's (between attempts); a rank sets aside through its writer (fence.set_aside)."""
     src = posixpath.join(root, step_dir_name(step))
     if not storage.exists(src):
@@ -515,16 +279,6 @@ def quarantine(storage: Storage, root: str, step: int) -> str:
             storage.rename(src, dst)
             return dst
     raise CatalogError(f"too many quarantined copies of {src}")
-
-
-def retention_victims(candidates: Sequence[Candidate], *, keep: int) -> list[Candidate]:
-    """Complete, usable checkpoints beyond the newest `keep`; incomplete ones are never chosen.
-
-    A directory without a marker may be a save still in flight, and a rejected one is evidence
-    for the operator, so only `ok` candidates are ever victims; the newest is always kept.
-    """
-    usable = sorted((c for c in candidates if c.ok), key=lambda c: c.step, reverse=True)
-    return usable[max(keep, 1) :]
 
 
 def build_manifest(

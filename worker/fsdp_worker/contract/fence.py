@@ -13,8 +13,9 @@ directory:
 A writer whose directory was taken over therefore fails at the rename itself (its source or
 target no longer exists), wherever it was paused: no check comes before the act that a newer
 writer could slip between. ``os.rename`` of a directory never replaces a non-empty one, so no
-publish overwrites a sealed step either. This module must not choose checkpoints (catalog.py,
-resume.py) and imports the standard library and the catalog only (the stand-in uses it).
+publish overwrites a sealed step either. This module must not choose checkpoints
+(selection.py, resume.py) and imports the standard library, the catalog and selection's
+verdicts only (the stand-in uses it).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdp_worker.contract import catalog
+from fsdp_worker.contract import catalog, selection
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +234,7 @@ def delete(storage: catalog.LocalStorage, root: str, me: Writer, *, path: str) -
 def quarantine_corrupt(
     storage: catalog.LocalStorage,
     root: str,
-    rejected: Sequence[catalog.Candidate],
+    rejected: Sequence[selection.Candidate],
     *,
     me: Writer,
 ) -> tuple[int, ...]:
@@ -242,7 +243,7 @@ def quarantine_corrupt(
     when a newer writer took the root over. One that cannot be moved otherwise is skipped."""
     moved = []
     for c in rejected:
-        if c.reason not in catalog.CORRUPT:
+        if c.reason not in selection.CORRUPT:
             continue
         try:
             set_aside(storage, root, me, step=c.step)

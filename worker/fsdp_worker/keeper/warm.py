@@ -3,7 +3,7 @@
 Measured on this project's 2-core machine, a restart in place spent most of its seconds before
 any rank ran a line of training: torchrun imports torch (2.6 s) before it starts its ranks,
 and every rank then imports torch, DCP and FSDP again (3.7 s each, side by side). The keeper
-(gang.py) therefore keeps one of these beside its ranks: ``python -m fsdp_worker.keeper.warm
+(gang.py, launchers.py) keeps one of these beside its ranks: ``python -m fsdp_worker.keeper.warm
 <torchrun argv>`` imports what a rank imports, then waits on its stdin. At the next
 generation the keeper writes one JSON line (the generation's environment, this pod's node
 rank and the store's endpoint, which moves when a spare takes node rank 0's place), and this

@@ -42,7 +42,6 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
-import pydantic
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -51,7 +50,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint, memtier, resume, schedule, state
-from fsdp_worker.contract import config, errors, interval
+from fsdp_worker.contract import config, errors
+from fsdp_worker.kit import environment
 from fsdp_worker.runtime import distributed
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import flight, metrics, termination
@@ -67,80 +67,9 @@ ResumePoint = resume.ResumePoint
 # Where the rank is, for the evidence of a hang or an OOM (flight.py): `with kit.phase(...)`.
 Phase = flight.Phase
 phase = flight.during
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the operator gave this rank (docs/contract.md, "What a rank is given")."""
-
-    cfg: config.WorkerConfig  # checkpoint.root already overridden by the environment
-    attempt: int
-    resume: str
-    metrics_port: int
-    job_uid: str | None = None
-    rules: contract.ResumeRules | None = None
-    reliability: interval.Reliability = field(default_factory=interval.Reliability)
-    generation: int = 0  # restarts in place before this process (gang.py)
-
-
-def _validation_message(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(x) for x in err["loc"]) or "(document)"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-    return "invalid training config: " + "; ".join(parts)
-
-
-def _int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise errors.ConfigError(f"environment {name}={raw!r} must be an integer") from None
-
-
-def _int_env_or(name: str, default: int) -> int:
-    """An integer from the environment, the default when unset or malformed (for reports)."""
-    try:
-        return _int_env(name, default)
-    except errors.ConfigError:
-        return default
-
-
-def load_settings() -> Settings:
-    """Config document (file path, else inline JSON) plus the operator's environment."""
-    path = os.environ.get(contract.ENV_CONFIG_FILE)
-    try:
-        if path:
-            with open(path, "rb") as f:
-                raw: bytes | str = f.read()
-        else:
-            raw = os.environ.get(contract.ENV_CONFIG) or "{}"
-        cfg = config.WorkerConfig.parse(raw)
-    except OSError as exc:
-        raise errors.ConfigError(f"{contract.ENV_CONFIG_FILE}={path!r}: {exc}") from exc
-    except pydantic.ValidationError as exc:
-        raise errors.ConfigError(_validation_message(exc)) from exc
-    root = os.environ.get(contract.ENV_CHECKPOINT_ROOT)
-    if root:  # the operator names the job's own directory under checkpoint.root
-        cfg = cfg.model_copy(
-            update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root})}
-        )
-    raw_rules = os.environ.get(contract.ENV_RESUME_RULES)
-    try:
-        rules = contract.ResumeRules.parse(raw_rules) if raw_rules else None
-    except ValueError as exc:
-        raise errors.ConfigError(str(exc)) from None
-    return Settings(
-        cfg=cfg,
-        attempt=_int_env(contract.ENV_ATTEMPT, 1),
-        resume=os.environ.get(contract.ENV_RESUME, ""),
-        metrics_port=_int_env(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT),
-        job_uid=os.environ.get(contract.ENV_JOB_UID) or None,
-        rules=rules,
-        reliability=interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, "")),
-        generation=_int_env(contract.ENV_GENERATION, 0),
-    )
+# What the operator gave this rank (environment.py).
+Settings = environment.Settings
+load_settings = environment.load_settings
 
 
 class StopFlag:
@@ -455,7 +384,7 @@ def main(
     recorder = flight.start(
         rank=rank,
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-        attempt=_int_env_or(contract.ENV_ATTEMPT, 0),
+        attempt=environment.int_env_or(contract.ENV_ATTEMPT, 0),
     )
     termination.register(rank=rank, local_rank=int(os.environ.get("LOCAL_RANK", "0")))
     stop = StopFlag()
@@ -463,14 +392,14 @@ def main(
     code = int(contract.ExitCode.SUCCESS)
     run: Run | None = None
     try:
-        settings = load_settings()
+        settings = environment.load_settings()
         if before_rendezvous is not None:
             before_rendezvous(settings)
         dist_info = distributed.init()
         recorder.use_device(dist_info.device)
         recorder.watch(
-            hang_seconds=_int_env(contract.ENV_HANG_SECONDS, 0) or None,
-            startup_seconds=_int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
+            hang_seconds=environment.int_env(contract.ENV_HANG_SECONDS, 0) or None,
+            startup_seconds=environment.int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
             evidence_root=settings.cfg.checkpoint.root,
         )
         meters = metrics.Metrics()

@@ -11,7 +11,8 @@ So a rank keeps:
 - a watchdog: when no step completed for `FSDP_HANG_SECONDS` (the job's progress deadline) it
   prints every thread's stack and one `FSDP_EVIDENCE {json}` line to its log, where the
   operator reads them before it deletes the pods, and writes both under the job's checkpoint
-  root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept).
+  root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept):
+  evidence.py writes them.
 
 Collectives are recorded by wrapping torch.distributed's functions (FSDP2 calls them through
 the module, so its all-gathers and reduce-scatters are seen too). PyTorch's own flight
@@ -30,24 +31,17 @@ import json
 import logging
 import os
 import resource
-import shutil
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from fsdp_worker import contract
-from fsdp_worker.telemetry import termination
+from fsdp_worker.telemetry import evidence, termination
 
 log = logging.getLogger(__name__)
 
-EVIDENCE_DIR = ".evidence"
-EVIDENCE_ATTEMPTS = 5  # attempts whose evidence files are kept under the checkpoint root
-EVIDENCE_FILE_MAX = 64 * 1024  # bytes per rank and attempt
-STACK_LINES_MAX = 120  # per thread, in the log
 WATCH_SECONDS = 1.0
 MEMORY_EVERY_SECONDS = 0.5
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
@@ -293,7 +287,7 @@ class Recorder:
         self._hang_seconds, self._evidence_root = hang_seconds, evidence_root
         self._startup_seconds = startup_seconds or hang_seconds
         if evidence_root is not None and self.rank == 0:
-            prune(evidence_root, keep=EVIDENCE_ATTEMPTS, current=self.attempt)
+            evidence.prune(evidence_root, keep=evidence.EVIDENCE_ATTEMPTS, current=self.attempt)
         if not hang_seconds:
             return
         threading.Thread(target=self._watch, name="fsdp-flight", daemon=True).start()
@@ -331,100 +325,11 @@ class Recorder:
         os._exit(int(contract.ExitCode.RETRYABLE))
 
     def report_stall(self) -> dict[str, Any]:
-        """Stacks and the record, to the log (one write) and the evidence file."""
+        """Stacks and the record, to the log (one write) and the evidence file
+        (evidence.report)."""
         self._sample_memory(force=True)
-        doc = self.record()
-        stacks = thread_stacks()
-        path = self._evidence_path()
-        recorded = _flight_recorder()
-        if recorded:
-            doc["flightRecorder"] = _last_entry(recorded)
-        if path is not None:
-            doc["file"] = path
-        line = f"{contract.EVIDENCE_PREFIX} {json.dumps(doc, separators=(',', ':'))}"
-        tagged = "".join(f"[rank{self.rank}] {s}\n" for s in stacks.splitlines())
-        header = f"[rank{self.rank}] no step completed for {doc['stalledSeconds']:.0f}s; stacks:\n"
-        os.write(2, (header + tagged + line + "\n").encode(errors="replace"))
-        if path is not None:
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                body = (line + "\n" + stacks).encode(errors="replace")[:EVIDENCE_FILE_MAX]
-                with open(path, "wb") as f:
-                    f.write(body)
-                if recorded:
-                    with open(path.removesuffix(".txt") + ".fr.json", "w") as f:
-                        json.dump(recorded, f)
-            except OSError as exc:
-                log.warning("could not keep the evidence in %s: %s", path, exc)
-        return doc
-
-    def _evidence_path(self) -> str | None:
-        if self._evidence_root is None:
-            return None
-        return os.path.join(
-            self._evidence_root, EVIDENCE_DIR, f"attempt-{self.attempt}", f"rank-{self.rank}.txt"
-        )
-
-
-FR_ENTRIES_KEPT = 200
-
-
-def _flight_recorder() -> dict[str, Any] | None:
-    """PyTorch's own flight recorder of this process (TORCH_FR_BUFFER_SIZE; gloo and NCCL), its
-    newest FR_ENTRIES_KEPT entries; None when it is off or this torch has none. JSON only:
-    nothing is unpickled."""
-    try:
-        from torch._C import _distributed_c10d as c10d
-
-        raw = c10d._dump_fr_trace_json(True, False)  # private, typed since torch 2.1x
-        doc = json.loads(raw)
-    except Exception:  # an older torch, or no process group: the record above still stands
-        return None
-    if not isinstance(doc, dict) or not doc.get("entries"):
-        return None
-    doc["entries"] = doc["entries"][-FR_ENTRIES_KEPT:]
-    return doc
-
-
-def _last_entry(recorded: dict[str, Any]) -> dict[str, Any]:
-    """The flight recorder's newest entry, in a few words: op, sequence number, state."""
-    last = recorded["entries"][-1]
-    return {
-        "op": last.get("profiling_name"),
-        "seq": last.get("collective_seq_id"),
-        "state": last.get("state"),
-        "processGroup": (last.get("process_group") or [None, None])[1],
-    }
-
-
-def thread_stacks() -> str:
-    """Every other thread's Python stack (not the watchdog's own), the innermost frames kept
-    when one is very deep."""
-    names = {t.ident: t.name for t in threading.enumerate()}
-    parts = []
-    for ident, frame in sys._current_frames().items():
-        if ident == threading.get_ident():
-            continue
-        lines = "".join(traceback.format_stack(frame)).splitlines()[-STACK_LINES_MAX:]
-        parts.append(f"thread {names.get(ident, ident)}:\n" + "\n".join(lines))
-    return "\n".join(parts)
-
-
-def prune(root: str, *, keep: int, current: int) -> None:
-    """Delete the evidence of all but the newest `keep` attempts (this one counts)."""
-    base = os.path.join(root, EVIDENCE_DIR)
-    try:
-        names = os.listdir(base)
-    except OSError:
-        return
-    attempts = sorted(
-        int(n.split("-", 1)[1])
-        for n in names
-        if n.startswith("attempt-") and n.split("-", 1)[1].isdigit()
-    )
-    older = [a for a in attempts if a < current]
-    for attempt in older[: max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(os.path.join(base, f"attempt-{attempt}"), ignore_errors=True)
+        path = evidence.file_path(self._evidence_root, attempt=self.attempt, rank=self.rank)
+        return evidence.report(self.record(), rank=self.rank, path=path)
 
 
 # --- the process's recorder, and the hooks that feed it ----------------------------------------

@@ -42,7 +42,7 @@ from typing import Any
 import prometheus_client as prom
 
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog, config, fence, interval
+from fsdp_worker.contract import catalog, config, fence, interval, selection
 from fsdp_worker.telemetry import metrics
 
 log = logging.getLogger("fsdp_worker.train.standin")
@@ -114,7 +114,7 @@ class StandIn:
         if where == contract.RESUME_AUTO:
             return self._resume_auto()
         name = posixpath.basename(where.rstrip("/"))
-        cand = catalog.verify(self.storage, name, config_hash=self.hash)
+        cand = selection.verify(self.storage, name, config_hash=self.hash)
         if not cand.ok or cand.marker is None:
             raise RuntimeError(f"resume checkpoint {where} rejected: {cand.reason} {cand.detail}")
         return cand.marker.step, cand.marker.step
@@ -126,17 +126,19 @@ class StandIn:
         except ValueError as exc:
             raise _Refused(str(exc)) from None
         other_jobs = self.cfg.checkpoint.resume_from_previous_jobs
-        lineage = catalog.auto_lineage(
+        lineage = selection.auto_lineage(
             rules, attempt=self.attempt, job_uid=self.job_uid, other_jobs=other_jobs
         )
-        chosen, rejected = catalog.select(self.storage, ".", config_hash=self.hash, lineage=lineage)
+        chosen, rejected = selection.select(
+            self.storage, ".", config_hash=self.hash, lineage=lineage
+        )
         if self.rank == 0:  # sets aside what failed verification, as the real worker does
             moved = fence.quarantine_corrupt(self.storage, ".", rejected, me=self.writer)
             self.quarantined.extend(moved)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
             return chosen.marker.step, chosen.marker.step
-        refusal = catalog.fresh_start_refusal(self.root, rules, rejected)
+        refusal = selection.fresh_start_refusal(self.root, rules, rejected)
         if refusal is not None:
             raise _Refused(refusal)
         return 0, None

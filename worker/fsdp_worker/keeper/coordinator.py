@@ -1,0 +1,256 @@
+"""The gang's coordinator: the small TCP service through which the keepers of one attempt
+agree on the generation their ranks run, who failed first, and which spare holds a node.
+
+The keeper of node rank 0 serves it (`active`); every other keeper listens on the same port on
+standby, for the operator's word when node rank 0 is lost (`promote` to a spare, `follow` to
+the others). Apart from the keeper (gang.py) because it is a state machine with its own
+truth-table tests (tests/unit/test_gang_coordinator.py): it starts no process, reads no file
+and asks nothing of anyone; it only answers. One JSON line each way per connection
+(contract/keeper.py's `ask`); no torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import socketserver
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from fsdp_worker import contract
+from fsdp_worker.keeper import torchrun_argv
+
+if TYPE_CHECKING:
+    from fsdp_worker.keeper.gang import Keeper
+
+DOWN_TIMEOUT_SECONDS = 60.0
+"""How long a keeper waits for every node to report its ranks down before it gives up the
+restart and waits for the operator (a node whose keeper died never reports); a promoted spare's
+coordinator waits as long for the other nodes to rejoin."""
+MAX_RECORDS = 8
+"""Failures of earlier generations passed to the next one (rank 0 serves them)."""
+
+
+@dataclasses.dataclass
+class _State:
+    generation: int = 0
+    final: bool = False  # a keeper escalated: nobody restarts again
+    failures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    down: dict[int, set[int]] = dataclasses.field(default_factory=dict)
+    done: set[int] = dataclasses.field(default_factory=set)  # nodes whose ranks exited 0
+    holders: dict[int, int] = dataclasses.field(default_factory=dict)  # node -> spare now on it
+    nodes: int = 0  # pods in the gang
+    started: float = dataclasses.field(default_factory=lambda: time.monotonic())
+    heard: dict[int, float] = dataclasses.field(default_factory=dict)  # node -> last ask from it
+    # A spare promoted to node rank 0 (`promote`): since when it gathers the other nodes'
+    # keepers, the generation each reported (`rejoin`), and the failure that made it node 0
+    gathering: float | None = None
+    joined: dict[int, int] = dataclasses.field(default_factory=dict)
+    pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def answer(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if self.gathering is not None and now - self.gathering > DOWN_TIMEOUT_SECONDS:
+            self.gathering, self.final = None, True  # a node never rejoined: the operator's
+        return {
+            "generation": self.generation,
+            "gathering": self.gathering is not None,
+            "final": self.final,
+            "failures": self.failures[-MAX_RECORDS:],
+            "down": {str(g): sorted(n) for g, n in self.down.items()},
+            "done": len(self.done),
+            "holders": {str(n): spare for n, spare in self.holders.items()},
+            # seconds since each node's keeper last asked (every POLL_SECONDS while it keeps
+            # its ranks or waits for the others): a frozen or stopped one falls silent, and
+            # the operator does not wait for a restart in place it cannot take part in
+            "quiet": {
+                str(n): round(now - self.heard.get(n, self.started), 1) for n in range(self.nodes)
+            },
+        }
+
+    def replace(self, doc: dict[str, Any]) -> str:
+        """The operator's `replace`: spare `spare` takes node `node`'s place in the next
+        generation (its node lost, or its pod frozen); that node counts as down. Empty when
+        done, else why not.
+
+        When the other nodes are already coming down from the generation before (their ranks
+        failed first: a frozen peer's ranks hang the others until their own watchdog ends
+        them), the replaced node is counted down in that generation, whose failure this is,
+        and the generation they wait to start is the spare's too: the replaced node would
+        never report itself down there, and a new generation on top would leave every keeper
+        waiting for the other's."""
+        node, spare = doc.get("node"), doc.get("spare")
+        if not isinstance(node, int) or not isinstance(spare, int) or node <= 0:
+            return f"replace needs node > 0 (node 0 hosts this coordinator) and a spare: {doc}"
+        if self.final:
+            return "the gang has stopped restarting in place"
+        if spare in self.holders.values():
+            return f"spare {spare} already holds a node"
+        given = doc.get("failure")
+        record: dict[str, Any] = given if isinstance(given, dict) else {}
+        # A lost node, or a pod frozen whole (Hang: its keeper fell silent); NodeLost unless
+        # the operator said which.
+        taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
+        cls = record.get("class") if record.get("class") in taken else taken[0]
+        before = self.generation - 1
+        coming_down = before >= 0 and bool(set(range(self.nodes)) - self.down.get(before, set()))
+        ending = before if coming_down else self.generation
+        entry = {**record, "class": cls, "node": node, "generation": ending, "spare": spare}
+        # one record per generation: the replaced node's, the cause the others' ends were
+        # symptoms of (their first failure's words stay in its `symptom`)
+        first = next((f for f in self.failures if f.get("generation") == ending), None)
+        if first is not None:
+            entry["symptom"] = str(first.get("message") or first.get("class") or "")[:300]
+            self.failures.remove(first)
+        self.failures.append(entry)
+        self.down.setdefault(ending, set()).add(node)
+        if not coming_down:
+            self.generation += 1
+            self.done.clear()
+        self.holders[node] = spare
+        self.heard[node] = time.monotonic()  # the spare speaks for it from now on
+        return ""
+
+    def promote(self, doc: dict[str, Any], spare: int) -> None:
+        """The operator's `promote`: node rank 0 is lost (or frozen) and this spare takes its
+        place, as the gang's coordinator too. Node 0's state went with it: the other nodes'
+        keepers, told to `follow` this one, bring what they saw (`rejoin`)."""
+        now = time.monotonic()
+        given = doc.get("failure")
+        self.pending = dict(given) if isinstance(given, dict) else {}
+        self.generation = max(0, int(doc.get("generation") or 0))  # the operator's floor
+        self.gathering, self.joined = now, {}
+        self.holders = {0: spare}
+        self.heard = dict.fromkeys(range(self.nodes), now)
+        self._gathered()
+
+    def rejoin(self, doc: dict[str, Any]) -> None:
+        """A node's keeper, its ranks stopped, following this coordinator: the generation it
+        ran and what node rank 0's coordinator last told it (failures, holders)."""
+        node, generation = doc.get("node"), doc.get("generation")
+        if self.gathering is None or not isinstance(node, int) or not isinstance(generation, int):
+            return
+        if not 0 < node < self.nodes:
+            return
+        self.joined[node] = generation
+        failures = [f for f in doc.get("failures") or () if isinstance(f, dict)]
+        if len(failures) > len(self.failures):
+            self.failures = failures[-MAX_RECORDS:]
+        for n, holder in (doc.get("holders") or {}).items():
+            if str(n).isdigit() and int(n) > 0 and isinstance(holder, int):
+                self.holders.setdefault(int(n), holder)
+        self._gathered()
+
+    def _gathered(self) -> None:
+        """Every other node rejoined: the generation node 0 was lost in ends (the lost node's
+        record is its cause; a first failure the others saw stays as its `symptom`), all are
+        down, and the next one starts with the spare as node 0."""
+        if self.gathering is None or set(range(1, self.nodes)) - self.joined.keys():
+            return
+        ending = max([self.generation, *self.joined.values()])
+        taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
+        cls = self.pending.get("class") if self.pending.get("class") in taken else taken[0]
+        entry = {**self.pending, "class": cls, "node": 0, "generation": ending,
+                 "spare": self.holders[0]}  # fmt: skip
+        first = next((f for f in self.failures if f.get("generation") == ending), None)
+        if first is not None:
+            entry["symptom"] = str(first.get("message") or first.get("class") or "")[:300]
+            self.failures.remove(first)
+        self.failures = [*self.failures, entry][-MAX_RECORDS:]
+        self.down[ending] = set(range(self.nodes))
+        self.generation = ending + 1
+        self.gathering = None
+        self.done.clear()
+
+
+class Coordinator(socketserver.ThreadingTCPServer):
+    """Node rank 0's keeper serves the gang (`active`); every other keeper listens on standby
+    for the operator's word when node rank 0 is lost: `promote` (a spare becomes node 0 and
+    this coordinator) and `follow` (the others' keepers go to it). `keeper` hears both."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self, port: int, nodes: int = 0, *, active: bool = True, keeper: Keeper | None = None
+    ) -> None:
+        self.state = _State(nodes=nodes)
+        self.active = active
+        self.keeper = keeper
+        self.lock = threading.Lock()
+        super().__init__(("", port), _Handler)
+
+    def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        op = doc.get("op")
+        with self.lock:
+            st = self.state
+            if op in ("follow", "promote"):
+                return self._hand_over(doc)
+            if not self.active:
+                return {"standby": True}
+            sender = doc.get("from")
+            if isinstance(sender, int) and 0 <= sender < st.nodes:
+                st.heard[sender] = time.monotonic()
+            if op == "fail" and doc.get("generation") == st.generation and not st.final:
+                # The first failure of a generation is its cause; later ones are its symptoms.
+                given = doc.get("failure")
+                record: dict[str, Any] = given if isinstance(given, dict) else {}
+                st.failures.append({**record, "generation": st.generation})
+                st.final = bool(doc.get("final"))
+                if not st.final:
+                    st.generation += 1
+                    st.done.clear()  # nodes that ended well start again with the others
+            elif op == "fail" and doc.get("final"):
+                st.final = True
+            elif op == "down" and isinstance(doc.get("generation"), int):
+                st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+            elif op == "done" and doc.get("generation", st.generation) == st.generation:
+                st.done.add(int(doc.get("node", -1)))
+            elif op == "replace":
+                refused = st.replace(doc)
+                return {**st.answer(), "refused": refused} if refused else st.answer()
+            elif op == "rejoin":
+                st.rejoin(doc)
+            return st.answer()
+
+    def _hand_over(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """`promote` (to a spare's keeper: it becomes node rank 0 and this coordinator, its
+        ranks hosting the store at `master`) or `follow` (to another node's keeper: the gang's
+        coordinator is now `coordinator`, its store `master`). Both host:port."""
+        keeper, op = self.keeper, doc.get("op")
+        master, coordinator = doc.get("master"), doc.get("coordinator")
+        try:
+            torchrun_argv.host_port(str(master))
+            if op == "follow":
+                torchrun_argv.host_port(str(coordinator))
+        except ValueError:
+            return {"refused": f"{op} needs master (and to follow, coordinator) as host:port"}
+        if keeper is None or self.active:
+            return {"refused": "this keeper is the gang's coordinator"}
+        if op == "follow":
+            keeper.follow = (str(coordinator), str(master))
+            return {"following": coordinator}
+        if keeper.gang.spare is None or keeper.gang.node >= 0:
+            return {"refused": f"node {keeper.gang.node}'s keeper is not a waiting spare"}
+        self.state.promote(doc, keeper.gang.spare)
+        self.active = True
+        keeper.promoted = str(master)
+        return self.state.answer()
+
+
+class _Handler(socketserver.StreamRequestHandler):
+    timeout = 5.0
+
+    def handle(self) -> None:
+        try:
+            doc = json.loads(self.rfile.readline(65536))
+        except (ValueError, OSError):
+            return
+        if not isinstance(doc, dict):
+            return
+        assert isinstance(self.server, Coordinator)
+        answer = self.server.handle_request_doc(doc)
+        with contextlib.suppress(OSError):
+            self.wfile.write(json.dumps(answer).encode() + b"\n")
