@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from fsdp_operator.policy import conditions, decide
 from fsdp_operator.types import status as st
 from tests.builders import (
@@ -41,3 +43,15 @@ def test_a_working_pass_clears_the_reconcile_error_condition() -> None:
     )
     d = decide.decide(observe(status=running_status(conditions=[failing])))
     assert all(c.type != conditions.RECONCILE_ERROR for c in d.status.conditions)
+
+
+def test_the_decision_is_frozen_and_the_observation_untouched() -> None:
+    """apply() carries out what decide() said, nothing after changes it; and decide() works on
+    its own copy of the status it read."""
+    obs = observe(nodes=nodes(down={2: NOW - 31}))
+    read = obs.status.model_copy(deep=True)
+    d = decide.decide(obs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.launch = None  # type: ignore[misc]
+    assert isinstance(d.delete, tuple) and isinstance(d.events, tuple) and d.delete
+    assert obs.status == read and d.status != read

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator.policy import decide, decision
+from fsdp_operator.policy import decide, decision, failure
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from tests.builders import (
     CONFIG_MSG,
     CRASH_MSG,
     NOW,
+    SCRAPED,
     ckpt,
     nodes,
     observe,
@@ -101,3 +102,28 @@ def test_a_lost_nodes_pods_logs_are_not_asked_for() -> None:
     d = decide.decide(observe(nodes=nodes(down={2: NOW - 31})))
     assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
     assert d.collect is not None and d.collect.unreadable == (2,)
+
+
+def test_the_evidence_read_goes_into_the_status_the_pass_writes() -> None:
+    """What reconcile.py reads in the failed pods' logs is said by lastFailure, the attempt's
+    history entry and an Event of the same pass; the decision it started from is unchanged."""
+    hung = running_status(last_progress_time=NOW - 103)
+    d = decide.decide(observe(status=hung, progress=None, scrape=SCRAPED))
+    found = d.status.last_failure
+    assert d.collect is not None and found is not None and found.cause is st.Cause.HANG
+    update = {
+        "evidence": "rank 2 in data loading",
+        "diagnosis": "rank 2 is the odd one out",
+        "evidence_ref": "job-a1-why",
+    }
+    better = found.model_copy(update=update)
+    done = failure.explained(d, better)
+    assert done.status.last_failure == better
+    kept = done.status.history[0].failure
+    assert kept is not None and kept.evidence_ref == "job-a1-why"
+    assert kept.evidence == "rank 2 in data loading"
+    said = done.events[-1]
+    assert (said.type, said.reason) == (decision.EventType.WARNING, "FailureExplained")
+    assert said.message == "attempt 1: rank 2 is the odd one out; rank 2 in data loading"
+    assert d.status.last_failure == found and "FailureExplained" not in [e.reason for e in d.events]
+    assert failure.explained(d, found).events == d.events  # nothing read, nothing said

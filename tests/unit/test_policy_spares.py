@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from fsdp_operator.policy import decide, decision, detect, launch
+from fsdp_operator.policy import decide, decision, detect, launch, spares
 from fsdp_operator.types import api
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
@@ -368,3 +368,46 @@ def test_a_finished_jobs_spares_go() -> None:
         observe(spec=_spare_spec(), status=d.status, pods=done, spares=[_spare(0)], nodes=nodes(6))
     )
     assert [x.name for x in again.delete] == ["job-a1-s0"]
+
+
+def test_a_refused_takeover_is_kept_in_the_same_status_and_the_gang_recreated_next() -> None:
+    """The coordinator refused (reconcile.py asked it before the status write): the pass's one
+    status patch says so, nothing is handed over, and the next pass recreates the gang."""
+    obs = observe(
+        spec=_spare_spec(),
+        status=_spare_status(),
+        nodes=nodes(6, down={2: NOW - 31}),
+        pods=pods(r0={"ip": "10.0.0.5"}),
+        spares=[_spare(0)],
+    )
+    d = decide.decide(obs)
+    assert d.takeover is not None
+    said = spares.refused(d, "spare 0 already holds a node")
+    sp = said.status.spares
+    assert said.takeover is None and sp is not None
+    assert (sp.refused, sp.replaced, sp.takeovers) == ("job-a1-2", [], 1)
+    assert said.events[-1] == decision.Event(
+        decision.EventType.WARNING,
+        "SpareTakeoverRefused",
+        "job-a1-2: spare 0 already holds a node; the gang is recreated",
+    )
+    assert d.status.spares is not None and d.status.spares.replaced == ["job-a1-2"]  # unchanged
+    again = decide.decide(dataclasses.replace(obs, status=said.status))
+    assert again.takeover is None and again.failure is not None
+    assert again.failure.cause is st.Cause.NODE_LOST and again.status.attempt == 2
+
+
+def test_spares_come_with_the_launch_they_are_made_from() -> None:
+    """apply() makes the spares from the Decision alone: the running attempt's launch (its
+    resume point, its excluded nodes) comes with them, and only with them."""
+    excluded = [st.ExcludedNode(node="node-6", until=NOW + 60)]
+    status = running_status(
+        spares=st.Spares(wanted=2), excluded_nodes=excluded, resume_path="/ckpt/step-40"
+    )
+    d = decide.decide(observe(spec=_spare_spec(2), status=status, nodes=nodes(7)))
+    made = d.spare_launch
+    assert d.spares == (0, 1) and made is not None
+    assert (made.attempt, made.replicas, made.resume_path) == (1, 4, "/ckpt/step-40")
+    assert made.excluded_nodes == ("node-6",)
+    again = decide.decide(observe(spec=_spare_spec(2), status=d.status, nodes=nodes(7)))
+    assert again.spares == () and again.spare_launch is None
