@@ -86,8 +86,8 @@ def take_over(
     0's too (it hosted the gang's coordinator and torchrun's store): the spare becomes both,
     and the other pods' keepers follow it. Not past inPlaceRestarts, not a pod whose takeover
     was refused. True: this pass's failure is handled (or already was)."""
-    s, spec, sp = d.status, obs.spec, d.status.spares
-    if sp is None or not spec.spares:
+    s, sp = d.status, d.status.spares
+    if sp is None or not obs.spec.spares:
         return False
     if failure.cause not in (status.Cause.NODE_LOST, status.Cause.HANG):
         return False
@@ -99,6 +99,38 @@ def take_over(
     if target is None:
         return False
     lost, cls, why = target
+    found = _takeover(obs, s, sp, lost, pods=pods, failure=failure, cls=cls, why=why)
+    if found is None:
+        return False
+    d.takeover, spare = found
+    sp.takeovers += 1
+    sp.replaced = [*sp.replaced, lost.name][-REPLACED_LIMIT:]
+    if cls is contract.FailureClass.NODE_LOST:  # a frozen pod's node is not to blame
+        s.excluded_nodes = restarts.active_exclusions(s, now=obs.now, blame=lost.node, tun=tun)
+    d.emit(
+        "SpareTakeover",
+        f"{why}; spare pod {spare.name} (on {spare.node}) takes node rank {lost.rank}'s place "
+        "in a restart in place",
+        warning=True,
+    )
+    d.again(1.0)
+    return True
+
+
+def _takeover(
+    obs: observed.Observed,
+    s: status.FSDPJobStatus,
+    sp: status.Spares,
+    lost: observed.PodView,
+    *,
+    pods: list[observed.PodView],
+    failure: status.Failure,
+    cls: contract.FailureClass,
+    why: str,
+) -> tuple[decision.Takeover, observed.PodView] | None:
+    """What the keepers are told for `lost`'s place, and the spare that takes it; None while
+    no spare can (none running, an address missing, a follower unreachable, this pod's
+    takeover refused before, or inPlaceRestarts spent)."""
     rank0 = next((p for p in pods if p.rank == 0 and _running(p)), None)
     spare = _spare_for(obs, lost, s.attempt)
     entry = decision.current_entry(s)
@@ -119,11 +151,11 @@ def take_over(
         or spare.ip is None
         or not reachable
         or sp.refused == lost.name
-        or used >= spec.failure_policy.in_place_restarts
+        or used >= obs.spec.failure_policy.in_place_restarts
     ):
-        return False
+        return None
     node0 = lost.rank == 0
-    d.takeover = decision.Takeover(
+    told = decision.Takeover(
         spare=spare.name,
         index=spare.spare,
         node_rank=lost.rank,
@@ -137,24 +169,13 @@ def take_over(
             "class": cls.value,
             "message": failure.message if cls is contract.FailureClass.NODE_LOST else why,
             "time": failure.time,
-            "rank": lost.rank * spec.nproc_per_node,
+            "rank": lost.rank * obs.spec.nproc_per_node,
             "pod": lost.name,
             "nodeName": lost.node,
             "detected": obs.now,
         },
     )
-    sp.takeovers += 1
-    sp.replaced = [*sp.replaced, lost.name][-REPLACED_LIMIT:]
-    if cls is contract.FailureClass.NODE_LOST:  # a frozen pod's node is not to blame
-        s.excluded_nodes = restarts.active_exclusions(s, now=obs.now, blame=lost.node, tun=tun)
-    d.emit(
-        "SpareTakeover",
-        f"{why}; spare pod {spare.name} (on {spare.node}) takes node rank {lost.rank}'s place "
-        "in a restart in place",
-        warning=True,
-    )
-    d.again(1.0)
-    return True
+    return told, spare
 
 
 def refused(d: decision.Decision, why: str) -> decision.Decision:
