@@ -7,7 +7,7 @@ from typing import Any
 
 from fsdp_operator.policy import decide as dc
 from fsdp_operator.run import reconcile, settings
-from tests.unit import test_decide as table
+from tests import builders
 
 
 class RecordingKube:
@@ -35,7 +35,7 @@ BODY = {"metadata": {"name": "job", "namespace": "ns", "uid": "u1"}}
 def test_a_pass_that_changes_nothing_writes_nothing() -> None:
     kube = RecordingKube()
     reconciler = reconcile.Reconciler(kube, settings.Settings(metrics_port=0))  # type: ignore[arg-type]
-    first = table.observe()
+    first = builders.observe()
     d = dc.decide(first)
     reconciler.apply(BODY, first, d)
     assert kube.writes == ["status", "event"]  # checkpoint 40 recorded, and said in an Event

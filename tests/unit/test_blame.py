@@ -10,6 +10,7 @@ import pytest
 from fsdp_operator.policy import detect
 from fsdp_operator.types import api, observed, status
 from fsdp_worker import contract
+from tests import builders
 
 FAILED, RUNNING = observed.PodPhase.FAILED, observed.PodPhase.RUNNING
 PEER = "[gloo/transport/tcp/pair.cc:545] Read error [10.244.1.2]:26527: Connection reset by peer"
@@ -40,8 +41,8 @@ SYMPTOMS = {
 
 def pod(rank: int, message: str, *, finished: float | None, phase: observed.PodPhase = FAILED,
         reason: str = "Error") -> observed.PodView:  # fmt: skip
-    return observed.PodView(name=f"job-a1-{rank}", attempt=1, rank=rank, phase=phase, exit_code=1,
-                            reason=reason, message=message, finished=finished)  # fmt: skip
+    return builders.pod_view(name=f"job-a1-{rank}", attempt=1, rank=rank, phase=phase, exit_code=1,
+                             reason=reason, message=message, finished=finished)  # fmt: skip
 
 
 def verdict(pods: list[observed.PodView], *, now: float = 200.0) -> status.Failure | None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from fsdp_operator.io import cache, kube, observe
-from tests.unit import test_templates as tt
+from tests import builders
 
 
 def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
 
 
 def test_a_slim_pod_reads_as_the_whole_pod_and_is_much_smaller() -> None:
-    full = _live(tt.pod())
+    full = _live(builders.typical_pod())
     slim = cache.slim_pod(full)
     assert observe.pod_view(slim) == observe.pod_view(full)
     view = observe.pod_view(slim)
@@ -75,12 +75,12 @@ def test_a_slim_pod_reads_as_the_whole_pod_and_is_much_smaller() -> None:
 
 
 def test_a_slim_running_pod_keeps_no_container_state_and_a_waiting_one_its_reason() -> None:
-    running = _live(tt.pod(), phase="Running")
+    running = _live(builders.typical_pod(), phase="Running")
     running["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": "2026-12-01"}}
     slim = cache.slim_pod(running)
     assert slim["status"]["containerStatuses"] == []
     assert observe.pod_view(slim) == observe.pod_view(running)
-    waiting = _live(tt.pod(), phase="Pending")
+    waiting = _live(builders.typical_pod(), phase="Pending")
     waiting["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ErrImagePull"}}
     view = observe.pod_view(cache.slim_pod(waiting))
     assert view == observe.pod_view(waiting)
@@ -88,11 +88,11 @@ def test_a_slim_running_pod_keeps_no_container_state_and_a_waiting_one_its_reaso
 
 
 def test_usage_is_held_only_by_bound_pods_that_have_not_finished_and_kept_per_node() -> None:
-    pod = _live(tt.pod(), phase="Running")
+    pod = _live(builders.typical_pod(), phase="Running")
     node, uid, requests = cache.usage(pod) or ("", "", {})
     assert (node, uid) == ("node-a", "p-uid") and requests["nvidia.com/gpu"] == 8
-    assert cache.usage(_live(tt.pod(), phase="Succeeded")) is None
-    unbound = _live(tt.pod(), phase="Pending")
+    assert cache.usage(_live(builders.typical_pod(), phase="Succeeded")) is None
+    unbound = _live(builders.typical_pod(), phase="Pending")
     unbound["spec"].pop("nodeName")
     assert cache.usage(unbound) is None
     kept = cache.Usage()
@@ -126,7 +126,7 @@ def test_nodes_reduce_to_readiness_and_room() -> None:
     record = observe.node_record(node)
     assert not record.ready and not record.schedulable and record.not_ready_since
     assert record.allocatable == {"nvidia.com/gpu": 8.0, "cpu": 128.0, "memory": 2.0**40}
-    spec = tt.make_spec()  # selects gpu=h100, tolerates the gpu taint
+    spec = builders.typical_spec()  # selects gpu=h100, tolerates the gpu taint
     (free,) = observe.node_views([record], spec=spec, used={})
     (full,) = observe.node_views([record], spec=spec, used={"n1": {"nvidia.com/gpu": 1.0}})
     assert free.fits and not full.fits  # the job asks for 8 GPUs per pod

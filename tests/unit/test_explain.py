@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fsdp_operator.io import reports
 from fsdp_operator.policy import explain
 from fsdp_worker import contract
 
@@ -28,7 +29,7 @@ def test_evidence_lines_take_each_ranks_newest_and_skip_what_does_not_parse() ->
         "an ordinary line",
         f"[rank1] {contract.EVIDENCE_PREFIX} {json.dumps(new)}",
     ])  # fmt: skip
-    assert explain.evidence_lines(text) == {1: new}
+    assert reports.evidence_lines(text) == {1: new}
 
 
 def test_a_rank_that_stopped_without_a_word_is_the_odd_one_out() -> None:

@@ -57,8 +57,8 @@ def test_an_answer_without_quiet_times_is_read_as_all_there() -> None:
 def test_a_replace_is_recorded_as_a_lost_node_or_a_frozen_pods_hang(
     given: dict[str, str], recorded: str
 ) -> None:
-    """The operator's replace says why (decide._take_over): a frozen pod's is a Hang, charged
-    to the application; anything else it records as NodeLost, as before."""
+    """The operator's replace says why (spares.take_over): a frozen pod's is a Hang, charged to
+    the application; anything else it records as NodeLost, as before."""
     coordinator = Coordinator(0, nodes=2)
     try:
         doc = {"op": "replace", "node": 1, "spare": 3, "failure": {"pod": "job-a1-1", **given}}

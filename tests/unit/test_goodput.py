@@ -14,7 +14,7 @@ from fsdp_operator.policy import decide as dc
 from fsdp_operator.policy import goodput
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
-from tests.unit.test_decide import CRASH_MSG, NOW, ckpt, make_spec, observe, pods, running_status
+from tests.builders import CRASH_MSG, NOW, ckpt, make_spec, observe, pods, running_status
 
 FAILED = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 2, "message": CRASH_MSG}
 

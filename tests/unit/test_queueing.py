@@ -7,14 +7,15 @@ from typing import Any
 import pytest
 
 from fsdp_operator.io import cache, observe
+from fsdp_operator.policy import conditions
 from fsdp_operator.policy import decide as dc
 from fsdp_operator.render import templates
 from fsdp_operator.types import api, queueing
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from fsdp_operator.types.names import JobRef
-from tests.unit.test_decide import NOW, pods, running_status
-from tests.unit.test_decide import observe as observation
+from tests.builders import NOW, pods, running_status
+from tests.builders import observe as observation
 
 QUEUE = queueing.Queue(name="team", job_name="job")
 JOB = JobRef(name="job", namespace="ns", uid="u-1")
@@ -123,7 +124,7 @@ def test_waiting_in_the_queue_is_queued_never_unschedulable(waited: float) -> No
     assert (
         s.phase is st.Phase.QUEUED and s.reason == "Pending" and "insufficient quota" in s.message
     )
-    cond = next(c for c in s.conditions if c.type == dc.QUEUED)
+    cond = next(c for c in s.conditions if c.type == conditions.QUEUED)
     assert cond.status == "True" and cond.reason == "Pending"
     assert s.restarts == st.Restarts() and s.replicas == 4
 
@@ -182,7 +183,7 @@ def test_a_lost_node_under_a_queue_takes_a_new_group_and_releases_the_old() -> N
         observation(status=d.status, pods=pods(**gone), nodes=down, queue=QUEUE, now=NOW + 3)
     )
     assert nxt.launch is not None and nxt.launch.replicas < 4  # shrunk: 2 divide the batch
-    assert nxt.launch.pod_group == "job-g2" and nxt.release == ["job-g1"]
+    assert nxt.launch.pod_group == "job-g2" and nxt.release == ("job-g1",)
 
 
 def test_kueue_eviction_is_a_planned_stop_without_budget() -> None:
@@ -205,7 +206,7 @@ def test_kueue_eviction_is_a_planned_stop_without_budget() -> None:
 def test_a_failed_job_releases_its_group() -> None:
     fatal = {"r1": {"phase": ob.PodPhase.FAILED, "exit_code": 42, "finished": NOW - 1}}
     d = dc.decide(observation(status=admitted_status(), pods=pods(**fatal), queue=QUEUE))
-    assert d.status.phase is st.Phase.FAILED and d.release == ["job-g1"]
+    assert d.status.phase is st.Phase.FAILED and d.release == ("job-g1",)
 
 
 def test_spares_under_a_queue_are_refused_naming_the_field_and_the_way_out() -> None:

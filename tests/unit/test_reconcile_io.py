@@ -223,6 +223,7 @@ class Cluster:
             one = re.compile(f"{path}/[^/]+")
             fake_api["get", one] << (lambda request, kind=kind: self._read(kind, request))
         fake_api["delete", re.compile(f"{PODS}/[^/]+")] << self._delete
+        fake_api["patch", re.compile(f"{PODS}/[^/]+")] << self._patch_pod
         self.logs: dict[str, str] = {}  # pod name -> its worker container's log
         fake_api["get", re.compile(f"{PODS}/[^/]+/log")] << self._log
         fake_api[f"post {CONFIGMAPS}"] << (lambda request: self._create("ConfigMap", request))
@@ -282,6 +283,13 @@ class Cluster:
     def _delete(self, request: kmock.Request) -> kmock.Response:
         found = self.objects.pop(("Pod", name_of(request)), None)
         return ok(found) if found is not None else fakeapi.status(404, "not found")
+
+    def _patch_pod(self, request: kmock.Request) -> kmock.Response:
+        found = self.objects.get(("Pod", name_of(request)))
+        if found is None:
+            return fakeapi.status(404, "not found")
+        self.objects["Pod", name_of(request)] = merge_patch(found, request.data)
+        return ok(self.objects["Pod", name_of(request)])
 
     def _replace_config_map(self, request: kmock.Request) -> kmock.Response:
         self.objects["ConfigMap", name_of(request)] = request.data
@@ -718,3 +726,120 @@ def test_a_configmap_of_that_name_that_is_not_the_jobs_is_left_alone(
     [written] = status_patches(fake_api.requests)
     assert written["lastFailure"]["cause"] == "Crash"
     assert written["lastFailure"].get("evidenceRef") is None
+
+
+# --- 7. one status write per pass ---------------------------------------------------------------
+def spared_spec() -> dict[str, Any]:
+    """job_spec(2) with one warm spare (which needs restarts in place)."""
+    spec = job_spec(2)
+    spec["spares"] = 1
+    spec["failurePolicy"]["inPlaceRestarts"] = 2
+    return spec
+
+
+def node_1_lost(cluster: Cluster) -> None:
+    """Attempt 1 runs with a spare on node-3; node rank 1's node is gone from the cluster."""
+    spec = api.FSDPJobSpec.model_validate(spared_spec())
+    running = status.FSDPJobStatus.model_validate(running_status(2))
+    running.spares = status.Spares(wanted=1, next_index=1, running=1)
+    cluster.job = {**job_body(2, dumped(running)), "spec": spared_spec()}
+    pods = worker_pods(2, attempt=1)
+    pods[1]["spec"]["nodeName"] = "node-gone"
+    launch = decide.Launch(attempt=1, replicas=2, resume_path="")
+    spare = templates.spare_pod(JOB_REF, spec, launch, index=0)
+    spare["metadata"]["uid"] = "pod-spare"
+    spare["spec"]["nodeName"] = "node-3"
+    spare["status"] = {"phase": "Running", "podIP": "10.0.0.9"}
+    cluster.put(*pods, spare)
+
+
+@pytest.mark.parametrize(
+    ("refusal", "label_and_delete"),
+    [
+        pytest.param("", 2, id="taken-over"),
+        pytest.param("spare 0 already holds a node", 0, id="refused"),
+    ],
+)
+def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
+    fake_api: fakeapi.FakeAPI,
+    reconciler: reconcile.Reconciler,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: str,
+    label_and_delete: int,
+) -> None:
+    """The coordinator's answer is part of the pass: the status it leads to (the takeover, or
+    its refusal, so that the next pass recreates the gang) goes out in the pass's one patch."""
+    told: list[tuple[tuple[str, int], dict[str, Any]]] = []
+
+    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        told.append((address, doc))
+        return {"refused": refusal} if refusal and doc["op"] == "replace" else {}
+
+    monkeypatch.setattr(reconcile.keeper, "ask", ask)
+    cluster = Cluster(fake_api, job_body())
+    node_1_lost(cluster)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert [doc["op"] for _, doc in told] == ["follow", "replace"]
+    [written] = status_patches(fake_api.requests)
+    assert written["spares"]["takeovers"] == 1
+    handed = [
+        r
+        for r in fake_api.requests
+        if r.method.value in ("PATCH", "DELETE") and r.url.path.startswith(PODS)
+    ]
+    assert len(handed) == label_and_delete, fake_api.log()
+    reasons = [e.data["reason"] for e in events(fake_api.requests)]
+    if refusal:
+        assert written["spares"]["refused"] == f"{NAME}-a1-1", written["spares"]
+        assert written["spares"].get("replaced") in (None, []), written["spares"]
+        assert reasons == ["SpareTakeover", "SpareTakeoverRefused"]
+    else:
+        assert written["spares"]["replaced"] == [f"{NAME}-a1-1"]
+        assert (
+            cluster.objects["Pod", f"{NAME}-a1-s0"]["metadata"]["labels"][
+                names.Label.NODE_RANK.value
+            ]
+            == "1"
+        )
+        assert ("Pod", f"{NAME}-a1-1") not in cluster.objects
+        assert reasons == ["SpareTakeover"]
+
+
+def keepers(answer: str) -> Callable[..., dict[str, Any]]:
+    """keeper.ask as keepers that take every word (""), or refuse a `replace` saying why."""
+
+    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+        return {"refused": answer} if answer and doc["op"] == "replace" else {}
+
+    return ask
+
+
+@pytest.mark.parametrize(
+    ("given", "answer"),
+    [
+        pytest.param(new_job, "", id="new-job"),
+        pytest.param(rank_1_failed, "", id="restart-with-evidence"),
+        pytest.param(node_1_lost, "", id="spare-takeover"),
+        pytest.param(node_1_lost, "the gang has stopped restarting in place", id="refused"),
+    ],
+)
+def test_every_pass_writes_its_status_in_one_patch(
+    fake_api: fakeapi.FakeAPI,
+    reconciler: reconcile.Reconciler,
+    monkeypatch: pytest.MonkeyPatch,
+    given: Callable[[Cluster], None],
+    answer: str,
+) -> None:
+    """All a pass changes in the status, including what it learns by asking (a failed gang's
+    logs, the keepers' word on a takeover), goes out in one patch before any pod is touched;
+    the patch's echo is the process's own and wakes no pass."""
+    monkeypatch.setattr(reconcile.keeper, "ask", keepers(answer))
+    cluster = Cluster(fake_api, job_body())
+    given(cluster)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert len(status_patches(fake_api.requests)) == 1, fake_api.log()
+    first = next(i for i, r in enumerate(fake_api.requests) if write_kind(r) == "status")
+    before = {write_kind(r) for r in fake_api.requests[:first]} - {None}
+    assert before <= {"evidence"}, fake_api.log()  # only the failed gang's evidence is kept first
+    version = cluster.job["metadata"]["resourceVersion"]
+    assert reconciler.is_echo(NS, NAME, version)

@@ -21,89 +21,13 @@ from fsdp_operator.render import templates
 from fsdp_operator.types import api, names
 from fsdp_worker import contract
 from fsdp_worker.contract import config as wconfig
+from tests import builders
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
-JOB = names.JobRef(name="llama", namespace="team-a", uid="3f2a1b4c-0d1e-4f00-9abc-def012345678")
-
-TYPICAL: dict[str, Any] = {
-    "replicas": 4,
-    "minReplicas": 2,
-    "nprocPerNode": 8,
-    "image": "registry.example/fsdp-worker:0.1.0",
-    "resources": {"limits": {"nvidia.com/gpu": "8", "cpu": "64", "memory": "512Gi"}},
-    "training": {
-        "model": {"preset": "1b", "seqLen": 2048, "vocabSize": 32000},
-        "steps": 10000,
-        "globalBatchSize": 256,
-        "microBatchSize": 2,
-    },
-    "checkpoint": {"root": "/ckpt/llama", "intervalSteps": 200, "claimName": "ckpt-rwx"},
-    "template": {
-        "metadata": {
-            "labels": {
-                "team": "nlp",
-                "fsdpoperator.io/job": "hijack",
-                "fsdpoperator.io/attempt": "0",
-            },
-            "annotations": {"owner": "alice", "fsdpoperator.io/resume-from": "/etc"},
-        },
-        "spec": {
-            "nodeSelector": {"gpu": "h100"},
-            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "priorityClassName": "training",
-            "affinity": {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchExpressions": [
-                                    {"key": "zone", "operator": "In", "values": ["a"]}
-                                ]
-                            },
-                            {
-                                "matchExpressions": [
-                                    {"key": "zone", "operator": "In", "values": ["b"]}
-                                ]
-                            },
-                        ]
-                    }
-                }
-            },
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "tokens"}}],
-            "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
-            "env": [{"name": "NCCL_DEBUG", "value": "WARN"}],
-        },
-    },
-}
-
-
-def make_spec(**changes: Any) -> api.FSDPJobSpec:
-    doc = json.loads(json.dumps(TYPICAL))
-    for path, value in changes.items():
-        node = doc
-        *parents, leaf = path.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return api.FSDPJobSpec.model_validate(doc)
-
-
-def pod(spec: api.FSDPJobSpec | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Rank 1 of attempt 3 of JOB (4 pods, resuming, two nodes excluded), or as `kwargs` say:
-    the Launch's fields, `node_rank`, `worker_module`."""
-    launch: dict[str, Any] = {
-        "attempt": 3,
-        "replicas": 4,
-        "resume_path": "/ckpt/llama/step-1200",
-        "excluded_nodes": ("node-b", "node-a", "node-b"),
-    }
-    rank = kwargs.pop("node_rank", 1)
-    optional = ("reliability", "resume_rules")
-    launch.update({k: kwargs.pop(k) for k in list(kwargs) if k in launch or k in optional})
-    launch["excluded_nodes"] = tuple(launch["excluded_nodes"])
-    return templates.worker_pod(
-        JOB, spec or make_spec(), decide.Launch(**launch), node_rank=rank, **kwargs
-    )
+JOB = builders.TYPICAL_JOB
+TYPICAL = builders.TYPICAL
+make_spec = builders.typical_spec
+pod = builders.typical_pod
 
 
 def container(p: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from worker_harness import REPO, free_port, training, worker_config
 from fsdp_operator.policy import detect
 from fsdp_operator.types import api, observed, status
 from fsdp_worker.keeper.processes import descendants
+from tests import builders
 
 pytestmark = pytest.mark.torch
 NODES, NPROC = 2, 2
@@ -95,7 +96,7 @@ def _ended(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> list[observed.Pod
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     return [
-        observed.PodView(
+        builders.pod_view(
             name=f"job-a1-{n}",
             attempt=1,
             rank=n,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from worker_harness import launch, training, worker_config
 
+from fsdp_operator.io import reports
 from fsdp_operator.policy import explain
 from fsdp_worker import contract
 from fsdp_worker.telemetry import evidence
@@ -34,12 +35,12 @@ def _stalled_gang(tmp_path: Path, fault: str) -> tuple[dict[int, dict], Path, di
         # each rank's newest report at the fault: a first step slower than HANG_SECONDS reports
         # "initialization" first (the watchdog re-arms when a step completes)
         run.wait_for(
-            lambda log: [d.get("step") for d in explain.evidence_lines(log).values()]
+            lambda log: [d.get("step") for d in reports.evidence_lines(log).values()]
             == [STALLED_AFTER] * RANKS,
             timeout=240,
         )
         live = json.loads(run.term_path.read_text())
-        found = explain.evidence_lines(run.log)
+        found = reports.evidence_lines(run.log)
         assert run.proc.poll() is None, "a stalled rank reports and keeps running"
     finally:
         run.kill_all()

@@ -8,12 +8,11 @@ and the node Ready condition with its transition time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fsdp_operator.io import cache
+from fsdp_operator.io import cache, reports
 from fsdp_operator.types import api, kubetypes, names, observed, queueing, scrape, status
 from fsdp_worker import contract
 
@@ -67,6 +66,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     scheduled = _condition(pod, "PodScheduled")
     ready = _condition(pod, "Ready")
     gates = pod.get("spec", {}).get("schedulingGates") or []
+    message = str(term.get("message", ""))
     return observed.PodView(
         name=meta["name"],
         attempt=attempt,
@@ -79,7 +79,8 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         deleting=bool(meta.get("deletionTimestamp")),
         exit_code=term.get("exitCode"),
         reason=str(term.get("reason", "")),
-        message=str(term.get("message", "")),
+        message=message,
+        termination=reports.termination(message),
         finished=ts(term.get("finishedAt")),
         disrupted=_condition(pod, "DisruptionTarget").get("status") == "True",
         unschedulable=scheduled.get("reason") == "Unschedulable",
@@ -208,20 +209,16 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _restarts_in_place(samples: scrape.Scrape) -> tuple[dict[str, Any], ...]:
+def _restarts_in_place(samples: scrape.Scrape) -> tuple[observed.InPlaceRecord, ...]:
     """The failure records rank 0 serves (label `record`, JSON), by generation; a record that
     does not parse, or names no generation, is left out."""
-    found: dict[int, dict[str, Any]] = {}
-    for record, value in samples.by_label(contract.METRIC_RESTART_IN_PLACE, "record").items():
+    found: dict[int, observed.InPlaceRecord] = {}
+    for label, value in samples.by_label(contract.METRIC_RESTART_IN_PLACE, "record").items():
         if value != 1:
             continue
-        try:
-            doc = json.loads(record)
-        except ValueError:
-            continue
-        generation = doc.get("generation") if isinstance(doc, dict) else None
-        if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 0:
-            found[generation] = doc
+        record = reports.in_place_label(label)
+        if record is not None:
+            found[record.generation] = record
     return tuple(found[g] for g in sorted(found))
 
 

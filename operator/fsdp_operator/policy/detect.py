@@ -9,9 +9,6 @@ vanished, then pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
 from __future__ import annotations
 
 import dataclasses
-import json
-from collections.abc import Mapping
-from typing import Any
 
 from fsdp_operator.policy import explain
 from fsdp_operator.types import api, observed, status
@@ -38,10 +35,9 @@ at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before th
 
 def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.Cause:
     """Cause of one Failed pod, from its reason, exit code and the worker's JSON message."""
-    doc = pod.worker_cause()
-    cls = doc.get("class")
-    worker_code = doc.get("exitCode") if isinstance(doc.get("exitCode"), int) else None
-    codes = {c for c in (pod.exit_code, worker_code) if c is not None}
+    said = pod.termination
+    cls = said.kind
+    codes = {c for c in (pod.exit_code, said.exit_code) if c is not None}
     if pod.reason == "OOMKilled" or cls == contract.FailureClass.OOM.value:
         return status.Cause.OOM
     if cls in _PERMANENT_CLASSES or int(contract.ExitCode.CONFIG_ERROR) in codes:
@@ -60,23 +56,22 @@ def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.
 def _failure(
     cause: status.Cause, pod: observed.PodView | None, *, at: float, message: str = ""
 ) -> status.Failure:
-    doc = pod.worker_cause() if pod else {}
-    step = doc.get("step") if isinstance(doc.get("step"), int) else None
-    phase = doc.get("phase") if isinstance(doc.get("phase"), str) else None
-    memory = explain.memory_words(doc.get("memory"))
-    if doc.get("class") == contract.LIVE and pod is not None:  # killed without a word
+    said = pod.termination if pod else observed.Termination()
+    step, phase = said.step, said.phase
+    memory = explain.memory_words(said.memory)
+    if said.kind == contract.LIVE and pod is not None:  # killed without a word
         how = pod.reason or f"exit {pod.exit_code}"
         when = f"after step {step}" if step is not None else "before its first step"
         text = message or f"{how} in {phase or 'an unrecorded phase'} {when}"
         text += f" (last recorded: {memory})" if memory else ""
     else:
-        text = message or str(doc.get("message") or (pod.message if pod else ""))
+        text = message or said.words or (pod.message if pod else "")
     diagnosis = ""
     if cause is status.Cause.OOM:
         diagnosis = explain.oom_diagnosis(phase, step=step)
-        if doc.get("class") == contract.LIVE:  # sampled at the last phase change, not the kill
+        if said.kind == contract.LIVE:  # sampled at the last phase change, not the kill
             diagnosis += f" (last recorded: {memory})" if diagnosis and memory else ""
-        elif view := explain.allocator_words(doc.get("memory"), doc.get("ledger")):
+        elif view := explain.allocator_words(said.memory, said.ledger):
             diagnosis += f" ({view})" if diagnosis else ""
     return status.Failure(
         cause=cause,
@@ -92,31 +87,28 @@ def _failure(
     )
 
 
-def in_place_failure(obs: observed.Observed, record: Mapping[str, Any]) -> status.Failure:
+def in_place_failure(obs: observed.Observed, record: observed.InPlaceRecord) -> status.Failure:
     """The failure behind a restart in place, from the record its node's keeper made
-    (fsdp_worker.keeper.gang: the rank's termination message, torchrun's exit code, an OOM kill seen
-    in the container's cgroup), judged as the same message on a Failed pod would be."""
-    node = record.get("node")
-    rank = node if isinstance(node, int) and not isinstance(node, bool) else 0
+    (fsdp_worker.keeper.gang: the rank's termination message, torchrun's exit code, an OOM kill
+    seen in the container's cgroup), judged as the same message on a Failed pod would be."""
+    rank = record.node
     pod = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == rank), None)
-    if record.get("spare") is not None:  # a takeover: the pod it replaced (lost or frozen),
-        lost = str(record.get("pod") or "")  # not the spare that holds the rank now
-        pod = dataclasses.replace(pod, name=lost, node=record.get("nodeName")) if pod else None
-    doc = {k: record[k] for k in (*contract.TERMINATION_KEYS, "phase", "memory") if k in record}
-    code = record.get("torchrunExitCode")
-    at = record.get("time")
+    if record.taken_over and pod is not None:
+        # a takeover: the pod it replaced (lost or frozen), not the spare that holds the rank now
+        pod = dataclasses.replace(pod, name=record.pod, node=record.node_name)
     view = observed.PodView(
         name=pod.name if pod else f"node rank {rank}",
         attempt=obs.status.attempt,
         rank=rank,
         phase=observed.PodPhase.FAILED,
         node=pod.node if pod else None,
-        exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
-        reason=str(record.get("reason") or ""),
-        message=json.dumps(doc),
+        exit_code=record.exit_code,
+        reason=record.reason,
+        message=record.message,
+        termination=record.termination,
     )
     codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
-    when = float(at) if isinstance(at, int | float) and not isinstance(at, bool) else obs.now
+    when = record.time if record.time is not None else obs.now
     return _failure(classify(view, non_retryable=codes), view, at=min(when, obs.now))
 
 
@@ -156,10 +148,10 @@ def symptom(pod: observed.PodView) -> contract.Symptom | None:
     exception, an OOM kill, a rank killed without a word, a config error, its watchdog)."""
     if pod.reason == "OOMKilled":
         return None
-    doc = pod.worker_cause()
-    if doc.get("class") not in (contract.FailureClass.RUNTIME, contract.FailureClass.CHECKPOINT):
+    said = pod.termination
+    if said.kind not in (contract.FailureClass.RUNTIME, contract.FailureClass.CHECKPOINT):
         return None
-    return contract.symptom_of(str(doc.get("message") or ""))
+    return contract.symptom_of(said.words)
 
 
 def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, float, int]:
@@ -224,7 +216,7 @@ def _others_running(pods: list[observed.PodView]) -> bool:
 
 
 def _words(pod: observed.PodView) -> str:
-    return str(pod.worker_cause().get("message") or pod.message)[:200]
+    return (pod.termination.words or pod.message)[:200]
 
 
 def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:

@@ -2,9 +2,9 @@
 (a hang), and what the phase of an OOM points to. Pure: records in, words out.
 
 The records are the ranks' own (fsdp_worker/telemetry/flight.py): the `FSDP_EVIDENCE {json}`
-line a rank prints when it stops stepping, and the live record or failure message it leaves in
-its pod's termination message. Nothing here trusts them beyond their shape: a malformed line
-is skipped.
+line a rank prints when it stops stepping (io/reports.py parses them), and the live record or
+failure message it leaves in its pod's termination message. Nothing here trusts them beyond
+their shape. The one JSON here is written, not read: the rank table a ConfigMap keeps.
 """
 
 from __future__ import annotations
@@ -15,30 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_worker import contract
-
 SUMMARY_MAX = 2000
 LOG_TAIL_LINES = 400
 LOG_TAIL_BYTES = 64 * 1024  # per pod, before the ConfigMap's share (evidence_share)
 CONFIGMAP_BUDGET = 900 * 1024  # of Kubernetes' 1 MiB per object
 EVIDENCE_ATTEMPTS = 5  # failed attempts whose ConfigMaps are kept per job
-
-
-def evidence_lines(log_text: str) -> dict[int, dict[str, Any]]:
-    """Each rank's newest evidence record in a pod's log, by global rank."""
-    found: dict[int, dict[str, Any]] = {}
-    for line in log_text.splitlines():
-        _, sep, rest = line.partition(contract.EVIDENCE_PREFIX + " ")
-        if not sep:
-            continue
-        try:
-            doc = json.loads(rest)
-        except ValueError:
-            continue
-        rank = doc.get("rank") if isinstance(doc, dict) else None
-        if isinstance(rank, int) and not isinstance(rank, bool):
-            found[rank] = doc
-    return found
 
 
 # What a kept log tail never shows (docs/operator.md, "Evidence"): the value of anything

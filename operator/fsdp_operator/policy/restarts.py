@@ -1,7 +1,7 @@
 """Restart policies: budgets, circuit breaker, backoff, world size, node exclusion. Pure.
 
-Each function answers one question from the spec, the status and what was observed; decide.py
-strings them together. No I/O, no clock reads, no kopf.
+Each function answers one question from the spec, the status and what was observed; the
+policies (failure.py, launch.py, decide.py) string them together. No I/O, no clock reads, no kopf.
 """
 
 from __future__ import annotations
@@ -130,3 +130,23 @@ def grow_target(obs: observed.Observed, excluded: list[str]) -> int | None:
     if fitting and fitting[0] > current:
         return fitting[0]
     return None
+
+
+GROW_RETRY_SECONDS = 300.0
+"""After a resize whose attempt came out no larger than the one it stopped (the capacity
+estimate counts requests, selectors and taints, not affinity terms or other schedulers), how
+long this attempt trains before growing is tried again: an unbudgeted Resize must not loop.
+Seen in e2e: two jobs kept off a node by their affinity grew and relaunched at the same size
+every 2-3 s, 180 attempts in 8 minutes."""
+
+
+def grow_came_to_nothing(s: status.FSDPJobStatus, now: float) -> bool:
+    """The attempt before this one stopped to grow, and this one is no larger: hold off."""
+    if len(s.history) < 2 or s.attempt_started is None or s.world_size is None:
+        return False
+    before = s.history[-2]
+    return (
+        before.cause is status.Cause.RESIZE
+        and s.world_size <= before.world_size
+        and now - s.attempt_started < GROW_RETRY_SECONDS
+    )

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from fsdp_operator.io import kube, metrics
+from fsdp_operator.io import kube, metrics, reports
 from fsdp_operator.policy import decide, explain
 from fsdp_operator.render import templates
 from fsdp_operator.types import names, status
@@ -55,7 +55,7 @@ def _records(
     found: dict[int, dict[str, Any]] = {}
     for pod, text in tails.items():
         ranks = range(pod * collect.nproc_per_node, (pod + 1) * collect.nproc_per_node)
-        for rank, doc in explain.evidence_lines(text or "").items():
+        for rank, doc in reports.evidence_lines(text or "").items():
             if rank in ranks:
                 found[rank] = {**doc, "pod": pod}
     table = [

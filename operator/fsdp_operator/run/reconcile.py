@@ -2,7 +2,9 @@
 
 Blocking (loops.py runs it in a thread). The order of side effects is what makes the operator
 restart-safe: the status (the operator's memory) is written first, then pods are deleted and
-created, so a pass cut short anywhere is finished by the next one without duplicate pods.
+created, so a pass cut short anywhere is finished by the next one without duplicate pods. What
+a pass must ask before it writes (a failed gang's logs, a spare takeover's keepers) is asked
+first, and its answer goes out in that one status write (failure.explained, spares.refused).
 
 `Reconciler` owns what the passes of one process share: the API access, the settings, the
 writer pool, this process's own status writes, when it created each gang and when it last said
@@ -21,8 +23,8 @@ from typing import Any
 
 import pydantic
 
-from fsdp_operator.io import cache, checkpoints, kube, metrics, observe, probe
-from fsdp_operator.policy import decide, detect
+from fsdp_operator.io import cache, checkpoints, kube, metrics, observe, probe, reports
+from fsdp_operator.policy import decide, detect, failure, spares
 from fsdp_operator.render import templates
 from fsdp_operator.run import evidence, recording, settings
 from fsdp_operator.types import api, names, observed, queueing, status
@@ -244,8 +246,7 @@ class Reconciler:
         self._written.pop((namespace, name), None)  # a pass that ended NotLeader left its own
         try:
             obs = self.gather(body, self._clock(), view)
-            decision = decide.decide(obs, self.settings.tunables)
-            self.apply(body, obs, decision)
+            decision = self.apply(body, obs, decide.decide(obs, self.settings.tunables))
         except kube.NotLeader:
             raise  # not this job's failure: nothing to report (and no right to write it)
         except Exception as exc:
@@ -306,7 +307,7 @@ class Reconciler:
             created_at = self._created_at.get((job.uid, job_status.attempt))
         just = created_at is not None and now - created_at < decide.EXPECT_SECONDS
         pods, conflicts = self._owned_pods(job, job_status, view.pods, just_created=just)
-        spares = [p for p in pods if p.spare is not None]
+        spare_pods = [p for p in pods if p.spare is not None]
         pods = [p for p in pods if p.spare is None]
         own = [p for p in view.pods if observe.owned_by(p, job)]
         nodes = observe.node_views(
@@ -347,7 +348,8 @@ class Reconciler:
             profile=profile,
             queue=queue,
             admission=self._admission(job, job_status, pods),
-            spares=spares,
+            spares=spare_pods,
+            resume_rules=reports.resume_rules(job_status.resume_rules),
         )
         coordinator = detect.asks_the_gang(obs)
         if coordinator is None:
@@ -441,18 +443,15 @@ class Reconciler:
         return pods, conflicts
 
     # --- apply ----------------------------------------------------------------------------------
-    def apply(self, body: dict[str, Any], obs: observed.Observed, d: decide.Decision) -> None:
+    def apply(
+        self, body: dict[str, Any], obs: observed.Observed, d: decide.Decision
+    ) -> decide.Decision:
         """The decision's side effects, in the order that makes a pass cut short anywhere safe
-        to finish by the next: status, quarantine, deletes, creates, Events."""
+        to finish by the next: what must be asked first, status, quarantine, deletes, creates,
+        Events. Returns the decision as carried out (with what was asked)."""
         job = names.JobRef.of(body)
-        if d.collect is not None and d.status.last_failure is not None:
-            self._explain(job, d, d.collect, d.status.last_failure)
-        new_status = d.status.model_dump(mode="json", by_alias=True)
-        if new_status != obs.status.model_dump(mode="json", by_alias=True):  # only what changed
-            written = self.kube.patch_status(job.namespace, job.name, new_status)
-            self._written[(job.namespace, job.name)] = d.status
-            if written:
-                self._own_writes[(job.namespace, job.name)] = written
+        d = self._ask(job, d)
+        self._write_status(job, obs, d)
         base = checkpoints.storage_for(job, obs.spec, self.settings.storage_template)
         for path in d.quarantine:
             if base is not None:
@@ -477,24 +476,36 @@ class Reconciler:
         recording.record(job=job, obs=obs, decision=d)
         if d.delete_job:
             self.kube.delete_job(job.namespace, job.name)
+        return d
 
-    def _explain(
-        self,
-        job: names.JobRef,
-        d: decide.Decision,
-        collect: decide.Collect,
-        failure: status.Failure,
-    ) -> None:
-        """The failed attempt's evidence, read before its pods are deleted, into the status
-        this pass writes (lastFailure and the attempt's history entry) and an Event."""
-        better = evidence.collect_and_keep(self.kube, job, collect, failure, self._writers)
-        d.status.last_failure = better
-        for entry in d.status.history:
-            if entry.attempt == collect.attempt and entry.failure is not None:
-                entry.failure = decide.brief(better)
-        words = "; ".join(w for w in (better.diagnosis, better.evidence) if w)
-        if words:
-            d.emit("FailureExplained", f"attempt {collect.attempt}: {words}", warning=True)
+    def _ask(self, job: names.JobRef, d: decide.Decision) -> decide.Decision:
+        """Before the status is written: the failed attempt's evidence, read before its pods
+        are deleted; and the keepers' word on a spare takeover. A pass cut short after the
+        keepers took it and before the write is repeated by the next pass, whose word they
+        refuse (the spare already holds the place): the gang is then recreated, as when
+        refused now."""
+        if d.collect is not None and d.status.last_failure is not None:
+            better = evidence.collect_and_keep(
+                self.kube, job, d.collect, d.status.last_failure, self._writers
+            )
+            d = failure.explained(d, better)
+        t = d.takeover
+        if t is not None:
+            refused = _promote(t) if t.node_rank == 0 else _replace(t)
+            if refused:
+                log.warning("%s: spare takeover of %s refused: %s", job.name, t.lost, refused)
+                d = spares.refused(d, refused)
+        return d
+
+    def _write_status(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
+        """The pass's one status write, and only when it changed anything."""
+        new_status = d.status.model_dump(mode="json", by_alias=True)
+        if new_status == obs.status.model_dump(mode="json", by_alias=True):
+            return
+        written = self.kube.patch_status(job.namespace, job.name, new_status)
+        self._written[(job.namespace, job.name)] = d.status
+        if written:
+            self._own_writes[(job.namespace, job.name)] = written
 
     def _create_gang(
         self,
@@ -539,10 +550,10 @@ class Reconciler:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes
         another number), and a spare's takeover of a lost node's place."""
         if d.takeover is not None:
-            self._take_over(job, obs, d, d.takeover)
-        if not d.spares:
+            self._hand_over(job, d.takeover)
+        if not d.spares or d.spare_launch is None:
             return
-        launch = decide.current_launch(obs, d.status)
+        launch = d.spare_launch
         pods = [
             templates.spare_pod(job, obs.spec, launch, index=i,
                                 worker_module=self.settings.worker_module, profile=obs.profile)
@@ -550,30 +561,15 @@ class Reconciler:
         ]  # fmt: skip
         list(self._writers.map(lambda pod: self._held_by_another(job, pod), pods))
 
-    def _take_over(
-        self, job: names.JobRef, obs: observed.Observed, d: decide.Decision, t: decide.Takeover
-    ) -> None:
-        """Ask the gang's coordinator to give the lost node's place to the spare; then the
-        spare carries that node rank and the lost pod goes. Refused or unreachable: say so in
-        the status, and the next pass recreates the gang as without spares."""
-        refused = _promote(t) if t.node_rank == 0 else _replace(t)
-        if not refused:
-            labels: dict[str, str | None] = {
-                names.Label.NODE_RANK.value: str(t.node_rank),
-                names.Label.SPARE.value: None,
-            }
-            self.kube.label_pod(job.namespace, t.spare, labels)
-            self.kube.delete_pod(job.namespace, t.lost, grace=0)
-            return
-        log.warning("%s: spare takeover of %s refused: %s", job.name, t.lost, refused)
-        sp = d.status.spares
-        if sp is not None:
-            sp.refused = t.lost
-            sp.replaced = [name for name in sp.replaced if name != t.lost]
-            self.kube.patch_status(
-                job.namespace, job.name, d.status.model_dump(mode="json", by_alias=True)
-            )
-        d.emit("SpareTakeoverRefused", f"{t.lost}: {refused}; the gang is recreated", warning=True)
+    def _hand_over(self, job: names.JobRef, t: decide.Takeover) -> None:
+        """The keepers took the takeover (_ask): the spare carries the lost pod's node rank
+        from now on, and the lost pod goes."""
+        labels: dict[str, str | None] = {
+            names.Label.NODE_RANK.value: str(t.node_rank),
+            names.Label.SPARE.value: None,
+        }
+        self.kube.label_pod(job.namespace, t.spare, labels)
+        self.kube.delete_pod(job.namespace, t.lost, grace=0)
 
     def _held_by_another(self, job: names.JobRef, obj: dict[str, Any]) -> bool | None:
         """Create `obj`: None when this call created it, False when the job already had it (a

@@ -1,18 +1,19 @@
 """What the operator saw in one pass: pods, nodes, checkpoints and rank 0's progress.
 
-Plain frozen dataclasses built by kube.py (from API objects) and read by decide.py, so decisions
-are testable as truth tables without a cluster. No I/O, no clock, no kopf.
+Plain frozen dataclasses built by io/observe.py (from API objects; the workers' own JSON
+documents by io/reports.py) and read by the policies, so decisions are testable as truth tables
+without a cluster. Everything here is parsed already: no JSON, no I/O, no clock, no kopf.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 from fsdp_operator.types import api, queueing, status
+from fsdp_worker import contract
 
 
 class PodPhase(enum.StrEnum):
@@ -21,6 +22,25 @@ class PodPhase(enum.StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     UNKNOWN = "Unknown"
+
+
+@dataclasses.dataclass(frozen=True)
+class Termination:
+    """The worker's JSON termination message (contract.TERMINATION_KEYS and the optional keys),
+    parsed once by io/reports.py. Every field is empty when it wrote none, or not JSON: a
+    report is advice, and a pod without one is judged by its exit code and reason."""
+
+    kind: str | None = None
+    """Its `class`: a contract.FailureClass value, contract.LIVE or contract.COMPLETED."""
+    step: int | None = None  # the last step the rank completed
+    exit_code: int | None = None  # the worker's own (`exitCode`)
+    words: str = ""  # its `message`
+    phase: str | None = None  # where the rank was (flight.Recorder.where)
+    memory: Mapping[str, Any] | None = None  # its memory figures
+    ledger: Mapping[str, Any] | None = None  # the ledger's planned bytes per rank
+    sums: tuple[int, float, float] | None = None  # rank 0's steps run, train and blocked seconds
+    milestones: Mapping[str, float] = dataclasses.field(default_factory=dict)  # rank 0's final
+    sealed_step: int | None = None  # a COMPLETED report's newest sealed step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,14 +66,7 @@ class PodView:
     gated: bool = False  # Kueue's admission scheduling gate: queued, not unschedulable
     queue_evicted: str = ""  # Kueue's TerminationTarget (preemption): its reason and message
     spare: int | None = None  # a warm spare's number (rank -1 until it takes a node's place)
-
-    def worker_cause(self) -> dict[str, Any]:
-        """The worker's JSON termination message, or {} when it wrote none (or garbage)."""
-        try:
-            doc = json.loads(self.message)
-        except (ValueError, TypeError):
-            return {}
-        return doc if isinstance(doc, dict) else {}
+    termination: Termination = dataclasses.field(default_factory=Termination)  # `message`'s
 
 
 class ConflictKind(enum.StrEnum):
@@ -128,6 +141,25 @@ class NodeIndex(Sequence[NodeView]):
 
 
 @dataclasses.dataclass(frozen=True)
+class InPlaceRecord:
+    """A rank failure the attempt's pods restarted from in place: the record its node's keeper
+    made (fsdp_worker.keeper.gang), as rank 0 serves it, parsed by io/reports.py."""
+
+    generation: int  # the generation that failed
+    node: int = 0  # the node rank it failed on
+    termination: Termination = dataclasses.field(default_factory=Termination)
+    message: str = ""  # that termination message as the failing pod would carry it (JSON)
+    exit_code: int | None = None  # torchrun's
+    reason: str = ""  # the container's, e.g. OOMKilled (an OOM kill seen in its cgroup)
+    time: float | None = None  # when it failed
+    detected: float | None = None  # when its keeper saw it
+    memory_step: int | None = None  # the newest step checkpoint.memory held then
+    taken_over: bool = False  # a spare took the failed node's place (the operator's replace)
+    pod: str = ""  # then the pod it replaced (lost or frozen),
+    node_name: str | None = None  # and that pod's node
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """Rank 0's metrics endpoint, as last scraped (this attempt's process)."""
 
@@ -144,7 +176,7 @@ class Progress:
     quarantined: tuple[int, ...] = ()  # steps it set aside at resume (it chose: auto)
     generation: int = 0  # restarts in place before this process (fsdp_worker.keeper.gang)
     resumed_from_memory: bool = False  # resumed_from came from the memory tier
-    restarts_in_place: tuple[Mapping[str, Any], ...] = ()  # their failure records, by generation
+    restarts_in_place: tuple[InPlaceRecord, ...] = ()  # their failure records, by generation
 
 
 BLIND_AFTER = 3
@@ -236,6 +268,7 @@ class Observed:
     queue: queueing.Queue | None = None  # the Kueue LocalQueue the job names (its labels)
     admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
     gang: GangHealth | None = None  # asked only in a hang's grace for a restart in place
+    resume_rules: contract.ResumeRules | None = None  # the status's resumeRules, parsed
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

@@ -1,0 +1,401 @@
+"""Failure detection through decide() (policy/detect.py): every cause, a lost node, a hang and its
+deadlines, a gang that never met, a blind operator, pods stuck Pending, and when to look again.
+
+No cluster and no clock: each row is an observation and the decision a user would see.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+
+from fsdp_operator.policy import conditions, decide, detect
+from fsdp_operator.types import observed as ob
+from fsdp_operator.types import status as st
+from tests.builders import (
+    BLIND,
+    CONFIG_MSG,
+    CRASH_MSG,
+    NOW,
+    SCRAPED,
+    condition,
+    make_spec,
+    nodes,
+    observe,
+    oom_killed_in,
+    pods,
+    running_status,
+)
+
+
+@pytest.mark.parametrize(
+    ("rank_over", "cause"),
+    [
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CRASH_MSG}, st.Cause.CRASH),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 137, "reason": "OOMKilled"}, st.Cause.OOM),
+        (
+            {"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CONFIG_MSG},
+            st.Cause.CONFIG_ERROR,
+        ),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 42}, st.Cause.NON_RETRYABLE),
+        ({"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": "not json"}, st.Cause.CRASH),
+        ({"disrupted": True}, st.Cause.EVICTED),
+        ({"deleting": True}, st.Cause.EVICTED),
+    ],
+)
+def test_pod_level_causes(rank_over: dict[str, Any], cause: st.Cause) -> None:
+    d = decide.decide(observe(pods=pods(r3={**rank_over, "finished": NOW - 1})))
+    assert d.failure is not None and d.failure.cause is cause
+    assert d.failure.pod == "job-a1-3" and d.failure.rank == 3 and d.failure.node == "node-3"
+    assert d.status.last_failure == d.failure
+
+
+def test_worker_message_reaches_status() -> None:
+    over = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "message": CRASH_MSG, "finished": NOW}
+    d = decide.decide(observe(pods=pods(r3=over)))
+    assert d.status.last_failure is not None and d.status.last_failure.message == "boom"
+
+
+@pytest.mark.parametrize(
+    ("phase", "step", "likely"),
+    [
+        ("backward of block 11", 811, "activations: lower training.microBatchSize"),
+        ("checkpoint save", 811, "full-state assembly or staging copies on save"),
+        ("forward of block 0", 0, "the first gathered module is too large"),
+        ("optimizer step", 811, "optimizer state"),
+        ("initialization", None, "the model or optimizer state is built or loaded whole"),
+    ],
+)
+def test_a_kernel_oom_kill_names_the_phase_the_rank_recorded(
+    phase: str, step: int | None, likely: str
+) -> None:
+    """The kubelet reports the live record after a kernel OOM kill: the phase, the step and
+    the memory reach status, with the article's likely cause."""
+    d = decide.decide(observe(pods=pods(r3=oom_killed_in(phase, step))))
+    f = d.failure
+    assert f is not None and f.cause is st.Cause.OOM and f.phase == phase and f.step == step
+    when = f"after step {step}" if step is not None else "before its first step"
+    assert f.message == f"OOMKilled in {phase} {when} (last recorded: peak 15.0 of 16.0 GiB)"
+    assert f.diagnosis.startswith(f"out of memory in {phase}: likely {likely}"), f.diagnosis
+    assert d.status.phase is st.Phase.RESTARTING, "a first OOM is retried"
+
+
+def test_earliest_failed_pod_is_the_root_cause() -> None:
+    late = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
+    first = {
+        "phase": ob.PodPhase.FAILED,
+        "exit_code": 137,
+        "reason": "OOMKilled",
+        "finished": NOW - 5,
+    }
+    d = decide.decide(observe(pods=pods(r0=late, r2=first)))
+    assert d.failure is not None and d.failure.cause is st.Cause.OOM and d.failure.rank == 2
+
+
+def test_node_not_ready_within_grace_is_tolerated() -> None:
+    d = decide.decide(observe(nodes=nodes(down={2: NOW - 10})))
+    assert d.failure is None
+
+
+def test_node_not_ready_past_grace_is_node_loss_with_force_delete() -> None:
+    d = decide.decide(observe(nodes=nodes(down={2: NOW - 31})))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.failure.node == "node-2" and d.failure.time == NOW - 31
+    forced = {x.name for x in d.delete if x.force}
+    assert forced == {"job-a1-2"} and len(d.delete) == 4
+    assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
+    assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
+
+
+def test_a_node_silent_on_its_lease_is_lost_before_it_turns_not_ready() -> None:
+    """Still Ready in the API, but its kubelet stopped renewing and the job made no step since
+    (its collectives wait for the lost ranks): lost now, not after NotReady plus the grace: its
+    pod is force-deleted, the node is excluded and counts as no capacity."""
+    views = nodes()
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
+    stopped = running_status(last_progress_time=NOW - 13)
+    d = decide.decide(observe(nodes=views, status=stopped, progress=ob.Progress(step=50)))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert d.failure.node == "node-2" and d.failure.time == NOW - 12.0
+    assert "stopped renewing its Lease (12s) and the job made no step since" in d.failure.message
+    assert {x.name for x in d.delete if x.force} == {"job-a1-2"}
+    assert [e.node for e in d.status.excluded_nodes] == ["node-2"]
+    assert d.status.restarts.infrastructure == 1 and d.status.restarts.application == 0
+    assert observe(nodes=views).capacity(excluded=[]) == 3
+
+
+def test_a_silent_lease_under_a_job_that_trains_on_is_no_loss_until_not_ready_past_grace() -> None:
+    """A kubelet restarted or paused stops renewing while its pods train on: the operator saw
+    step 51 after the node's last renewal, so the node is suspect, not lost, and the job is not
+    restarted. NotReady past nodeLossGraceSeconds is a loss whatever the job does."""
+    views = nodes()
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
+    d = decide.decide(observe(nodes=views, progress=ob.Progress(step=51)))
+    assert d.failure is None and not d.delete and d.status.step == 51
+    assert d.status.last_progress_time == NOW
+    # Its steps stop (a real loss: the collectives wait for the lost ranks): lost once they
+    # are late by three steps' worth (at least LIVE_WINDOW_SECONDS).
+    stepped = running_status(last_progress_time=NOW - 2.0, step=51)
+    assert decide.decide(observe(nodes=views, status=stepped, progress=None)).failure is None
+    late = running_status(last_progress_time=NOW - detect.LIVE_WINDOW_SECONDS - 0.1, step=51)
+    d = decide.decide(observe(nodes=views, status=late, progress=None))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    down = nodes(down={2: NOW - 31})
+    down[2] = dataclasses.replace(down[2], lease_silent_seconds=40.0, lease_quiet=True)
+    d = decide.decide(observe(nodes=down, progress=ob.Progress(step=52)))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+    assert "not Ready for 31s" in d.failure.message
+
+
+def test_rank_0_is_scraped_every_second_while_a_node_of_the_gang_is_quiet() -> None:
+    from fsdp_operator.io import probe
+    from fsdp_operator.run import reconcile
+
+    views = nodes()
+    obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
+    d = decide.decide(obs)
+    calm = reconcile._probe_target(obs, d, max_interval=60.0)
+    assert calm is not None and calm.every > probe.SUSPECT_INTERVAL
+    views[2] = dataclasses.replace(views[2], lease_quiet=True)
+    obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
+    suspect = reconcile._probe_target(obs, decide.decide(obs), max_interval=60.0)
+    assert suspect is not None and suspect.every == probe.SUSPECT_INTERVAL
+
+
+def test_node_loss_beats_the_crashes_it_causes() -> None:
+    crashed = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": NOW - 1}
+    d = decide.decide(observe(pods=pods(r0=crashed), nodes=nodes(down={2: NOW - 60})))
+    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
+
+
+def test_vanished_pod_is_eviction() -> None:
+    d = decide.decide(observe(pods=pods()[:3]))
+    assert d.failure is not None and d.failure.cause is st.Cause.EVICTED and d.failure.rank == 3
+
+
+def test_hang_after_progress_deadline() -> None:
+    status = running_status(last_progress_time=NOW - 101)
+    assert decide.decide(observe(status=status, progress=None, scrape=SCRAPED)).failure is None
+    status = running_status(last_progress_time=NOW - 103)
+    d = decide.decide(observe(status=status, progress=None, scrape=SCRAPED))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG and d.failure.rank == 0
+    # useful work stopped at the last progress: detection took the deadline (and then some)
+    assert d.failure.time == NOW - 103 and d.status.history[0].detect_seconds == 103
+    # the pods' logs and evidence are read before they are deleted
+    assert d.collect is not None and d.collect.hang and d.collect.attempt == 1
+    assert [name for _, name, _ in d.collect.pods] == [p.name for p in pods()]
+    assert d.status.history[0].failure is not None
+    assert d.status.history[0].failure.cause is st.Cause.HANG
+
+
+@pytest.mark.parametrize(
+    ("ready", "hung"),
+    [
+        pytest.param(None, False, id="no-probe-result-yet"),
+        pytest.param(True, False, id="probe-says-progress"),
+        pytest.param(False, True, id="probe-says-none-is-evidence"),
+    ],
+)
+def test_an_operator_that_has_not_scraped_yet_judges_no_hang_on_old_status(
+    ready: bool | None, hung: bool
+) -> None:
+    """A replica that has just taken the lead (after a failover, or an API-server stall longer
+    than its renew deadline) has no scrape of rank 0 yet, and the status's last step is as old
+    as the stall: old news, not evidence. Its first scrape is due at once; only rank 0's
+    readiness probe failing is evidence meanwhile."""
+    status = running_status(last_progress_time=NOW - 300)
+    d = decide.decide(
+        observe(status=status, progress=None, scrape=None, pods=pods(r0={"ready": ready}))
+    )
+    assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
+
+
+def test_the_startup_deadline_allows_the_first_step_and_then_the_deadline_holds() -> None:
+    """startupDeadlineSeconds 300 beside a progress deadline of 100: an attempt with no step
+    yet is not hung at 250 s of running, it is at 303 s; once it has stepped, 100 s with no
+    step is a hang again."""
+    spec = make_spec(failurePolicy={"progressDeadlineSeconds": 100, "startupDeadlineSeconds": 300})
+    status = running_status(last_progress_time=None)
+    status.history[-1].timeline = st.Timeline(running=NOW - 250)
+    assert (
+        decide.decide(observe(spec=spec, status=status, progress=None, scrape=SCRAPED)).failure
+        is None
+    )
+    status.history[-1].timeline = st.Timeline(running=NOW - 303)
+    d = decide.decide(observe(spec=spec, status=status, progress=None, scrape=SCRAPED))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG, d.failure
+    stepped = running_status(last_progress_time=NOW - 103)
+    d = decide.decide(observe(spec=spec, status=stepped, progress=None, scrape=SCRAPED))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG, d.failure
+
+
+def test_blind_a_readiness_drop_after_ready_is_judged_by_the_progress_deadline() -> None:
+    """The operator cannot scrape rank 0, so it never sees a first step and its own window is
+    the startup deadline (300 s). Rank 0's readiness probe applies both allowances itself:
+    Ready, then not Ready again, is its verdict, taken at the progress deadline (100 s); never
+    Ready yet is a start, judged at the startup deadline."""
+    spec = make_spec(failurePolicy={"progressDeadlineSeconds": 100, "startupDeadlineSeconds": 300})
+
+    def judged(running: float, changed: float) -> st.Failure | None:
+        status = running_status(last_progress_time=None)
+        status.history[-1].timeline = st.Timeline(running=NOW - running)
+        rank0 = {"ready": False, "ready_changed": NOW - changed}
+        obs = observe(spec=spec, status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0))
+        return decide.decide(obs).failure
+
+    assert judged(running=50, changed=10) is None  # within the progress deadline of running
+    hung = judged(running=150, changed=10)
+    assert hung is not None and hung.cause is st.Cause.HANG, hung
+    assert "within 100s (300s to a first)" in hung.message, hung.message
+    assert judged(running=150, changed=160) is None  # never Ready: still starting
+    late = judged(running=303, changed=310)
+    assert late is not None and late.cause is st.Cause.HANG, late
+
+
+def test_no_hang_while_steps_advance() -> None:
+    status = running_status(last_progress_time=NOW - 101)
+    d = decide.decide(observe(status=status, progress=ob.Progress(step=51)))
+    assert d.failure is None and d.status.last_progress_time == NOW
+
+
+REFUSED = ob.ScrapeHealth(
+    "job-a1-0",
+    failures=0,
+    error="GET http://10.0.0.5:9400/metrics: Connect call failed",
+    address="10.0.0.5:9400",
+    answered=False,
+)
+
+
+@pytest.mark.parametrize(
+    ("scrape", "cause"),
+    [
+        pytest.param(REFUSED, st.Cause.RENDEZVOUS, id="never-served-the-gang-never-met"),
+        pytest.param(dataclasses.replace(REFUSED, answered=True), st.Cause.HANG, id="served"),
+    ],
+)
+def test_a_gang_that_never_met_is_not_the_users_hang(
+    scrape: ob.ScrapeHealth | None, cause: st.Cause
+) -> None:
+    """Past the deadline with no step in the attempt: if rank 0 never served its metrics (the
+    kit serves them once the process group is up; torchrun spawns it once the agents met),
+    the attempt ends RendezvousTimeout, charged to the infrastructure budget and not to the
+    no-progress breaker; otherwise a Hang, as before."""
+    status = running_status(last_progress_time=None)
+    status.history[-1].timeline = st.Timeline(running=NOW - 103)
+    d = decide.decide(observe(status=status, progress=None, scrape=scrape))
+    assert d.failure is not None and d.failure.cause is cause, d.failure
+    restarts = d.status.restarts
+    if cause is st.Cause.RENDEZVOUS:
+        assert "the gang never met" in d.failure.message and "10.0.0.5:9400" in d.failure.message
+        assert (restarts.infrastructure, restarts.application) == (1, 0)
+        assert restarts.without_progress == 0
+        assert condition(d, conditions.PROGRESS_OBSERVED) is None, "refused is no scrape failure"
+    else:
+        assert (restarts.infrastructure, restarts.application) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("ready", "ready_changed", "hang_at"),
+    [
+        pytest.param(True, NOW - 150, None, id="ready-rank0-is-progress"),
+        pytest.param(False, NOW - 2, NOW - 2 - 100, id="probe-says-stale"),
+        pytest.param(None, None, NOW - 103, id="no-probe-verdict-as-today"),
+    ],
+)
+def test_a_blind_scrape_is_no_evidence_rank0s_readiness_probe_is(
+    ready: bool | None, ready_changed: float | None, hang_at: float | None
+) -> None:
+    """Where the operator's scrapes get no answer (a NetworkPolicy), its silence is missing
+    data: a hang is declared only on the kubelet's verdict on rank 0's progress probe."""
+    status = running_status(last_progress_time=NOW - 103)
+    rank0 = {"ready": ready, "ready_changed": ready_changed}
+    d = decide.decide(observe(status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0)))
+    cond = condition(d, conditions.PROGRESS_OBSERVED)
+    assert cond is not None and cond.status == "False" and cond.reason == "ScrapeFailing"
+    assert "10.0.0.5:9400" in cond.message and "no answer within 1s" in cond.message
+    if hang_at is None:
+        assert d.failure is None and d.status.phase is st.Phase.RUNNING
+        assert "ProgressUnobserved" in [e.reason for e in d.events]
+        return
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG
+    assert d.failure.time == hang_at
+    assert "readiness probe" in d.failure.message and "no answer within 1s" in d.failure.message
+
+
+@pytest.mark.parametrize(
+    ("over", "cause", "phase"),
+    [
+        ({"unschedulable": True, "node": None}, st.Cause.UNSCHEDULABLE, st.Phase.RESTARTING),
+        ({"image_error": "ErrImagePull", "node": "node-3"}, st.Cause.IMAGE_PULL, st.Phase.FAILED),
+    ],
+)
+def test_pending_past_timeout(over: dict[str, Any], cause: st.Cause, phase: st.Phase) -> None:
+    status = running_status(phase=st.Phase.PENDING, attempt_started=NOW - 51)
+    stuck = {"phase": ob.PodPhase.PENDING, **over}
+    d = decide.decide(observe(status=status, pods=pods(r3=stuck)))
+    assert d.failure is not None and d.failure.cause is cause and d.status.phase is phase
+
+
+def test_pending_within_timeout_waits() -> None:
+    status = running_status(phase=st.Phase.PENDING, attempt_started=NOW - 10)
+    stuck = {"phase": ob.PodPhase.PENDING, "unschedulable": True, "node": None}
+    d = decide.decide(observe(status=status, pods=pods(r3=stuck)))
+    assert d.failure is None and d.launch is None
+
+
+def test_wakes_when_a_node_grace_period_ends_not_at_the_next_poll() -> None:
+    d = decide.decide(observe(nodes=nodes(down={2: NOW - 28})))
+    assert d.failure is None and d.requeue_after == pytest.approx(2.05)
+
+
+def test_a_cuda_out_of_memory_error_comes_with_the_allocators_view() -> None:
+    gib = 1 << 30
+    doc = {
+        "class": "OutOfMemory",
+        "rank": 3,
+        "step": 40,
+        "exitCode": 1,
+        "message": "CUDA out of memory. Tried to allocate 2.00 GiB",
+        "phase": "optimizer step",
+        "memory": {"cudaAllocatedBytes": 15 * gib, "cudaTotalBytes": 16 * gib},
+        "ledger": {"persistentBytesPerRank": 12 * gib, "largestGatheredBytes": gib},
+    }
+    failed = {
+        "phase": ob.PodPhase.FAILED,
+        "exit_code": 1,
+        "finished": NOW - 1,
+        "message": json.dumps(doc),
+    }
+    f = decide.decide(observe(pods=pods(r3=failed))).failure
+    assert f is not None and f.cause is st.Cause.OOM and f.phase == "optimizer step"
+    assert f.message == "CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert f.diagnosis == (
+        "out of memory in optimizer step: likely optimizer state: more replicas shard it "
+        "thinner, or a lighter optimizer (allocated 15.0 of 16.0 GiB: persistent shards 12.0, "
+        "largest gathered block 1.0, the rest (activations, temporaries) 2.0 GiB)"
+    )
+
+
+def test_after_a_gang_that_never_met_the_next_attempt_gets_twice_the_time_to_meet() -> None:
+    """Two attempts in a row ended RendezvousTimeout: the third may take 4x the deadline to its
+    first step (a start slower than the deadline otherwise ends every attempt the same way);
+    once it has stepped, the deadline is the deadline again."""
+    never = st.Failure(cause=st.Cause.RENDEZVOUS, message="never met", time=NOW - 500)
+    missed = [st.HistoryEntry(attempt=a, failure=never, world_size=4) for a in (1, 2)]
+    now = st.HistoryEntry(attempt=3, started=NOW - 400, world_size=4)
+    status = running_status(attempt=3, last_progress_time=None, history=[*missed, now])
+    status.history[-1].timeline = st.Timeline(running=NOW - 350)
+    assert (
+        decide.decide(observe(status=status, progress=None, scrape=REFUSED, pods=pods(3))).failure
+        is None
+    )
+    status.history[-1].timeline = st.Timeline(running=NOW - 403)  # 4 x 100 s + 2 s grace, past
+    d = decide.decide(observe(status=status, progress=None, scrape=REFUSED, pods=pods(3)))
+    assert d.failure is not None and d.failure.cause is st.Cause.RENDEZVOUS
+    stepped = status.model_copy(update={"last_progress_time": NOW - 103})
+    d = decide.decide(observe(status=stepped, progress=None, scrape=SCRAPED, pods=pods(3)))
+    assert d.failure is not None and d.failure.cause is st.Cause.HANG
