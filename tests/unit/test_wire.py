@@ -179,3 +179,86 @@ def test_the_operator_reads_a_previous_release_run_s_end_the_same(
         extra={contract.SUMS: sums},
     )
     assert written == raw
+
+
+MARKER = json.loads(_golden("marker.json"))
+GANG = json.loads(_golden("gang.json"))
+
+
+def _marker(**change: object) -> bytes:
+    return json.dumps({**MARKER, **change}).encode()
+
+
+def _gang(**change: object) -> str:
+    return json.dumps({**GANG, **change})
+
+
+@pytest.mark.parametrize(
+    ("read", "named"),
+    [
+        (lambda: gang.Gang.from_env(""), "FSDP_GANG='' is not JSON"),
+        (lambda: gang.Gang.from_env("[3]"), "FSDP_GANG='[3]' must be a JSON object"),
+        (lambda: gang.Gang.from_env(_gang(restarts=-1)), "restarts=-1 must be a whole number >= 0"),
+        (lambda: gang.Gang.from_env(_gang(node="1")), "FSDP_GANG: node='1' must be a whole number"),
+        (lambda: gang.Gang.from_env(_gang(node=4)), "node=4 must be 0 <= node < nodes (4)"),
+        (lambda: gang.Gang.from_env(_gang(nonRetryable=[3, "x"])), "nonRetryable.1='x'"),
+        (
+            lambda: gang.Gang.from_env(json.dumps({"restarts": 1, "node": 0, "nodes": 1})),
+            "FSDP_GANG: coordinator is missing: it must be a string",
+        ),
+        (
+            lambda: contract.ResumeRules.parse('{"attempt": true}'),
+            "FSDP_RESUME_RULES: attempt=True must be a whole number >= 0",
+        ),
+        (
+            lambda: contract.ResumeRules.parse('{"attempt": 1, "resumedFromStep": 2.5}'),
+            "resumedFromStep=2.5 must be a whole number >= 0 or null",
+        ),
+        (lambda: catalog.Marker.from_json(_marker(format=2)), "marker: format 2, expected 1"),
+        (lambda: catalog.Marker.from_json(_marker(time="noon")), "time='noon' must be a number"),
+        (
+            lambda: catalog.Marker.from_json(_marker(files={"a": {"size": 1, "sha256": "zz"}})),
+            "files.a.sha256='zz' must be a string matching ^[0-9a-f]{64}$ or null",
+        ),
+        (
+            lambda: catalog.Marker.from_json(_marker(files={"a": {"size": -1}})),
+            "files.a.size=-1 must be a whole number >= 0",
+        ),
+        (lambda: catalog.Marker.from_json(_marker(files={})), "files: it must list at least one"),
+        (lambda: catalog.Marker.from_json(b"\x80\x04\x95pickle."), "is not JSON"),
+    ],
+)
+def test_a_malformed_document_is_refused_naming_the_field_the_value_and_what_is_allowed(
+    read: Callable[[], object], named: str
+) -> None:
+    with pytest.raises((ValueError, catalog.CatalogError)) as refused:  # the marker's own
+        read()
+    assert named in str(refused.value)
+
+
+def test_a_refused_marker_is_a_catalog_error_and_a_huge_value_is_cut() -> None:
+    files = {f"shard-{i}": {"size": 1} for i in range(1000)}
+    with pytest.raises(catalog.CatalogError) as refused:
+        catalog.Marker.from_json(_marker(files=files, step="60"))
+    assert "step='60' must be a whole number >= 0" in str(refused.value)
+    too_big = _marker(world_size=0, files={"a": {"size": "1" * 5000}})
+    with pytest.raises(catalog.CatalogError) as refused:
+        catalog.Marker.from_json(too_big)
+    assert len(str(refused.value)) < 600
+
+
+def test_run_sums_of_a_later_release_keep_the_milestones_this_one_knows() -> None:
+    doc = {
+        contract.SUMS: {
+            "stepsRun": 7,
+            "trainSeconds": 3,
+            "blockedSeconds": 0.5,
+            "compiledSeconds": 4.0,
+            "milestones": {"loaded": 12.5, "compiled": 13.0, "first_step": -1, "rendezvous": 10},
+        }
+    }
+    assert contract.parse_sums(doc) == (7, 3.0, 0.5)
+    assert contract.parse_milestones(doc) == {"loaded": 12.5, "rendezvous": 10.0}
+    doc[contract.SUMS]["stepsRun"] = True
+    assert contract.parse_sums(doc) is None
+    assert contract.parse_milestones(doc) == {"loaded": 12.5, "rendezvous": 10.0}

@@ -53,9 +53,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
+
+import pydantic
+import pydantic.dataclasses
 
 from fsdp_worker import contract
+from fsdp_worker.contract import wire
 from fsdp_worker.contract.keeper import ask
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
@@ -80,11 +84,11 @@ starts the warm launcher its next restart will use (warm.py). ``FSDP_WARM_LAUNCH
 image's environment sets these seconds; 0 turns the warm launcher off."""
 
 
-@dataclasses.dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
 class Gang:
     """FSDP_GANG: what the operator tells every keeper of an attempt."""
 
-    restarts: int  # in-place restarts allowed in this attempt
+    restarts: Annotated[int, pydantic.Field(ge=0)]  # in-place restarts allowed in this attempt
     coordinator: str  # host:port of node rank 0's keeper
     node: int  # this pod's node rank
     nodes: int  # pods in the gang
@@ -94,40 +98,20 @@ class Gang:
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
+        """From the environment (or `raw`); ValueError names the field, the value and what is
+        allowed."""
         raw = os.environ.get(contract.ENV_GANG, "") if raw is None else raw
-        try:
-            doc = json.loads(raw)
-            gang = cls(
-                restarts=int(doc["restarts"]),
-                coordinator=str(doc["coordinator"]),
-                node=int(doc["node"]),
-                nodes=int(doc["nodes"]),
-                non_retryable=tuple(int(c) for c in doc.get("nonRetryable", ())),
-                spare=int(doc["spare"]) if doc.get("spare") is not None else None,
-                listen=int(doc["listen"]) if doc.get("listen") is not None else None,
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{contract.ENV_GANG}={raw!r}: expected JSON with restarts, coordinator "
-                f"(host:port), node and nodes ({exc})"
-            ) from None
+        gang = wire.parse(cls, raw, what=contract.ENV_GANG)
         lowest = -1 if gang.spare is not None else 0  # a spare has no node yet
-        if gang.restarts < 0 or not lowest <= gang.node < gang.nodes:
-            raise ValueError(f"{contract.ENV_GANG}={raw!r}: restarts >= 0, 0 <= node < nodes")
+        if not lowest <= gang.node < gang.nodes:
+            raise ValueError(
+                f"{contract.ENV_GANG}: node={gang.node} must be {lowest} <= node < nodes "
+                f"({gang.nodes})"
+            )
         return gang
 
     def to_json(self) -> str:
-        doc = {
-            "restarts": self.restarts,
-            "coordinator": self.coordinator,
-            "node": self.node,
-            "nodes": self.nodes,
-            "nonRetryable": list(self.non_retryable),
-        }
-        if self.spare is not None:
-            doc["spare"] = self.spare
-        if self.listen is not None:
-            doc["listen"] = self.listen
+        doc = wire.to_doc(self, drop_none={"spare", "listen"})  # set for spares and tests only
         return json.dumps(doc, separators=(",", ":"))
 
     @property
