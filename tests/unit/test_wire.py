@@ -16,7 +16,7 @@ from typing import Protocol
 import pytest
 
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog, interval
+from fsdp_worker.contract import catalog, interval, keeper
 from fsdp_worker.keeper import gang
 from fsdp_worker.telemetry import termination
 
@@ -262,3 +262,16 @@ def test_run_sums_of_a_later_release_keep_the_milestones_this_one_knows() -> Non
     doc[contract.SUMS]["stepsRun"] = True
     assert contract.parse_sums(doc) is None
     assert contract.parse_milestones(doc) == {"loaded": 12.5, "rendezvous": 10.0}
+
+
+def test_the_keeper_wire_speaks_the_previous_release_s_op_names() -> None:
+    """Keepers and operators of two releases meet on one gang during an upgrade."""
+    names = ["state", "fail", "down", "done", "replace", "promote", "follow", "rejoin"]
+    assert [op.value for op in keeper.Op] == names
+    assert json.dumps({"op": keeper.Op.PROMOTE}) == '{"op": "promote"}'
+    coordinator = gang.Coordinator(0, nodes=2)
+    try:
+        coordinator.handle_request_doc({"op": "fail", "generation": 0, "failure": {"node": 1}})
+        assert coordinator.handle_request_doc({"op": "state"})["generation"] == 1
+    finally:
+        coordinator.server_close()

@@ -60,7 +60,7 @@ import pydantic.dataclasses
 
 from fsdp_worker import contract
 from fsdp_worker.contract import wire
-from fsdp_worker.contract.keeper import ask
+from fsdp_worker.contract.keeper import Op, ask
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
 
@@ -288,14 +288,14 @@ class Coordinator(socketserver.ThreadingTCPServer):
         op = doc.get("op")
         with self.lock:
             st = self.state
-            if op in ("follow", "promote"):
+            if op in (Op.FOLLOW, Op.PROMOTE):
                 return self._hand_over(doc)
             if not self.active:
                 return {"standby": True}
             sender = doc.get("from")
             if isinstance(sender, int) and 0 <= sender < st.nodes:
                 st.heard[sender] = time.monotonic()
-            if op == "fail" and doc.get("generation") == st.generation and not st.final:
+            if op == Op.FAIL and doc.get("generation") == st.generation and not st.final:
                 # The first failure of a generation is its cause; later ones are its symptoms.
                 given = doc.get("failure")
                 record: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -304,16 +304,16 @@ class Coordinator(socketserver.ThreadingTCPServer):
                 if not st.final:
                     st.generation += 1
                     st.done.clear()  # nodes that ended well start again with the others
-            elif op == "fail" and doc.get("final"):
+            elif op == Op.FAIL and doc.get("final"):
                 st.final = True
-            elif op == "down" and isinstance(doc.get("generation"), int):
+            elif op == Op.DOWN and isinstance(doc.get("generation"), int):
                 st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
-            elif op == "done" and doc.get("generation", st.generation) == st.generation:
+            elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
                 st.done.add(int(doc.get("node", -1)))
-            elif op == "replace":
+            elif op == Op.REPLACE:
                 refused = st.replace(doc)
                 return {**st.answer(), "refused": refused} if refused else st.answer()
-            elif op == "rejoin":
+            elif op == Op.REJOIN:
                 st.rejoin(doc)
             return st.answer()
 
@@ -325,13 +325,13 @@ class Coordinator(socketserver.ThreadingTCPServer):
         master, coordinator = doc.get("master"), doc.get("coordinator")
         try:
             _host_port(str(master))
-            if op == "follow":
+            if op == Op.FOLLOW:
                 _host_port(str(coordinator))
         except ValueError:
             return {"refused": f"{op} needs master (and to follow, coordinator) as host:port"}
         if keeper is None or self.active:
             return {"refused": "this keeper is the gang's coordinator"}
-        if op == "follow":
+        if op == Op.FOLLOW:
             keeper.follow = (str(coordinator), str(master))
             return {"following": coordinator}
         if keeper.gang.spare is None or keeper.gang.node >= 0:
@@ -415,7 +415,7 @@ class Keeper:
             if outcome == "exited":  # this node's ranks failed first
                 failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
-                self._report({"op": "fail", "generation": generation, "failure": failure,
+                self._report({"op": Op.FAIL, "generation": generation, "failure": failure,
                               "final": final})  # fmt: skip
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
@@ -471,7 +471,7 @@ class Keeper:
         True once every node's ranks ended well (node rank 0's keeper serves the coordinator
         until then), or node 0's is gone after they did; False when the gang moved on: a node
         failed after this one's ranks ended (its ranks' last save), and all start again."""
-        done = {"op": "done", "node": self.gang.node, "generation": generation}
+        done = {"op": Op.DONE, "node": self.gang.node, "generation": generation}
         log.info("generation %d's ranks ended well: waiting for every node's", generation)
         began = time.monotonic()
         deadline = began + DOWN_TIMEOUT_SECONDS
@@ -502,10 +502,10 @@ class Keeper:
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
-        answer = self._report({"op": "down", "generation": generation, "node": self.gang.node})
+        answer = self._report({"op": Op.DOWN, "generation": generation, "node": self.gang.node})
         if answer is None or answer.get("final") or not self._all_down(generation):
             return None
-        answer = self._ask({"op": "state"})
+        answer = self._ask({"op": Op.STATE})
         if answer is None or answer.get("final") or self._fenced(answer):
             return None
         return int(answer["generation"]), list(answer.get("failures", []))
@@ -613,7 +613,7 @@ class Keeper:
                 return "stopping"
             time.sleep(POLL_SECONDS)
             self._keep_warm()
-            answer = None if self.follow else self._ask({"op": "state"}, quiet=True)
+            answer = None if self.follow else self._ask({"op": Op.STATE}, quiet=True)
             if self.follow is not None:  # node rank 0 is lost: its successor restarts the gang
                 self._kill()
                 return "lost"
@@ -672,7 +672,7 @@ class Keeper:
                 (coordinator, master), self.follow = self.follow, None
                 self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
                 self.argv = with_endpoint(self.argv, master)
-            answer = self._ask({"op": "state"}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
+            answer = self._ask({"op": Op.STATE}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
             holders = answer.get("holders") or {}
             node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
             if node is None:
@@ -684,7 +684,7 @@ class Keeper:
             log.warning("spare %s takes node %d's place", self.gang.spare, node)
             if not self._all_down(int(answer["generation"]) - 1):
                 return None
-            answer = self._ask({"op": "state"}) or {}
+            answer = self._ask({"op": Op.STATE}) or {}
             if answer.get("final") or "generation" not in answer:
                 return None
             return int(answer["generation"]), list(answer.get("failures", []))
@@ -709,7 +709,7 @@ class Keeper:
         they all start, or None when one never came (the coordinator gave up: `final`)."""
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS + LOST_AFTER_SECONDS
         while time.monotonic() < deadline and not self.stopping:
-            answer = self._ask({"op": "state"}, quiet=True)
+            answer = self._ask({"op": Op.STATE}, quiet=True)
             if answer is not None and answer.get("final"):
                 return None
             if answer is not None and not answer.get("gathering") and "generation" in answer:
@@ -729,7 +729,7 @@ class Keeper:
         log.warning("node rank 0 was lost: node %d follows its successor's coordinator %s "
                     "(store %s) from generation %d", self.gang.node, coordinator, master,
                     ran)  # fmt: skip
-        doc = {"op": "rejoin", "node": self.gang.node, "generation": ran,
+        doc = {"op": Op.REJOIN, "node": self.gang.node, "generation": ran,
                "failures": seen.get("failures", []),
                "holders": seen.get("holders", {})}  # fmt: skip
         if self._ask(doc) is None:
@@ -738,7 +738,7 @@ class Keeper:
 
     def _moved_on(self, generation: int) -> bool | None:
         """Whether the gang moved past `generation`; None when a spare holds this node now."""
-        answer = self._ask({"op": "state"}, quiet=True)
+        answer = self._ask({"op": Op.STATE}, quiet=True)
         if answer is not None and self._fenced(answer):
             return None
         return answer is not None and int(answer.get("generation", 0)) > generation
@@ -757,7 +757,7 @@ class Keeper:
     def _all_down(self, generation: int) -> bool:
         """Wait for every node's keeper to report `generation`'s ranks down. This node's own
         report is said again at each poll (a set: one lost on a busy network costs nothing)."""
-        report = {"op": "down", "generation": generation, "node": self.gang.node}
+        report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             answer = self._ask(report, quiet=True)
