@@ -6,7 +6,8 @@ torch or anything from the worker's training modules.
 This package is the only part of the worker the operator imports (pyproject.toml's import
 contracts): beside this module, the training config (config), the checkpoint catalog and its
 markers (catalog), the one writer of a checkpoint root (fence), the checkpoint interval
-(interval), the exit-code exceptions (errors) and the keeper's wire (keeper).
+(interval), the exit-code exceptions (errors), the keeper's wire (keeper), and how every env
+and JSON document is parsed and written from its pydantic model (wire).
 """
 
 from __future__ import annotations
