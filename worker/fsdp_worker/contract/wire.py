@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pydantic
 import pydantic.alias_generators
+import pydantic.errors
 
 T = TypeVar("T")
 
@@ -89,7 +90,10 @@ def _adapter(kind: type[T]) -> pydantic.TypeAdapter[T]:
 
 def describe(exc: pydantic.ValidationError, *, kind: type[Any], what: str, raw: object) -> str:
     """One line per error (the first three): the field, its value, what is allowed."""
-    schema = _adapter(kind).json_schema(by_alias=True)
+    try:
+        schema = _adapter(kind).json_schema(by_alias=True)
+    except pydantic.errors.PydanticUserError:  # a type JSON schema has no words for
+        schema = {}
     lines = [_line(error, schema=schema, what=what, raw=raw) for error in exc.errors()[:3]]
     return "; ".join(lines)
 
