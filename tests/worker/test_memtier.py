@@ -132,3 +132,29 @@ def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
     assert "no valid" in tier._refusal(str(step_dir), 4) and tier.newest() == (-1, -1)
     (tmp_path / "step-9.partial").mkdir()  # never sealed: never offered
     assert tier.newest() == (-1, -1)
+
+
+# Written by memtier.Seal.to_json before the seal became a pydantic model: a seal a pod's memory
+# holds across an upgrade of the worker image must still be read, and is written the same.
+SEAL_GOLDEN = (
+    b'{"attempt": 2, "config_hash": "9f9f", "format": 1, "global_batch_size": 12, '
+    b'"job_uid": "0b1c-uid", "ranks": {"0": {".metadata": 3, "__0_0.distcp": 10}, '
+    b'"1": {"__1_0.distcp": 11}}, "samples": 48, "step": 4, "time": 1767225600.5, '
+    b'"world_size": 2}'
+)
+
+
+def test_a_seal_of_the_previous_release_reads_the_same_and_is_written_the_same() -> None:
+    seal = memtier.Seal(
+        step=4,
+        samples=48,
+        world_size=2,
+        global_batch_size=12,
+        config_hash="9f9f",
+        job_uid="0b1c-uid",
+        attempt=2,
+        ranks={"0": {"__0_0.distcp": 10, ".metadata": 3}, "1": {"__1_0.distcp": 11}},
+        time=1767225600.5,
+    )
+    assert memtier.Seal.parse(SEAL_GOLDEN) == seal
+    assert seal.to_json() == SEAL_GOLDEN

@@ -150,7 +150,9 @@ def _gang_health(ip: str) -> observed.GangHealth:
     """Ask the in-place gang's coordinator whether its keepers are all there (a hang's grace
     waits for their restart in place only then)."""
     try:
-        answer = keeper.ask((ip, names.GANG_PORT), {"op": "state"}, timeout=GANG_ASK_TIMEOUT)
+        answer = keeper.ask(
+            (ip, names.GANG_PORT), {"op": keeper.Op.STATE}, timeout=GANG_ASK_TIMEOUT
+        )
     except (OSError, ValueError) as exc:
         return observed.GangHealth(answered=False, error=f"{ip}:{names.GANG_PORT}: {exc}")
     return observed.GangHealth.of(answer)
@@ -170,11 +172,13 @@ def _replace(t: decide.Takeover) -> str:
     """A non-zero node rank's place: the spare is told where node rank 0's coordinator and
     store are now (its template names the attempt's first node 0, which a spare may have
     replaced since), then that coordinator gives it the place."""
-    refused = _tell(t.spare_at, {"op": "follow", "coordinator": t.coordinator, "master": t.master})
+    refused = _tell(
+        t.spare_at, {"op": keeper.Op.FOLLOW, "coordinator": t.coordinator, "master": t.master}
+    )
     if refused:
         return refused
-    return _tell(t.coordinator, {"op": "replace", "node": t.node_rank, "spare": t.index,
-                                 "failure": t.failure})  # fmt: skip
+    doc = {"op": keeper.Op.REPLACE, "node": t.node_rank, "spare": t.index, "failure": t.failure}
+    return _tell(t.coordinator, doc)
 
 
 def _promote(t: decide.Takeover) -> str:
@@ -183,17 +187,22 @@ def _promote(t: decide.Takeover) -> str:
     after another would add a timeout per silent pod). A keeper that did not take it leaves
     the promoted coordinator waiting for it: it is told to give up (`final`), and the gang is
     recreated."""
-    refused = _tell(t.coordinator, {"op": "promote", "master": t.master, "failure": t.failure,
-                                    "generation": t.generation})  # fmt: skip
+    promote = {
+        "op": keeper.Op.PROMOTE,
+        "master": t.master,
+        "failure": t.failure,
+        "generation": t.generation,
+    }
+    refused = _tell(t.coordinator, promote)
     if refused or not t.followers:
         return refused
-    doc = {"op": "follow", "coordinator": t.coordinator, "master": t.master}
+    doc = {"op": keeper.Op.FOLLOW, "coordinator": t.coordinator, "master": t.master}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(t.followers))) as pool:
         answers = list(pool.map(lambda a: _tell(a, doc), t.followers))
     missed = [f"{a}: {why}" for a, why in zip(t.followers, answers, strict=True) if why]
     if not missed:
         return ""
-    _tell(t.coordinator, {"op": "fail", "final": True})
+    _tell(t.coordinator, {"op": keeper.Op.FAIL, "final": True})
     return f"{len(missed)} of {len(t.followers)} keepers did not follow: {missed[0]}"
 
 

@@ -29,9 +29,9 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Final, Literal
 
+import pydantic.dataclasses
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import state_dict_saver
@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint
-from fsdp_worker.contract import catalog, config, errors
+from fsdp_worker.contract import catalog, config, errors, wire
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -48,10 +48,10 @@ from fsdp_worker.telemetry import metrics
 log = logging.getLogger(__name__)
 
 PARTIAL_SUFFIX = ".partial"
-FORMAT = 1
+FORMAT: Final = 1
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class Seal:
     """One node's COMPLETE.json in memory: written after every rank of the gang saved."""
 
@@ -64,29 +64,16 @@ class Seal:
     attempt: int
     ranks: dict[str, dict[str, int]]  # rank -> file name -> size, for this node's ranks
     time: float
-    format: int = FORMAT
+    format: Literal[1] = FORMAT
 
     def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        return json.dumps(wire.to_doc(self), sort_keys=True).encode()
 
     @classmethod
     def parse(cls, raw: bytes) -> Seal:
-        doc = json.loads(raw)
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError("not a memory-tier marker of this format")
-        ranks = {str(r): {str(f): int(n) for f, n in files.items()} for r, files in
-                 dict(doc["ranks"]).items()}  # fmt: skip
-        return cls(
-            step=int(doc["step"]),
-            samples=int(doc["samples"]),
-            world_size=int(doc["world_size"]),
-            global_batch_size=int(doc["global_batch_size"]),
-            config_hash=str(doc["config_hash"]),
-            job_uid=doc.get("job_uid"),
-            attempt=int(doc["attempt"]),
-            ranks=ranks,
-            time=float(doc["time"]),
-        )
+        """Strictly (a seal another release wrote, or a damaged one, is not loaded): ValueError
+        names the field, the value and what is allowed."""
+        return wire.parse(cls, raw, what=f"memory {catalog.MARKER_NAME}")
 
 
 def _files(path: str) -> dict[str, int]:

@@ -6,16 +6,22 @@ torch or anything from the worker's training modules.
 This package is the only part of the worker the operator imports (pyproject.toml's import
 contracts): beside this module, the training config (config), the checkpoint catalog and its
 markers (catalog), the one writer of a checkpoint root (fence), the checkpoint interval
-(interval), the exit-code exceptions (errors) and the keeper's wire (keeper).
+(interval), the exit-code exceptions (errors), the keeper's wire (keeper), and how every env
+and JSON document is parsed and written from its pydantic model (wire).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import json
 import re
 from collections.abc import Mapping
+from typing import Annotated
+
+import pydantic
+import pydantic.dataclasses
+
+from fsdp_worker.contract import wire
 
 CONTRACT_VERSION = 1
 """docs/contract.md's version: raised when a rank must act differently on what it is given or
@@ -73,7 +79,11 @@ MEMORY_STEP_KEY = "memoryStep"  # in a failing rank's termination message: the s
 RESUME_AUTO = "auto"
 
 
-@dataclasses.dataclass(frozen=True)
+Step = Annotated[int, pydantic.Field(ge=0)]
+"""A training step on the wire: a whole number >= 0."""
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
 class ResumeRules:
     """The operator's rules for a rank that chooses its own resume point (``auto``): set on a
     restart the operator could not choose for, because it cannot read the job's checkpoints.
@@ -84,49 +94,21 @@ class ResumeRules:
     instead of training again from step 0.
     """
 
-    attempt: int
+    attempt: Step
     """The attempt whose end this restart follows."""
-    resumed_from_step: int | None
+    resumed_from_step: Step | None = None
     """The step that attempt resumed from; None: it started fresh."""
-    expect_step: int | None = None
+    expect_step: Step | None = None
     """The newest step a rank 0 of this job reported sealed; None: none reported."""
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "attempt": self.attempt,
-                "resumedFromStep": self.resumed_from_step,
-                "expectStep": self.expect_step,
-            },
-            separators=(",", ":"),
-        )
+        return json.dumps(wire.to_doc(self), separators=(",", ":"))
 
     @classmethod
     def parse(cls, raw: str) -> ResumeRules:
-        """From ``to_json``'s document; ValueError names the field and the value."""
-        try:
-            doc = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{ENV_RESUME_RULES}={raw!r} is not JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"{ENV_RESUME_RULES}={raw!r} must be a JSON object")
-
-        def step(key: str, *, optional: bool) -> int | None:
-            value = doc.get(key)
-            if value is None and optional:
-                return None
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                allowed = "a whole number >= 0" + (" or null" if optional else "")
-                raise ValueError(f"{ENV_RESUME_RULES}: {key}={value!r} must be {allowed}")
-            return value
-
-        attempt = step("attempt", optional=False)
-        assert attempt is not None
-        return cls(
-            attempt=attempt,
-            resumed_from_step=step("resumedFromStep", optional=True),
-            expect_step=step("expectStep", optional=True),
-        )
+        """From ``to_json``'s document; ValueError names the field, the value and what is
+        allowed."""
+        return wire.parse(cls, raw, what=ENV_RESUME_RULES)
 
 
 class Proof(enum.StrEnum):
@@ -209,20 +191,29 @@ it trained, `message` the JSON object {"sealedStep": N or null}, the newest chec
 sealed. Without it, an operator that reads no claim only knows its last scrape."""
 
 
+class _Record(pydantic.BaseModel):
+    """A record a rank leaves for the operator: camelCase keys, read strictly and, being
+    advice, never raising (`wire.validate_or_none`)."""
+
+    model_config = pydantic.ConfigDict(**wire.CAMEL, frozen=True)
+
+
+class Completion(_Record):
+    """The `message` of a COMPLETED report: the newest checkpoint rank 0 sealed."""
+
+    sealed_step: int | None = None
+
+
 def completion_message(*, sealed_step: int | None) -> str:
     """The `message` of a COMPLETED report."""
-    return json.dumps({"sealedStep": sealed_step})
+    return json.dumps(wire.to_doc(Completion(sealed_step=sealed_step)))
 
 
 def completion_sealed_step(message: object) -> int | None:
     """The sealed step a COMPLETED report's `message` carries; None when it says none or does
     not parse (a report is advice: it never raises)."""
-    try:
-        doc = json.loads(str(message or "{}"))
-    except ValueError:
-        return None
-    step = doc.get("sealedStep") if isinstance(doc, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    found = wire.parse_or_none(Completion, str(message or "{}"))
+    return found.sealed_step if found is not None else None
 
 
 NON_RETRYABLE_EXIT_CODES = frozenset({int(ExitCode.CONFIG_ERROR)})
@@ -307,6 +298,48 @@ SUMS_KEYS = ("stepsRun", "trainSeconds", "blockedSeconds")
 SUMS_MILESTONES = "milestones"
 
 
+class TerminationMessage(_Record):
+    """The JSON termination message (TERMINATION_KEYS), and the live record (`class` LIVE)
+    that holds its place while the rank trains. Any other key (TERMINATION_OPTIONAL_KEYS, the
+    keeper's, a later release's) is kept as it came."""
+
+    model_config = pydantic.ConfigDict(**wire.CAMEL, frozen=True, extra="allow")
+
+    failure_class: str = pydantic.Field(alias="class")
+    """A FailureClass, LIVE or COMPLETED."""
+    rank: int | None
+    step: int | None
+    exit_code: int | None
+    message: str
+
+
+def _reached(value: object) -> dict[str, float] | None:
+    """The milestones this release knows, each at a unix time > 0; another (a later
+    release's name) or a malformed one is left out, and none is None: a report is advice."""
+    if not isinstance(value, dict):
+        return None
+    known = {m.value for m in Milestone}
+    reached = {
+        k: float(v)
+        for k, v in value.items()
+        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+    }
+    return reached or None
+
+
+Seconds = Annotated[float, pydantic.Field(ge=0)]
+
+
+class RunSums(_Record):
+    """The `sums` of a termination message or live record (SUMS_KEYS, and `milestones`)."""
+
+    steps_run: Step
+    train_seconds: Seconds
+    blocked_seconds: Seconds
+    milestones: Annotated[dict[str, float] | None, pydantic.BeforeValidator(_reached)] = None
+    """Only the final message's: the live record's fixed size has no room to spare."""
+
+
 def sums(
     *,
     steps_run: int,
@@ -316,13 +349,13 @@ def sums(
 ) -> dict[str, object]:
     """The `sums` object of a termination message or live record (`milestones`: only the
     final message's; the live record's fixed size has no room to spare)."""
-    values = (steps_run, round(train_seconds, 3), round(blocked_seconds, 3))
-    doc: dict[str, object] = dict(zip(SUMS_KEYS, values, strict=True))
-    known = {m.value for m in Milestone}
-    reached = {k: round(v, 3) for k, v in (milestones or {}).items() if k in known}
-    if reached:
-        doc[SUMS_MILESTONES] = reached
-    return doc
+    record = RunSums(
+        steps_run=steps_run,
+        train_seconds=round(train_seconds, 3),
+        blocked_seconds=round(blocked_seconds, 3),
+        milestones={k: round(v, 3) for k, v in (milestones or {}).items()},
+    )
+    return wire.to_doc(record, drop_none={SUMS_MILESTONES})
 
 
 def totals(doc: dict[str, object]) -> dict[str, object]:
@@ -334,29 +367,13 @@ def parse_milestones(doc: object) -> dict[str, float]:
     """The milestones a termination message's `sums` carries ({} when none or malformed: a
     report is advice, it never raises)."""
     found = doc.get(SUMS) if isinstance(doc, dict) else None
-    reached = found.get(SUMS_MILESTONES) if isinstance(found, dict) else None
-    if not isinstance(reached, dict):
-        return {}
-    known = {m.value for m in Milestone}
-    return {
-        k: float(v)
-        for k, v in reached.items()
-        if k in known and isinstance(v, int | float) and not isinstance(v, bool) and v > 0
-    }
+    return _reached(found.get(SUMS_MILESTONES) if isinstance(found, dict) else None) or {}
 
 
 def parse_sums(doc: object) -> tuple[int, float, float] | None:
     """(steps run, train seconds, blocked seconds) from a termination message's `sums`; None
     when absent or malformed (a report is advice: it never raises)."""
-    found = doc.get(SUMS) if isinstance(doc, dict) else None
-    if not isinstance(found, dict):
+    found = wire.validate_or_none(RunSums, doc.get(SUMS) if isinstance(doc, dict) else None)
+    if found is None:
         return None
-    steps, train, blocked = (found.get(k) for k in SUMS_KEYS)
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        return None
-    numbers = [
-        v for v in (train, blocked) if isinstance(v, int | float) and not isinstance(v, bool)
-    ]
-    if len(numbers) != 2 or min(numbers) < 0:
-        return None
-    return steps, float(numbers[0]), float(numbers[1])
+    return found.steps_run, found.train_seconds, found.blocked_seconds

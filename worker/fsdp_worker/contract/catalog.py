@@ -1,9 +1,10 @@
 """The checkpoint catalog: step directory names, the storage they live in, the marker format.
 
 Shared by the operator (which picks the resume checkpoint) and the worker (which writes markers
-and applies retention). Standard library only: the operator image has no torch. It must never
-unpickle anything (DCP's `.metadata` is pickled; only the JSON marker is read here), never
-import torch/numpy/pydantic, and never write a step directory's contents other than the marker.
+and applies retention). Torch-free (the operator image has none): the marker is a pydantic
+model. It must never unpickle anything (DCP's `.metadata` is pickled; only the JSON marker is
+read here), never import torch/numpy, and never write a step directory's contents other than the
+marker.
 
 Layout: `<root>/step-<N>/` holds one checkpoint. It counts only when `COMPLETE.json` (the
 marker) exists, parses strictly, and its manifest matches the files present. Any other name
@@ -18,7 +19,6 @@ is pickled: it is never read here, only its presence and size are checked.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -26,8 +26,12 @@ import posixpath
 import re
 import stat
 import tempfile
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
+
+import pydantic
+import pydantic.dataclasses
+
+from fsdp_worker.contract import wire
 
 MARKER_NAME = "COMPLETE.json"
 DCP_METADATA_NAME = ".metadata"  # DCP's own index, written by its coordinator after all ranks
@@ -162,31 +166,57 @@ def fsync_path(path: str) -> None:
 # --- the marker ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+Count = Annotated[int, pydantic.Field(ge=0)]
+
+
+@pydantic.dataclasses.dataclass(frozen=True)
 class FileEntry:
-    size: int
-    sha256: str | None = None
+    size: Count
+    sha256: Annotated[str, pydantic.Field(pattern=_SHA256_RE.pattern)] | None = None
 
 
-@dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True)
 class Marker:
-    """The completion marker of one checkpoint; written last, by rank 0, atomically."""
+    """The completion marker of one checkpoint; written last, by rank 0, atomically. Read
+    strictly: every field present with its type (job_uid may be absent: markers before uids)."""
 
-    step: int
-    attempt: int
-    world_size: int
-    global_batch_size: int
-    samples_consumed: int
-    resumed_from_step: int | None
+    step: Count
+    attempt: Count
+    world_size: Annotated[int, pydantic.Field(ge=1)]
+    global_batch_size: Annotated[int, pydantic.Field(ge=1)]
+    samples_consumed: Count
+    resumed_from_step: Count | None
     time: float
     torch_version: str
     config_hash: str
     files: dict[str, FileEntry]
     job_uid: str | None = None  # the FSDPJob object that wrote it; None: written before uids
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _format_given(cls, doc: Any) -> Any:
+        """A marker says its format: a JSON object without it is not a marker."""
+        if isinstance(doc, dict) and doc.get("format") != MARKER_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {MARKER_FORMAT}")
+        return doc
+
+    @pydantic.field_validator("files")
+    @classmethod
+    def _inside_the_step(
+        cls, files: dict[str, FileEntry], info: pydantic.ValidationInfo
+    ) -> dict[str, FileEntry]:
+        # Read, a marker lists its files; written, an empty manifest (the writer's directory
+        # taken over under it) fails at the fenced publish, as Superseded, not here.
+        if not files and info.mode == "json":
+            raise ValueError("it must list at least one file")
+        for name in files:
+            parts = name.split("/")
+            if name.startswith("/") or ".." in parts or name == MARKER_NAME:
+                raise ValueError(f"invalid file name {name!r}")
+        return files
+
     def to_json(self) -> bytes:
-        doc: dict[str, Any] = dataclasses.asdict(self)
-        doc["format"] = MARKER_FORMAT
+        doc = {**wire.to_doc(self), "format": MARKER_FORMAT}
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
     @classmethod
@@ -194,77 +224,7 @@ class Marker:
         """Strict parse: JSON only, every field present with the right type."""
         if len(raw) > MAX_MARKER_BYTES:
             raise CatalogError(f"marker is {len(raw)} bytes, over {MAX_MARKER_BYTES}")
-        try:
-            doc = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise CatalogError(f"marker is not JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise CatalogError("marker is not a JSON object")
-        if doc.get("format") != MARKER_FORMAT:
-            raise CatalogError(f"marker format {doc.get('format')!r}, expected {MARKER_FORMAT}")
-        return cls(
-            step=_int(doc, "step"),
-            attempt=_int(doc, "attempt"),
-            world_size=_int(doc, "world_size", minimum=1),
-            global_batch_size=_int(doc, "global_batch_size", minimum=1),
-            samples_consumed=_int(doc, "samples_consumed"),
-            resumed_from_step=_opt_int(doc, "resumed_from_step"),
-            time=_float(doc, "time"),
-            torch_version=_str(doc, "torch_version"),
-            config_hash=_str(doc, "config_hash"),
-            files=_files(doc),
-            job_uid=_opt_str(doc, "job_uid"),
-        )
-
-
-def _int(doc: dict[str, Any], key: str, *, minimum: int = 0) -> int:
-    value = doc.get(key)
-    if type(value) is not int or value < minimum:
-        raise CatalogError(f"marker field {key!r}={value!r} must be an integer >= {minimum}")
-    return value
-
-
-def _opt_int(doc: dict[str, Any], key: str) -> int | None:
-    if key not in doc:
-        raise CatalogError(f"marker field {key!r} is missing")
-    return None if doc[key] is None else _int(doc, key)
-
-
-def _float(doc: dict[str, Any], key: str) -> float:
-    value = doc.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CatalogError(f"marker field {key!r}={value!r} must be a number")
-    return float(value)
-
-
-def _str(doc: dict[str, Any], key: str) -> str:
-    value = doc.get(key)
-    if not isinstance(value, str):
-        raise CatalogError(f"marker field {key!r}={value!r} must be a string")
-    return value
-
-
-def _opt_str(doc: dict[str, Any], key: str) -> str | None:
-    return None if doc.get(key) is None else _str(doc, key)
-
-
-def _files(doc: dict[str, Any]) -> dict[str, FileEntry]:
-    raw = doc.get("files")
-    if not isinstance(raw, dict) or not raw:
-        raise CatalogError("marker field 'files' must be a non-empty object")
-    out: dict[str, FileEntry] = {}
-    for name, entry in raw.items():
-        parts = name.split("/")
-        if name.startswith("/") or ".." in parts or name == MARKER_NAME:
-            raise CatalogError(f"marker lists an invalid file name {name!r}")
-        if not isinstance(entry, dict):
-            raise CatalogError(f"marker entry for {name!r} must be an object")
-        size = _int(entry, "size")
-        digest = entry.get("sha256")
-        if digest is not None and (not isinstance(digest, str) or not _SHA256_RE.match(digest)):
-            raise CatalogError(f"marker entry for {name!r} has a malformed sha256")
-        out[name] = FileEntry(size=size, sha256=digest)
-    return out
+        return wire.parse(cls, raw, what="marker", error=CatalogError)
 
 
 def quarantine(storage: Storage, root: str, step: int) -> str:

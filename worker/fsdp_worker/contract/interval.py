@@ -15,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import Any
+from typing import Annotated
 
+import pydantic
+import pydantic.dataclasses
 from pydantic import Field
 
-from fsdp_worker.contract import config
+from fsdp_worker import contract
+from fsdp_worker.contract import config, wire
 
 
 def daly_interval_seconds(save_seconds: float, mtbf_seconds: float) -> float:
@@ -65,59 +68,65 @@ def mtbf_estimate(*, failures: int, uptime_seconds: float, prior_seconds: float)
     return (max(0.0, uptime_seconds) + prior_seconds) / (max(0, failures) + 1)
 
 
-@dataclasses.dataclass(frozen=True)
+def _measured(value: object) -> float | None:
+    """A finite number >= 0, else None: FSDP_RELIABILITY is advice, and a figure that does not
+    read is one not measured, never a failure."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def _count(value: object) -> int | None:
+    measured = _measured(value)
+    return None if measured is None else int(measured)
+
+
+def _count_or_zero(value: object) -> int:
+    return _count(value) or 0
+
+
+def _seconds_or_zero(value: object) -> float:
+    return _measured(value) or 0.0
+
+
+Seconds = Annotated[float | None, pydantic.BeforeValidator(_measured)]
+Count = Annotated[int | None, pydantic.BeforeValidator(_count)]
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
 class Reliability:
     """What the operator knows at launch (env FSDP_RELIABILITY): the job's failures and uptime
-    so far, and the last measured save and step costs (so `auto` need not re-learn them)."""
+    so far, and the last measured save and step costs (so `auto` need not re-learn them).
+    Read leniently: a field that does not read is not known."""
 
-    failures: int = 0
-    uptime_seconds: float = 0.0
-    save_seconds: float | None = None
-    step_seconds: float | None = None
+    failures: Annotated[int, pydantic.BeforeValidator(_count_or_zero)] = 0
+    uptime_seconds: Annotated[float, pydantic.BeforeValidator(_seconds_or_zero)] = 0.0
+    save_seconds: Seconds = None
+    step_seconds: Seconds = None
     # Of `failures`, those that recreated the gang (a memory tier does not survive them);
     # None: not told (an operator before the memory tier), taken as all of them.
-    gang_failures: int | None = None
+    gang_failures: Count = None
 
     def beyond_memory(self) -> Reliability:
         """The failures the claim must cover when a memory tier takes the restarts in place."""
         gang = self.failures if self.gang_failures is None else self.gang_failures
         return dataclasses.replace(self, failures=min(gang, self.failures))
 
+    @pydantic.field_serializer("uptime_seconds")
+    def _to_the_millisecond(self, seconds: float) -> float:
+        return round(seconds, 3)
+
     def to_json(self) -> str:
-        doc = {
-            "failures": self.failures,
-            "uptimeSeconds": round(self.uptime_seconds, 3),
-            "saveSeconds": self.save_seconds,
-            "stepSeconds": self.step_seconds,
-        }
-        if self.gang_failures is not None:
-            doc["gangFailures"] = self.gang_failures
+        doc = wire.to_doc(self, drop_none={"gangFailures"})  # unknown before the memory tier
         return json.dumps(doc, separators=(",", ":"))
 
     @classmethod
     def parse(cls, raw: str) -> Reliability:
         """Lenient: a missing or malformed document is no knowledge, never a failure."""
         try:
-            doc: Any = json.loads(raw) if raw else {}
+            return wire.parse(cls, raw, what=contract.ENV_RELIABILITY)
         except ValueError:
-            doc = {}
-        if not isinstance(doc, dict):
-            doc = {}
-
-        def num(key: str) -> float | None:
-            v = doc.get(key)
-            ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-            return float(v) if ok and v >= 0 else None
-
-        failures = num("failures")
-        gang = num("gangFailures")
-        return cls(
-            failures=int(failures or 0),
-            gang_failures=int(gang) if gang is not None else None,
-            uptime_seconds=num("uptimeSeconds") or 0.0,
-            save_seconds=num("saveSeconds"),
-            step_seconds=num("stepSeconds"),
-        )
+            return cls()
 
 
 class Choice(config._Model):

@@ -20,6 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fsdp_worker import contract
+from fsdp_worker.contract.keeper import Op
 from fsdp_worker.keeper import torchrun_argv
 
 if TYPE_CHECKING:
@@ -186,14 +187,14 @@ class Coordinator(socketserver.ThreadingTCPServer):
         op = doc.get("op")
         with self.lock:
             st = self.state
-            if op in ("follow", "promote"):
+            if op in (Op.FOLLOW, Op.PROMOTE):
                 return self._hand_over(doc)
             if not self.active:
                 return {"standby": True}
             sender = doc.get("from")
             if isinstance(sender, int) and 0 <= sender < st.nodes:
                 st.heard[sender] = time.monotonic()
-            if op == "fail" and doc.get("generation") == st.generation and not st.final:
+            if op == Op.FAIL and doc.get("generation") == st.generation and not st.final:
                 # The first failure of a generation is its cause; later ones are its symptoms.
                 given = doc.get("failure")
                 record: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -202,16 +203,16 @@ class Coordinator(socketserver.ThreadingTCPServer):
                 if not st.final:
                     st.generation += 1
                     st.done.clear()  # nodes that ended well start again with the others
-            elif op == "fail" and doc.get("final"):
+            elif op == Op.FAIL and doc.get("final"):
                 st.final = True
-            elif op == "down" and isinstance(doc.get("generation"), int):
+            elif op == Op.DOWN and isinstance(doc.get("generation"), int):
                 st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
-            elif op == "done" and doc.get("generation", st.generation) == st.generation:
+            elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
                 st.done.add(int(doc.get("node", -1)))
-            elif op == "replace":
+            elif op == Op.REPLACE:
                 refused = st.replace(doc)
                 return {**st.answer(), "refused": refused} if refused else st.answer()
-            elif op == "rejoin":
+            elif op == Op.REJOIN:
                 st.rejoin(doc)
             return st.answer()
 
@@ -223,13 +224,13 @@ class Coordinator(socketserver.ThreadingTCPServer):
         master, coordinator = doc.get("master"), doc.get("coordinator")
         try:
             torchrun_argv.host_port(str(master))
-            if op == "follow":
+            if op == Op.FOLLOW:
                 torchrun_argv.host_port(str(coordinator))
         except ValueError:
             return {"refused": f"{op} needs master (and to follow, coordinator) as host:port"}
         if keeper is None or self.active:
             return {"refused": "this keeper is the gang's coordinator"}
-        if op == "follow":
+        if op == Op.FOLLOW:
             keeper.follow = (str(coordinator), str(master))
             return {"following": coordinator}
         if keeper.gang.spare is None or keeper.gang.node >= 0:

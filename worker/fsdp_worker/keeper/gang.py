@@ -23,10 +23,14 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
+
+import pydantic
+import pydantic.dataclasses
 
 from fsdp_worker import contract
-from fsdp_worker.contract.keeper import ask
+from fsdp_worker.contract import wire
+from fsdp_worker.contract.keeper import Op, ask
 from fsdp_worker.keeper import launchers, processes, ranks, standby, torchrun_argv
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
 from fsdp_worker.keeper.torchrun_argv import host_port as _host_port  # Gang.address's
@@ -42,11 +46,11 @@ STANDBY_ASK_SECONDS = 0.5
 frozen: its asks hang to their timeout) is taken up at once."""
 
 
-@dataclasses.dataclass(frozen=True)
+@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
 class Gang:
     """FSDP_GANG: what the operator tells every keeper of an attempt."""
 
-    restarts: int  # in-place restarts allowed in this attempt
+    restarts: Annotated[int, pydantic.Field(ge=0)]  # in-place restarts allowed in this attempt
     coordinator: str  # host:port of node rank 0's keeper
     node: int  # this pod's node rank
     nodes: int  # pods in the gang
@@ -56,40 +60,20 @@ class Gang:
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
+        """From the environment (or `raw`); ValueError names the field, the value and what is
+        allowed."""
         raw = os.environ.get(contract.ENV_GANG, "") if raw is None else raw
-        try:
-            doc = json.loads(raw)
-            gang = cls(
-                restarts=int(doc["restarts"]),
-                coordinator=str(doc["coordinator"]),
-                node=int(doc["node"]),
-                nodes=int(doc["nodes"]),
-                non_retryable=tuple(int(c) for c in doc.get("nonRetryable", ())),
-                spare=int(doc["spare"]) if doc.get("spare") is not None else None,
-                listen=int(doc["listen"]) if doc.get("listen") is not None else None,
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(
-                f"{contract.ENV_GANG}={raw!r}: expected JSON with restarts, coordinator "
-                f"(host:port), node and nodes ({exc})"
-            ) from None
+        gang = wire.parse(cls, raw, what=contract.ENV_GANG)
         lowest = -1 if gang.spare is not None else 0  # a spare has no node yet
-        if gang.restarts < 0 or not lowest <= gang.node < gang.nodes:
-            raise ValueError(f"{contract.ENV_GANG}={raw!r}: restarts >= 0, 0 <= node < nodes")
+        if not lowest <= gang.node < gang.nodes:
+            raise ValueError(
+                f"{contract.ENV_GANG}: node={gang.node} must be {lowest} <= node < nodes "
+                f"({gang.nodes})"
+            )
         return gang
 
     def to_json(self) -> str:
-        doc = {
-            "restarts": self.restarts,
-            "coordinator": self.coordinator,
-            "node": self.node,
-            "nodes": self.nodes,
-            "nonRetryable": list(self.non_retryable),
-        }
-        if self.spare is not None:
-            doc["spare"] = self.spare
-        if self.listen is not None:
-            doc["listen"] = self.listen
+        doc = wire.to_doc(self, drop_none={"spare", "listen"})  # set for spares and tests only
         return json.dumps(doc, separators=(",", ":"))
 
     @property
@@ -152,7 +136,7 @@ class Keeper:
             if outcome == "exited":  # this node's ranks failed first
                 failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
-                self._report({"op": "fail", "generation": generation, "failure": failure,
+                self._report({"op": Op.FAIL, "generation": generation, "failure": failure,
                               "final": final})  # fmt: skip
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
@@ -208,7 +192,7 @@ class Keeper:
         True once every node's ranks ended well (node rank 0's keeper serves the coordinator
         until then), or node 0's is gone after they did; False when the gang moved on: a node
         failed after this one's ranks ended (its ranks' last save), and all start again."""
-        done = {"op": "done", "node": self.gang.node, "generation": generation}
+        done = {"op": Op.DONE, "node": self.gang.node, "generation": generation}
         log.info("generation %d's ranks ended well: waiting for every node's", generation)
         began = time.monotonic()
         deadline = began + DOWN_TIMEOUT_SECONDS
@@ -239,10 +223,10 @@ class Keeper:
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
-        answer = self._report({"op": "down", "generation": generation, "node": self.gang.node})
+        answer = self._report({"op": Op.DOWN, "generation": generation, "node": self.gang.node})
         if answer is None or answer.get("final") or not self._all_down(generation):
             return None
-        answer = self._ask({"op": "state"})
+        answer = self._ask({"op": Op.STATE})
         if answer is None or answer.get("final") or self._fenced(answer):
             return None
         return int(answer["generation"]), list(answer.get("failures", []))
@@ -272,7 +256,7 @@ class Keeper:
                 return "stopping"
             time.sleep(POLL_SECONDS)
             self._keep_warm()
-            answer = None if self.follow else self._ask({"op": "state"}, quiet=True)
+            answer = None if self.follow else self._ask({"op": Op.STATE}, quiet=True)
             if self.follow is not None:  # node rank 0 is lost: its successor restarts the gang
                 self._kill()
                 return "lost"
@@ -321,7 +305,7 @@ class Keeper:
                 (coordinator, master), self.follow = self.follow, None
                 self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
                 self.argv = torchrun_argv.with_endpoint(self.argv, master)
-            answer = self._ask({"op": "state"}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
+            answer = self._ask({"op": Op.STATE}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
             holders = answer.get("holders") or {}
             node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
             if node is None:
@@ -333,7 +317,7 @@ class Keeper:
             log.warning("spare %s takes node %d's place", self.gang.spare, node)
             if not self._all_down(int(answer["generation"]) - 1):
                 return None
-            answer = self._ask({"op": "state"}) or {}
+            answer = self._ask({"op": Op.STATE}) or {}
             if answer.get("final") or "generation" not in answer:
                 return None
             return int(answer["generation"]), list(answer.get("failures", []))
@@ -358,7 +342,7 @@ class Keeper:
         they all start, or None when one never came (the coordinator gave up: `final`)."""
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS + LOST_AFTER_SECONDS
         while time.monotonic() < deadline and not self.stopping:
-            answer = self._ask({"op": "state"}, quiet=True)
+            answer = self._ask({"op": Op.STATE}, quiet=True)
             if answer is not None and answer.get("final"):
                 return None
             if answer is not None and not answer.get("gathering") and "generation" in answer:
@@ -378,7 +362,7 @@ class Keeper:
         log.warning("node rank 0 was lost: node %d follows its successor's coordinator %s "
                     "(store %s) from generation %d", self.gang.node, coordinator, master,
                     ran)  # fmt: skip
-        doc = {"op": "rejoin", "node": self.gang.node, "generation": ran,
+        doc = {"op": Op.REJOIN, "node": self.gang.node, "generation": ran,
                "failures": seen.get("failures", []),
                "holders": seen.get("holders", {})}  # fmt: skip
         if self._ask(doc) is None:
@@ -387,7 +371,7 @@ class Keeper:
 
     def _moved_on(self, generation: int) -> bool | None:
         """Whether the gang moved past `generation`; None when a spare holds this node now."""
-        answer = self._ask({"op": "state"}, quiet=True)
+        answer = self._ask({"op": Op.STATE}, quiet=True)
         if answer is not None and self._fenced(answer):
             return None
         return answer is not None and int(answer.get("generation", 0)) > generation
@@ -405,7 +389,7 @@ class Keeper:
     def _all_down(self, generation: int) -> bool:
         """Wait for every node's keeper to report `generation`'s ranks down. This node's own
         report is said again at each poll (a set: one lost on a busy network costs nothing)."""
-        report = {"op": "down", "generation": generation, "node": self.gang.node}
+        report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             answer = self._ask(report, quiet=True)

@@ -17,7 +17,10 @@ import json
 import logging
 import os
 
+import pydantic
+
 from fsdp_worker import contract
+from fsdp_worker.contract import wire
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +80,13 @@ def message(
 ) -> bytes:
     """One JSON object with contract.TERMINATION_KEYS (and `extra`, e.g. the rank's phase),
     under the Kubernetes limit."""
-    values: tuple[object, ...] = (failure_class, rank, step, exit_code, "")
-    doc: dict[str, object] = dict(zip(contract.TERMINATION_KEYS, values, strict=True))
-    doc.update(extra or {})
+    fields = {"class": failure_class, "rank": rank, "step": step, "exitCode": exit_code}
+    given = {**fields, "message": "", **(extra or {})}
+    try:
+        doc = wire.to_doc(contract.TerminationMessage.model_validate(given))
+    except pydantic.ValidationError as exc:  # an extra of the wrong type: said as it came
+        log.warning("termination message fields of the wrong type: %s", exc)
+        doc = given
     budget = contract.TERMINATION_MESSAGE_MAX_BYTES - len(json.dumps(doc).encode()) - 16
     doc["message"] = text.encode()[: max(budget, 0)].decode(errors="ignore")
     return json.dumps(doc).encode()
@@ -141,14 +148,26 @@ def _parent_started() -> str:
         return ""
 
 
+class _Registration(pydantic.BaseModel):
+    """A rank's entry in its launcher's registry."""
+
+    model_config = pydantic.ConfigDict(**wire.CAMEL, frozen=True)
+
+    pid: int
+    rank: int
+    local_rank: int
+    parent: str  # _parent_started() of the launcher it registered under
+
+
 def register(*, rank: int, local_rank: int) -> None:
     """Record this rank's pid for its siblings; never raises."""
+    entry = _Registration(
+        pid=os.getpid(), rank=rank, local_rank=local_rank, parent=_parent_started()
+    )
     try:
         os.makedirs(_registry(), exist_ok=True)
-        doc = {"pid": os.getpid(), "rank": rank, "localRank": local_rank,
-               "parent": _parent_started()}  # fmt: skip
         with open(os.path.join(_registry(), f"{local_rank}.json"), "w", encoding="utf-8") as fh:
-            json.dump(doc, fh)
+            json.dump(wire.to_doc(entry), fh)
     except OSError as exc:
         log.debug("rank not registered: %s", exc)
 
@@ -179,15 +198,14 @@ def vanished_siblings() -> list[dict[str, int]]:
     gone, parent = [], _parent_started()
     for name in names:
         try:
-            with open(os.path.join(_registry(), name), encoding="utf-8") as fh:
-                doc = json.load(fh)
-            pid, rank, local = int(doc["pid"]), int(doc["rank"]), int(doc["localRank"])
-        except (OSError, ValueError, KeyError, TypeError):
+            with open(os.path.join(_registry(), name), "rb") as fh:
+                entry = wire.parse_or_none(_Registration, fh.read())
+        except OSError:
             continue
-        if doc.get("parent") != parent:  # an earlier launcher's, with this one's pid
+        if entry is None or entry.parent != parent:  # an earlier launcher's, with this pid
             continue
-        if pid != os.getpid() and not _running(pid):
-            gone.append({"pid": pid, "rank": rank, "localRank": local})
+        if entry.pid != os.getpid() and not _running(entry.pid):
+            gone.append({"pid": entry.pid, "rank": entry.rank, "localRank": entry.local_rank})
     return gone
 
 
@@ -216,10 +234,11 @@ def live_fields() -> dict[str, object]:
     if target is None:
         return {}
     try:
-        with open(target, encoding="utf-8") as fh:
-            doc = json.loads(fh.read() or "{}")
-    except (OSError, ValueError):
+        with open(target, "rb") as fh:
+            record = wire.parse_or_none(contract.TerminationMessage, fh.read() or b"{}")
+    except OSError:
         return {}
-    if not isinstance(doc, dict) or doc.get("class") != contract.LIVE:
+    if record is None or record.failure_class != contract.LIVE:
         return {}
+    doc = wire.to_doc(record)
     return {k: doc[k] for k in ("phase", "step", "memory") if k in doc}
