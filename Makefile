@@ -38,9 +38,9 @@ kwok-bin:
 kueue-bin:
 	bash localcluster/build-kueue.sh >/dev/null
 
-# `ruff format` owns layout; `# fmt: skip` stays only on aligned tables, and their count may
-# fall but not grow (`python -m hack.fmt_skips --list` says where they are).
-FMT_SKIPS_MAX := 520
+# `ruff format` owns layout. `# fmt: skip` belongs only on an aligned table, and there is
+# none today: a new one must raise this allowance in the same change (hack/fmt_skips.py).
+FMT_SKIPS_MAX := 0
 
 lint: venv
 	$(VENV)/bin/ruff format --check .

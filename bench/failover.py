@@ -101,8 +101,11 @@ def main() -> int:
                     )
                     row = trial(mode, leader, standby)
                     rows.append(row)
-                    print(f"{mode} {i + 1}/{args.trials}: lease {row['lease_seconds']:.2f} s, "
-                          f"first pass {row['first_pass_seconds']:.2f} s", flush=True)  # fmt: skip
+                    print(
+                        f"{mode} {i + 1}/{args.trials}: lease {row['lease_seconds']:.2f} s, "
+                        f"first pass {row['first_pass_seconds']:.2f} s",
+                        flush=True,
+                    )
                     _standby_ready(leader)
                 results[mode] = {
                     "rows": rows,

@@ -46,29 +46,43 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "fleet.json"
 PLOT = ROOT / "docs" / "fleet.png"
 GROUP_PATH = "/apis/fsdpoperator.io/v1alpha1"
-GOALS = {"job_lag_s": 60.0, "replace_p95_s": 3.0, "idle_mib": 150.0, "kib_per_job": 100.0,
-         "cpu_pct": 10.0, "list_per_pass_steady": 0.0, "passes_per_s": 50.0}  # fmt: skip
+GOALS = {
+    "job_lag_s": 60.0,
+    "replace_p95_s": 3.0,
+    "idle_mib": 150.0,
+    "kib_per_job": 100.0,
+    "cpu_pct": 10.0,
+    "list_per_pass_steady": 0.0,
+    "passes_per_s": 50.0,
+}
 
 
 def job_doc(name: str, *, pods: int, gpus_per_pod: int) -> dict[str, Any]:
     """An FSDPJob whose pods land on the fleet; fake pods serve no metrics, so no hang deadline."""
     return {
-        "apiVersion": "fsdpoperator.io/v1alpha1", "kind": "FSDPJob",
+        "apiVersion": "fsdpoperator.io/v1alpha1",
+        "kind": "FSDPJob",
         "metadata": {"name": name},
         "spec": {
-            "replicas": pods, "minReplicas": pods, "nprocPerNode": 1, "image": images.WORKER,
+            "replicas": pods,
+            "minReplicas": pods,
+            "nprocPerNode": 1,
+            "image": images.WORKER,
             "resources": {"limits": {nodes.GPU_RESOURCE: str(gpus_per_pod)}},
             "training": {"steps": 1_000_000, "globalBatchSize": pods, "microBatchSize": 1},
             "checkpoint": {"root": "/ckpt", "intervalSteps": 1000},
             "failurePolicy": {
-                "maxRestarts": 1000, "backoff": {"initialSeconds": 0, "maxSeconds": 0},
-                "progressDeadlineSeconds": 86_400, "pendingTimeoutSeconds": 3600,
+                "maxRestarts": 1000,
+                "backoff": {"initialSeconds": 0, "maxSeconds": 0},
+                "progressDeadlineSeconds": 86_400,
+                "pendingTimeoutSeconds": 3600,
                 "nodeLossGraceSeconds": 60,
             },
-            "template": {"spec": {"nodeSelector": kwok.NODE_SELECTOR,
-                                  "tolerations": [kwok.toleration()]}},
+            "template": {
+                "spec": {"nodeSelector": kwok.NODE_SELECTOR, "tolerations": [kwok.toleration()]}
+            },
         },
-    }  # fmt: skip
+    }
 
 
 # --- the operator process: /proc and its metrics ----------------------------------------------
@@ -90,14 +104,21 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(url, timeout=10) as response:
         text = response.read().decode()
     families = parser.text_string_to_metric_families(text)
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in families for s in family.samples}  # fmt: skip
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in families
+        for s in family.samples
+    }
 
 
 def total(samples: dict[Any, float], name: str, **match: str) -> float | None:
     """The sum of ``name``'s samples whose labels match (case-insensitive); None when absent."""
-    hits = [v for (n, labels), v in samples.items() if n == name and all(
-        dict(labels).get(k, "").lower() == want.lower() for k, want in match.items())]  # fmt: skip
+    hits = [
+        v
+        for (n, labels), v in samples.items()
+        if n == name
+        and all(dict(labels).get(k, "").lower() == want.lower() for k, want in match.items())
+    ]
     return sum(hits) if any(n == name for n, _ in samples) else None
 
 
@@ -117,8 +138,9 @@ def per_second(after: dict[str, float], before: dict[str, float], seconds: float
     return {k: (v - before.get(k, 0.0)) / seconds for k, v in after.items()} if after else None
 
 
-def api_window(before: dict[Any, float], after: dict[Any, float], seconds: float,
-           phase: str) -> dict[str, Any]:  # fmt: skip
+def api_window(
+    before: dict[Any, float], after: dict[Any, float], seconds: float, phase: str
+) -> dict[str, Any]:
     """Passes and API requests between two scrapes, per second and LIST per pass (null where
     the operator exports no such metric; LIST per pass is 0 when there was no LIST at all)."""
     p0, p1 = (total(m, "fsdpjob_reconcile_passes_total") for m in (before, after))
@@ -153,8 +175,15 @@ def pct(values: list[float], q: float) -> float | None:
 class Size:
     """One job count: its namespace, operator, clock and measurements."""
 
-    def __init__(self, *, fleet: kwok.Fleet, kubeconfig: Path, log_dir: Path,
-                 args: argparse.Namespace, jobs: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        fleet: kwok.Fleet,
+        kubeconfig: Path,
+        log_dir: Path,
+        args: argparse.Namespace,
+        jobs: int,
+    ) -> None:
         self.fleet, self.cluster, self.args, self.jobs = fleet, fleet.cluster, args, jobs
         self.ns = f"fleet-{jobs}"
         self.kube = kubeclient.Kube(self.cluster.kubeconfig)
@@ -193,9 +222,12 @@ class Size:
             os.environ["FSDPOP_HEAP_REPORT"] = str(self.log_dir / f"heap-{self.jobs}")
             self.row["heap_report_frames"] = self.args.heap_frames
         self.op.start()
-        wait_for("operator metrics", lambda: self._try_scrape() is not None,
-                 timeout=self.args.wait_seconds if self.args.heap_frames else 120,
-                 context=self.op.log_tail)  # fmt: skip
+        wait_for(
+            "operator metrics",
+            lambda: self._try_scrape() is not None,
+            timeout=self.args.wait_seconds if self.args.heap_frames else 120,
+            context=self.op.log_tail,
+        )
         time.sleep(self.args.idle_seconds)
         assert self.op.proc is not None
         self.row["rss_idle_kib"] = rss_kib(self.op.proc.pid)
@@ -210,8 +242,9 @@ class Size:
         assert self.op.proc is not None
         path = Path(os.environ["FSDPOP_HEAP_REPORT"] + f".{n}")
         self.op.proc.send_signal(signal.SIGUSR2)
-        wait_for(f"heap report {path}", path.exists, timeout=600, every=1.0,
-                 context=self.op.log_tail)  # fmt: skip
+        wait_for(
+            f"heap report {path}", path.exists, timeout=600, every=1.0, context=self.op.log_tail
+        )
         time.sleep(1.0)  # written in one call; let it finish
         return path.read_text()
 
@@ -230,14 +263,21 @@ class Size:
         assert self.op.proc is not None
         cpu0, t0 = cpu_seconds(self.op.proc.pid), time.monotonic()
         applied = time.time()
-        docs = [job_doc(n, pods=self.args.pods_per_job, gpus_per_pod=self.args.gpus_per_pod)
-                for n in self.names()]  # fmt: skip
+        docs = [
+            job_doc(n, pods=self.args.pods_per_job, gpus_per_pod=self.args.gpus_per_pod)
+            for n in self.names()
+        ]
         path = f"{GROUP_PATH}/namespaces/{self.ns}/fsdpjobs"
         with _pool() as pool:
             list(pool.map(lambda doc: self.kube.request("POST", path, body=doc), docs))
         self.row["create_s"] = time.time() - applied
-        wait_for("every job Running", lambda: self.clock and self.clock.all_running(self.names()),
-                 timeout=self.args.wait_seconds, every=0.5, context=self._context)  # fmt: skip
+        wait_for(
+            "every job Running",
+            lambda: self.clock and self.clock.all_running(self.names()),
+            timeout=self.args.wait_seconds,
+            every=0.5,
+            context=self._context,
+        )
         done = self.clock.last_running(self.names())
         cpu = cpu_seconds(self.op.proc.pid) - cpu0
         self.row["cpu_pct_bring_up"] = 100.0 * cpu / (time.monotonic() - t0)
@@ -246,17 +286,20 @@ class Size:
         self.row |= {
             "apply_to_all_running_s": done - applied,
             "apply_to_all_pods_running_s": self.clock.last_pod_running() - applied,
-            "job_lag_p50_s": pct(lags, 0.5), "job_lag_p95_s": pct(lags, 0.95),
+            "job_lag_p50_s": pct(lags, 0.5),
+            "job_lag_p95_s": pct(lags, 0.95),
             "job_lag_max_s": max(lags) if lags else None,
-        }  # fmt: skip
+        }
 
     def _settle_and_steady(self) -> None:
         assert self.op.proc is not None
         pid, window = self.op.proc.pid, self.args.steady_seconds
         time.sleep(self.args.settle_seconds)
         rss = rss_kib(pid)
-        self.row |= {"rss_jobs_kib": rss,
-                     "kib_per_job": (rss - self.row["rss_idle_kib"]) / self.jobs}  # fmt: skip
+        self.row |= {
+            "rss_jobs_kib": rss,
+            "kib_per_job": (rss - self.row["rss_idle_kib"]) / self.jobs,
+        }
         if report := self._heap_report(2):
             kept = self.args.out.with_name(f"fleet-heap-{self.jobs}.txt")
             kept.write_text(report)
@@ -276,27 +319,38 @@ class Size:
         for job in victims:
             self.fleet.fail_pod(self.ns, names.pod_name(job, attempt=1, node_rank=0), exit_code=1)
             time.sleep(self.args.failure_spacing)
-        wait_for("replacement attempts Running", lambda: self.clock and all(
-            self.clock.job_running(j, 2) for j in victims), timeout=self.args.wait_seconds,
-            every=0.5, context=self._context)  # fmt: skip
+        wait_for(
+            "replacement attempts Running",
+            lambda: self.clock and all(self.clock.job_running(j, 2) for j in victims),
+            timeout=self.args.wait_seconds,
+            every=0.5,
+            context=self._context,
+        )
         self.row |= api_window(before, self._scrape(), time.time() - started, "failures")
         replaced = [self.clock.replaced_after(j, attempt=1) for j in victims]
         recovered = [self.clock.recovered_after(j, attempt=1) for j in victims]
         got = [r for r in replaced if r is not None]
         back = [r for r in recovered if r is not None]
         self.row |= {
-            "failures": count, "replace_p50_s": pct(got, 0.5), "replace_p95_s": pct(got, 0.95),
+            "failures": count,
+            "replace_p50_s": pct(got, 0.5),
+            "replace_p95_s": pct(got, 0.95),
             "replace_max_s": max(got) if got else None,
-            "failed_to_running_p95_s": pct(back, 0.95), "replace_samples": got,
-        }  # fmt: skip
+            "failed_to_running_p95_s": pct(back, 0.95),
+            "replace_samples": got,
+        }
 
     def _restart(self) -> None:
         """Pass throughput: a fresh operator (as after a failover) must look at every job. Time
         from its first pass until it has made one per job; its RSS once they are done."""
         self.op.stop()
         self.op.start()
-        wait_for("operator metrics", lambda: self._try_scrape() is not None, timeout=120,
-                 context=self.op.log_tail)  # fmt: skip
+        wait_for(
+            "operator metrics",
+            lambda: self._try_scrape() is not None,
+            timeout=120,
+            context=self.op.log_tail,
+        )
         seen: list[tuple[float, float]] = []
 
         def passes() -> float:
@@ -304,8 +358,13 @@ class Size:
             seen.append((time.time(), got))
             return got
 
-        wait_for("a pass per job", lambda: passes() >= self.jobs, timeout=self.args.wait_seconds,
-                 every=0.1, context=self._context)  # fmt: skip
+        wait_for(
+            "a pass per job",
+            lambda: passes() >= self.jobs,
+            timeout=self.args.wait_seconds,
+            every=0.1,
+            context=self._context,
+        )
         first = next(t for t, n in seen if n > 0)
         done = seen[-1][0]
         self.row |= {
@@ -329,8 +388,9 @@ class Size:
             return None
 
         cpu0, t0 = op_cpu(), time.monotonic()
-        self.cluster.kubectl("delete", "fsdpjobs", "--all", "-n", self.ns, "--wait=false",
-                             check=False, timeout=600)  # fmt: skip
+        self.cluster.kubectl(
+            "delete", "fsdpjobs", "--all", "-n", self.ns, "--wait=false", check=False, timeout=600
+        )
         with contextlib.suppress(AssertionError):
             wait_for("jobs and pods gone", lambda: not self._left(), timeout=600, every=1.0)
             elapsed = time.monotonic() - t0
@@ -339,8 +399,9 @@ class Size:
             if cpu0 is not None and cpu1 is not None:
                 self.row["cpu_pct_delete"] = 100.0 * (cpu1 - cpu0) / elapsed
         self.op.stop()
-        self.cluster.kubectl("delete", "namespace", self.ns, "--timeout=300s", check=False,
-                             timeout=330)  # fmt: skip
+        self.cluster.kubectl(
+            "delete", "namespace", self.ns, "--timeout=300s", check=False, timeout=330
+        )
 
     def _left(self) -> int:
         jobs = self.kube.get(f"{GROUP_PATH}/namespaces/{self.ns}/fsdpjobs", limit=1)["items"]
@@ -358,29 +419,40 @@ def _pool() -> Any:
 
 # --- results ----------------------------------------------------------------------------------
 def provenance(args: argparse.Namespace) -> dict[str, Any]:
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "operator"],
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "operator"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     mem = Path("/proc/meminfo").read_text().split()[1]
     return {
         "machine": f"{os.cpu_count()} cores, {int(mem) // 2**20} GiB; control plane + kwok "
-                   f"{args.nodes} nodes x {args.gpus_per_node} GPUs; operator as a host process",
+        f"{args.nodes} nodes x {args.gpus_per_node} GPUs; operator as a host process",
         "operator_tree": head + (" + uncommitted operator/ changes" if dirty else ""),
         "config": {k: v for k, v in vars(args).items() if k not in {"replot", "out", "plot"}},
-        "goals": GOALS, "sizes": [],
-    }  # fmt: skip
+        "goals": GOALS,
+        "sizes": [],
+    }
 
 
 def print_table(result: dict[str, Any]) -> None:
-    cols = [("jobs", "jobs", "{:.0f}"), ("->Running s", "apply_to_all_running_s", "{:.1f}"),
-            ("lag p95", "job_lag_p95_s", "{:.2f}"), ("lag max", "job_lag_max_s", "{:.2f}"),
-            ("passes/s", "passes_per_s_bring_up", "{:.1f}"),
-            ("max pass/s", "restart_passes_per_s", "{:.1f}"), ("idle MiB", "rss_idle_kib", "{}"),
-            ("KiB/job", "kib_per_job", "{:.1f}"), ("CPU %", "cpu_pct", "{:.1f}"),
-            ("LIST/pass", "list_per_pass_steady", "{:.3f}"),
-            ("repl p50", "replace_p50_s", "{:.2f}"),
-            ("repl p95", "replace_p95_s", "{:.2f}")]  # fmt: skip
+    cols = [
+        ("jobs", "jobs", "{:.0f}"),
+        ("->Running s", "apply_to_all_running_s", "{:.1f}"),
+        ("lag p95", "job_lag_p95_s", "{:.2f}"),
+        ("lag max", "job_lag_max_s", "{:.2f}"),
+        ("passes/s", "passes_per_s_bring_up", "{:.1f}"),
+        ("max pass/s", "restart_passes_per_s", "{:.1f}"),
+        ("idle MiB", "rss_idle_kib", "{}"),
+        ("KiB/job", "kib_per_job", "{:.1f}"),
+        ("CPU %", "cpu_pct", "{:.1f}"),
+        ("LIST/pass", "list_per_pass_steady", "{:.3f}"),
+        ("repl p50", "replace_p50_s", "{:.2f}"),
+        ("repl p95", "replace_p95_s", "{:.2f}"),
+    ]
     print(" | ".join(f"{title:>11}" for title, _, _ in cols))
     for row in result["sizes"]:
         cells = []
@@ -458,9 +530,11 @@ def parse_args() -> argparse.Namespace:
     args.jobs = sorted(int(n) for n in str(args.jobs).split(","))
     need = max(args.jobs) * args.pods_per_job * args.gpus_per_pod
     if need > args.nodes * args.gpus_per_node or args.pods_per_job > args.nodes:
-        p.error(f"{max(args.jobs)} jobs x {args.pods_per_job} pods x {args.gpus_per_pod} GPUs "
-                f"need {need} GPUs on >= {args.pods_per_job} nodes; the fleet has "
-                f"{args.nodes} x {args.gpus_per_node}")  # fmt: skip
+        p.error(
+            f"{max(args.jobs)} jobs x {args.pods_per_job} pods x {args.gpus_per_pod} GPUs "
+            f"need {need} GPUs on >= {args.pods_per_job} nodes; the fleet has "
+            f"{args.nodes} x {args.gpus_per_node}"
+        )
     return args
 
 
@@ -468,8 +542,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = provenance(args)
     if args.keep and args.out.exists():
         kept = json.loads(args.out.read_text()).get("sizes", [])
-        result["kept_from_earlier_run"] = sorted(r["jobs"] for r in kept
-                                                 if r["jobs"] not in args.jobs)  # fmt: skip
+        result["kept_from_earlier_run"] = sorted(
+            r["jobs"] for r in kept if r["jobs"] not in args.jobs
+        )
         result["sizes"] = [r for r in kept if r["jobs"] not in args.jobs]
     # kwok renews a lease every quarter of its duration; at the local control plane's 8 s grace
     # a thousand nodes would write 500 leases a second; at 300 s, 13 (and a busy kwok renewing
@@ -479,21 +554,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "localcluster.components.NODE_MONITOR_GRACE is gone; update bench/fleet.py"
         )
     components.NODE_MONITOR_GRACE = f"{args.node_grace}s"
-    options = kwok.FleetOptions(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                                lease_seconds=args.node_grace)  # fmt: skip
+    options = kwok.FleetOptions(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node, lease_seconds=args.node_grace
+    )
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
         if args.heap_report:  # the operator processes inherit the environment
             os.environ["FSDPOP_HEAP_FRAMES"] = str(args.heap_frames)
-        cluster = controlplane.Cluster.up(Path(tmp) / "cluster",
-                                          nodes=controlplane.NodeOptions(nodes=0))  # fmt: skip
+        cluster = controlplane.Cluster.up(
+            Path(tmp) / "cluster", nodes=controlplane.NodeOptions(nodes=0)
+        )
         try:
             with kwok.Fleet(cluster, options) as fleet:
                 print(f"{len(fleet.ready_nodes())} fake nodes Ready", flush=True)
                 stack.install_crd(cluster)
                 kubeconfig = stack.install_rbac(cluster)
                 for jobs in args.jobs:
-                    size = Size(fleet=fleet, kubeconfig=kubeconfig, log_dir=Path(tmp),
-                                args=args, jobs=jobs)  # fmt: skip
+                    size = Size(
+                        fleet=fleet, kubeconfig=kubeconfig, log_dir=Path(tmp), args=args, jobs=jobs
+                    )
                     result["sizes"].append(size.run())
                     result["sizes"].sort(key=lambda r: r["jobs"])
                     write(result, args.out)

@@ -25,8 +25,12 @@ PODS_PATH = "/api/v1/namespaces/{ns}/pods"
 class Watcher:
     """One collection, listed and then watched; ``on_event(type, object, seen_at)`` per change."""
 
-    def __init__(self, kube: kubeclient.Kube, path: str,
-                 on_event: Callable[[str, dict[str, Any], float], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kube: kubeclient.Kube,
+        path: str,
+        on_event: Callable[[str, dict[str, Any], float], None],
+    ) -> None:
         self.kube, self.path, self.on_event = kube, path, on_event
         self.synced = threading.Event()
         self._stop = threading.Event()
@@ -92,8 +96,10 @@ class Clock:
         self._lock = threading.Lock()
         self.pods: dict[str, Pod] = {}
         self.running: dict[tuple[str, int], float] = {}
-        self.watchers = [Watcher(kube, PODS_PATH.format(ns=namespace), self._pod),
-                         Watcher(kube, JOBS_PATH.format(ns=namespace), self._job)]  # fmt: skip
+        self.watchers = [
+            Watcher(kube, PODS_PATH.format(ns=namespace), self._pod),
+            Watcher(kube, JOBS_PATH.format(ns=namespace), self._job),
+        ]
         for watcher in self.watchers:
             if not watcher.synced.wait(60):
                 raise RuntimeError(f"no list of {watcher.path} within 60 s")

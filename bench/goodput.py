@@ -107,14 +107,19 @@ def job_doc(
     spec["training"]["steps"] = 10_000_000  # never finishes: the soak stops it
     spec["training"]["scheduler"] = {"kind": "constant", "warmupSteps": 10}
     spec["checkpoint"].update(
-        intervalSteps=every, keep=2,
+        intervalSteps=every,
+        keep=2,
         autoInterval={"minSteps": 5, "maxSteps": 100_000, "priorMtbfSeconds": prior},
-    )  # fmt: skip
+    )
     spec["failurePolicy"] = {
-        "maxRestarts": 1000, "maxInfraRestarts": 1000, "maxRestartsWithoutProgress": 1000,
+        "maxRestarts": 1000,
+        "maxInfraRestarts": 1000,
+        "maxRestartsWithoutProgress": 1000,
         "backoff": {"initialSeconds": 1, "maxSeconds": 2},
-        "nodeLossGraceSeconds": 4, "progressDeadlineSeconds": 10, "pendingTimeoutSeconds": 120,
-    }  # fmt: skip
+        "nodeLossGraceSeconds": 4,
+        "progressDeadlineSeconds": 10,
+        "pendingTimeoutSeconds": 120,
+    }
     if in_place:
         spec["failurePolicy"]["inPlaceRestarts"] = IN_PLACE_RESTARTS
         spec["checkpoint"]["memory"] = {**MEMORY_TIER, "intervalSteps": memory_every}
@@ -146,8 +151,9 @@ def crd_without_memory_default(cluster: controlplane.Cluster, state: Path) -> li
     probe = json.dumps(job_doc("crd-probe", every="auto", prior=80.0))
 
     def accepted() -> bool:
-        done = cluster.kubectl("apply", "-n", NS, "--dry-run=server", "-f", "-", input=probe,
-                               check=False)  # fmt: skip
+        done = cluster.kubectl(
+            "apply", "-n", NS, "--dry-run=server", "-f", "-", input=probe, check=False
+        )
         return done.returncode == 0
 
     stack.wait_for("a job with inPlaceRestarts 0 admitted", accepted, timeout=60, every=1.0)
@@ -185,11 +191,19 @@ def in_place_resumes(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for raw in h.get("restartsInPlace") or []:
             r = st.InPlaceRestart.model_validate(raw)
             seconds = r.resumed - r.failure.time if r.resumed is not None else None
-            out.append({"cause": r.failure.cause.value, "how": "inPlace",
-                        "seconds": seconds, "attempt": h.get("attempt"),
-                        "generation": r.generation, "fromMemory": r.from_memory,
-                        "resumedFromStep": r.resumed_from_step, "stepsLost": r.steps_lost,
-                        "failedAtStep": r.failure.step})  # fmt: skip
+            out.append(
+                {
+                    "cause": r.failure.cause.value,
+                    "how": "inPlace",
+                    "seconds": seconds,
+                    "attempt": h.get("attempt"),
+                    "generation": r.generation,
+                    "fromMemory": r.from_memory,
+                    "resumedFromStep": r.resumed_from_step,
+                    "stepsLost": r.steps_lost,
+                    "failedAtStep": r.failure.step,
+                }
+            )
     return out
 
 
@@ -201,9 +215,15 @@ def by_cause(resumes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         for key in (str(x["cause"]), f"{x['cause']} ({x.get('how', 'recreated')})"):
             groups.setdefault(key, []).append(float(x["seconds"]))
-    return {k: {"n": len(v), "p50": round(statistics.median(v), 2),
-                "mean": round(statistics.mean(v), 2), "max": round(max(v), 2)}
-            for k, v in sorted(groups.items())}  # fmt: skip
+    return {
+        k: {
+            "n": len(v),
+            "p50": round(statistics.median(v), 2),
+            "mean": round(statistics.mean(v), 2),
+            "max": round(max(v), 2),
+        }
+        for k, v in sorted(groups.items())
+    }
 
 
 @dataclasses.dataclass
@@ -242,10 +262,14 @@ class Run:
         for h in history:
             tl = st.Timeline.model_validate(h["timeline"]) if h.get("timeline") else None
             if tl is not None and tl.failed is not None and tl.first_step is not None:
-                resumes.append({"cause": tl.cause.value if tl.cause else None,
-                                "seconds": st.time_to_resume(tl),
-                                "phases": dict(st.breakdown(tl)),
-                                "attempt": h.get("attempt")})  # fmt: skip
+                resumes.append(
+                    {
+                        "cause": tl.cause.value if tl.cause else None,
+                        "seconds": st.time_to_resume(tl),
+                        "phases": dict(st.breakdown(tl)),
+                        "attempt": h.get("attempt"),
+                    }
+                )
         steps = statistics.mean(self.interval_samples) if self.interval_samples else None
         mem = statistics.mean(self.memory_samples) if self.memory_samples else None
         if self.in_place or any(h.get("restartsInPlace") for h in history):
@@ -253,21 +277,27 @@ class Run:
                 x["how"] = "recreated"
             resumes += in_place_resumes(history)
         return {
-            "label": self.label, "intervalSteps": self.every,
+            "label": self.label,
+            "intervalSteps": self.every,
             "meanIntervalSteps": steps,
             "intervalSeconds": steps * step_seconds if steps else None,
-            "failures": len(self.faults), "faults": self.faults,
+            "failures": len(self.faults),
+            "faults": self.faults,
             "goodput": g.get("fraction"),
             "goodputSteady": round(g.get("productiveSeconds", 0.0) / steady, 4) if steady else None,
-            "wallSeconds": wall, "lostSeconds": lost, "redoneSeconds": g.get("redoneSeconds"),
-            "resumes": resumes, "checkpointInterval": s.get("checkpointInterval"),
+            "wallSeconds": wall,
+            "lostSeconds": lost,
+            "redoneSeconds": g.get("redoneSeconds"),
+            "resumes": resumes,
+            "checkpointInterval": s.get("checkpointInterval"),
             "reliability": s.get("reliability"),
             "memoryIntervalSteps": self.memory_every if self.in_place else None,
             "meanMemoryIntervalSteps": mem,
             "memoryIntervalSeconds": mem * step_seconds if mem else None,
-            "memorySaveSeconds": (statistics.median(self.memory_saves)
-                                  if self.memory_saves else None),
-        }  # fmt: skip
+            "memorySaveSeconds": (
+                statistics.median(self.memory_saves) if self.memory_saves else None
+            ),
+        }
 
 
 class Soak:
@@ -301,8 +331,13 @@ class Soak:
                     return s
             return None
 
-        return stack.wait_for(f"{name}: training again", ready, timeout=300, every=0.5,
-                              context=lambda: self.context(name))  # fmt: skip
+        return stack.wait_for(
+            f"{name}: training again",
+            ready,
+            timeout=300,
+            every=0.5,
+            context=lambda: self.context(name),
+        )
 
     def context(self, name: str) -> str:
         """What a user would look at when a recovery does not come: the job's status and
@@ -314,13 +349,14 @@ class Soak:
             f"deleting={bool(p['metadata'].get('deletionTimestamp'))}"
             for p in pods
         ]
-        events = self.cluster.kubectl("get", "events", "-n", NS, "--sort-by=.lastTimestamp",
-                                      check=False).stdout[-4000:]  # fmt: skip
+        events = self.cluster.kubectl(
+            "get", "events", "-n", NS, "--sort-by=.lastTimestamp", check=False
+        ).stdout[-4000:]
         logs = [
             f"--- {p['metadata']['name']}\n"
             + self.cluster.kubectl(
                 "logs", "-n", NS, p["metadata"]["name"], "--tail=25", check=False
-            ).stdout  # fmt: skip
+            ).stdout
             for p in pods
         ]
         status = json.dumps(self.status(name), indent=1)[-6000:]
@@ -341,9 +377,14 @@ class Soak:
             r = st.InPlaceRestart.model_validate(
                 {k: v for k, v in new[0].items() if k != "attempt"}
             )
-            fault.update(recovery="inPlace", cause=r.failure.cause.value,
-                         generation=r.generation, fromMemory=r.from_memory,
-                         firstStep=r.resumed, inPlaceRestarts=len(new))  # fmt: skip
+            fault.update(
+                recovery="inPlace",
+                cause=r.failure.cause.value,
+                generation=r.generation,
+                fromMemory=r.from_memory,
+                firstStep=r.resumed,
+                inPlaceRestarts=len(new),
+            )
         else:
             ended = history.get(after_attempt) or _entry(s, after_attempt)
             tl_raw = _entry(s, s.get("attempt", 0)).get("timeline")
@@ -354,12 +395,22 @@ class Soak:
             for a in range(after_attempt, s.get("attempt", 0)):
                 h = history.get(a) or _entry(s, a)
                 words = str((h.get("failure") or {}).get("message", ""))[:300]
-                chain.append({"attempt": a, "cause": h.get("cause"), "message": words,
-                              "timeline": h.get("timeline")})  # fmt: skip
-            fault.update(recovery="recreated", cause=ended.get("cause"),
-                         attempts=s.get("attempt", 0) - after_attempt, chain=chain,
-                         firstStep=tl.first_step if tl else None,
-                         inPlaceRestarts=len(new))  # fmt: skip
+                chain.append(
+                    {
+                        "attempt": a,
+                        "cause": h.get("cause"),
+                        "message": words,
+                        "timeline": h.get("timeline"),
+                    }
+                )
+            fault.update(
+                recovery="recreated",
+                cause=ended.get("cause"),
+                attempts=s.get("attempt", 0) - after_attempt,
+                chain=chain,
+                firstStep=tl.first_step if tl else None,
+                inPlaceRestarts=len(new),
+            )
         first = fault.get("firstStep")
         fault["sinceFault"] = round(first - fault["time"], 3) if first is not None else None
 
@@ -396,12 +447,22 @@ class Soak:
         name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
         rng = random.Random(seed)
         draws = [rng.expovariate(1.0 / self.args.mtbf) for _ in range(self.args.failures)]
-        picks = [rng.choice(KINDS) if self.args.faults == "mixed" else self.args.faults
-                 for _ in range(self.args.failures)]  # fmt: skip
+        picks = [
+            rng.choice(KINDS) if self.args.faults == "mixed" else self.args.faults
+            for _ in range(self.args.failures)
+        ]
         chooser = random.Random(seed + 1)  # which pod / rank: same sequence for every config
         prior = self.args.prior_factor * self.args.mtbf
-        self.jobs.apply(job_doc(name, every=every, prior=prior, in_place=in_place, spares=spares,
-                                memory_every=memory_every))  # fmt: skip
+        self.jobs.apply(
+            job_doc(
+                name,
+                every=every,
+                prior=prior,
+                in_place=in_place,
+                spares=spares,
+                memory_every=memory_every,
+            )
+        )
         run = Run(label, every, in_place=in_place, spares=spares, memory_every=memory_every)
         started = time.time()
         s = self.training_again(name, 0)
@@ -440,16 +501,20 @@ class Soak:
                         + (", from memory" if fault.get("fromMemory") else "")
                         + ")"
                     )
-                print(f"  {label}: fault {i + 1}/{len(draws)} {kind} after {wait:.1f}s; "
-                      f"training again in attempt {s['attempt']}{how}", flush=True)  # fmt: skip
+                print(
+                    f"  {label}: fault {i + 1}/{len(draws)} {kind} after {wait:.1f}s; "
+                    f"training again in attempt {s['attempt']}{how}",
+                    flush=True,
+                )
             time.sleep(2.0)  # a last scrape of the attempt that is training now
             run.status = self.status(name)
             if self.args.in_place:  # goodput is rewritten at most every 30 s: a fresh one
                 run.status = self.fresh_goodput(name, after=time.time())
         finally:
             run.wall = time.time() - started
-            self.cluster.kubectl("delete", "fsdpjob", name, "-n", NS, "--wait=true",
-                                 "--timeout=120s", check=False)  # fmt: skip
+            self.cluster.kubectl(
+                "delete", "fsdpjob", name, "-n", NS, "--wait=true", "--timeout=120s", check=False
+            )
             for node in {f["node"] for f in run.faults if f.get("node")}:
                 self.faults.restore_node(node)
             stack.wait_for("pods gone", lambda: not self.jobs.pods(name), timeout=120)
@@ -486,9 +551,12 @@ def _costs(run: Run) -> tuple[float, float]:
 def _model(tau: float, m: dict[str, Any]) -> float:
     """Faults strike only while the job trains (they are drawn on its uptime)."""
     return interval.model_goodput(
-        interval_seconds=tau, save_seconds=m["saveSeconds"], restart_seconds=m["restartSeconds"],
-        mtbf_seconds=m["mtbfSeconds"], fail_while_restarting=False,
-    )  # fmt: skip
+        interval_seconds=tau,
+        save_seconds=m["saveSeconds"],
+        restart_seconds=m["restartSeconds"],
+        mtbf_seconds=m["mtbfSeconds"],
+        fail_while_restarting=False,
+    )
 
 
 def analyse(result: dict[str, Any]) -> None:
@@ -504,15 +572,19 @@ def analyse(result: dict[str, Any]) -> None:
 
 def report(result: dict[str, Any]) -> None:
     m = result["model"]
-    print(f"\nmodel: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, MTBF "
-          f"{m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.1f}s, goodput "
-          f"{100 * m['optimumGoodput']:.1f}%")  # fmt: skip
+    print(
+        f"\nmodel: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, MTBF "
+        f"{m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.1f}s, goodput "
+        f"{100 * m['optimumGoodput']:.1f}%"
+    )
     print(f"{'run':<16}{'interval':>10}{'seconds':>9}{'goodput':>9}{'steady':>8}{'model':>8}")
     for r in result["runs"]:
         secs = r["intervalSeconds"] or 0.0
-        print(f"{r['label']:<16}{r['meanIntervalSteps'] or 0:>10.0f}{secs:>9.1f}"
-              f"{100 * (r['goodput'] or 0):>8.1f}%{100 * (r['goodputSteady'] or 0):>7.1f}%"
-              f"{100 * r.get('modelGoodput', 0):>7.1f}%")  # fmt: skip
+        print(
+            f"{r['label']:<16}{r['meanIntervalSteps'] or 0:>10.0f}{secs:>9.1f}"
+            f"{100 * (r['goodput'] or 0):>8.1f}%{100 * (r['goodputSteady'] or 0):>7.1f}%"
+            f"{100 * r.get('modelGoodput', 0):>7.1f}%"
+        )
 
 
 def plot(result: dict[str, Any], path: Path, title: str | None = None) -> None:
@@ -532,15 +604,23 @@ def plot(result: dict[str, Any], path: Path, title: str | None = None) -> None:
         if r["intervalSeconds"] is None or r["goodputSteady"] is None:
             continue
         auto = r["intervalSteps"] == "auto"
-        ax.scatter([r["intervalSeconds"]], [100 * r["goodputSteady"]], s=70 if auto else 40,
-                   marker="*" if auto else "o", zorder=3,
-                   color="tab:red" if auto else "tab:blue",
-                   label=f"{r['label']} (measured)")  # fmt: skip
+        ax.scatter(
+            [r["intervalSeconds"]],
+            [100 * r["goodputSteady"]],
+            s=70 if auto else 40,
+            marker="*" if auto else "o",
+            zorder=3,
+            color="tab:red" if auto else "tab:blue",
+            label=f"{r['label']} (measured)",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("compute between checkpoints (s, log)")
     ax.set_ylabel("goodput (%), start-up excluded")
-    ax.set_title(title or f"goodput vs checkpoint interval: MTBF {m['mtbfSeconds']:.0f}s, "
-                 f"{result['args']['faults']} faults")  # fmt: skip
+    ax.set_title(
+        title
+        or f"goodput vs checkpoint interval: MTBF {m['mtbfSeconds']:.0f}s, "
+        f"{result['args']['faults']} faults"
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -555,12 +635,18 @@ def in_place_summary(run: Run, step_s: float) -> dict[str, Any]:
     out["memory"] = dict(MEMORY_TIER) if run.in_place else None
     out["spares"] = run.spares
     out["resumesByCause"] = by_cause(out["resumes"])
-    since = [{"cause": f.get("cause"), "how": f.get("recovery"), "seconds": f["sinceFault"]}
-             for f in run.faults if f.get("sinceFault") is not None]  # fmt: skip
+    since = [
+        {"cause": f.get("cause"), "how": f.get("recovery"), "seconds": f["sinceFault"]}
+        for f in run.faults
+        if f.get("sinceFault") is not None
+    ]
     out["sinceFaultByCause"] = by_cause(since)
     loads = [x.get("fromMemory") for x in out["resumes"] if x.get("how") == "inPlace"]
-    out["inPlaceLoads"] = {"memory": loads.count(True), "claim": loads.count(False),
-                           "unknown": loads.count(None)}  # fmt: skip
+    out["inPlaceLoads"] = {
+        "memory": loads.count(True),
+        "claim": loads.count(False),
+        "unknown": loads.count(None),
+    }
     out["recoveries"] = {
         how: sum(1 for f in run.faults if f.get("recovery") == how)
         for how in ("inPlace", "recreated")
@@ -578,16 +664,37 @@ def in_place_summary(run: Run, step_s: float) -> dict[str, Any]:
 def machine_note(args: argparse.Namespace) -> str:
     mem = int(Path("/proc/meminfo").read_text().split()[1]) // 2**20
     gpu = "a GPU" if Path("/dev/nvidia0").exists() else "no GPU"
-    return (f"{os.cpu_count()} cores, {mem} GiB, {gpu}; local control plane + {args.nodes} "
-            "kubelet nodes (containerd); operator as a host process")  # fmt: skip
+    return (
+        f"{os.cpu_count()} cores, {mem} GiB, {gpu}; local control plane + {args.nodes} "
+        "kubelet nodes (containerd); operator as a host process"
+    )
 
 
 def tree() -> str:
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
-    dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "operator",
-                            "worker", "bench", "crds", "harness", "localcluster"],
-                           capture_output=True, text=True, check=False).stdout  # fmt: skip
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(ROOT),
+            "status",
+            "--porcelain",
+            "operator",
+            "worker",
+            "bench",
+            "crds",
+            "harness",
+            "localcluster",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
     changed = sorted(line[3:] for line in dirty.splitlines() if line.strip())
     return head + (f" + uncommitted {', '.join(changed)}" if changed else "")
 
@@ -597,10 +704,12 @@ def report_in_place(result: dict[str, Any]) -> None:
     print(f"\n{'run':<10}{'goodput':>9}{'steady':>8}  recoveries  in-place loads (memory/claim)")
     for r in runs:
         rec, loads = r["recoveries"], r["inPlaceLoads"]
-        print(f"{r['label']:<10}{100 * (r['goodput'] or 0):>8.1f}%"
-              f"{100 * (r['goodputSteady'] or 0):>7.1f}%  "
-              f"{rec['inPlace']:>2} in place, {rec['recreated']:>2} recreated  "
-              f"{loads['memory']}/{loads['claim']}")  # fmt: skip
+        print(
+            f"{r['label']:<10}{100 * (r['goodput'] or 0):>8.1f}%"
+            f"{100 * (r['goodputSteady'] or 0):>7.1f}%  "
+            f"{rec['inPlace']:>2} in place, {rec['recreated']:>2} recreated  "
+            f"{loads['memory']}/{loads['claim']}"
+        )
     print("\ntime to resume, s (operator's record; injection -> next first step in brackets)")
     print(f"{'cause':<24}" + "".join(f"{r['label'] + ' n / p50 / mean / max':>40}" for r in runs))
     causes = sorted({c for r in runs for c in r["resumesByCause"]})
@@ -629,8 +738,10 @@ def plot_in_place(result: dict[str, Any], path: Path) -> None:
 
     runs = result["runs"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4))
-    panels = (("sinceFaultByCause", "injected fault -> next first step"),
-              ("resumesByCause", "operator's record: failure -> first step"))  # fmt: skip
+    panels = (
+        ("sinceFaultByCause", "injected fault -> next first step"),
+        ("resumesByCause", "operator's record: failure -> first step"),
+    )
     for ax, (key, title) in zip(axes, panels, strict=True):
         causes = sorted({c for r in runs for c in r[key] if "(" not in c})
         width = 0.8 / max(1, len(runs))
@@ -639,21 +750,26 @@ def plot_in_place(result: dict[str, Any], path: Path) -> None:
             cells = [r[key].get(c) for c in causes]
             p50 = [c["p50"] if c else 0.0 for c in cells]
             top = [c["max"] - c["p50"] if c else 0.0 for c in cells]
-            label = (f"{r['label']}: goodput {100 * (r['goodput'] or 0):.1f}% "
-                     f"(steady {100 * (r['goodputSteady'] or 0):.1f}%)")  # fmt: skip
+            label = (
+                f"{r['label']}: goodput {100 * (r['goodput'] or 0):.1f}% "
+                f"(steady {100 * (r['goodputSteady'] or 0):.1f}%)"
+            )
             ax.bar(xs, p50, width, yerr=[[0.0] * len(top), top], capsize=3, label=label)
             for x, c in zip(xs, cells, strict=True):
                 if c:
                     ax.text(x, 0.5, f"n={c['n']}", ha="center", fontsize=7, color="white")
-        ax.set_xticks([j + width * (len(runs) - 1) / 2 for j in range(len(causes))], causes,
-                      fontsize=8)  # fmt: skip
+        ax.set_xticks(
+            [j + width * (len(runs) - 1) / 2 for j in range(len(causes))], causes, fontsize=8
+        )
         ax.set_ylabel("seconds: p50 (bar) to max")
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=7)
     args = result["args"]
-    fig.suptitle(f"gang recreated vs restarted in place: MTBF {float(args['mtbf']):g}s, "
-                 f"{args['failures']} {args['faults']} faults, same draws",
-                 fontsize=11)  # fmt: skip
+    fig.suptitle(
+        f"gang recreated vs restarted in place: MTBF {float(args['mtbf']):g}s, "
+        f"{args['failures']} {args['faults']} faults, same draws",
+        fontsize=11,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -666,9 +782,14 @@ def memory_model(auto: dict[str, Any], step_s: float, mtbf: float) -> dict[str, 
     save = float(auto.get("memorySaveSeconds") or 0.0)
     resumes = [x["seconds"] for x in auto["resumes"] if x.get("seconds")]
     optimum = interval.daly_interval_seconds(save, mtbf)
-    return {"saveSeconds": save, "stepSeconds": step_s, "mtbfSeconds": mtbf,
-            "restartSeconds": statistics.mean(resumes) if resumes else 0.0,
-            "optimumSeconds": optimum, "optimumSteps": max(1, round(optimum / step_s))}  # fmt: skip
+    return {
+        "saveSeconds": save,
+        "stepSeconds": step_s,
+        "mtbfSeconds": mtbf,
+        "restartSeconds": statistics.mean(resumes) if resumes else 0.0,
+        "optimumSeconds": optimum,
+        "optimumSteps": max(1, round(optimum / step_s)),
+    }
 
 
 def memory_sweep(result: dict[str, Any]) -> dict[str, Any] | None:
@@ -692,9 +813,12 @@ def memory_sweep(result: dict[str, Any]) -> dict[str, Any] | None:
         "autoSteady": auto.get("goodputSteady"),
         "pointsUnderModelOptimum": round(100 * (m["optimumGoodput"] - steady), 1),
         "bestFixed": best["label"] if best else None,
-        "pointsUnderBestFixed": (round(100 * (best["goodputSteady"] - auto["goodputSteady"]), 1)
-                                 if best and auto.get("goodputSteady") is not None else None),
-    }  # fmt: skip
+        "pointsUnderBestFixed": (
+            round(100 * (best["goodputSteady"] - auto["goodputSteady"]), 1)
+            if best and auto.get("goodputSteady") is not None
+            else None
+        ),
+    }
 
 
 def report_memory_sweep(result: dict[str, Any]) -> None:
@@ -702,17 +826,21 @@ def report_memory_sweep(result: dict[str, Any]) -> None:
     if not sweep:
         return
     m = result["memoryModel"]
-    print(f"\nmemory tier: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, "
-          f"MTBF {m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.2f}s "
-          f"({m['optimumSteps']} steps), model {100 * m['optimumGoodput']:.1f}%")  # fmt: skip
+    print(
+        f"\nmemory tier: save {m['saveSeconds']:.3f}s, restart {m['restartSeconds']:.1f}s, "
+        f"MTBF {m['mtbfSeconds']:g}s -> optimum {m['optimumSeconds']:.2f}s "
+        f"({m['optimumSteps']} steps), model {100 * m['optimumGoodput']:.1f}%"
+    )
     print(f"{'run':<16}{'memory every':>13}{'seconds':>9}{'goodput':>9}{'steady':>8}{'model':>8}")
     for r in result["runs"]:
         if r["label"] not in sweep["runs"]:
             continue
-        print(f"{r['label']:<16}{r['meanMemoryIntervalSteps'] or 0:>13.1f}"
-              f"{r['memoryIntervalSeconds'] or 0:>9.2f}{100 * (r['goodput'] or 0):>8.1f}%"
-              f"{100 * (r['goodputSteady'] or 0):>7.1f}%"
-              f"{100 * r.get('memoryModelGoodput', 0):>7.1f}%")  # fmt: skip
+        print(
+            f"{r['label']:<16}{r['meanMemoryIntervalSteps'] or 0:>13.1f}"
+            f"{r['memoryIntervalSeconds'] or 0:>9.2f}{100 * (r['goodput'] or 0):>8.1f}%"
+            f"{100 * (r['goodputSteady'] or 0):>7.1f}%"
+            f"{100 * r.get('memoryModelGoodput', 0):>7.1f}%"
+        )
     print(
         f"auto: {sweep['pointsUnderModelOptimum']} points under the model's optimum, "
         f"{sweep['pointsUnderBestFixed']} under the best fixed ({sweep['bestFixed']})"
@@ -724,12 +852,20 @@ def plot_memory_sweep(result: dict[str, Any], path: Path) -> None:
     sweep = result.get("memorySweep")
     if not sweep:
         return
-    runs = [{"label": r["label"] + (": auto" if r["memoryIntervalSteps"] == "auto" else ""),
-             "intervalSeconds": r.get("memoryIntervalSeconds"),
-             "goodputSteady": r.get("goodputSteady"), "intervalSteps": r["memoryIntervalSteps"]}
-            for r in result["runs"] if r["label"] in sweep["runs"]]  # fmt: skip
-    title = (f"in place: goodput vs the memory tier's interval (claim: auto), MTBF "
-             f"{float(result['args']['mtbf']):g}s")  # fmt: skip
+    runs = [
+        {
+            "label": r["label"] + (": auto" if r["memoryIntervalSteps"] == "auto" else ""),
+            "intervalSeconds": r.get("memoryIntervalSeconds"),
+            "goodputSteady": r.get("goodputSteady"),
+            "intervalSteps": r["memoryIntervalSteps"],
+        }
+        for r in result["runs"]
+        if r["label"] in sweep["runs"]
+    ]
+    title = (
+        f"in place: goodput vs the memory tier's interval (claim: auto), MTBF "
+        f"{float(result['args']['mtbf']):g}s"
+    )
     plot({"model": result["memoryModel"], "runs": runs}, path, title)
 
 
@@ -766,8 +902,11 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
     elif args.no_baselines:
         plan.append(("in-place", True, 0))
     for label, in_place, spares in plan:
-        print(f"{label}: intervalSteps auto, inPlaceRestarts "
-              f"{IN_PLACE_RESTARTS if in_place else 0}, spares {spares}", flush=True)  # fmt: skip
+        print(
+            f"{label}: intervalSteps auto, inPlaceRestarts "
+            f"{IN_PLACE_RESTARTS if in_place else 0}, spares {spares}",
+            flush=True,
+        )
         runs.append(soak.run(label, "auto", args.seed, in_place=in_place, spares=spares))
         save()
     factors = [float(f) for f in args.memory_factors.split(",") if f.strip()]
@@ -776,14 +915,25 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         swept = runs[-1]
         m = memory_model(in_place_summary(swept, _costs(swept)[1]), _costs(swept)[1], args.mtbf)
         result["memoryModel"], result["memorySweepOf"] = m, label
-        print(f"memory tier measured: save {m['saveSeconds']:.3f}s, step "
-              f"{m['stepSeconds']:.4f}s -> optimum {m['optimumSeconds']:.2f}s = "
-              f"{m['optimumSteps']} steps", flush=True)  # fmt: skip
+        print(
+            f"memory tier measured: save {m['saveSeconds']:.3f}s, step "
+            f"{m['stepSeconds']:.4f}s -> optimum {m['optimumSeconds']:.2f}s = "
+            f"{m['optimumSteps']} steps",
+            flush=True,
+        )
         for f in factors:
             steps = max(1, round(m["optimumSteps"] * f))
             print(f"memory {f:g}x: checkpoint.memory.intervalSteps {steps}", flush=True)
-            runs.append(soak.run(f"memory {f:g}x", "auto", args.seed, in_place=True,
-                                 spares=spares, memory_every=steps))  # fmt: skip
+            runs.append(
+                soak.run(
+                    f"memory {f:g}x",
+                    "auto",
+                    args.seed,
+                    in_place=True,
+                    spares=spares,
+                    memory_every=steps,
+                )
+            )
             save()
     try:
         plot_in_place(result, args.plot)
@@ -805,26 +955,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factors", default="0.25,1,4", help="fixed intervals, x the optimum")
     parser.add_argument("--repeat", type=int, default=1, help="extra 1x runs, same draws")
     parser.add_argument("--reseed", type=int, default=1, help="extra 1x runs, other draws")
-    parser.add_argument("--prior-factor", type=float, default=2.0,
-                        help="autoInterval.priorMtbfSeconds as a multiple of --mtbf")  # fmt: skip
+    parser.add_argument(
+        "--prior-factor",
+        type=float,
+        default=2.0,
+        help="autoInterval.priorMtbfSeconds as a multiple of --mtbf",
+    )
     parser.add_argument("--nodes", type=int, default=3)
     parser.add_argument("--out", type=Path, help=f"default {OUT} ({OUT_IN_PLACE} --in-place)")
     parser.add_argument("--plot", type=Path, help=f"default {PLOT} ({PLOT_IN_PLACE} --in-place)")
     parser.add_argument("--replot", type=Path, help="only re-analyse and re-plot this result")
-    parser.add_argument("--in-place", action="store_true",
-                        help="recreate against restarts in place (with the memory tier), "
-                        "the same draws")  # fmt: skip
-    parser.add_argument("--spares", type=int, default=0,
-                        help="with --in-place: a third run, in place with spec.spares N "
-                        "(--nodes must leave a node for them)")  # fmt: skip
-    parser.add_argument("--memory-factors", default="",
-                        help="with --in-place: then fixed checkpoint.memory intervals at these "
-                        "multiples of the memory tier's optimum (e.g. 0.25,1,4)")  # fmt: skip
-    parser.add_argument("--no-baselines", action="store_true",
-                        help="with --in-place: skip the recreate and plain in-place runs when "
-                        "--spares is given (only the runs --memory-factors compares)")  # fmt: skip
-    parser.add_argument("--no-build", action="store_true",
-                        help="use the images podman holds now; do not build them")  # fmt: skip
+    parser.add_argument(
+        "--in-place",
+        action="store_true",
+        help="recreate against restarts in place (with the memory tier), " "the same draws",
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="with --in-place: a third run, in place with spec.spares N "
+        "(--nodes must leave a node for them)",
+    )
+    parser.add_argument(
+        "--memory-factors",
+        default="",
+        help="with --in-place: then fixed checkpoint.memory intervals at these "
+        "multiples of the memory tier's optimum (e.g. 0.25,1,4)",
+    )
+    parser.add_argument(
+        "--no-baselines",
+        action="store_true",
+        help="with --in-place: skip the recreate and plain in-place runs when "
+        "--spares is given (only the runs --memory-factors compares)",
+    )
+    parser.add_argument(
+        "--no-build", action="store_true", help="use the images podman holds now; do not build them"
+    )
     args = parser.parse_args(argv)
     args.out = args.out or (OUT_IN_PLACE if args.in_place else OUT)
     args.plot = args.plot or (PLOT_IN_PLACE if args.in_place else PLOT)
@@ -869,17 +1036,30 @@ def main(argv: list[str] | None = None) -> int:
         save_s, step_s = _costs(runs[0])
         optimum = interval.daly_interval_seconds(save_s, args.mtbf)
         best = max(1, round(optimum / step_s))
-        print(f"measured: save {save_s:.3f}s, step {step_s:.4f}s -> optimum {optimum:.1f}s "
-              f"= {best} steps", flush=True)  # fmt: skip
-        plan = [(f"{f}x", max(1, round(best * float(f))), args.seed)
-                for f in args.factors.split(",")]  # fmt: skip
+        print(
+            f"measured: save {save_s:.3f}s, step {step_s:.4f}s -> optimum {optimum:.1f}s "
+            f"= {best} steps",
+            flush=True,
+        )
+        plan = [
+            (f"{f}x", max(1, round(best * float(f))), args.seed) for f in args.factors.split(",")
+        ]
         plan += [(f"1x repeat {i + 1}", best, args.seed) for i in range(args.repeat)]
-        plan += [(f"1x seed {args.seed + 100 + i}", best, args.seed + 100 + i)
-                 for i in range(args.reseed)]  # fmt: skip
-        model = {"saveSeconds": save_s, "stepSeconds": step_s, "mtbfSeconds": args.mtbf,
-                 "optimumSeconds": optimum, "optimumSteps": best}  # fmt: skip
-        result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()},
-                                  "model": model}  # fmt: skip
+        plan += [
+            (f"1x seed {args.seed + 100 + i}", best, args.seed + 100 + i)
+            for i in range(args.reseed)
+        ]
+        model = {
+            "saveSeconds": save_s,
+            "stepSeconds": step_s,
+            "mtbfSeconds": args.mtbf,
+            "optimumSeconds": optimum,
+            "optimumSteps": best,
+        }
+        result: dict[str, Any] = {
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "model": model,
+        }
         if crd_patch:
             result["crdPatch"] = crd_patch
 

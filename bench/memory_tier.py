@@ -43,14 +43,15 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
     di, st, meters, manager, _fwd_bwd, train_step = wc._build(cfg_doc, async_=False, attempt=1)
     claim = manager(checkpoint.SaveMode.SYNC)
     ident = checkpoint.Identity(1, None, claim.identity.config_hash, 2)
-    tier = memtier.MemoryTier(memory_base, identity=ident, dist_info=di,
-                              meters=meters)  # fmt: skip
-    out: dict[str, list[float]] = {k: [] for k in ("claim_save", "memory_save", "claim_load",
-                                                   "memory_load")}  # fmt: skip
+    tier = memtier.MemoryTier(memory_base, identity=ident, dist_info=di, meters=meters)
+    out: dict[str, list[float]] = {
+        k: [] for k in ("claim_save", "memory_save", "claim_load", "memory_load")
+    }
 
     def save_memory() -> None:
-        tier.save(st.step, samples=st.samples,
-                  make_state=lambda: state.to_save(st, group=di.ckpt_group))  # fmt: skip
+        tier.save(
+            st.step, samples=st.samples, make_state=lambda: state.to_save(st, group=di.ckpt_group)
+        )
 
     train_step()
     claim.save(st)  # warm-up of both paths
@@ -68,11 +69,13 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
         path = f"{claim.root}/{catalog.step_dir_name(step)}"
         marker = catalog.Marker.from_json(Path(path, catalog.MARKER_NAME).read_bytes())
         points = {
-            "claim_load": resume.ResumePoint(path, step, marker.world_size,
-                                             marker.samples_consumed, 2),
-            "memory_load": resume.ResumePoint(tier.rank_path(step), step, di.world_size,
-                                              st.samples, 2, memory=True),
-        }  # fmt: skip
+            "claim_load": resume.ResumePoint(
+                path, step, marker.world_size, marker.samples_consumed, 2
+            ),
+            "memory_load": resume.ResumePoint(
+                tier.rank_path(step), step, di.world_size, st.samples, 2, memory=True
+            ),
+        }
         loads = list(points)
         for key in loads[rep % 2 :] + loads[: rep % 2]:
             if key == "claim_load" and di.rank == 0:
@@ -116,10 +119,23 @@ def main() -> None:
         cfg_path.write_text(json.dumps(cfg))
         started = time.monotonic()
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(wc.REPO / "worker"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node=2", __file__, "--inner", "--config", str(cfg_path),
-               "--memory", str(memory), "--out", str(raw_path),
-               "--reps", str(args.reps)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            __file__,
+            "--inner",
+            "--config",
+            str(cfg_path),
+            "--memory",
+            str(memory),
+            "--out",
+            str(raw_path),
+            "--reps",
+            str(args.reps),
+        ]
         subprocess.run(cmd, env=env, check=True)
         raw = json.loads(raw_path.read_text())
         size = raw.pop("bytes")[0]

@@ -92,8 +92,9 @@ def crash_trials(jobs: harness.Jobs, clock: PodClock, n: int) -> list[float]:
     for i in range(n):
         name = f"bcrash-{i}"
         jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 4}, training={"steps": 10}))
-        harness.wait_for("second attempt", lambda n=name: jobs.status(n).get("attempt") == 2,
-                         timeout=90)  # fmt: skip
+        harness.wait_for(
+            "second attempt", lambda n=name: jobs.status(n).get("attempt") == 2, timeout=90
+        )
         time.sleep(1.0)
         failed = clock.first(lambda p, ph, n=name: p.startswith(f"{n}-a1-") and ph == "Failed")
         created = clock.first(lambda p, ph, n=name: p.startswith(f"{n}-a2-") and ph == "Added")
@@ -110,21 +111,32 @@ def node_loss_trials(jobs: harness.Jobs, op: harness.Operator, n: int) -> list[d
     for i in range(n):
         name = f"bnode-{i}"
         jobs.apply(harness.job_doc(name, training={"steps": 4000}))
-        pods = harness.wait_for("pods running", lambda n=name: len(jobs.running_pods(n, 1)) == 2
-                                and jobs.running_pods(n, 1), timeout=90)  # fmt: skip
+        pods = harness.wait_for(
+            "pods running",
+            lambda n=name: len(jobs.running_pods(n, 1)) == 2 and jobs.running_pods(n, 1),
+            timeout=90,
+        )
         node = pods[1]["spec"]["nodeName"]
         time.sleep(2.0)
         lost_at = time.time()
         faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
-            s = harness.wait_for("NodeLost", lambda n=name: (s := jobs.status(n)).get("attempt")
-                                 == 2 and s, timeout=120)  # fmt: skip
-            cond = next(c for c in op.cluster.get_json("node", node)["status"]["conditions"]
-                        if c["type"] == "Ready")  # fmt: skip
+            s = harness.wait_for(
+                "NodeLost",
+                lambda n=name: (s := jobs.status(n)).get("attempt") == 2 and s,
+                timeout=120,
+            )
+            cond = next(
+                c
+                for c in op.cluster.get_json("node", node)["status"]["conditions"]
+                if c["type"] == "Ready"
+            )
             not_ready = harness_ts(cond["lastTransitionTime"])
             detected = harness_ts(s["history"][0]["ended"])
-            row = {"heartbeat_stop_to_detect": detected - lost_at,
-                   "not_ready_to_detect": detected - not_ready}  # fmt: skip
+            row = {
+                "heartbeat_stop_to_detect": detected - lost_at,
+                "not_ready_to_detect": detected - not_ready,
+            }
             out.append(row)
             print(f"node loss {i}: {row}")
         finally:
@@ -142,8 +154,11 @@ def production_node_loss(
     os.environ[LEASE_ENV] = str(missed)
     op.start()
     if missed:  # a fresh operator judges Leases from the first renewal it sees flow
-        harness.wait_for("the operator judging node Leases", lambda: _metric(
-            op, "fsdpjob_operator_node_leases_healthy") == 1.0, timeout=60)  # fmt: skip
+        harness.wait_for(
+            "the operator judging node Leases",
+            lambda: _metric(op, "fsdpjob_operator_node_leases_healthy") == 1.0,
+            timeout=60,
+        )
     faults = lf.Faults.for_cluster(op.cluster.state_dir)
     out = []
     for i in range(n):
@@ -151,17 +166,29 @@ def production_node_loss(
         doc = harness.job_doc(name, training={"steps": 100_000})
         doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 30  # the API's default
         jobs.apply(doc)
-        pods = harness.wait_for("pods running", lambda n=name: len(jobs.running_pods(n, 1)) == 2
-                                and jobs.running_pods(n, 1), timeout=120)  # fmt: skip
+        pods = harness.wait_for(
+            "pods running",
+            lambda n=name: len(jobs.running_pods(n, 1)) == 2 and jobs.running_pods(n, 1),
+            timeout=120,
+        )
         harness.wait_for("a step", lambda n=name: (jobs.status(n).get("step") or 0) >= 5)
         node = pods[1]["spec"]["nodeName"]
         stopped = time.time()
         faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
-            entry = harness.wait_for("attempt 2's first step", lambda n=name: next((
-                h for h in jobs.status(n).get("history", [])
-                if h["attempt"] == 2 and (h.get("timeline") or {}).get("firstStep")
-            ), None), timeout=240, every=1.0)  # fmt: skip
+            entry = harness.wait_for(
+                "attempt 2's first step",
+                lambda n=name: next(
+                    (
+                        h
+                        for h in jobs.status(n).get("history", [])
+                        if h["attempt"] == 2 and (h.get("timeline") or {}).get("firstStep")
+                    ),
+                    None,
+                ),
+                timeout=240,
+                every=1.0,
+            )
             tl = entry["timeline"]
             row = {
                 "heartbeat_stop_to_node_lost": harness_ts(tl["detected"]) - stopped,
@@ -249,18 +276,27 @@ def production(args: argparse.Namespace) -> None:
 
     def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
         keys = rows[0].keys() if rows else ()
-        return {"n": len(rows), **{k: {"p50": statistics.median(r[k] for r in rows),
-                                       "max": max(r[k] for r in rows)} for k in keys},
-                "samples": rows}  # fmt: skip
+        return {
+            "n": len(rows),
+            **{
+                k: {"p50": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
+                for k in keys
+            },
+            "samples": rows,
+        }
 
     result = {
-        "control_plane": {"node_monitor_grace_period_seconds": 50, "kubelet_lease_seconds": 40,
-                          "kubelet_renew_seconds": 10, "job_nodeLossGraceSeconds": 30},
+        "control_plane": {
+            "node_monitor_grace_period_seconds": 50,
+            "kubelet_lease_seconds": 40,
+            "kubelet_renew_seconds": 10,
+            "job_nodeLossGraceSeconds": 30,
+        },
         "lease_missed_renewals_2": summary(by_lease),
         "not_ready_only": summary(not_ready),
         "api_server_stall": stall,
         "machine": "2 cores, 24 GiB, no GPU; local control plane + kubelet nodes (containerd)",
-    }  # fmt: skip
+    }
     OUT_PRODUCTION.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
@@ -274,8 +310,12 @@ def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float
             name = f"b{mode.replace('_', '')}-{i}"
             env = {"STANDIN_FAIL_AT_STEP": 12, "STANDIN_FAIL_RANK": i % 2}
             jobs.apply(harness.job_doc(name, env=env, failurePolicy={"inPlaceRestarts": restarts}))
-            done = harness.wait_for("Succeeded", lambda n=name: (s := jobs.status(n)).get("phase")
-                                    == "Succeeded" and s, timeout=150, every=0.5)  # fmt: skip
+            done = harness.wait_for(
+                "Succeeded",
+                lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
+                timeout=150,
+                every=0.5,
+            )
             if restarts:
                 (r,) = done["history"][0]["restartsInPlace"]
                 failed, back = harness_ts(r["failure"]["time"]), harness_ts(r["resumed"])
@@ -284,9 +324,12 @@ def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float
                 tl = done["history"][1]["timeline"]
                 failed, back = harness_ts(tl["failed"]), harness_ts(tl["firstStep"])
                 seen, launched = harness_ts(tl["detected"]), harness_ts(tl["launched"])
-                row = {"failure_to_first_step": back - failed, "failure_to_detected": seen - failed,
-                       "detected_to_launched": launched - seen,
-                       "launched_to_first_step": back - launched}  # fmt: skip
+                row = {
+                    "failure_to_first_step": back - failed,
+                    "failure_to_detected": seen - failed,
+                    "detected_to_launched": launched - seen,
+                    "launched_to_first_step": back - launched,
+                }
             rows[mode].append(row)
             print(f"{mode} {i}: {row}")
             jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
@@ -299,12 +342,14 @@ def in_place(args: argparse.Namespace) -> None:
     result: dict[str, Any] = {
         mode: {
             "n": len(found),
-            **{k: {"p50": statistics.median(r[k] for r in found), "max": max(r[k] for r in found)}
-               for k in found[0]},
+            **{
+                k: {"p50": statistics.median(r[k] for r in found), "max": max(r[k] for r in found)}
+                for k in found[0]
+            },
             "samples": found,
         }
         for mode, found in rows.items()
-    }  # fmt: skip
+    }
     result["what"] = (
         "stand-in jobs (2 pods x 1 rank, 0.2 s steps) on kubelet nodes; rank i % 2 crashes at "
         "step 12; seconds from the rank's failure to the first step after it"
@@ -367,8 +412,11 @@ def main() -> None:
             cluster.down()
     result = {
         "crash_failed_to_new_pod_seconds": {
-            "n": len(crashes), "p50": statistics.median(crashes), "p95": _pct(crashes, 0.95),
-            "max": max(crashes), "samples": crashes,
+            "n": len(crashes),
+            "p50": statistics.median(crashes),
+            "p95": _pct(crashes, 0.95),
+            "max": max(crashes),
+            "samples": crashes,
         },
         "node_loss": {
             "n": len(losses),
@@ -379,11 +427,13 @@ def main() -> None:
             "samples": losses,
         },
         "machine": "2 cores, 24 GiB, no GPU; local control plane + kubelet nodes (containerd)",
-    }  # fmt: skip
+    }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=1))
-    brief = {k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
-             for k, v in result.items()}  # fmt: skip
+    brief = {
+        k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
+        for k, v in result.items()
+    }
     print(json.dumps(brief, indent=1))
 
 

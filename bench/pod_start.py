@@ -25,20 +25,31 @@ RESULTS = Path(__file__).parent / "results" / "pod_start.json"
 
 def _pod(name: str, image: str) -> dict[str, Any]:
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{
-                "name": "main", "image": image,
-                "command": ["python", "-c", "import time; time.sleep(600)"],
-                "securityContext": {"allowPrivilegeEscalation": False,
-                                    "capabilities": {"drop": ["ALL"]},
-                                    "readOnlyRootFilesystem": True},
-            }],
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": image,
+                    "command": ["python", "-c", "import time; time.sleep(600)"],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "readOnlyRootFilesystem": True,
+                    },
+                }
+            ],
         },
-    }  # fmt: skip
+    }
 
 
 def _time_one(cluster: controlplane.Cluster, name: str, image: str) -> float:
@@ -61,8 +72,11 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10)
     args = parser.parse_args()
     images.build(images.TEST_TARGETS)
-    results: dict[str, Any] = {"machine": "2 cores, 24 GiB, no GPU; 1 kubelet node (containerd)",
-                               "date": time.strftime("%Y-%m-%d"), "pods": args.pods}  # fmt: skip
+    results: dict[str, Any] = {
+        "machine": "2 cores, 24 GiB, no GPU; 1 kubelet node (containerd)",
+        "date": time.strftime("%Y-%m-%d"),
+        "pods": args.pods,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         wanted = controlplane.NodeOptions(1, images=images.TEST_IMAGES)
         up = time.monotonic()
@@ -72,9 +86,11 @@ def main() -> None:
             time.sleep(5)  # let the node settle: the first sync after Ready is busy
             for label, ref in (("operator", images.OPERATOR), ("worker", images.WORKER)):
                 times = [_time_one(cluster, f"{label}-{i}", ref) for i in range(args.pods)]
-                results[label] = {"p50_s": round(statistics.median(times), 3),
-                                  "max_s": round(max(times), 3),
-                                  "all_s": [round(t, 3) for t in times]}  # fmt: skip
+                results[label] = {
+                    "p50_s": round(statistics.median(times), 3),
+                    "max_s": round(max(times), 3),
+                    "all_s": [round(t, 3) for t in times],
+                }
                 print(label, results[label])
         finally:
             cluster.down()

@@ -54,14 +54,21 @@ def _one(warm: bool, nproc: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="warm-launch-"))
     try:
         root = tmp / "ckpt"
-        cfg = worker_config(root, train=training(steps=CRASH_STEP + 30), intervalSteps=50,
-                            memory={"intervalSteps": 1})  # fmt: skip
-        env = {"FSDP_TEST_FAULTS": f"crash_after@0={CRASH_STEP},step_sleep=0.05",
-               "FSDP_CHECKPOINT_ROOT": str(root),
-               "FSDP_WARM_LAUNCH": "3" if warm else "0"}  # fmt: skip
+        cfg = worker_config(
+            root,
+            train=training(steps=CRASH_STEP + 30),
+            intervalSteps=50,
+            memory={"intervalSteps": 1},
+        )
+        env = {
+            "FSDP_TEST_FAULTS": f"crash_after@0={CRASH_STEP},step_sleep=0.05",
+            "FSDP_CHECKPOINT_ROOT": str(root),
+            "FSDP_WARM_LAUNCH": "3" if warm else "0",
+        }
         memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
-        procs = launch_keepers(tmp, restarts=1, config=cfg, env=env, nproc=nproc,
-                               node_env=memory.__getitem__)  # fmt: skip
+        procs = launch_keepers(
+            tmp, restarts=1, config=cfg, env=env, nproc=nproc, node_env=memory.__getitem__
+        )
         try:
             codes = wait_all(procs, 300)
         finally:
@@ -82,8 +89,11 @@ def _one(warm: bool, nproc: int) -> dict[str, Any]:
         if launched != warm:
             raise RuntimeError(f"warm={warm} but the log says launched warm={launched}")
         assert resumed is not None and first is not None
-        return {"to_resumed": round(resumed - failed, 3), "to_first_step": round(first - failed, 3),
-                "memory": any("(memory)" in x for x in after if "resumed from" in x)}  # fmt: skip
+        return {
+            "to_resumed": round(resumed - failed, 3),
+            "to_first_step": round(first - failed, 3),
+            "memory": any("(memory)" in x for x in after if "resumed from" in x),
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -92,8 +102,11 @@ def _summary(samples: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"n": len(samples), "samples": samples}
     for key in ("to_resumed", "to_first_step"):
         values = [s[key] for s in samples]
-        out[key] = {"p50": round(statistics.median(values), 3), "min": min(values),
-                    "max": max(values)}  # fmt: skip
+        out[key] = {
+            "p50": round(statistics.median(values), 3),
+            "min": min(values),
+            "max": max(values),
+        }
     return out
 
 
@@ -125,8 +138,10 @@ def main() -> None:
     }
     RESULTS.write_text(json.dumps(doc, indent=1) + "\n")
     for key, r in results.items():
-        print(f"{key}: crash -> first step p50 warm {r['warm']['to_first_step']['p50']} s, "
-              f"torchrun {r['torchrun']['to_first_step']['p50']} s")  # fmt: skip
+        print(
+            f"{key}: crash -> first step p50 warm {r['warm']['to_first_step']['p50']} s, "
+            f"torchrun {r['torchrun']['to_first_step']['p50']} s"
+        )
 
 
 if __name__ == "__main__":

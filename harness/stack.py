@@ -86,8 +86,16 @@ def helm_template(
 ) -> subprocess.CompletedProcess[str]:
     """`helm template` of the chart with `--set`-style `values` (KEY=VALUE) and `--set-json`
     ones (KEY=JSON); not checked."""
-    argv = [str(helm()), "template", release, str(ROOT / "charts" / "fsdp-operator"),
-            "--namespace", namespace, "--kube-version", KUBE_VERSION]  # fmt: skip
+    argv = [
+        str(helm()),
+        "template",
+        release,
+        str(ROOT / "charts" / "fsdp-operator"),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        KUBE_VERSION,
+    ]
     for value in values:
         argv += ["--set", value]
     for value in json_values:
@@ -467,9 +475,16 @@ class Jobs:
         """A pod's last log lines; its kubelet may be stopped (a lost node): bounded."""
         try:
             done = self.cluster.kubectl(
-                "logs", "-n", self.ns, pod["metadata"]["name"], "--all-containers",
-                f"--tail={lines}", "--request-timeout=5s", check=False, timeout=10,
-            )  # fmt: skip
+                "logs",
+                "-n",
+                self.ns,
+                pod["metadata"]["name"],
+                "--all-containers",
+                f"--tail={lines}",
+                "--request-timeout=5s",
+                check=False,
+                timeout=10,
+            )
         except subprocess.TimeoutExpired:
             return ["(its logs did not come in 10 s)"]
         return (done.stdout or done.stderr).splitlines()[-lines:]

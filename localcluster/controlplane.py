@@ -306,8 +306,12 @@ class Cluster:
         user = "system:kube-network-policies"
         kubeconfig = self._kubeadm.user(self._layout.kubeconfigs / "netpol.conf", client=user)
         self.kubectl("apply", "-f", "-", input=json.dumps(components.netpol_rbac(user)))
-        argv = ["netpol", f"--kubeconfig={kubeconfig}", f"--node={node_names[0]}",
-                f"--queue={network.POLICY_QUEUE}"]  # fmt: skip
+        argv = [
+            "netpol",
+            f"--kubeconfig={kubeconfig}",
+            f"--node={node_names[0]}",
+            f"--queue={network.POLICY_QUEUE}",
+        ]
         self._spawn("netpol", argv)
 
     def _default_account_exists(self) -> bool:

@@ -50,18 +50,53 @@ def write_certs(directory: Path) -> bytes:
     reads them from its cert dir); returns the CA's PEM for the webhooks' caBundle."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl(
-        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        "-subj", "/CN=fsdpop-kueue-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=directory,
-    )  # fmt: skip
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fsdpop-kueue-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=directory,
+    )
     (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     _openssl(
-        "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-        "-keyout", "tls.key", "-out", "tls.csr", cwd=directory,
-    )  # fmt: skip
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "tls.key",
+        "-out",
+        "tls.csr",
+        cwd=directory,
+    )
     _openssl(
-        "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-        "-days", "2", "-extfile", "san.cnf", "-out", "tls.crt", cwd=directory,
-    )  # fmt: skip
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "san.cnf",
+        "-out",
+        "tls.crt",
+        cwd=directory,
+    )
     return (directory / "ca.crt").read_bytes()
 
 
@@ -201,12 +236,21 @@ class Kueue:
         self._procs = procs.Registry(self._dir / "kueue.json")
         try:
             crds = sorted((kdir / "crds").glob("*.yaml"))
-            self.cluster.kubectl("apply", "--server-side", "--force-conflicts",
-                                 *[a for f in crds for a in ("-f", str(f))])  # fmt: skip
-            self.cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                                 *[a for f in crds for a in ("-f", str(f))])  # fmt: skip
-            self._apply({"apiVersion": "v1", "kind": "Namespace",
-                         "metadata": {"name": "kueue-system"}})  # fmt: skip
+            self.cluster.kubectl(
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                *[a for f in crds for a in ("-f", str(f))],
+            )
+            self.cluster.kubectl(
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                *[a for f in crds for a in ("-f", str(f))],
+            )
+            self._apply(
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kueue-system"}}
+            )
             argv = [
                 str(kdir / "bin" / "kueue"),
                 f"--kubeconfig={self.cluster.kubeconfig}",
@@ -321,14 +365,25 @@ class Kueue:
         """A Topology: node labels from the widest domain to the narrowest (Kueue's
         topology-aware scheduling places a pod group within one domain of a level a job asks
         for, by its pods' `kueue.x-k8s.io/podset-*-topology` annotations)."""
-        self._apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Topology",
-                     "metadata": {"name": name},
-                     "spec": {"levels": [{"nodeLabel": label} for label in levels]}})  # fmt: skip
+        self._apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Topology",
+                "metadata": {"name": name},
+                "spec": {"levels": [{"nodeLabel": label} for label in levels]},
+            }
+        )
 
     def priority_class(self, name: str, value: int) -> None:
         """A WorkloadPriorityClass (label kueue.x-k8s.io/priority-class on a job names it)."""
-        self._apply({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
-                     "metadata": {"name": name}, "value": value})  # fmt: skip
+        self._apply(
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            }
+        )
 
     def workload(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.kube.get_or_none(

@@ -66,8 +66,15 @@ class Registry:
             self.port = int(sock.getsockname()[1])
         self._dir = Path(tempfile.mkdtemp(prefix="fsdplc-registry-"))
         self.log = self._dir / "registry.log"
-        argv = [str(crane(cache)), "registry", "serve", "--address", f"127.0.0.1:{self.port}",
-                "--disk", str(layout / "blobs")]  # fmt: skip
+        argv = [
+            str(crane(cache)),
+            "registry",
+            "serve",
+            "--address",
+            f"127.0.0.1:{self.port}",
+            "--disk",
+            str(layout / "blobs"),
+        ]
         with self.log.open("w") as log:
             self._proc = subprocess.Popen(argv, stdout=log, stderr=log)
         hosts = self._dir / "hosts" / HOST

@@ -99,8 +99,13 @@ def _env(*entries: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
 
 
 def _term(expr: dict[str, Any]) -> dict[str, Any]:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}  # fmt: skip
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [expr]}]
+            }
+        }
+    }
 
 
 def _memory(size: str) -> Callable[[dict[str, Any]], None]:
@@ -115,128 +120,340 @@ A, OP = Where.ADMISSION, Where.OPERATOR
 TPL = "template.spec"
 CASES: list[Case] = [
     # --- host access and privilege ---------------------------------------------------------
-    Case("hostpath-root", A, f"{TPL}.volumes[0].hostPath",
-         _volume({"name": "host", "hostPath": {"path": "/"}}, "/host")),
-    Case("nfs-volume", A, f"{TPL}.volumes[0].nfs",
-         _volume({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}})),
-    Case("gitrepo-volume", A, f"{TPL}.volumes[0].gitRepo",
-         _volume({"name": "g", "gitRepo": {"repository": "https://x/y"}})),
-    Case("rbd-volume", A, f"{TPL}.volumes[0].rbd",
-         _volume({"name": "r", "rbd": {"monitors": ["1.2.3.4"], "image": "i"}})),
-    Case("privileged-context", A, f"{TPL}.securityContext",
-         _set(f"{TPL}.securityContext", {"privileged": True})),
+    Case(
+        "hostpath-root",
+        A,
+        f"{TPL}.volumes[0].hostPath",
+        _volume({"name": "host", "hostPath": {"path": "/"}}, "/host"),
+    ),
+    Case(
+        "nfs-volume",
+        A,
+        f"{TPL}.volumes[0].nfs",
+        _volume({"name": "n", "nfs": {"server": "10.0.0.1", "path": "/"}}),
+    ),
+    Case(
+        "gitrepo-volume",
+        A,
+        f"{TPL}.volumes[0].gitRepo",
+        _volume({"name": "g", "gitRepo": {"repository": "https://x/y"}}),
+    ),
+    Case(
+        "rbd-volume",
+        A,
+        f"{TPL}.volumes[0].rbd",
+        _volume({"name": "r", "rbd": {"monitors": ["1.2.3.4"], "image": "i"}}),
+    ),
+    Case(
+        "privileged-context",
+        A,
+        f"{TPL}.securityContext",
+        _set(f"{TPL}.securityContext", {"privileged": True}),
+    ),
     Case("host-network", A, f"{TPL}.hostNetwork", _set(f"{TPL}.hostNetwork", True)),
     Case("host-pid", A, f"{TPL}.hostPID", _set(f"{TPL}.hostPID", True)),
-    Case("sidecar-container", A, f"{TPL}.containers",
-         _set(f"{TPL}.containers", [{"name": "x", "image": "evil", "securityContext":
-                                     {"privileged": True}}])),
-    Case("service-account", A, f"{TPL}.serviceAccountName",
-         _set(f"{TPL}.serviceAccountName", "admin")),
+    Case(
+        "sidecar-container",
+        A,
+        f"{TPL}.containers",
+        _set(
+            f"{TPL}.containers",
+            [{"name": "x", "image": "evil", "securityContext": {"privileged": True}}],
+        ),
+    ),
+    Case(
+        "service-account",
+        A,
+        f"{TPL}.serviceAccountName",
+        _set(f"{TPL}.serviceAccountName", "admin"),
+    ),
     Case("pin-node-name", A, f"{TPL}.nodeName", _set(f"{TPL}.nodeName", "control-plane")),
-    Case("apparmor-unconfined", A, "template.metadata.annotations", _set(
+    Case(
+        "apparmor-unconfined",
+        A,
         "template.metadata.annotations",
-        {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"})),
+        _set(
+            "template.metadata.annotations",
+            {"container.apparmor.security.beta.kubernetes.io/worker": "unconfined"},
+        ),
+    ),
     # --- escaping paths and variable expansion ---------------------------------------------
     Case("root-dotdot", A, "checkpoint.root", _set("checkpoint.root", "/ckpt/../../etc")),
     Case("root-expansion", A, "checkpoint.root", _set("checkpoint.root", "/ckpt/$(HOME)")),
-    Case("data-dotdot", A, "training.data.path",
-         _set("training.data", {"kind": "tokenFile", "path": "/data/../../etc/shadow"})),
-    Case("env-expansion", A, f"{TPL}.env[0].value",
-         _env({"name": "X", "value": "$(FSDP_WORKER_CONFIG)"})),
-    Case("subpath-expr", A, f"{TPL}.volumeMounts[0].subPathExpr", lambda d: (
-        _volume({"name": "s", "emptyDir": {}})(d),
-        _set(f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s",
-                                      "subPathExpr": "$(HOME)"}])(d))),
-    Case("subpath-dotdot", OP, "subPath", lambda d: (
-        _volume({"name": "s", "emptyDir": {}})(d),
-        _set(f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s",
-                                      "subPath": "../../etc"}])(d)), dry_run_only=True),
-    Case("mount-over-checkpoints", OP, f"{TPL}.volumeMounts[0].mountPath",
-         _volume({"name": "e", "emptyDir": {}}, "/ckpt/../ckpt")),
-    Case("mount-undeclared", OP, f"{TPL}.volumeMounts[0].name",
-         _set(f"{TPL}.volumeMounts", [{"name": "nope", "mountPath": "/x"}])),
+    Case(
+        "data-dotdot",
+        A,
+        "training.data.path",
+        _set("training.data", {"kind": "tokenFile", "path": "/data/../../etc/shadow"}),
+    ),
+    Case(
+        "env-expansion",
+        A,
+        f"{TPL}.env[0].value",
+        _env({"name": "X", "value": "$(FSDP_WORKER_CONFIG)"}),
+    ),
+    Case(
+        "subpath-expr",
+        A,
+        f"{TPL}.volumeMounts[0].subPathExpr",
+        lambda d: (
+            _volume({"name": "s", "emptyDir": {}})(d),
+            _set(
+                f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s", "subPathExpr": "$(HOME)"}]
+            )(d),
+        ),
+    ),
+    Case(
+        "subpath-dotdot",
+        OP,
+        "subPath",
+        lambda d: (
+            _volume({"name": "s", "emptyDir": {}})(d),
+            _set(f"{TPL}.volumeMounts", [{"name": "s", "mountPath": "/s", "subPath": "../../etc"}])(
+                d
+            ),
+        ),
+        dry_run_only=True,
+    ),
+    Case(
+        "mount-over-checkpoints",
+        OP,
+        f"{TPL}.volumeMounts[0].mountPath",
+        _volume({"name": "e", "emptyDir": {}}, "/ckpt/../ckpt"),
+    ),
+    Case(
+        "mount-undeclared",
+        OP,
+        f"{TPL}.volumeMounts[0].name",
+        _set(f"{TPL}.volumeMounts", [{"name": "nope", "mountPath": "/x"}]),
+    ),
     Case("image-shell", A, "image", _set("image", "busybox; rm -rf /")),
-    Case("factory-shell", A, "training.model.factory",
-         _set("training.model.factory", "os:system; echo")),
+    Case(
+        "factory-shell",
+        A,
+        "training.model.factory",
+        _set("training.model.factory", "os:system; echo"),
+    ),
     # --- reserved names ----------------------------------------------------------------------
-    Case("env-reserved", A, f"{TPL}.env[0].name",
-         _env({"name": "FSDP_WORKER_CONFIG_FILE", "value": "/tmp/evil.json"})),
-    Case("volume-reserved", A, f"{TPL}.volumes[0].name",
-         _volume({"name": "fsdp-checkpoint", "emptyDir": {}})),
-    Case("cross-namespace-affinity", A, f"{TPL}.affinity.podAffinity", _set(
-        f"{TPL}.affinity", {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-            {"topologyKey": "kubernetes.io/hostname", "namespaces": ["kube-system"]}]}})),
-    Case("system-priority", A, f"{TPL}.priorityClassName",
-         _set(f"{TPL}.priorityClassName", "system-node-critical")),
+    Case(
+        "env-reserved",
+        A,
+        f"{TPL}.env[0].name",
+        _env({"name": "FSDP_WORKER_CONFIG_FILE", "value": "/tmp/evil.json"}),
+    ),
+    Case(
+        "volume-reserved",
+        A,
+        f"{TPL}.volumes[0].name",
+        _volume({"name": "fsdp-checkpoint", "emptyDir": {}}),
+    ),
+    Case(
+        "cross-namespace-affinity",
+        A,
+        f"{TPL}.affinity.podAffinity",
+        _set(
+            f"{TPL}.affinity",
+            {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"topologyKey": "kubernetes.io/hostname", "namespaces": ["kube-system"]}
+                    ]
+                }
+            },
+        ),
+    ),
+    Case(
+        "system-priority",
+        A,
+        f"{TPL}.priorityClassName",
+        _set(f"{TPL}.priorityClassName", "system-node-critical"),
+    ),
     # --- runtime profiles: what only a cluster admin's FSDPRuntimeProfile grants --------------
-    Case("capability-without-profile", A, f"{TPL}.capabilities",
-         _set(f"{TPL}.capabilities", ["IPC_LOCK"])),
+    Case(
+        "capability-without-profile",
+        A,
+        f"{TPL}.capabilities",
+        _set(f"{TPL}.capabilities", ["IPC_LOCK"]),
+    ),
     Case("rdma-without-profile", A, "resources", _set("resources", {"limits": {"rdma/ib": "1"}})),
-    Case("hugepages-without-profile", A, "resources",
-         _set("resources", {"limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"}})),
-    Case("capability-sys-admin", A, f"{TPL}.capabilities",
-         _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_ADMIN"]), profile=True),
-    Case("profile-namespace-not-listed", A, "spec.runtimeProfile", lambda d: None,
-         profile=True, listed=False),
-    Case("profile-capability-not-granted", A, f"spec.{TPL}.capabilities",
-         _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_NICE"]), profile=True),
-    Case("profile-registry-not-listed", A, "spec.image",
-         _set("image", "docker.io/evil/fsdp-worker:test"), profile=True),
-    Case("profile-registry-prefix-trick", A, "spec.image",
-         _set("image", f"{PROFILE_REGISTRY}.evil.example/fsdp-worker:test"), profile=True),
-    Case("profile-rdma-over-grant", A, "spec.resources",
-         _set("resources", {"limits": {"rdma/ib": "4"}}), profile=True),
-    Case("profile-priority-not-allowed", A, f"spec.{TPL}.priorityClassName",
-         _set(f"{TPL}.priorityClassName", "urgent"), profile=True),
-    Case("profile-missing", OP, "spec.runtimeProfile",
-         _set("runtimeProfile", "no-such-profile"), profile=True),
+    Case(
+        "hugepages-without-profile",
+        A,
+        "resources",
+        _set("resources", {"limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"}}),
+    ),
+    Case(
+        "capability-sys-admin",
+        A,
+        f"{TPL}.capabilities",
+        _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_ADMIN"]),
+        profile=True,
+    ),
+    Case(
+        "profile-namespace-not-listed",
+        A,
+        "spec.runtimeProfile",
+        lambda d: None,
+        profile=True,
+        listed=False,
+    ),
+    Case(
+        "profile-capability-not-granted",
+        A,
+        f"spec.{TPL}.capabilities",
+        _set(f"{TPL}.capabilities", ["IPC_LOCK", "SYS_NICE"]),
+        profile=True,
+    ),
+    Case(
+        "profile-registry-not-listed",
+        A,
+        "spec.image",
+        _set("image", "docker.io/evil/fsdp-worker:test"),
+        profile=True,
+    ),
+    Case(
+        "profile-registry-prefix-trick",
+        A,
+        "spec.image",
+        _set("image", f"{PROFILE_REGISTRY}.evil.example/fsdp-worker:test"),
+        profile=True,
+    ),
+    Case(
+        "profile-rdma-over-grant",
+        A,
+        "spec.resources",
+        _set("resources", {"limits": {"rdma/ib": "4"}}),
+        profile=True,
+    ),
+    Case(
+        "profile-priority-not-allowed",
+        A,
+        f"spec.{TPL}.priorityClassName",
+        _set(f"{TPL}.priorityClassName", "urgent"),
+        profile=True,
+    ),
+    Case(
+        "profile-missing",
+        OP,
+        "spec.runtimeProfile",
+        _set("runtimeProfile", "no-such-profile"),
+        profile=True,
+    ),
     # --- type confusion and unknown fields ----------------------------------------------------
-    Case("affinity-unknown-field", A, f"{TPL}.affinity.nodeAffinity.bogus",
-         _set(f"{TPL}.affinity", {"nodeAffinity": {"bogus": True}})),
-    Case("affinity-list-for-object", A, f"{TPL}.affinity.podAntiAffinity",
-         _set(f"{TPL}.affinity", {"podAntiAffinity": ["not", "an", "object"]})),
-    Case("toleration-seconds-string", A, f"{TPL}.tolerations[0].tolerationSeconds",
-         _set(f"{TPL}.tolerations", [{"key": "k", "tolerationSeconds": "forever"}])),
-    Case("resources-string", A, "resources.requests",
-         _set("resources", {"requests": "4Gi"})),
-    Case("quantity-garbage", A, "resources.limits",
-         _set("resources", {"limits": {"cpu": "lots"}})),
-    Case("env-valuefrom-unknown", A, f"{TPL}.env[0].valueFrom.shell",
-         _env({"name": "X", "valueFrom": {"shell": "id"}})),
-    Case("two-volume-sources", A, f"{TPL}.volumes[0]",
-         _volume({"name": "two", "emptyDir": {}, "secret": {"secretName": "s"}})),
+    Case(
+        "affinity-unknown-field",
+        A,
+        f"{TPL}.affinity.nodeAffinity.bogus",
+        _set(f"{TPL}.affinity", {"nodeAffinity": {"bogus": True}}),
+    ),
+    Case(
+        "affinity-list-for-object",
+        A,
+        f"{TPL}.affinity.podAntiAffinity",
+        _set(f"{TPL}.affinity", {"podAntiAffinity": ["not", "an", "object"]}),
+    ),
+    Case(
+        "toleration-seconds-string",
+        A,
+        f"{TPL}.tolerations[0].tolerationSeconds",
+        _set(f"{TPL}.tolerations", [{"key": "k", "tolerationSeconds": "forever"}]),
+    ),
+    Case("resources-string", A, "resources.requests", _set("resources", {"requests": "4Gi"})),
+    Case("quantity-garbage", A, "resources.limits", _set("resources", {"limits": {"cpu": "lots"}})),
+    Case(
+        "env-valuefrom-unknown",
+        A,
+        f"{TPL}.env[0].valueFrom.shell",
+        _env({"name": "X", "valueFrom": {"shell": "id"}}),
+    ),
+    Case(
+        "two-volume-sources",
+        A,
+        f"{TPL}.volumes[0]",
+        _volume({"name": "two", "emptyDir": {}, "secret": {"secretName": "s"}}),
+    ),
     Case("replicas-string", A, "replicas", _set("replicas", "four")),
     # --- oversized fields ---------------------------------------------------------------------
-    Case("env-too-many", A, f"{TPL}.env",
-         _env(*({"name": f"V{i}", "value": "x"} for i in range(129)))),
-    Case("env-value-too-long", A, f"{TPL}.env[0].value",
-         _env({"name": "BIG", "value": "x" * 5000})),
-    Case("label-value-too-long", A, "template.metadata.labels",
-         _set("template.metadata.labels", {"team": "x" * 64})),
-    Case("node-selector-too-long", A, f"{TPL}.nodeSelector",
-         _set(f"{TPL}.nodeSelector", {"pool": "y" * 70})),
+    Case(
+        "env-too-many",
+        A,
+        f"{TPL}.env",
+        _env(*({"name": f"V{i}", "value": "x"} for i in range(129))),
+    ),
+    Case(
+        "env-value-too-long", A, f"{TPL}.env[0].value", _env({"name": "BIG", "value": "x" * 5000})
+    ),
+    Case(
+        "label-value-too-long",
+        A,
+        "template.metadata.labels",
+        _set("template.metadata.labels", {"team": "x" * 64}),
+    ),
+    Case(
+        "node-selector-too-long",
+        A,
+        f"{TPL}.nodeSelector",
+        _set(f"{TPL}.nodeSelector", {"pool": "y" * 70}),
+    ),
     Case("replicas-huge", A, "replicas", _set("replicas", 100_000)),
     # --- a memory tier that cannot hold a save (every failed memory save ends the rank) -----
     Case("memory-tier-negative", A, "checkpoint.memory.sizeLimit", _memory("-1Gi")),
     Case("memory-tier-tiny", A, "checkpoint.memory.sizeLimit", _memory("4Ki")),
     Case("memory-tier-millis", A, "checkpoint.memory.sizeLimit", _memory("500m")),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
-    Case("label-key-invalid", A, "template.metadata.labels",
-         _set("template.metadata.labels", {"-bad/key-": "v"})),
-    Case("volume-name-invalid", A, f"{TPL}.volumes[0].name",
-         _volume({"name": "Bad_Name", "emptyDir": {}})),
-    Case("affinity-operator", OP, "affinity.nodeAffinity", _set(
-        f"{TPL}.affinity", _term({"key": "gpu", "operator": "Sometimes", "values": ["a"]})),
-         dry_run_only=True),
+    Case(
+        "label-key-invalid",
+        A,
+        "template.metadata.labels",
+        _set("template.metadata.labels", {"-bad/key-": "v"}),
+    ),
+    Case(
+        "volume-name-invalid",
+        A,
+        f"{TPL}.volumes[0].name",
+        _volume({"name": "Bad_Name", "emptyDir": {}}),
+    ),
+    Case(
+        "affinity-operator",
+        OP,
+        "affinity.nodeAffinity",
+        _set(f"{TPL}.affinity", _term({"key": "gpu", "operator": "Sometimes", "values": ["a"]})),
+        dry_run_only=True,
+    ),
     # the CRD's CEL says what the pod's validation would (the model alone accepts it)
-    Case("toleration-operator", A, "tolerations[].operator must be Exists or Equal",
-         _set(f"{TPL}.tolerations", [{"key": "gpu", "operator": "Maybe"}]), dry_run_only=True),
-    Case("requests-over-limits", OP, "resources.requests",
-         _set("resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}),
-         dry_run_only=True),
-    Case("unknown-resource-name", OP, "resources.limits",
-         _set("resources", {"limits": {"bogus": "1"}}), dry_run_only=True),
-    Case("ephemeral-without-access-modes", OP, "accessModes", _volume(
-        {"name": "eph", "ephemeral": {"volumeClaimTemplate": {"spec": {
-            "resources": {"requests": {"storage": "1Gi"}}}}}}), dry_run_only=True),
-]  # fmt: skip
+    Case(
+        "toleration-operator",
+        A,
+        "tolerations[].operator must be Exists or Equal",
+        _set(f"{TPL}.tolerations", [{"key": "gpu", "operator": "Maybe"}]),
+        dry_run_only=True,
+    ),
+    Case(
+        "requests-over-limits",
+        OP,
+        "resources.requests",
+        _set("resources", {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}),
+        dry_run_only=True,
+    ),
+    Case(
+        "unknown-resource-name",
+        OP,
+        "resources.limits",
+        _set("resources", {"limits": {"bogus": "1"}}),
+        dry_run_only=True,
+    ),
+    Case(
+        "ephemeral-without-access-modes",
+        OP,
+        "accessModes",
+        _volume(
+            {
+                "name": "eph",
+                "ephemeral": {
+                    "volumeClaimTemplate": {"spec": {"resources": {"requests": {"storage": "1Gi"}}}}
+                },
+            }
+        ),
+        dry_run_only=True,
+    ),
+]

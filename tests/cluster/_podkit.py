@@ -33,15 +33,21 @@ def python_pod(
     Security "restricted", as every pod the operator makes does.
     """
     container = {
-        "name": "main", "image": images.OPERATOR, "command": ["python", "-u", "-c", code],
+        "name": "main",
+        "image": images.OPERATOR,
+        "command": ["python", "-u", "-c", code],
         "securityContext": RESTRICTED_CONTAINER,
-    }  # fmt: skip
+    }
     spec: JSON = {
         "restartPolicy": "Never",
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
-    }  # fmt: skip
+    }
     if hostname:
         spec["hostname"] = hostname
     if subdomain:

@@ -57,24 +57,46 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     stack.install_crd(cluster)  # the chart makes its own runtime profile (a custom resource)
     docs = stack.render_chart(namespace=ns, release="fsdp-operator")
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                     "Deployment", "FSDPRuntimeProfile", "PodDisruptionBudget", "Role", "Role",
-                     "RoleBinding", "RoleBinding", "Service", "ServiceAccount",
-                     *["ValidatingAdmissionPolicy"] * 6,
-                     *["ValidatingAdmissionPolicyBinding"] * 6]  # fmt: skip
+    assert kinds == [
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "FSDPRuntimeProfile",
+        "PodDisruptionBudget",
+        "Role",
+        "Role",
+        "RoleBinding",
+        "RoleBinding",
+        "Service",
+        "ServiceAccount",
+        *["ValidatingAdmissionPolicy"] * 6,
+        *["ValidatingAdmissionPolicyBinding"] * 6,
+    ]
     # the one profile is the chart's own, granting nothing: pods made under no profile
     (builtin,) = _by_kind(docs, "FSDPRuntimeProfile")
     assert builtin["metadata"]["name"] == "fsdp-operator-restricted" and builtin["spec"] == {}
     roles = {d["metadata"]["name"]: d for d in _by_kind(docs, "Role")}
     lease_role = roles["fsdp-operator-leader-election"]
     assert lease_role["metadata"]["namespace"] == ns  # leader election: its own namespace only
-    assert lease_role["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                    "verbs": ["get", "create", "update"]}]  # fmt: skip
+    assert lease_role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "create", "update"],
+        }
+    ]
     # nodes lost by their Leases: the kubelets' Leases, read-only, in kube-node-lease only
     node_leases = roles["fsdp-operator-node-leases"]
     assert node_leases["metadata"]["namespace"] == "kube-node-lease"
-    assert node_leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-                                     "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert node_leases["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "watch"],
+        }
+    ]
     off = stack.render_chart(release="fsdp-operator", values=["settings.nodeLeaseMissedRenewals=0"])
     assert "fsdp-operator-node-leases" not in {d["metadata"]["name"] for d in off}
     deployment = next(d for d in docs if d["kind"] == "Deployment")

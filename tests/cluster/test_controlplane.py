@@ -56,9 +56,14 @@ def test_rbac_forbids_a_service_account_until_a_role_allows_it(
         "create", "role", "pod-reader", "--verb=get,list", "--resource=pods", "-n", kube_namespace
     )
     cluster.kubectl(
-        "create", "rolebinding", "reader", "--role=pod-reader",
-        f"--serviceaccount={kube_namespace}:reader", "-n", kube_namespace,
-    )  # fmt: skip
+        "create",
+        "rolebinding",
+        "reader",
+        "--role=pod-reader",
+        f"--serviceaccount={kube_namespace}:reader",
+        "-n",
+        kube_namespace,
+    )
 
     def can_list() -> bool:
         args = ("get", "pods", "-n", kube_namespace)
@@ -80,9 +85,13 @@ def test_pod_security_restricted_namespace_rejects_a_privileged_pod(
     )
     with pytest.raises(KubectlError, match="violates PodSecurity"):
         cluster.kubectl(
-            "create", "-n", kube_namespace, "-f", "-",
+            "create",
+            "-n",
+            kube_namespace,
+            "-f",
+            "-",
             input=pod("privileged", security={"privileged": True}),
-        )  # fmt: skip
+        )
 
     restricted = {
         "runAsNonRoot": True,
@@ -91,9 +100,14 @@ def test_pod_security_restricted_namespace_rejects_a_privileged_pod(
         "seccompProfile": {"type": "RuntimeDefault"},
     }
     cluster.kubectl(
-        "create", "--dry-run=server", "-n", kube_namespace, "-f", "-",
+        "create",
+        "--dry-run=server",
+        "-n",
+        kube_namespace,
+        "-f",
+        "-",
         input=pod("compliant", security=restricted),
-    )  # fmt: skip
+    )
 
 
 def test_deleting_an_owner_garbage_collects_its_pods(cluster: Cluster, kube_namespace: str) -> None:

@@ -36,8 +36,9 @@ def faults(cluster: Cluster) -> Faults:
     return Faults.for_cluster(cluster.state_dir)
 
 
-def _started(cluster: Cluster, namespace: str, name: str, code: str = SLEEPER,
-             *, memory: str | None = None) -> None:  # fmt: skip
+def _started(
+    cluster: Cluster, namespace: str, name: str, code: str = SLEEPER, *, memory: str | None = None
+) -> None:
     pod = python_pod(name, code)
     if memory:
         pod["spec"]["containers"][0]["resources"] = {"limits": {"memory": memory}}
@@ -164,7 +165,8 @@ def test_command_line(cluster: Cluster, kube_namespace: str) -> None:
     subprocess.run([*base, "crash", f"{kube_namespace}/cli", "--signal", "9"], check=True)
     pod = wait_phase(cluster, kube_namespace, "cli", ("Failed",))
     assert terminated(pod)["exitCode"] == 137
-    missing = subprocess.run([*base, "oom", f"{kube_namespace}/nobody"], capture_output=True,
-                             text=True)  # fmt: skip
+    missing = subprocess.run(
+        [*base, "oom", f"{kube_namespace}/nobody"], capture_output=True, text=True
+    )
     assert missing.returncode == 1
     assert "does not exist" in missing.stderr

@@ -42,8 +42,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kwok.Fleet]:
 @pytest.fixture
 def namespace(fleet: kwok.Fleet) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:10]}"
-    doc = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {
-        "pod-security.kubernetes.io/enforce": "restricted"}}}  # fmt: skip
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+    }
     fleet.cluster.kubectl("apply", "-f", "-", input=json.dumps(doc))
     try:
         yield name
@@ -53,16 +56,24 @@ def namespace(fleet: kwok.Fleet) -> Iterator[str]:
 
 def gpu_pod(name: str, *, tolerate: bool = True) -> dict[str, Any]:
     """A Pod Security "restricted" pod asking for one GPU on the fleet."""
-    container = {"name": "main", "image": "registry.invalid/never-pulled:1", "command": ["run"],
-                 "securityContext": RESTRICTED_CONTAINER,
-                 "resources": {"limits": {nodes.GPU_RESOURCE: "1"}}}  # fmt: skip
+    container = {
+        "name": "main",
+        "image": "registry.invalid/never-pulled:1",
+        "command": ["run"],
+        "securityContext": RESTRICTED_CONTAINER,
+        "resources": {"limits": {nodes.GPU_RESOURCE: "1"}},
+    }
     spec: dict[str, Any] = {
-        "restartPolicy": "Never", "nodeSelector": kwok.NODE_SELECTOR,
+        "restartPolicy": "Never",
+        "nodeSelector": kwok.NODE_SELECTOR,
         "tolerations": [kwok.toleration()] if tolerate else [],
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
-    }  # fmt: skip
+    }
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
@@ -113,8 +124,9 @@ def test_a_pod_without_the_toleration_is_not_scheduled(fleet: kwok.Fleet, namesp
 
     def unschedulable() -> bool:
         conditions = get(fleet, namespace, "untolerated")["status"].get("conditions") or []
-        return any(c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable"
-                   for c in conditions)  # fmt: skip
+        return any(
+            c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conditions
+        )
 
     poll.until("PodScheduled=False, Unschedulable", unschedulable, timeout=30)
     assert not get(fleet, namespace, "untolerated")["spec"].get("nodeName")

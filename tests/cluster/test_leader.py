@@ -28,10 +28,14 @@ def test_one_leads_a_dead_leaders_lease_is_taken_only_after_it_expired(
 
     def elector(identity: str) -> leader.Elector:
         return leader.Elector(
-            client, namespace="default", name=lease, identity=identity, timings=T,
+            client,
+            namespace="default",
+            name=lease,
+            identity=identity,
+            timings=T,
             on_started=lambda: log.append((identity, "started")),
             on_stopped=lambda why: log.append((identity, why)),
-        )  # fmt: skip
+        )
 
     async def until(cond: object, timeout: float) -> float:
         loop = asyncio.get_running_loop()
@@ -81,9 +85,14 @@ def test_a_release_during_a_renewal_is_written_after_it_and_never_taken_back(
     coord = kubernetes.client.CoordinationV1Api(client)
     lease = f"test-{uuid.uuid4().hex[:8]}"
     b = leader.Elector(
-        client, namespace="default", name=lease, identity="b", timings=T,
-        on_started=lambda: None, on_stopped=lambda why: None,
-    )  # fmt: skip
+        client,
+        namespace="default",
+        name=lease,
+        identity="b",
+        timings=T,
+        on_started=lambda: None,
+        on_stopped=lambda why: None,
+    )
     real_replace = b.api.replace_namespaced_lease
     armed, in_renewal = threading.Event(), threading.Event()
 

@@ -166,8 +166,9 @@ def test_lost_node_turns_not_ready_and_gets_no_new_pods(
             lambda: "node.kubernetes.io/unreachable" in taints(cluster, node),
         )
         # What the operator does to pods on a lost node: force-delete them.
-        cluster.kubectl("delete", "pod", "doomed", "-n", kube_namespace, "--force",
-                        "--grace-period=0")  # fmt: skip
+        cluster.kubectl(
+            "delete", "pod", "doomed", "-n", kube_namespace, "--force", "--grace-period=0"
+        )
         assert all(alive(p) for p in doomed), "partitioned: the node cannot know, a zombie runs"
         pinned = python_pod("pinned", "print(1)", node=node)
         apply(cluster, kube_namespace, pinned, python_pod("free", "print(1)"))
@@ -199,17 +200,24 @@ def test_claim_is_shared_across_pods_and_on_failure_restarts(
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": f"pv-{kube_namespace}"},
-        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteMany"],
-                 "storageClassName": "manual", "hostPath": {"path": str(export)},
-                 "claimRef": {"namespace": kube_namespace, "name": "ckpt"}},
-    }  # fmt: skip
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "hostPath": {"path": str(export)},
+            "claimRef": {"namespace": kube_namespace, "name": "ckpt"},
+        },
+    }
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": "ckpt"},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "manual",
-                 "resources": {"requests": {"storage": "1Gi"}}},
-    }  # fmt: skip
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "manual",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
     # Fails until its second run, then leaves a count that the next pod reads.
     counter = (
         "import os, sys\np = '/ckpt/count'\n"

@@ -55,8 +55,9 @@ class Kube:
         self.kubeconfig = kubeconfig
         self._kubectl = kubectl
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120.0) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[str]:
         argv = [self._kubectl, "--kubeconfig", str(self.kubeconfig), *args]
         done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
@@ -96,9 +97,17 @@ class KindFaults:
 class E2E:
     """What a test needs: the cluster, its faults, the shared volume and the images."""
 
-    def __init__(self, *, kube: Any, faults: Faults, host_dir: Path, node_dir: str,
-                 worker_image: str, operator_image: str,
-                 dynamic: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        kube: Any,
+        faults: Faults,
+        host_dir: Path,
+        node_dir: str,
+        worker_image: str,
+        operator_image: str,
+        dynamic: bool = False,
+    ) -> None:
         self.kube, self.faults = kube, faults
         self.host_dir, self.node_dir = host_dir, node_dir
         self.worker_image, self.operator_image = worker_image, operator_image
@@ -151,10 +160,15 @@ class E2E:
         return host
 
     def _provisioned(self, namespace: str, name: str) -> Path:
-        claim = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                 "metadata": {"name": name, "namespace": namespace},
-                 "spec": {"accessModes": ["ReadWriteMany"],
-                          "resources": {"requests": {"storage": "1Gi"}}}}  # fmt: skip
+        claim = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        }
         self.kube.kubectl("apply", "-f", "-", input=json.dumps(claim))
 
         def bound() -> str | None:
@@ -179,8 +193,12 @@ class E2E:
         except PermissionError:  # not root (a hosted runner): let uid 1000 write all the same
             host.mkdir(parents=True, exist_ok=True)
             host.chmod(0o777)
-        docs = stack.hostpath_claim(namespace=namespace, name=name, pv_name=f"{namespace}-{name}",
-                                    path=f"{self.node_dir}/{namespace}/{name}")  # fmt: skip
+        docs = stack.hostpath_claim(
+            namespace=namespace,
+            name=name,
+            pv_name=f"{namespace}-{name}",
+            path=f"{self.node_dir}/{namespace}/{name}",
+        )
         self.kube.kubectl("apply", "-f", "-", input=stack.as_list(docs))
         return host
 
@@ -189,9 +207,15 @@ def _local(request: pytest.FixtureRequest) -> E2E:
     cluster = request.getfixturevalue("cluster")
     root = stack.volumes_root(cluster)
     root.mkdir(parents=True, exist_ok=True)
-    return E2E(kube=cluster, faults=local_faults.Faults.for_cluster(cluster.state_dir),
-               host_dir=root, node_dir=str(root), worker_image=images.WORKER,
-               operator_image=images.OPERATOR, dynamic=True)  # fmt: skip
+    return E2E(
+        kube=cluster,
+        faults=local_faults.Faults.for_cluster(cluster.state_dir),
+        host_dir=root,
+        node_dir=str(root),
+        worker_image=images.WORKER,
+        operator_image=images.OPERATOR,
+        dynamic=True,
+    )
 
 
 def _remote() -> E2E:
@@ -199,9 +223,14 @@ def _remote() -> E2E:
     kube = Kube(Path(env["FSDP_E2E_KUBECONFIG"]), shutil.which("kubectl") or "kubectl")
     if env.get("FSDP_E2E_FAULTS", "kind") != "kind":
         raise pytest.UsageError("FSDP_E2E_FAULTS: only 'kind' is known besides this machine")
-    return E2E(kube=kube, faults=KindFaults(kube), host_dir=Path(env["FSDP_E2E_HOST_DIR"]),
-               node_dir=env["FSDP_E2E_NODE_DIR"], worker_image=env["FSDP_E2E_WORKER_IMAGE"],
-               operator_image=env["FSDP_E2E_OPERATOR_IMAGE"])  # fmt: skip
+    return E2E(
+        kube=kube,
+        faults=KindFaults(kube),
+        host_dir=Path(env["FSDP_E2E_HOST_DIR"]),
+        node_dir=env["FSDP_E2E_NODE_DIR"],
+        worker_image=env["FSDP_E2E_WORKER_IMAGE"],
+        operator_image=env["FSDP_E2E_OPERATOR_IMAGE"],
+    )
 
 
 def _split(ref: str) -> tuple[str, str]:
@@ -220,8 +249,11 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
     # operator reads no tenant's storage and the pods choose their checkpoints (auto), as in a
     # default install (docs/contract.md).
     values = {
-        "image.repository": repository, "image.tag": tag, "image.pullPolicy": "Never",
-        "settings.nodeExclusionSeconds": "20", "settings.drainTimeoutSeconds": "30",
+        "image.repository": repository,
+        "image.tag": tag,
+        "image.pullPolicy": "Never",
+        "settings.nodeExclusionSeconds": "20",
+        "settings.drainTimeoutSeconds": "30",
         # the kubelets here renew their 4 s Leases every second: 8 missed is 8 s of silence,
         # the local node-monitor grace (the default 2 is 22.5 s on a kubelet's default Lease)
         "settings.nodeLeaseMissedRenewals": "8",
@@ -231,7 +263,7 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
         f"runtimeProfiles.{PROFILE}.shmSize": "512Mi",
         f"runtimeProfiles.{PROFILE}.env[0].name": "NCCL_SOCKET_IFNAME",
         f"runtimeProfiles.{PROFILE}.env[0].value": "eth0",
-    }  # fmt: skip
+    }
     stack.install_chart(kube, values=values, namespace=NAMESPACE, release=RELEASE)
     try:
         yield env

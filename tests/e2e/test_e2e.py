@@ -59,26 +59,38 @@ def _job(e2e: E2E, name: str, **spec: Any) -> dict[str, Any]:
 
 
 def _wait(jobs: stack.Jobs, name: str, what: str, probe: Any, *, timeout: float = 300) -> Any:
-    return poll.until(what, probe, timeout=timeout, every=1.0,
-                      diagnosis=lambda: _story(jobs, name))  # fmt: skip
+    return poll.until(what, probe, timeout=timeout, every=1.0, diagnosis=lambda: _story(jobs, name))
 
 
 def _story(jobs: stack.Jobs, name: str) -> str:
     """What a user would look at when a job does not get there: its status, its Events, its
     pods' states and the operator replicas' last log lines."""
-    pods = [(p["metadata"]["name"], p["status"].get("phase"),
-             [c.get("state") for c in p["status"].get("containerStatuses") or []])
-            for p in jobs.pods(name)]  # fmt: skip
+    pods = [
+        (
+            p["metadata"]["name"],
+            p["status"].get("phase"),
+            [c.get("state") for c in p["status"].get("containerStatuses") or []],
+        )
+        for p in jobs.pods(name)
+    ]
     log = jobs.cluster.kubectl(
-        "logs", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=fsdp-operator", "--prefix",
-        "--tail=80", check=False,
-    )  # fmt: skip
-    return "\n".join([
-        f"status: {json.dumps(jobs.status(name))[:3000]}",
-        f"events: {jobs.events(name)[-20:]}",
-        f"pods: {pods}",
-        f"operator log:\n{log.stdout[-8000:]}{log.stderr[-500:]}",
-    ])  # fmt: skip
+        "logs",
+        "-n",
+        NAMESPACE,
+        "-l",
+        "app.kubernetes.io/name=fsdp-operator",
+        "--prefix",
+        "--tail=80",
+        check=False,
+    )
+    return "\n".join(
+        [
+            f"status: {json.dumps(jobs.status(name))[:3000]}",
+            f"events: {jobs.events(name)[-20:]}",
+            f"pods: {pods}",
+            f"operator log:\n{log.stdout[-8000:]}{log.stderr[-500:]}",
+        ]
+    )
 
 
 def _running(jobs: stack.Jobs, name: str, attempt: int) -> list[dict[str, Any]]:
@@ -145,37 +157,85 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     newest complete checkpoint. The team's two jobs run beside the survivor's pods (a pod
     affinity), so the lost node holds a pod of each."""
     e2e.tenant_policies(namespace)
-    e2e.kube.kubectl("label", "namespace", namespace, "--overwrite",
-                     "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    e2e.kube.kubectl(
+        "label",
+        "namespace",
+        namespace,
+        "--overwrite",
+        "pod-security.kubernetes.io/enforce=privileged",
+    )
     patch = json.dumps({"spec": {"namespaces": [namespace]}})
     e2e.kube.kubectl("patch", "fsdpruntimeprofiles", PROFILE, "--type=merge", "-p", patch)
     jobs = stack.Jobs(e2e.kube, namespace)
     # ~0.3 s a step here: long enough that the node loss lands mid-run (detection ~12 s).
-    job = _job(e2e, "survivor", training={"steps": STEPS}, runtimeProfile=PROFILE,
-               template={"spec": {"capabilities": ["IPC_LOCK"]}},
-               checkpoint={"memory": {"intervalSteps": 3, "sizeLimit": "256Mi"}},
-               failurePolicy={"inPlaceRestarts": 2})  # fmt: skip
+    job = _job(
+        e2e,
+        "survivor",
+        training={"steps": STEPS},
+        runtimeProfile=PROFILE,
+        template={"spec": {"capabilities": ["IPC_LOCK"]}},
+        checkpoint={"memory": {"intervalSteps": 3, "sizeLimit": "256Mi"}},
+        failurePolicy={"inPlaceRestarts": 2},
+    )
     # the profile's patch reaches the admission policy through a watch: a moment behind
-    poll.until("the survivor admitted under its profile", lambda: e2e.kube.kubectl(
-        "apply", "-n", namespace, "-f", "-", input=json.dumps(job), check=False,
-    ).returncode == 0, timeout=30)  # fmt: skip
+    poll.until(
+        "the survivor admitted under its profile",
+        lambda: e2e.kube.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=json.dumps(job),
+            check=False,
+        ).returncode
+        == 0,
+        timeout=30,
+    )
     # The team's pods go where the survivor's are (two nodes), so a node loss hits all three.
     survivors = {names.Label.JOB.value: names.job_label_value("survivor")}
     term = {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": survivors}}
     beside = {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
     kit = {"script": "/opt/fsdp-examples/plain_fsdp.py", "args": ["--step-seconds", "0.2"]}
-    jobs.apply(_own_trainer_job(e2e, "kit", kit, template={"spec": {"affinity": beside}},
-                                failurePolicy={"inPlaceRestarts": 2}))  # fmt: skip
-    titan_args = ["--dump-folder", "$(FSDP_CHECKPOINT_ROOT)", "--folder", ".", "--steps",
-                  str(OWN_STEPS), "--interval", "20", "--step-seconds", "0.2"]  # fmt: skip
+    jobs.apply(
+        _own_trainer_job(
+            e2e,
+            "kit",
+            kit,
+            template={"spec": {"affinity": beside}},
+            failurePolicy={"inPlaceRestarts": 2},
+        )
+    )
+    titan_args = [
+        "--dump-folder",
+        "$(FSDP_CHECKPOINT_ROOT)",
+        "--folder",
+        ".",
+        "--steps",
+        str(OWN_STEPS),
+        "--interval",
+        "20",
+        "--step-seconds",
+        "0.2",
+    ]
     titan = {"script": "/opt/fsdp-examples/titan_layout.py", "args": titan_args}
     # It serves no progress: hang detection would count from its start (docs/contract.md).
-    jobs.apply(_own_trainer_job(e2e, "titan", titan, template={"spec": {"affinity": beside}},
-                                checkpoint={"completion": "DCPMetadata"},
-                                failurePolicy={"progressDeadlineSeconds": 3600}))  # fmt: skip
+    jobs.apply(
+        _own_trainer_job(
+            e2e,
+            "titan",
+            titan,
+            template={"spec": {"affinity": beside}},
+            checkpoint={"completion": "DCPMetadata"},
+            failurePolicy={"progressDeadlineSeconds": 3600},
+        )
+    )
     ckpt = e2e.claims[namespace, "ckpt"]
-    proofs = {"survivor": contract.Proof.MARKER, "kit": contract.Proof.MARKER,
-              "titan": contract.Proof.DCP_METADATA}  # fmt: skip
+    proofs = {
+        "survivor": contract.Proof.MARKER,
+        "kit": contract.Proof.MARKER,
+        "titan": contract.Proof.DCP_METADATA,
+    }
 
     def sealed(name: str) -> int:
         root = ckpt / name
@@ -191,8 +251,12 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         further than its status said)."""
         running = {name: _running(jobs, name, attempt) for name in proofs}
         for name, before in {name: sealed(name) for name in proofs}.items():
-            _wait(jobs, name, f"a checkpoint of attempt {attempt}",
-                  lambda n=name, b=before: sealed(n) > b)  # fmt: skip
+            _wait(
+                jobs,
+                name,
+                f"a checkpoint of attempt {attempt}",
+                lambda n=name, b=before: sealed(n) > b,
+            )
         return running
 
     first = trains_on(1)
@@ -209,8 +273,9 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         return done[0] if done and done[0].get("resumed") else None
 
     for name in ("survivor", "kit"):
-        restart = _wait(jobs, name, "a restart in place after the crash",
-                        lambda n=name: restarted(n))  # fmt: skip
+        restart = _wait(
+            jobs, name, "a restart in place after the crash", lambda n=name: restarted(n)
+        )
         s = jobs.status(name)
         assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", s["lastFailure"]
         assert restart["resumedFromStep"] >= crashed[name], restart
@@ -222,11 +287,12 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     _restarted(jobs, "titan", 2, "Crash")
     # Every job seals again after its restart (the policies let the scrape through: the
     # operator saw the restarted ranks step) before the node goes.
-    pods = {name: _running(jobs, name, attempt)
-            for name, attempt in (("survivor", 1), ("kit", 1), ("titan", 2))}  # fmt: skip
+    pods = {
+        name: _running(jobs, name, attempt)
+        for name, attempt in (("survivor", 1), ("kit", 1), ("titan", 2))
+    }
     for name, before in {name: sealed(name) for name in proofs}.items():
-        _wait(jobs, name, "a checkpoint after the restart",
-              lambda n=name, b=before: sealed(n) > b)  # fmt: skip
+        _wait(jobs, name, "a checkpoint after the restart", lambda n=name, b=before: sealed(n) > b)
     lost = pods["survivor"][1]["spec"]["nodeName"]
     for name in ("kit", "titan"):  # beside the survivor's pods
         assert lost in {p["spec"]["nodeName"] for p in pods[name]}, (lost, pods[name])
@@ -237,9 +303,16 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
             assert s["lastFailure"]["node"] == lost, s["lastFailure"]
     finally:
         e2e.faults.restore_node(lost)
-    done = {name: _wait(jobs, name, "Succeeded",
-                        lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
-                        timeout=600) for name in proofs}  # fmt: skip
+    done = {
+        name: _wait(
+            jobs,
+            name,
+            "Succeeded",
+            lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
+            timeout=600,
+        )
+        for name in proofs
+    }
     assert done["survivor"]["step"] == STEPS and done["survivor"]["restarts"]["total"] >= 2
     _check_checkpoints(ckpt / "survivor", global_batch=16)
     assert all(s["restarts"]["total"] >= 2 for s in done.values()), done
@@ -301,15 +374,31 @@ def _check_checkpoints(root: Path, *, global_batch: int) -> None:
 def test_worker_over_its_memory_limit_is_oom_killed(e2e: E2E, namespace: str) -> None:
     jobs = stack.Jobs(e2e.kube, namespace)
     # 165 M parameters (660 MB in fp32) plus torch itself, against a 1 GiB limit.
-    model = {"preset": "custom", "vocabSize": 32000, "seqLen": 32, "dim": 1024, "nLayers": 8,
-             "nHeads": 8}  # fmt: skip
-    doc = _job(e2e, "hungry", replicas=1, minReplicas=1, nprocPerNode=1,
-               training={"model": model, "steps": 20},
-               failurePolicy={"maxRestarts": 0})  # fmt: skip
+    model = {
+        "preset": "custom",
+        "vocabSize": 32000,
+        "seqLen": 32,
+        "dim": 1024,
+        "nLayers": 8,
+        "nHeads": 8,
+    }
+    doc = _job(
+        e2e,
+        "hungry",
+        replicas=1,
+        minReplicas=1,
+        nprocPerNode=1,
+        training={"model": model, "steps": 20},
+        failurePolicy={"maxRestarts": 0},
+    )
     doc["spec"]["resources"] = {"limits": {"memory": "1Gi"}, "requests": {"memory": "1Gi"}}
     jobs.apply(doc)
-    done = _wait(jobs, "hungry", "Failed",
-                 lambda: (s := jobs.status("hungry")).get("phase") == "Failed" and s)  # fmt: skip
+    done = _wait(
+        jobs,
+        "hungry",
+        "Failed",
+        lambda: (s := jobs.status("hungry")).get("phase") == "Failed" and s,
+    )
     assert done["lastFailure"]["cause"] == "OOMKilled", done["lastFailure"]
     pod = next(p for p in jobs.pods("hungry"))
     terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
@@ -320,9 +409,12 @@ def test_failing_ranks_termination_message_reaches_last_failure(e2e: E2E, namesp
     jobs = stack.Jobs(e2e.kube, namespace)
     data = {"kind": "tokenFile", "path": "/ckpt/no-such-tokens.bin"}
     jobs.apply(_job(e2e, "misconfigured", replicas=1, minReplicas=1, training={"data": data}))
-    done = _wait(jobs, "misconfigured", "Failed",
-                 lambda: (s := jobs.status("misconfigured")).get("phase") == "Failed" and s,
-                 )  # fmt: skip
+    done = _wait(
+        jobs,
+        "misconfigured",
+        "Failed",
+        lambda: (s := jobs.status("misconfigured")).get("phase") == "Failed" and s,
+    )
     failure = done["lastFailure"]
     assert failure["cause"] == "ConfigError", failure
     assert "no-such-tokens.bin" in failure["message"], "the rank's own words, via torchrun"
@@ -341,8 +433,12 @@ def _own_trainer_job(e2e: E2E, name: str, trainer: dict[str, Any], **spec: Any) 
 
 def _restarted(jobs: stack.Jobs, name: str, attempt: int, cause: str) -> dict[str, Any]:
     """Wait for `attempt` of job `name`, and check the failure that led to it."""
-    s = _wait(jobs, name, f"attempt {attempt} after {cause}",
-              lambda: (s := jobs.status(name)).get("attempt", 0) >= attempt and s)  # fmt: skip
+    s = _wait(
+        jobs,
+        name,
+        f"attempt {attempt} after {cause}",
+        lambda: (s := jobs.status(name)).get("attempt", 0) >= attempt and s,
+    )
     assert s["lastFailure"]["cause"] == cause, s["lastFailure"]
     return dict(s)
 
@@ -357,8 +453,13 @@ def _faulty(e2e: E2E, name: str, faults: str, **spec: Any) -> dict[str, Any]:
 
 def _fsdpctl(e2e: E2E, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(e2e.kube.kubeconfig), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "fsdp_operator.cli", "-n", namespace, *args],
-                          env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_operator.cli", "-n", namespace, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
@@ -379,32 +480,53 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     one = {"replicas": 1, "minReplicas": 1, "nprocPerNode": 1}
     limits = {"limits": {"memory": "2Gi"}, "requests": {"cpu": "500m", "memory": "2Gi"}}
     jobs.apply(_faulty(e2e, "oom-backward", "oom_at=0:6:backward", resources=limits, **one))
-    jobs.apply(_faulty(e2e, "oom-save", "oom_at=0:20:save", resources=limits, **one,
-                       failurePolicy={"maxRestarts": 0}))  # fmt: skip
+    jobs.apply(
+        _faulty(
+            e2e,
+            "oom-save",
+            "oom_at=0:20:save",
+            resources=limits,
+            **one,
+            failurePolicy={"maxRestarts": 0},
+        )
+    )
     # Where a NetworkPolicy keeps the operator from rank 0's metrics (issue 21), its silence is
     # no evidence: "blind" trains on past its deadline untouched, and "stuck" is still caught
     # as Hang, on the kubelet's readiness probe of its rank 0.
     blind_policy = {**hang_policy, "startupDeadlineSeconds": 75}
-    jobs.apply(_faulty(e2e, "blind", "step_sleep=1", **one, failurePolicy=blind_policy,
-                       training={"steps": 100000}))  # fmt: skip
+    jobs.apply(
+        _faulty(
+            e2e,
+            "blind",
+            "step_sleep=1",
+            **one,
+            failurePolicy=blind_policy,
+            training={"steps": 100000},
+        )
+    )
     for name in ("blind", "stuck"):
         e2e.gang_only(namespace, name)
     blocked_at = time.time()
     names_ = ("stuck", "blocked", "oom-backward", "oom-save")
     failed: dict[str, dict[str, Any]] = {}
     for name in names_:
-        failed[name] = _wait(jobs, name, "Failed",
-                             lambda name=name: (s := jobs.status(name)).get("phase") == "Failed"
-                             and s)  # fmt: skip
+        failed[name] = _wait(
+            jobs,
+            name,
+            "Failed",
+            lambda name=name: (s := jobs.status(name)).get("phase") == "Failed" and s,
+        )
         print(f"{name}: Failed seen {time.time() - blocked_at:.0f}s after the jobs were applied")
     _blind_job_trains_on(e2e, jobs, blocked_at, deadline=30, startup=75)
 
     blocked = failed["blocked"]["lastFailure"]
     assert blocked["cause"] == "Hang" and blocked["pod"] == "blocked-a1-0", blocked
     assert blocked.get("phase") == "end-of-step sync" and blocked.get("step") == 7, blocked
-    assert re.match(r"ranks 0,2,3 wait in all_reduce #\d+ \(end-of-step sync, step 8\); "
-                    r"rank 1 in end-of-step sync at step 8, 1 collective behind",
-                    blocked["evidence"]), blocked  # fmt: skip
+    assert re.match(
+        r"ranks 0,2,3 wait in all_reduce #\d+ \(end-of-step sync, step 8\); "
+        r"rank 1 in end-of-step sync at step 8, 1 collective behind",
+        blocked["evidence"],
+    ), blocked
     evidence = e2e.claims[namespace, "ckpt"] / "blocked" / ".evidence" / "attempt-1"
     assert "in stall_if" in (evidence / "rank-1.txt").read_text(), "its stack is kept"
     assert "in all_reduce" in (evidence / "rank-0.txt").read_text()
@@ -417,8 +539,11 @@ def test_why_a_hang_and_two_ooms_failed_is_told_after_the_pods_are_gone(
     assert hang["step"] == 7, hang
     # FSDP2's all-gather: all_gather_into_tensor up to torch 2.9, all_gather_single since
     gather = r"all_gather_(into_tensor|single)"
-    assert re.match(rf"ranks 0,1,3 wait in {gather} #\d+ \(forward, step 8\); "
-                    r"rank 2 in data loading at step 8", hang["evidence"]), hang  # fmt: skip
+    assert re.match(
+        rf"ranks 0,1,3 wait in {gather} #\d+ \(forward, step 8\); "
+        r"rank 2 in data loading at step 8",
+        hang["evidence"],
+    ), hang
     assert hang["diagnosis"].startswith("rank 2 not where the others are")
     assert "FailureExplained" in jobs.events("stuck")
 
@@ -465,9 +590,13 @@ def _blind_job_trains_on(
     """The operator cannot scrape "blind": it says so, and declares no Hang past the deadline
     while the kubelet finds rank 0 stepping. (Never seeing a step, the operator judges it by
     the startup deadline, then by rank 0's readiness.)"""
-    seen = _wait(jobs, "blind", "ProgressObserved=False",
-                 lambda: _condition(s := jobs.status("blind"), "ProgressObserved").get("status")
-                 == "False" and s)  # fmt: skip
+    seen = _wait(
+        jobs,
+        "blind",
+        "ProgressObserved=False",
+        lambda: _condition(s := jobs.status("blind"), "ProgressObserved").get("status") == "False"
+        and s,
+    )
     cond = _condition(seen, "ProgressObserved")
     assert cond["reason"] == "ScrapeFailing" and f":{names.METRICS_PORT}" in cond["message"], cond
     rank0 = e2e.kube.get_json("pod", "-n", jobs.ns, "blind-a1-0")
@@ -475,12 +604,19 @@ def _blind_job_trains_on(
     started = observe.ts(container["state"]["running"]["startedAt"])
     told = observe.ts(cond["lastTransitionTime"])
     assert started is not None and told is not None
-    print(f"scrape blocked from the start; rank 0 running -> ProgressObserved=False: "
-          f"{told - max(started, blocked_at):.1f}s")  # fmt: skip
+    print(
+        f"scrape blocked from the start; rank 0 running -> ProgressObserved=False: "
+        f"{told - max(started, blocked_at):.1f}s"
+    )
     # past the startup deadline, its grace and two probe periods, counted from rank 0's start
     until = started + max(deadline, startup) + 2 + 2 * max(1, min(30, deadline // 6)) + 5
-    _wait(jobs, "blind", "past its deadline", lambda: time.time() > until,
-          timeout=max(0.0, until - time.time()) + 30)  # fmt: skip
+    _wait(
+        jobs,
+        "blind",
+        "past its deadline",
+        lambda: time.time() > until,
+        timeout=max(0.0, until - time.time()) + 30,
+    )
     job = jobs.status("blind")
     assert job["phase"] == "Running" and job["attempt"] == 1 and not job.get("lastFailure"), job
     rank0 = e2e.kube.get_json("pod", "-n", jobs.ns, "blind-a1-0")

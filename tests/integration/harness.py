@@ -43,12 +43,16 @@ def job_doc(name: str, **spec: Any) -> dict[str, Any]:
                 "progressDeadlineSeconds": 30,
                 "pendingTimeoutSeconds": 10,
             },
-            "template": {"spec": {"env": [
-                {"name": "STANDIN_STEP_SECONDS", "value": "0.2"},
-                *({"name": k, "value": str(v)} for k, v in env.items()),
-            ]}},
+            "template": {
+                "spec": {
+                    "env": [
+                        {"name": "STANDIN_STEP_SECONDS", "value": "0.2"},
+                        *({"name": k, "value": str(v)} for k, v in env.items()),
+                    ]
+                }
+            },
         },
-    }  # fmt: skip
+    }
     for key, value in spec.items():
         if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
             doc["spec"][key] = {**doc["spec"][key], **value}

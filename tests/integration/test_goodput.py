@@ -18,16 +18,28 @@ from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
 
-MILESTONES = ("failed", "detected", "launched", "gangGone", "scheduled", "running", "rendezvous",
-              "loaded", "firstStep")  # fmt: skip
+MILESTONES = (
+    "failed",
+    "detected",
+    "launched",
+    "gangGone",
+    "scheduled",
+    "running",
+    "rendezvous",
+    "loaded",
+    "firstStep",
+)
 
 
 def _describe(jobs: harness.Jobs, name: str) -> str:
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "220"}
     return subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "describe", name],
-        env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
 
 
 def test_an_injected_crash_produces_a_complete_time_to_resume_breakdown(
@@ -93,8 +105,10 @@ def test_auto_interval_reports_its_choice_and_carries_the_failure_record(
     # The failure comes 8 s in: the operator must scrape the first attempt's choice before it
     # (at step 12, 2.4 s in, a loaded machine's first scrape came after the failure).
     env = {"STANDIN_FAIL_AT_STEP": 40, "STANDIN_SAVE_SECONDS": 0.5}
-    ckpt = {"intervalSteps": "auto",
-            "autoInterval": {"minSteps": 3, "maxSteps": 50, "priorMtbfSeconds": 20}}  # fmt: skip
+    ckpt = {
+        "intervalSteps": "auto",
+        "autoInterval": {"minSteps": 3, "maxSteps": 50, "priorMtbfSeconds": 20},
+    }
     jobs.apply(harness.job_doc(name, training={"steps": 60}, checkpoint=ckpt, env=env))
     status = poll.until(
         "an auto interval chosen from measured costs",
@@ -116,8 +130,9 @@ def test_auto_interval_reports_its_choice_and_carries_the_failure_record(
         diagnosis=operator.log_tail,
     )
     assert again["reliability"]["failures"] == 1
-    pod = next(p for p in jobs.pods(name) if p["metadata"]["labels"].get(
-        "fsdpoperator.io/attempt") == "2")  # fmt: skip
+    pod = next(
+        p for p in jobs.pods(name) if p["metadata"]["labels"].get("fsdpoperator.io/attempt") == "2"
+    )
     env_vars = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     hint = json.loads(env_vars["FSDP_RELIABILITY"])
     assert hint["failures"] == 1 and hint["saveSeconds"] == 0.5 and hint["stepSeconds"] == 0.2

@@ -37,16 +37,19 @@ def solo_session(operator: harness.Operator) -> Iterator[harness.Operator]:
         yield operator
     finally:
         operator.start()
-        poll.until("the session's operator leading again",
-                   lambda: operator.sample(LEADER) == 1, timeout=60)  # fmt: skip
+        poll.until(
+            "the session's operator leading again", lambda: operator.sample(LEADER) == 1, timeout=60
+        )
 
 
 def _start(op: harness.Operator, *, leads: bool) -> harness.Operator:
     op.start()
     poll.until(
         f"{op.identity} {'leading' if leads else 'standing by'}",
-        lambda: op.sample(LEADER) == (1 if leads else 0), timeout=60, diagnosis=op.log_tail,
-    )  # fmt: skip
+        lambda: op.sample(LEADER) == (1 if leads else 0),
+        timeout=60,
+        diagnosis=op.log_tail,
+    )
     return op
 
 
@@ -55,8 +58,14 @@ def pair(solo_session: harness.Operator, tmp_path: Path) -> Iterator[list[harnes
     ops = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-        ops.append(harness.Operator(solo_session.cluster, solo_session.kubeconfig,
-                                    tmp_path / name, identity=f"ha-{name}"))  # fmt: skip
+        ops.append(
+            harness.Operator(
+                solo_session.cluster,
+                solo_session.kubeconfig,
+                tmp_path / name,
+                identity=f"ha-{name}",
+            )
+        )
     try:
         _start(ops[0], leads=True)
         _start(ops[1], leads=False)
@@ -95,16 +104,23 @@ def test_the_standby_finishes_a_recovery_when_the_leader_is_killed(
     leader, standby = pair
     name = harness.unique("hakill")
     jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 8}, training={"steps": 30}))
-    poll.until("restart decided", lambda: jobs.status(name).get("attempt") == 2,
-               timeout=90, every=0.05)  # fmt: skip
+    poll.until(
+        "restart decided", lambda: jobs.status(name).get("attempt") == 2, timeout=90, every=0.05
+    )
     leader.kill()  # in the middle of the recovery: old pods going, new ones perhaps not created
-    poll.until("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=30,
-               diagnosis=standby.log_tail)  # fmt: skip
+    poll.until(
+        "the standby leads",
+        lambda: standby.sample(LEADER) == 1,
+        timeout=30,
+        diagnosis=standby.log_tail,
+    )
     assert _holder(jobs.cluster) == standby.identity
     done = poll.until(
-        "job done", lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
-        timeout=120, diagnosis=standby.log_tail,
-    )  # fmt: skip
+        "job done",
+        lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
+        timeout=120,
+        diagnosis=standby.log_tail,
+    )
     assert done["attempt"] == 2 and done["restarts"]["total"] == 1
     assert [h["attempt"] for h in done["history"]] == [1, 2]
     assert _attempts(jobs, name) == ["2", "2"]  # exactly one attempt's pods, no duplicates
@@ -121,15 +137,24 @@ def test_a_clean_shutdown_hands_the_lease_over(
     assert passes == 0, "a standby runs no passes"
     leader.stop()  # SIGTERM: the leader releases the Lease on its way out
     assert "released lease" in leader.log_tail()
-    poll.until("the standby leads", lambda: standby.sample(LEADER) == 1, timeout=10,
-               diagnosis=standby.log_tail)  # fmt: skip
+    poll.until(
+        "the standby leads",
+        lambda: standby.sample(LEADER) == 1,
+        timeout=10,
+        diagnosis=standby.log_tail,
+    )
     assert _holder(jobs.cluster) == standby.identity
-    poll.until("the new leader's passes",
-               lambda: (standby.sample("fsdpjob_reconcile_passes_total") or 0) > 0,
-               timeout=10)  # fmt: skip
+    poll.until(
+        "the new leader's passes",
+        lambda: (standby.sample("fsdpjob_reconcile_passes_total") or 0) > 0,
+        timeout=10,
+    )
     jobs.patch(name, {"suspend": True})
-    poll.until("suspended by the new leader",
-               lambda: jobs.status(name).get("phase") == "Suspended", timeout=60)  # fmt: skip
+    poll.until(
+        "suspended by the new leader",
+        lambda: jobs.status(name).get("phase") == "Suspended",
+        timeout=60,
+    )
 
 
 def _logged(op: harness.Operator, pattern: str) -> float:
@@ -162,19 +187,20 @@ def test_a_leader_cut_off_from_the_api_server_writes_nothing_after_its_renew_dea
         jobs.apply(harness.job_doc(name, training={"steps": 2000}))
         poll.until("running", lambda: (jobs.status(name).get("step") or 0) >= 3, timeout=90)
         relay.cut()
-        poll.until("a stops leading", lambda: a.sample(LEADER) == 0, timeout=20,
-                   diagnosis=a.log_tail)  # fmt: skip
+        poll.until(
+            "a stops leading", lambda: a.sample(LEADER) == 0, timeout=20, diagnosis=a.log_tail
+        )
         written = _writes(a)
-        poll.until("b leads", lambda: b.sample(LEADER) == 1, timeout=30,
-                   diagnosis=b.log_tail)  # fmt: skip
+        poll.until("b leads", lambda: b.sample(LEADER) == 1, timeout=30, diagnosis=b.log_tail)
         # A failure only the new leader may handle, while the old one still believes in it.
         rank0 = next(p for p in jobs.pods(name) if p["metadata"]["name"].endswith("-a1-0"))
         lf.Faults.for_cluster(cluster.state_dir).crash(jobs.ns, rank0["metadata"]["name"])
         poll.until(
             "b restarts the job",
             lambda: (s := jobs.status(name)).get("attempt") == 2 and s.get("phase") == "Running",
-            timeout=90, diagnosis=b.log_tail,
-        )  # fmt: skip
+            timeout=90,
+            diagnosis=b.log_tail,
+        )
         relay.heal()  # whatever a had queued in the cut may arrive now
         time.sleep(6)  # a's next tries see b's lease; its watches catch up
         assert _writes(a) == written, "the cut-off leader wrote after it stopped leading"

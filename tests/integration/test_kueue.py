@@ -109,9 +109,11 @@ def test_a_preempted_job_saves_waits_and_resumes_with_no_steps_lost(
     jobs.apply(_gpu_job(low, steps=150, priority="fsdpop-low"))
     _phase(jobs, kueue, low, "Running", timeout=120)
     poll.until(
-        f"{low} step 6", lambda: (jobs.status(low).get("step") or 0) >= 6, timeout=90,
+        f"{low} step 6",
+        lambda: (jobs.status(low).get("step") or 0) >= 6,
+        timeout=90,
         diagnosis=lambda: _context(jobs, kueue, low),
-    )  # fmt: skip
+    )
     jobs.apply(_gpu_job(high, steps=20, priority="fsdpop-high"))
     preempted = poll.until(
         f"{low} preempted",
@@ -181,9 +183,11 @@ def test_a_job_beyond_the_quota_waits_while_the_first_recovers_in_its_group_then
     group = a["queue"]["podGroup"]
     assert a["queue"]["admitted"] and group == f"{name}-g1"
     poll.until(
-        f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
+        f"{name} step 6",
+        lambda: (jobs.status(name).get("step") or 0) >= 6,
+        timeout=90,
         diagnosis=lambda: _context(jobs, kueue, name),
-    )  # fmt: skip
+    )
     jobs.apply(_gpu_job(waiting, steps=20))
     b = _phase(jobs, kueue, waiting, "Queued", timeout=60)
     cond = next(c for c in b["conditions"] if c["type"] == "Queued")
@@ -202,9 +206,11 @@ def test_a_job_beyond_the_quota_waits_while_the_first_recovers_in_its_group_then
         return s if again and (s.get("step") or 0) > (s.get("resumedFromStep") or 0) else None
 
     s = poll.until(
-        f"{name} attempt 2 trains", trained_again, timeout=150,
+        f"{name} attempt 2 trains",
+        trained_again,
+        timeout=150,
         diagnosis=lambda: _context(jobs, kueue, name, waiting),
-    )  # fmt: skip
+    )
     assert s["history"][0]["cause"] == st.Cause.CRASH.value and s["restarts"]["application"] == 1
     assert s["queue"]["podGroup"] == group, s["queue"]
     assert seen_waiting == {"Queued"}, seen_waiting
@@ -243,9 +249,11 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
     first = _phase(jobs, kueue, name, "Running", timeout=120)
     old_group = first["queue"]["podGroup"]
     poll.until(
-        f"{name} step 6", lambda: (jobs.status(name).get("step") or 0) >= 6, timeout=90,
+        f"{name} step 6",
+        lambda: (jobs.status(name).get("step") or 0) >= 6,
+        timeout=90,
         diagnosis=lambda: _context(jobs, kueue, name),
-    )  # fmt: skip
+    )
     victim = next(p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-2"))
     lost = victim["spec"]["nodeName"]
     faults = lf.Faults.for_cluster(operator.cluster.state_dir)
@@ -254,9 +262,12 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
         s = poll.until(
             f"{name} running at 2 pods",
             lambda: (s := jobs.status(name)).get("attempt", 0) >= 2
-            and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
-            timeout=180, diagnosis=lambda: _context(jobs, kueue, name),
-        )  # fmt: skip
+            and s.get("replicas") == 2
+            and s.get("phase") == "Running"
+            and s,
+            timeout=180,
+            diagnosis=lambda: _context(jobs, kueue, name),
+        )
         assert s["history"][0]["cause"] == st.Cause.NODE_LOST.value
         group = s["queue"]["podGroup"]
         assert group != old_group
@@ -264,12 +275,16 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
         usage = wl["status"]["admission"]["podSetAssignments"][0]
         assert usage["count"] == 2 and usage["resourceUsage"]["nvidia.com/gpu"] == "4", usage
         poll.until(
-            f"old Workload {old_group} deleted", lambda: kueue.workload(jobs.ns, old_group) is None,
-            timeout=60, diagnosis=lambda: _context(jobs, kueue, name),
-        )  # fmt: skip
+            f"old Workload {old_group} deleted",
+            lambda: kueue.workload(jobs.ns, old_group) is None,
+            timeout=60,
+            diagnosis=lambda: _context(jobs, kueue, name),
+        )
         poll.until(  # the ClusterQueue's usage: 4 GPUs now, not the 6 of three pods
-            "ClusterQueue uses 4 GPUs", lambda: _gpus_used(kueue, f"cq-{jobs.ns}") == "4",
-            timeout=60, diagnosis=lambda: f"usage {_gpus_used(kueue, f'cq-{jobs.ns}')}",
-        )  # fmt: skip
+            "ClusterQueue uses 4 GPUs",
+            lambda: _gpus_used(kueue, f"cq-{jobs.ns}") == "4",
+            timeout=60,
+            diagnosis=lambda: f"usage {_gpus_used(kueue, f'cq-{jobs.ns}')}",
+        )
     finally:
         faults.restore_node(lost)

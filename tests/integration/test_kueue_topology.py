@@ -102,10 +102,15 @@ def _context(jobs: harness.Jobs, kueue: lk.Kueue, name: str) -> str:
     group = (s.get("queue") or {}).get("podGroup")
     wl = kueue.workload(jobs.ns, group) if group else None
     pods = [
-        (p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"),
-         p["spec"].get("schedulingGates"), p["spec"].get("nodeSelector"))
+        (
+            p["metadata"]["name"],
+            p["status"].get("phase"),
+            p["spec"].get("nodeName"),
+            p["spec"].get("schedulingGates"),
+            p["spec"].get("nodeSelector"),
+        )
         for p in jobs.pods(name)
-    ]  # fmt: skip
+    ]
     return "\n".join(
         [
             f"status: {json.dumps(s)[:3000]}",
@@ -173,9 +178,11 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
         return check
 
     first = poll.until(
-        f"{name} attempt 1 running", seen(lambda s: s.get("phase") == "Running"),
-        timeout=120, diagnosis=ctx,
-    )  # fmt: skip
+        f"{name} attempt 1 running",
+        seen(lambda s: s.get("phase") == "Running"),
+        timeout=120,
+        diagnosis=ctx,
+    )
     group = first["queue"]["podGroup"]
     wl = kueue.workload(jobs.ns, group)
     assert wl is not None
@@ -186,8 +193,9 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
     evicted = poll.until(
         f"{name} evicted by Kueue's PodsReady timeout",
         seen(lambda s: bool(s.get("history") and s["history"][0].get("cause"))),
-        timeout=PODS_READY_TIMEOUT + 60, diagnosis=ctx,
-    )  # fmt: skip
+        timeout=PODS_READY_TIMEOUT + 60,
+        diagnosis=ctx,
+    )
     first_end = evicted["history"][0]
     assert first_end["cause"] == st.Cause.PREEMPTED.value, evicted["history"]
 
@@ -210,9 +218,11 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
         return again and (s.get("step") or 0) > (s.get("resumedFromStep") or 0)
 
     s = poll.until(
-        f"{name} attempt 3 trains in the same group", seen(trains_again),
-        timeout=240, diagnosis=ctx,
-    )  # fmt: skip
+        f"{name} attempt 3 trains in the same group",
+        seen(trains_again),
+        timeout=240,
+        diagnosis=ctx,
+    )
     # one pod group throughout: attempt 2's pods waited for the evicted group's re-admission
     # (Kueue's requeue backoff), attempt 3's replaced attempt 2's crashed gang in the group
     # whose admission is still the one attempt 2 trained under: no eviction, no requeue
@@ -223,16 +233,18 @@ def test_topology_and_pods_ready_timeout_work_with_the_operator(
     attempt2 = s["history"][1]
     assert admitted is not None, _context(jobs, kueue, name)
     # re-admitted after Kueue's eviction (RFC 3339 seconds), before attempt 2's crash
-    assert t(first_end["ended"]) - 2 <= t(admitted) <= t(attempt2["ended"]), (
-        f"admitted {admitted}\n{_context(jobs, kueue, name)}")  # fmt: skip
+    assert (
+        t(first_end["ended"]) - 2 <= t(admitted) <= t(attempt2["ended"])
+    ), f"admitted {admitted}\n{_context(jobs, kueue, name)}"
     causes = [h.get("cause") for h in s["history"]]
     assert causes[:2] == [st.Cause.PREEMPTED.value, st.Cause.CRASH.value], s["history"]
     assert s["queue"]["podGroup"] == group, s["queue"]
     done = poll.until(
         f"{name} Succeeded",
         seen(lambda d: d.get("phase") == "Succeeded"),
-        timeout=180, diagnosis=ctx,
-    )  # fmt: skip
+        timeout=180,
+        diagnosis=ctx,
+    )
     assert done["attempt"] == 3 and done["replicas"] == 2, done
     assert done["restarts"]["application"] == 1 and done["restarts"]["infrastructure"] == 0
     assert done["reliability"]["failures"] == 1, done["reliability"]  # the crash, not Kueue's

@@ -65,10 +65,15 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
         # hung at 10 s and recreated).
         # 100 steps: generation 2 (from step 25) trains 15 s, three scrapes' worth; at 40 it
         # trained 3 s and once ended before any scrape saw its first step ('resumed' unset).
-        name, env=env, training={"steps": 100},
-        failurePolicy={"inPlaceRestarts": 2, "progressDeadlineSeconds": 20,
-                       "startupDeadlineSeconds": 60},
-    )  # fmt: skip
+        name,
+        env=env,
+        training={"steps": 100},
+        failurePolicy={
+            "inPlaceRestarts": 2,
+            "progressDeadlineSeconds": 20,
+            "startupDeadlineSeconds": 60,
+        },
+    )
     jobs.apply(doc)
 
     def context() -> str:
@@ -113,21 +118,29 @@ def test_a_crash_then_a_hang_restart_in_place_in_the_same_pods(
     assert all(c["restartCount"] == 0 for p in pods for c in p["status"]["containerStatuses"])
     resume = float(st.parse_rfc3339(restart["resumed"]) - st.parse_rfc3339(failure["time"]))
     after = float(st.parse_rfc3339(hang["resumed"]) - st.parse_rfc3339(stuck["time"]))
-    print(f"in place: crash -> next first step {resume:.2f}s; the rank's hang verdict -> next "
-          f"first step {after:.2f}s")  # the note's figures (-s)  # fmt: skip
+    print(
+        f"in place: crash -> next first step {resume:.2f}s; the rank's hang verdict -> next "
+        f"first step {after:.2f}s"
+    )  # the note's figures (-s)
     marker = (jobs.ckpt_dir(name) / "step-100" / "COMPLETE.json").read_text()
     assert '"attempt": 1' in marker
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
     out = subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "describe", name],
-        env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "1 in place" in out and "RestartedInPlace" in out, out
     assert "total steps redone after restarts: 4" in out, out
     why = subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "why", name],
-        env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "attempt 1, restarted in place (generation 0): Crash at step 12" in why, why
     assert "attempt 1, restarted in place (generation 1): Hang at step 27" in why, why
 
@@ -144,8 +157,12 @@ def test_crash_restarts_from_newest_complete_checkpoint(
         diagnosis=operator.log_tail,
     )
     assert done["attempt"] == 2
-    assert done["restarts"] == {"total": 1, "application": 1, "infrastructure": 0,
-                                "withoutProgress": 0}  # fmt: skip
+    assert done["restarts"] == {
+        "total": 1,
+        "application": 1,
+        "infrastructure": 0,
+        "withoutProgress": 0,
+    }
     assert done["lastFailure"]["cause"] == "Crash" and done["lastFailure"]["rank"] == 0
     assert done["lastFailure"]["message"] == "injected"
     first, second = done["history"][:2]
@@ -160,8 +177,11 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     env = {**os.environ, "KUBECONFIG": str(jobs.cluster.kubeconfig), "COLUMNS": "200"}
     out = subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "describe", name],
-        env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert done["history"][0]["stepsLost"] == 2  # rank 0 reported step 12; resumed from 10
     assert "Crash" in out and "total steps redone after restarts: 2" in out
     # the failed attempt's pods are gone; its logs were kept before they went
@@ -171,19 +191,40 @@ def test_crash_restarts_from_newest_complete_checkpoint(
     plugin = {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     why = subprocess.run(
         [str(jobs.cluster.bin_dir / "kubectl"), "fsdp", "-n", jobs.ns, "why", name],
-        env=plugin, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        env=plugin,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "attempt 1: Crash" in why and "message: injected" in why, why
     # and kubectl's own completion offers the namespace's jobs (through kubectl_complete-fsdp)
     offered = subprocess.run(
         [str(jobs.cluster.bin_dir / "kubectl"), "__complete", "fsdp", "-n", jobs.ns, "why", ""],
-        env=plugin, capture_output=True, text=True, check=True,
-    ).stdout.splitlines()  # fmt: skip
+        env=plugin,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert name in offered and offered[-1] == ":4", offered
     logs = subprocess.run(
-        [sys.executable, "-m", "fsdp_operator.cli", "-n", jobs.ns, "logs", name, "--attempt", "1",
-         "--rank", "0"], env=env, capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fsdp_operator.cli",
+            "-n",
+            jobs.ns,
+            "logs",
+            name,
+            "--attempt",
+            "1",
+            "--rank",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "first error of the gang" in logs and "injected failure at step 12" in logs, logs
     # and so do the operator's own metrics
     metrics = urllib.request.urlopen(operator.metrics_url(), timeout=5).read().decode()
@@ -245,21 +286,24 @@ def _pods_of(jobs: harness.Jobs, name: str, attempt: int) -> list[dict]:
         lambda: len(p := gang()) == jobs.status(name).get("replicas") and p,
         timeout=60,
         diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
-    )  # fmt: skip
+    )
 
 
 def _step_at_least(jobs: harness.Jobs, name: str, step: int) -> None:
     poll.until(
-        f"step >= {step}", lambda: (jobs.status(name).get("step") or 0) >= step,
+        f"step >= {step}",
+        lambda: (jobs.status(name).get("step") or 0) >= step,
         diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
-    )  # fmt: skip
+    )
 
 
 def _phase(jobs: harness.Jobs, name: str, phase: str, timeout: float = 90) -> dict:
     return poll.until(
-        f"phase {phase}", lambda: (s := jobs.status(name)).get("phase") == phase and s,
-        timeout=timeout, diagnosis=lambda: f"{name} status: {jobs.status(name)}",
-    )  # fmt: skip
+        f"phase {phase}",
+        lambda: (s := jobs.status(name)).get("phase") == phase and s,
+        timeout=timeout,
+        diagnosis=lambda: f"{name} status: {jobs.status(name)}",
+    )
 
 
 def test_node_loss_force_deletes_and_restarts_elsewhere(
@@ -280,9 +324,11 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = poll.until(
-            "restart after node loss", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-            timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-        )  # fmt: skip
+            "restart after node loss",
+            lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
+            timeout=90,
+            diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        )
         print(
             f"kubelet stopped -> attempt 2 in {time.monotonic() - stopped:.1f}s; {s['history'][0]}"
         )
@@ -293,9 +339,14 @@ def test_node_loss_force_deletes_and_restarts_elsewhere(
         pods = _pods_of(jobs, name, 2)
         assert lost not in {p["spec"]["nodeName"] for p in pods} and len(pods) == 2
         # the lost node's pod was force-deleted: no object waits for a kubelet that is gone
-        poll.until("old pods gone", lambda: not [
-            p for p in jobs.pods(name) if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "1"
-        ])  # fmt: skip
+        poll.until(
+            "old pods gone",
+            lambda: not [
+                p
+                for p in jobs.pods(name)
+                if p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "1"
+            ],
+        )
         detect = s["history"][0]["detectSeconds"]
         assert detect is not None and detect < 30
     finally:
@@ -321,8 +372,9 @@ def _spare_trained(
     return poll.until(
         "the spare trains in the lost pod's node rank",
         lambda: first_restart(s := jobs.status(name)).get("resumed") and s,
-        timeout=90, diagnosis=context,
-    )  # fmt: skip
+        timeout=90,
+        diagnosis=context,
+    )
 
 
 def test_a_spare_takes_a_lost_nodes_place_in_place(
@@ -343,8 +395,12 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     # the 30 s startup deadline); the takeover is tested on the attempt that trains.
     # 400 steps (80 s): the lost node comes after the gang trains, the spare Ready and its Lease
     # silence; 150 once ended the job before a scrape saw the takeover's first step.
-    policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 300, "progressDeadlineSeconds": 60,
-              "startupDeadlineSeconds": 30}  # fmt: skip
+    policy = {
+        "inPlaceRestarts": 2,
+        "nodeLossGraceSeconds": 300,
+        "progressDeadlineSeconds": 60,
+        "startupDeadlineSeconds": 30,
+    }
     doc = harness.job_doc(name, training={"steps": 400}, spares=1, failurePolicy=policy)
     jobs.apply(doc)
 
@@ -354,8 +410,9 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
     trained = poll.until(
         "a gang training (step >= 8)",
         lambda: ((s := jobs.status(name)).get("step") or 0) >= 8 and s,
-        timeout=180, diagnosis=lambda: f"{context()}\n{jobs.pods_report(name)}",
-    )  # fmt: skip
+        timeout=180,
+        diagnosis=lambda: f"{context()}\n{jobs.pods_report(name)}",
+    )
     attempt = trained["attempt"]
     never_met = [e.get("cause") for e in trained["history"] if e["attempt"] < attempt]
     assert set(never_met) <= {"RendezvousTimeout"}, trained["history"]
@@ -364,16 +421,24 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         running = jobs.running_pods(name, attempt)
         gang = [p for p in running if "fsdpoperator.io/node-rank" in p["metadata"]["labels"]]
         spares = [p for p in running if "fsdpoperator.io/spare" in p["metadata"]["labels"]]
-        return (sorted(gang, key=lambda p: p["metadata"]["name"]), spares[0]) if len(
-            gang) == 2 and spares else None  # fmt: skip
+        return (
+            (sorted(gang, key=lambda p: p["metadata"]["name"]), spares[0])
+            if len(gang) == 2 and spares
+            else None
+        )
 
-    (rank0, rank1), spare = poll.until("the gang and its spare running", gang_and_spare,
-                                       timeout=90, diagnosis=context)  # fmt: skip
+    (rank0, rank1), spare = poll.until(
+        "the gang and its spare running", gang_and_spare, timeout=90, diagnosis=context
+    )
     lost = rank0["spec"]["nodeName"]
     assert spare["spec"]["nodeName"] not in (lost, rank1["spec"]["nodeName"])
     # Standing by, it answers rank 0's readiness probe (it carries it): Ready, as the gang is.
-    poll.until("the spare Ready", lambda: _ready(jobs, spare["metadata"]["name"]),
-               timeout=60, diagnosis=context)  # fmt: skip
+    poll.until(
+        "the spare Ready",
+        lambda: _ready(jobs, spare["metadata"]["name"]),
+        timeout=60,
+        diagnosis=context,
+    )
     faults = _faults(operator)
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
@@ -392,10 +457,14 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons, reasons
         assert reasons.count("Restarting") == attempt - 1, reasons  # none for the takeover
-        poll.until("the lost pod gone and a new spare made", lambda: not [
-            p for p in jobs.pods(name) if p["metadata"]["name"] == rank0["metadata"]["name"]
-        ] and any(p["metadata"]["name"] == f"{name}-a{attempt}-s1" for p in jobs.pods(name)),
-            diagnosis=context)  # fmt: skip
+        poll.until(
+            "the lost pod gone and a new spare made",
+            lambda: not [
+                p for p in jobs.pods(name) if p["metadata"]["name"] == rank0["metadata"]["name"]
+            ]
+            and any(p["metadata"]["name"] == f"{name}-a{attempt}-s1" for p in jobs.pods(name)),
+            diagnosis=context,
+        )
         first = st.parse_rfc3339(restart["resumed"])
         heard = first - st.parse_rfc3339(failure["time"])
         taken = first - st.parse_rfc3339(restart["detected"])
@@ -404,18 +473,26 @@ def test_a_spare_takes_a_lost_nodes_place_in_place(
         faults.restore_node(lost)
     done = _phase(jobs, name, "Succeeded", timeout=180)
     assert done["attempt"] == attempt and done["step"] == 400
-    poll.until("the spares gone with the job", lambda: not [
-        p for p in jobs.pods(name) if "fsdpoperator.io/spare" in p["metadata"]["labels"]
-    ], diagnosis=context)  # fmt: skip
+    poll.until(
+        "the spares gone with the job",
+        lambda: not [
+            p for p in jobs.pods(name) if "fsdpoperator.io/spare" in p["metadata"]["labels"]
+        ],
+        diagnosis=context,
+    )
 
 
 def _every_node_ready(operator: harness.Operator) -> None:
-    poll.until("every node Ready again", lambda: all(
-        c["status"] == "True"
-        for n in operator.cluster.get_json("nodes")["items"]
-        for c in n["status"]["conditions"] if c["type"] == "Ready"
-    ), diagnosis=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:],
-    )  # fmt: skip
+    poll.until(
+        "every node Ready again",
+        lambda: all(
+            c["status"] == "True"
+            for n in operator.cluster.get_json("nodes")["items"]
+            for c in n["status"]["conditions"]
+            if c["type"] == "Ready"
+        ),
+        diagnosis=lambda: json.dumps(operator.cluster.get_json("nodes")["items"])[-3000:],
+    )
 
 
 def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
@@ -447,8 +524,9 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     s = poll.until(
         f"step {stepped} after the stall",
         lambda: ((s := jobs.status(name)).get("step") or 0) >= stepped and s,
-        timeout=90, diagnosis=lambda: why(jobs.status(name)),
-    )  # fmt: skip
+        timeout=90,
+        diagnosis=lambda: why(jobs.status(name)),
+    )
     assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
     assert not s.get("restarts", {}).get("total"), why(s)
     _every_node_ready(operator)
@@ -493,10 +571,12 @@ def test_pod_fault_is_charged_to_the_right_budget(
 
 @pytest.mark.parametrize(
     ("in_place", "frozen", "spares"),
-    [pytest.param(0, 0, 0, id="rank-0s-pod-frozen"),
-     pytest.param(2, 1, 0, id="in-place-node-1s-pod-frozen"),
-     pytest.param(2, 1, 1, id="a-spare-takes-the-frozen-node-1s-place")],
-)  # fmt: skip
+    [
+        pytest.param(0, 0, 0, id="rank-0s-pod-frozen"),
+        pytest.param(2, 1, 0, id="in-place-node-1s-pod-frozen"),
+        pytest.param(2, 1, 1, id="a-spare-takes-the-frozen-node-1s-place"),
+    ],
+)
 def test_hang_is_caught_by_the_progress_deadline(
     jobs: harness.Jobs, operator: harness.Operator, in_place: int, frozen: int, spares: int
 ) -> None:
@@ -506,8 +586,11 @@ def test_hang_is_caught_by_the_progress_deadline(
     with a warm spare standing by, the spare takes node rank 1's place in a restart in place
     (attempt 1 goes on, rank 0's pod stays, the frozen pod goes)."""
     name = harness.unique("hang")
-    policy = {"progressDeadlineSeconds": 10, "startupDeadlineSeconds": 60,
-              "inPlaceRestarts": in_place}  # fmt: skip
+    policy = {
+        "progressDeadlineSeconds": 10,
+        "startupDeadlineSeconds": 60,
+        "inPlaceRestarts": in_place,
+    }
     jobs.apply(harness.job_doc(name, training={"steps": 400}, failurePolicy=policy, spares=spares))
 
     def context() -> str:
@@ -515,9 +598,15 @@ def test_hang_is_caught_by_the_progress_deadline(
 
     pods = _pods_of(jobs, name, 1)
     if spares:
-        poll.until("the spare running", lambda: any(
-            "fsdpoperator.io/spare" in p["metadata"]["labels"] for p in jobs.running_pods(name, 1)
-        ), timeout=90, diagnosis=context)  # fmt: skip
+        poll.until(
+            "the spare running",
+            lambda: any(
+                "fsdpoperator.io/spare" in p["metadata"]["labels"]
+                for p in jobs.running_pods(name, 1)
+            ),
+            timeout=90,
+            diagnosis=context,
+        )
     _step_at_least(jobs, name, 6)
     pod = next(p for p in pods if p["metadata"]["name"].endswith(f"-{frozen}"))
     _faults(operator).freeze(jobs.ns, pod["metadata"]["name"])
@@ -531,14 +620,19 @@ def test_hang_is_caught_by_the_progress_deadline(
         assert not s.get("excludedNodes"), s  # the frozen pod's node is not to blame
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
-        poll.until("the frozen pod gone", lambda: pod["metadata"]["name"] not in {
-            p["metadata"]["name"] for p in jobs.pods(name)}, diagnosis=context)  # fmt: skip
+        poll.until(
+            "the frozen pod gone",
+            lambda: pod["metadata"]["name"] not in {p["metadata"]["name"] for p in jobs.pods(name)},
+            diagnosis=context,
+        )
         jobs.patch(name, {"suspend": True})
         return
     s = poll.until(
-        "hang detected", lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
-        timeout=90, diagnosis=context,
-    )  # fmt: skip
+        "hang detected",
+        lambda: (s := jobs.status(name)).get("attempt") == 2 and s,
+        timeout=90,
+        diagnosis=context,
+    )
     assert s["history"][0]["cause"] == "Hang" and s["lastFailure"]["rank"] == 0
     message = s["lastFailure"]["message"]
     assert "no step progress" in message or "readiness probe" in message, message
@@ -560,8 +654,9 @@ def test_a_gang_that_never_meets_is_not_charged_as_the_users_hang(
     s = poll.until(
         "attempt 1 ended as a gang that never met",
         lambda: (s := jobs.status(name)).get("attempt", 0) >= 2 and s,
-        timeout=120, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-    )  # fmt: skip
+        timeout=120,
+        diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )
     assert s["history"][0]["cause"] == "RendezvousTimeout", s["history"]
     assert "the gang never met" in s["history"][0]["failure"]["message"]
     assert s["restarts"]["infrastructure"] == 1 and s["restarts"]["application"] == 0, s
@@ -574,8 +669,12 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
     name = harness.unique("elastic")
-    doc = harness.job_doc(name, replicas=3, minReplicas=1, training={"steps": 2000,
-                          "globalBatchSize": 6, "microBatchSize": 1})  # fmt: skip
+    doc = harness.job_doc(
+        name,
+        replicas=3,
+        minReplicas=1,
+        training={"steps": 2000, "globalBatchSize": 6, "microBatchSize": 1},
+    )
     jobs.apply(doc)
     pods = _pods_of(jobs, name, 1)
     lost = pods[2]["spec"]["nodeName"]
@@ -587,10 +686,14 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
         s = poll.until(
-            "shrunk attempt", lambda: (s := jobs.status(name)).get("attempt", 0) > before
-            and s.get("replicas") == 2 and s.get("phase") == "Running" and s,
-            timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-        )  # fmt: skip
+            "shrunk attempt",
+            lambda: (s := jobs.status(name)).get("attempt", 0) > before
+            and s.get("replicas") == 2
+            and s.get("phase") == "Running"
+            and s,
+            timeout=90,
+            diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        )
         assert s["worldSize"] == 2, s
         assert {h.get("cause") for h in s["history"]} & {"NodeLost", "Unschedulable"}, s
         _pods_of(jobs, name, s["attempt"])
@@ -601,9 +704,13 @@ def test_unschedulable_shrinks_then_grows_back_without_losing_steps(
     # capacity is back (after the node's exclusion expires): a planned restart at full size
     shrunk = s["attempt"]
     s = poll.until(
-        "grown back", lambda: (s := jobs.status(name)).get("replicas") == 3
-        and s.get("attempt", 0) > shrunk and s, timeout=90, diagnosis=operator.log_tail,
-    )  # fmt: skip
+        "grown back",
+        lambda: (s := jobs.status(name)).get("replicas") == 3
+        and s.get("attempt", 0) > shrunk
+        and s,
+        timeout=90,
+        diagnosis=operator.log_tail,
+    )
     resize = s["history"][shrunk - 1]
     assert resize["cause"] == "Resize" and resize["stepsLost"] == 0, s
     assert s["restarts"]["total"] == restarts  # the planned resize cost no budget
@@ -616,8 +723,12 @@ def test_pods_that_never_schedule_shrink_the_world(
 ) -> None:
     name = harness.unique("toobig")
     nodes = len(operator.cluster.get_json("nodes")["items"])
-    doc = harness.job_doc(name, replicas=nodes + 1, minReplicas=1,
-                          training={"steps": 30, "globalBatchSize": 12 * (nodes + 1)})  # fmt: skip
+    doc = harness.job_doc(
+        name,
+        replicas=nodes + 1,
+        minReplicas=1,
+        training={"steps": 30, "globalBatchSize": 12 * (nodes + 1)},
+    )
     jobs.apply(doc)
     done = _phase(jobs, name, "Succeeded", timeout=120)
     assert done["history"][0]["cause"] == "Unschedulable"
@@ -635,8 +746,7 @@ def test_non_retryable_failure_fails_after_one_attempt(
     jobs: harness.Jobs, operator: harness.Operator, env: dict, policy: dict, cause: str
 ) -> None:
     name = harness.unique("fatal")
-    jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 3, **env},
-                               failurePolicy=policy))  # fmt: skip
+    jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 3, **env}, failurePolicy=policy))
     s = _phase(jobs, name, "Failed")
     assert s["reason"] == cause and s["attempt"] == 1 and s["restarts"]["total"] == 0
     assert s["lastFailure"]["message"] == "injected"
@@ -645,11 +755,21 @@ def test_non_retryable_failure_fails_after_one_attempt(
 
 def test_restart_budget_and_circuit_breaker(jobs: harness.Jobs, operator: harness.Operator) -> None:
     budget = harness.unique("budget")  # fails at step 7 every attempt: progress only at first
-    jobs.apply(harness.job_doc(budget, env={"STANDIN_FAIL_AT_STEP": 7, "STANDIN_FAIL_ATTEMPT": 0},
-                               failurePolicy={"maxRestarts": 1}))  # fmt: skip
+    jobs.apply(
+        harness.job_doc(
+            budget,
+            env={"STANDIN_FAIL_AT_STEP": 7, "STANDIN_FAIL_ATTEMPT": 0},
+            failurePolicy={"maxRestarts": 1},
+        )
+    )
     breaker = harness.unique("breaker")  # fails before any checkpoint: never any progress
-    jobs.apply(harness.job_doc(breaker, env={"STANDIN_FAIL_AT_STEP": 3, "STANDIN_FAIL_ATTEMPT": 0},
-                               failurePolicy={"maxRestartsWithoutProgress": 2}))  # fmt: skip
+    jobs.apply(
+        harness.job_doc(
+            breaker,
+            env={"STANDIN_FAIL_AT_STEP": 3, "STANDIN_FAIL_ATTEMPT": 0},
+            failurePolicy={"maxRestartsWithoutProgress": 2},
+        )
+    )
     # A gang that never met (RendezvousTimeout) is an uncharged restart of its own, counted by
     # neither rule (seen once on a loaded machine: the budget job failed at attempt 3).
     s = _phase(jobs, budget, "Failed", timeout=180)
@@ -680,12 +800,15 @@ def test_operator_killed_mid_recovery_makes_no_duplicate_attempt(
     if kill_when == "at-failure":
         _step_at_least(jobs, name, 7)
     elif kill_when == "restarting":
-        poll.until("restart decided", lambda: jobs.status(name).get("attempt") == 2,
-                   every=0.05)  # fmt: skip
+        poll.until("restart decided", lambda: jobs.status(name).get("attempt") == 2, every=0.05)
     else:
-        poll.until("new pods", lambda: any(
-            p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2" for p in jobs.pods(name)
-        ), every=0.05)  # fmt: skip
+        poll.until(
+            "new pods",
+            lambda: any(
+                p["metadata"]["labels"]["fsdpoperator.io/attempt"] == "2" for p in jobs.pods(name)
+            ),
+            every=0.05,
+        )
     operator.kill()
     try:
         seen_attempts = {
@@ -714,9 +837,11 @@ def test_suspend_saves_and_resume_continues_from_that_step(
     s = poll.until(
         "the SIGTERM save in status",
         lambda: (s := jobs.status(name)).get("phase") == "Suspended"
-        and (s.get("lastCheckpoint") or {}).get("step", 0) >= 7 and s,
-        timeout=30, diagnosis=lambda: f"{name} status: {jobs.status(name)}",
-    )  # fmt: skip
+        and (s.get("lastCheckpoint") or {}).get("step", 0) >= 7
+        and s,
+        timeout=30,
+        diagnosis=lambda: f"{name} status: {jobs.status(name)}",
+    )
     saved = s["lastCheckpoint"]["step"]
     jobs.patch(name, {"suspend": False})
     done = _phase(jobs, name, "Succeeded", timeout=120)
@@ -734,8 +859,9 @@ def test_checkpoints_gone_from_storage_stop_the_job_instead_of_a_fresh_start(
     poll.until(
         "a checkpoint sealed",
         lambda: ((s := jobs.status(name)).get("lastCheckpoint") or {}).get("step", 0) >= 10 and s,
-        timeout=90, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-    )  # fmt: skip
+        timeout=90,
+        diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )
     jobs.patch(name, {"suspend": True})
     poll.until("pods gone", lambda: not jobs.pods(name), timeout=60)
     _phase(jobs, name, "Suspended")
@@ -767,11 +893,17 @@ def _plant(directory: Path, *, step: int, attempt: int, config_hash: str, corrup
     (directory / name).mkdir(parents=True)
     (directory / name / "rank-0.bin").write_bytes(b"x" * 64)
     marker = catalog.Marker(
-        step=step, attempt=attempt, world_size=2, global_batch_size=4,
-        samples_consumed=step * 4, resumed_from_step=None, time=time.time(),
-        torch_version="planted", config_hash=config_hash,
+        step=step,
+        attempt=attempt,
+        world_size=2,
+        global_batch_size=4,
+        samples_consumed=step * 4,
+        resumed_from_step=None,
+        time=time.time(),
+        torch_version="planted",
+        config_hash=config_hash,
         files=catalog.build_manifest(storage, name, checksums=False),
-    )  # fmt: skip
+    )
     storage.write_atomic(f"{name}/{catalog.MARKER_NAME}", marker.to_json())
     if corrupt:  # truncated after the marker was written: the manifest no longer matches
         (directory / name / "rank-0.bin").write_bytes(b"x" * 10)

@@ -21,14 +21,19 @@ pytestmark = pytest.mark.cluster
 
 
 def _job(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "fsdpoperator.io/v1alpha1", "kind": "FSDPJob",
-            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "fsdpoperator.io/v1alpha1",
+        "kind": "FSDPJob",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
 
 
 def _apply(jobs: harness.Jobs, doc: dict[str, Any], dry_run: str = "", **kw: Any) -> Any:
     flags = [f"--dry-run={dry_run}"] if dry_run else []
-    return jobs.cluster.kubectl("apply", "-n", jobs.ns, *flags, "-f", "-", input=json.dumps(doc),
-                                check=False, **kw)  # fmt: skip
+    return jobs.cluster.kubectl(
+        "apply", "-n", jobs.ns, *flags, "-f", "-", input=json.dumps(doc), check=False, **kw
+    )
 
 
 ADMISSION = [c for c in hs.CASES if c.where is hs.Where.ADMISSION]
@@ -40,16 +45,16 @@ def _profile_lists(jobs: harness.Jobs, *namespaces: str) -> None:
     so for jobs.ns (the policy reads its parameters from a watch: a moment behind the patch)."""
     patch = json.dumps({"spec": {"namespaces": list(namespaces)}})
     jobs.cluster.kubectl("patch", api.PROFILE_PLURAL, hs.PROFILE, "--type=merge", "-p", patch)
-    probe = _job("probe", hs.spec_of(hs.Case("probe", hs.Where.ADMISSION, "", lambda d: None,
-                                             profile=True)))  # fmt: skip
+    probe = _job(
+        "probe", hs.spec_of(hs.Case("probe", hs.Where.ADMISSION, "", lambda d: None, profile=True))
+    )
     want = jobs.ns in namespaces
 
     def admitted() -> bool:
         done = _apply(jobs, probe, dry_run="server")
         return (done.returncode == 0) == want
 
-    poll.until(f"profile {hs.PROFILE} lists {namespaces} at admission", admitted,
-               timeout=30)  # fmt: skip
+    poll.until(f"profile {hs.PROFILE} lists {namespaces} at admission", admitted, timeout=30)
 
 
 def test_hostile_specs_are_refused_at_admission_naming_the_field(
@@ -79,9 +84,11 @@ def test_hostile_specs_the_api_server_admits_fail_with_invalid_spec_and_no_pods(
     for case in OPERATOR:
         name = f"h-{case.id}"
         s = poll.until(
-            f"{name} Failed", lambda n=name: (s := jobs.status(n)).get("phase") == "Failed" and s,
-            timeout=30, diagnosis=operator.log_tail,
-        )  # fmt: skip
+            f"{name} Failed",
+            lambda n=name: (s := jobs.status(n)).get("phase") == "Failed" and s,
+            timeout=30,
+            diagnosis=operator.log_tail,
+        )
         assert s["reason"] == "InvalidSpec", (case.id, s)
         assert case.field in s["message"], (case.id, s["message"])
         failed = next(c for c in s["conditions"] if c["type"] == "Failed")
@@ -91,27 +98,39 @@ def test_hostile_specs_the_api_server_admits_fail_with_invalid_spec_and_no_pods(
     assert urllib.request.urlopen(operator.liveness_url, timeout=5).status == 200
     good = harness.unique("good")
     jobs.apply(harness.job_doc(good, training={"steps": 400}))
-    poll.until("good job Running", lambda: jobs.status(good).get("phase") == "Running",
-               timeout=60, diagnosis=operator.log_tail)  # fmt: skip
+    poll.until(
+        "good job Running",
+        lambda: jobs.status(good).get("phase") == "Running",
+        timeout=60,
+        diagnosis=operator.log_tail,
+    )
 
 
 def _pod(name: str, **container_security: Any) -> dict[str, Any]:
-    security = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                **container_security}  # fmt: skip
+    security = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        **container_security,
+    }
     return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
         "spec": {
-            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000,
-                                "seccompProfile": {"type": "RuntimeDefault"}},
-            "containers": [{"name": "c", "image": "fsdp-worker:test",
-                            "securityContext": security}],
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [{"name": "c", "image": "fsdp-worker:test", "securityContext": security}],
         },
-    }  # fmt: skip
+    }
 
 
 def _create(cluster: controlplane.Cluster, ns: str, pod: dict[str, Any], **kw: Any) -> Any:
-    return cluster.kubectl("create", "--dry-run=server", "-n", ns, "-f", "-",
-                           input=json.dumps(pod), check=False, **kw)  # fmt: skip
+    return cluster.kubectl(
+        "create", "--dry-run=server", "-n", ns, "-f", "-", input=json.dumps(pod), check=False, **kw
+    )
 
 
 def test_admission_policy_refuses_unrestricted_pods_from_the_operators_credentials(
@@ -140,20 +159,43 @@ def test_fsdpjob_creators_must_be_allowed_to_create_pods(
 ) -> None:
     cluster, ns = jobs.cluster, jobs.ns
     cluster.kubectl("create", "serviceaccount", "alice", "-n", ns)
-    cluster.kubectl("create", "role", "jobs-only", "-n", ns, "--verb=get,list,create,patch",
-                    "--resource=fsdpjobs.fsdpoperator.io")  # fmt: skip
-    cluster.kubectl("create", "rolebinding", "alice-jobs", "-n", ns, "--role=jobs-only",
-                    f"--serviceaccount={ns}:alice")  # fmt: skip
+    cluster.kubectl(
+        "create",
+        "role",
+        "jobs-only",
+        "-n",
+        ns,
+        "--verb=get,list,create,patch",
+        "--resource=fsdpjobs.fsdpoperator.io",
+    )
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "alice-jobs",
+        "-n",
+        ns,
+        "--role=jobs-only",
+        f"--serviceaccount={ns}:alice",
+    )
     alice = cluster.kubeconfig_for_serviceaccount(ns, "alice")
     doc = harness.job_doc(harness.unique("alice"))
     done = _apply(jobs, doc, kubeconfig=alice)
     assert done.returncode != 0
     assert f"system:serviceaccount:{ns}:alice may not create pods in namespace {ns}" in done.stderr
     cluster.kubectl("create", "role", "pods", "-n", ns, "--verb=create", "--resource=pods")
-    cluster.kubectl("create", "rolebinding", "alice-pods", "-n", ns, "--role=pods",
-                    f"--serviceaccount={ns}:alice")  # fmt: skip
-    poll.until("alice admitted once she may create pods",
-               lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0)  # fmt: skip
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "alice-pods",
+        "-n",
+        ns,
+        "--role=pods",
+        f"--serviceaccount={ns}:alice",
+    )
+    poll.until(
+        "alice admitted once she may create pods",
+        lambda: _apply(jobs, doc, kubeconfig=alice).returncode == 0,
+    )
 
 
 def test_spares_under_a_kueue_queue_are_refused_at_admission(
@@ -165,8 +207,9 @@ def test_spares_under_a_kueue_queue_are_refused_at_admission(
     spares = {"spares": 1, "failurePolicy": {"inPlaceRestarts": 1}}
     on_job = {**harness.job_doc(harness.unique("spq"), **spares)}
     on_job["metadata"]["labels"] = queue
-    on_template = harness.job_doc(harness.unique("spq"), template={"metadata": {"labels": queue}},
-                                  **spares)  # fmt: skip
+    on_template = harness.job_doc(
+        harness.unique("spq"), template={"metadata": {"labels": queue}}, **spares
+    )
     for doc in (on_job, on_template):
         done = _apply(jobs, doc, dry_run="server")
         assert done.returncode != 0, done.stdout
@@ -192,14 +235,19 @@ def test_a_job_under_its_runtime_profile_gets_ipc_lock_and_nothing_more(
     cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
     _profile_lists(jobs, ns)
     name = harness.unique("ib")
-    doc = harness.job_doc(name, runtimeProfile=hs.PROFILE,
-                          image=f"{hs.PROFILE_REGISTRY}/fsdp-worker:test",
-                          template={"spec": {"capabilities": ["IPC_LOCK"]}})  # fmt: skip
+    doc = harness.job_doc(
+        name,
+        runtimeProfile=hs.PROFILE,
+        image=f"{hs.PROFILE_REGISTRY}/fsdp-worker:test",
+        template={"spec": {"capabilities": ["IPC_LOCK"]}},
+    )
     jobs.apply(doc)
     pods = poll.until(
-        f"{name}'s pods created", lambda: len(p := jobs.pods(name)) == 2 and p,
-        timeout=60, diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
-    )  # fmt: skip
+        f"{name}'s pods created",
+        lambda: len(p := jobs.pods(name)) == 2 and p,
+        timeout=60,
+        diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )
     for pod in pods:
         c = pod["spec"]["containers"][0]
         assert c["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
@@ -234,25 +282,46 @@ def test_a_profile_namespace_holds_all_but_the_operators_pods_to_restricted(
     still holds a tenant with `edit` there, and even a cluster admin, to restricted, and the
     operator's profile pods cannot be patched past their profile."""
     cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
-    cluster.kubectl("label", "namespace", ns, "--overwrite",
-                    "pod-security.kubernetes.io/enforce=privileged")  # fmt: skip
+    cluster.kubectl(
+        "label", "namespace", ns, "--overwrite", "pod-security.kubernetes.io/enforce=privileged"
+    )
     _profile_lists(jobs, ns)
     cluster.kubectl("create", "serviceaccount", "carol", "-n", ns)
-    cluster.kubectl("create", "rolebinding", "carol-edit", "-n", ns, "--clusterrole=edit",
-                    f"--serviceaccount={ns}:carol")  # fmt: skip
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "carol-edit",
+        "-n",
+        ns,
+        "--clusterrole=edit",
+        f"--serviceaccount={ns}:carol",
+    )
     carol = cluster.kubeconfig_for_serviceaccount(ns, "carol")
-    poll.until("carol may create pods", lambda: cluster.kubectl(
-        "auth", "can-i", "create", "pods", "-n", ns, kubeconfig=carol, check=False,
-    ).stdout.strip() == "yes")  # fmt: skip
+    poll.until(
+        "carol may create pods",
+        lambda: cluster.kubectl(
+            "auth",
+            "can-i",
+            "create",
+            "pods",
+            "-n",
+            ns,
+            kubeconfig=carol,
+            check=False,
+        ).stdout.strip()
+        == "yes",
+    )
     host = _pod("host")
     host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
     refused = {
-        "privileged": (_pod("priv", privileged=True, allowPrivilegeEscalation=True),
-                       "may not run privileged containers"),
+        "privileged": (
+            _pod("priv", privileged=True, allowPrivilegeEscalation=True),
+            "may not run privileged containers",
+        ),
         "host-path": (host, "may only use configMap"),
         "ipc-lock": (_profile_pod("caps", "IPC_LOCK", label=None), "NET_BIND_SERVICE"),
         "posing": (_profile_pod("posing", "IPC_LOCK"), "NET_BIND_SERVICE"),  # the label alone
-    }  # fmt: skip
+    }
     for who, kubeconfig in (("tenant", carol), ("cluster admin", None)):
         for case, (pod, words) in refused.items():
             done = _create(cluster, ns, pod, kubeconfig=kubeconfig)
@@ -265,14 +334,26 @@ def test_a_profile_namespace_holds_all_but_the_operators_pods_to_restricted(
     name = held["metadata"]["name"]
     cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(held), kubeconfig=creds)
     try:
-        image = [{"op": "replace", "path": "/spec/containers/0/image",
-                  "value": "docker.io/evil/x:1"}]  # fmt: skip
-        done = cluster.kubectl("patch", "pod", name, "-n", ns, "--type=json", "-p",
-                               json.dumps(image), kubeconfig=carol, check=False)  # fmt: skip
+        image = [
+            {"op": "replace", "path": "/spec/containers/0/image", "value": "docker.io/evil/x:1"}
+        ]
+        done = cluster.kubectl(
+            "patch",
+            "pod",
+            name,
+            "-n",
+            ns,
+            "--type=json",
+            "-p",
+            json.dumps(image),
+            kubeconfig=carol,
+            check=False,
+        )
         assert done.returncode != 0, done.stdout
         assert "only the operator may change its images" in done.stderr, done.stderr
-        done = cluster.kubectl("label", "pod", name, "-n", ns, "team=a", kubeconfig=carol,
-                               check=False)  # fmt: skip
+        done = cluster.kubectl(
+            "label", "pod", name, "-n", ns, "team=a", kubeconfig=carol, check=False
+        )
         assert done.returncode == 0, done.stderr  # what is not the profile's stays the tenant's
     finally:
         cluster.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=False)
@@ -284,22 +365,50 @@ def test_only_a_cluster_admin_may_create_or_edit_a_runtime_profile(
     """Even a cluster-wide `edit` (which may run FSDPJobs everywhere) cannot grant itself more."""
     cluster, ns = jobs.cluster, jobs.ns
     cluster.kubectl("create", "serviceaccount", "bob", "-n", ns)
-    cluster.kubectl("create", "clusterrolebinding", f"bob-edit-{ns}", "--clusterrole=edit",
-                    f"--serviceaccount={ns}:bob")  # fmt: skip
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        f"bob-edit-{ns}",
+        "--clusterrole=edit",
+        f"--serviceaccount={ns}:bob",
+    )
     try:
         bob = cluster.kubeconfig_for_serviceaccount(ns, "bob")
-        poll.until("bob may create FSDPJobs", lambda: cluster.kubectl(
-            "auth", "can-i", "create", "fsdpjobs.fsdpoperator.io", "-n", ns,
-            kubeconfig=bob, check=False).stdout.strip() == "yes")  # fmt: skip
-        mine = {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.PROFILE_KIND,
-                "metadata": {"name": f"bob-{ns}"},
-                "spec": {"namespaces": [ns], "capabilities": ["IPC_LOCK", "SYS_NICE"]}}  # fmt: skip
-        done = cluster.kubectl("create", "-f", "-", input=json.dumps(mine), kubeconfig=bob,
-                               check=False)  # fmt: skip
+        poll.until(
+            "bob may create FSDPJobs",
+            lambda: cluster.kubectl(
+                "auth",
+                "can-i",
+                "create",
+                "fsdpjobs.fsdpoperator.io",
+                "-n",
+                ns,
+                kubeconfig=bob,
+                check=False,
+            ).stdout.strip()
+            == "yes",
+        )
+        mine = {
+            "apiVersion": f"{api.GROUP}/{api.VERSION}",
+            "kind": api.PROFILE_KIND,
+            "metadata": {"name": f"bob-{ns}"},
+            "spec": {"namespaces": [ns], "capabilities": ["IPC_LOCK", "SYS_NICE"]},
+        }
+        done = cluster.kubectl(
+            "create", "-f", "-", input=json.dumps(mine), kubeconfig=bob, check=False
+        )
         assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
         patch = json.dumps({"spec": {"namespaces": [ns], "capabilities": ["SYS_NICE"]}})
-        done = cluster.kubectl("patch", api.PROFILE_PLURAL, hs.PROFILE, "--type=merge", "-p",
-                               patch, kubeconfig=bob, check=False)  # fmt: skip
+        done = cluster.kubectl(
+            "patch",
+            api.PROFILE_PLURAL,
+            hs.PROFILE,
+            "--type=merge",
+            "-p",
+            patch,
+            kubeconfig=bob,
+            check=False,
+        )
         assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
     finally:
         cluster.kubectl("delete", "clusterrolebinding", f"bob-edit-{ns}", check=False)
@@ -324,27 +433,40 @@ def test_a_hand_made_pod_with_the_jobs_name_is_never_adopted(
 ) -> None:
     name = harness.unique("squat")
     squatter = {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"{name}-a1-0", "labels": {
-            "fsdpoperator.io/job": name, "fsdpoperator.io/attempt": "1",
-            "fsdpoperator.io/node-rank": "0"}},
-        "spec": {"nodeSelector": {"no-such-node": "true"},  # stays Pending: no process needed
-                 "containers": [{"name": "worker", "image": "evil:1"}]},
-    }  # fmt: skip
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{name}-a1-0",
+            "labels": {
+                "fsdpoperator.io/job": name,
+                "fsdpoperator.io/attempt": "1",
+                "fsdpoperator.io/node-rank": "0",
+            },
+        },
+        "spec": {
+            "nodeSelector": {"no-such-node": "true"},  # stays Pending: no process needed
+            "containers": [{"name": "worker", "image": "evil:1"}],
+        },
+    }
     jobs.cluster.kubectl("create", "-n", jobs.ns, "-f", "-", input=json.dumps(squatter))
     jobs.apply(harness.job_doc(name, training={"steps": 400}))
-    cond = poll.until("Conflict condition", lambda: _conflict(jobs, name),
-                      timeout=30, diagnosis=operator.log_tail)  # fmt: skip
+    cond = poll.until(
+        "Conflict condition", lambda: _conflict(jobs, name), timeout=30, diagnosis=operator.log_tail
+    )
     assert cond["reason"] == "NameConflict"
     assert f"pod {name}-a1-0 is owned by no controller" in cond["message"]
     assert "NameConflict" in jobs.events(name)
     s = jobs.status(name)
     assert s["phase"] == "Pending" and _owned(jobs, name) == []  # nothing adopted or created
-    jobs.cluster.kubectl("delete", "pod", f"{name}-a1-0", "-n", jobs.ns, "--grace-period=0",
-                         "--force")  # fmt: skip
-    poll.until("Running once the squatter is gone",
-               lambda: jobs.status(name).get("phase") == "Running", timeout=60,
-               diagnosis=operator.log_tail)  # fmt: skip
+    jobs.cluster.kubectl(
+        "delete", "pod", f"{name}-a1-0", "-n", jobs.ns, "--grace-period=0", "--force"
+    )
+    poll.until(
+        "Running once the squatter is gone",
+        lambda: jobs.status(name).get("phase") == "Running",
+        timeout=60,
+        diagnosis=operator.log_tail,
+    )
     s = jobs.status(name)
     assert s["attempt"] == 1 and s["restarts"]["total"] == 0 and _conflict(jobs, name) is None
     assert len(_owned(jobs, name)) == 2
@@ -356,8 +478,12 @@ def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked
     name = harness.unique("again")
     doc = harness.job_doc(name, training={"steps": 400})
     jobs.apply(doc)
-    poll.until("first job at step 7", lambda: (jobs.status(name).get("step") or 0) >= 7,
-               timeout=60, diagnosis=operator.log_tail)  # fmt: skip
+    poll.until(
+        "first job at step 7",
+        lambda: (jobs.status(name).get("step") or 0) >= 7,
+        timeout=60,
+        diagnosis=operator.log_tail,
+    )
     old_uid = (jobs.get(name) or {})["metadata"]["uid"]
     jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
     jobs.apply(doc)
@@ -365,16 +491,21 @@ def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked
     assert new_uid != old_uid
     # the old job's pods and checkpoints are not the new job's: it waits and says why
     cond = poll.until(
-        "checkpoint conflict", lambda: (c := _conflict(jobs, name))
-        and c["reason"] == "CheckpointsOfAnotherJob" and c, timeout=90,
+        "checkpoint conflict",
+        lambda: (c := _conflict(jobs, name)) and c["reason"] == "CheckpointsOfAnotherJob" and c,
+        timeout=90,
         diagnosis=lambda: f"{jobs.get(name)}\n{jobs.events(name)}\n{jobs.pods(name)}",
-    )  # fmt: skip
+    )
     assert f"FSDPJob uid {old_uid}" in cond["message"]
     assert "resumeFromPreviousJobs" in cond["message"]
     assert jobs.pods(name) == [] and jobs.status(name)["attempt"] == 0
     jobs.patch(name, {"checkpoint": {"resumeFromPreviousJobs": True}})
-    s = poll.until("new job Running", lambda: (s := jobs.status(name)).get("phase")
-                   == "Running" and s, timeout=60, diagnosis=operator.log_tail)  # fmt: skip
+    s = poll.until(
+        "new job Running",
+        lambda: (s := jobs.status(name)).get("phase") == "Running" and s,
+        timeout=60,
+        diagnosis=operator.log_tail,
+    )
     assert s["attempt"] == 1 and s["restarts"]["total"] == 0
     assert (s["history"][0]["resumedFromStep"] or 0) >= 5
     assert len(_owned(jobs, name)) == 2 and len(jobs.pods(name)) == 2

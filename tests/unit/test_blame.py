@@ -18,8 +18,9 @@ TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms
 
 
 def msg(cls: str, text: str = "", **extra: object) -> str:
-    return json.dumps({"class": cls, "rank": 0, "step": 52, "exitCode": 1, "message": text,
-                       **extra})  # fmt: skip
+    return json.dumps(
+        {"class": cls, "rank": 0, "step": 52, "exitCode": 1, "message": text, **extra}
+    )
 
 
 OWN = {
@@ -39,16 +40,35 @@ SYMPTOMS = {
 }
 
 
-def pod(rank: int, message: str, *, finished: float | None, phase: observed.PodPhase = FAILED,
-        reason: str = "Error") -> observed.PodView:  # fmt: skip
-    return builders.pod_view(name=f"job-a1-{rank}", attempt=1, rank=rank, phase=phase, exit_code=1,
-                             reason=reason, message=message, finished=finished)  # fmt: skip
+def pod(
+    rank: int,
+    message: str,
+    *,
+    finished: float | None,
+    phase: observed.PodPhase = FAILED,
+    reason: str = "Error",
+) -> observed.PodView:
+    return builders.pod_view(
+        name=f"job-a1-{rank}",
+        attempt=1,
+        rank=rank,
+        phase=phase,
+        exit_code=1,
+        reason=reason,
+        message=message,
+        finished=finished,
+    )
 
 
 def verdict(pods: list[observed.PodView], *, now: float = 200.0) -> status.Failure | None:
     spec = api.FSDPJobSpec(replicas=len(pods), image="worker")
-    obs = observed.Observed(spec=spec, status=status.FSDPJobStatus(attempt=1, replicas=len(pods)),
-                            generation=1, now=now, pods=pods)  # fmt: skip
+    obs = observed.Observed(
+        spec=spec,
+        status=status.FSDPJobStatus(attempt=1, replicas=len(pods)),
+        generation=1,
+        now=now,
+        pods=pods,
+    )
     return detect.detect(obs)
 
 
@@ -67,8 +87,10 @@ def test_a_cause_of_its_own_beats_a_peers_symptom_either_way_round(
 
 
 def test_an_oom_kill_by_the_kubelet_is_a_cause_whatever_the_message() -> None:
-    pods = [pod(0, SYMPTOMS["peer-gone"], finished=100.0),
-            pod(1, SYMPTOMS["peer-gone"], finished=101.0, reason="OOMKilled")]  # fmt: skip
+    pods = [
+        pod(0, SYMPTOMS["peer-gone"], finished=100.0),
+        pod(1, SYMPTOMS["peer-gone"], finished=101.0, reason="OOMKilled"),
+    ]
     failure = verdict(pods)
     assert failure is not None and failure.pod == "job-a1-1"
     assert failure.cause is status.Cause.OOM
@@ -81,14 +103,21 @@ def test_symptoms_alone_wait_for_the_pods_still_running_then_blame_the_earliest(
     grace = detect.SYMPTOM_GRACE_SECONDS
     assert verdict(pods, now=100.0 + grace - 0.5) is None
     spec = api.FSDPJobSpec(replicas=2, image="worker")
-    obs = observed.Observed(spec=spec, status=status.FSDPJobStatus(attempt=1, replicas=2),
-                            generation=1, now=101.0, pods=pods)  # fmt: skip
+    obs = observed.Observed(
+        spec=spec,
+        status=status.FSDPJobStatus(attempt=1, replicas=2),
+        generation=1,
+        now=101.0,
+        pods=pods,
+    )
     assert detect.next_deadline(obs) == 100.0 + grace
     late = verdict(pods, now=100.0 + grace)
     assert late is not None and late.pod == "job-a1-0" and late.cause is status.Cause.CRASH
     # Every pod ended with symptoms only: the earliest is blamed at once, the rest listed.
-    both = [pod(0, SYMPTOMS["peer-gone"], finished=101.0),
-            pod(1, SYMPTOMS["collective-timeout"], finished=100.0)]  # fmt: skip
+    both = [
+        pod(0, SYMPTOMS["peer-gone"], finished=101.0),
+        pod(1, SYMPTOMS["collective-timeout"], finished=100.0),
+    ]
     failure = verdict(both, now=102.0)
     assert failure is not None and failure.pod == "job-a1-1"
     assert failure.symptoms == [f"pod job-a1-0 (node rank 0): PeerGone: {PEER}"]

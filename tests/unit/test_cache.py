@@ -40,7 +40,7 @@ def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
                 "lastTransitionTime": "2026-12-01T10:00:05Z",
             },
             {"type": "ContainersReady", "status": "False", "reason": "PodFailed"},
-        ],  # fmt: skip
+        ],
         "containerStatuses": [
             {
                 "name": "worker",
@@ -55,7 +55,7 @@ def _live(pod: dict[str, Any], **status: Any) -> dict[str, Any]:
                     }
                 },
             },
-        ],  # fmt: skip
+        ],
         **status,
     }
     return pod
@@ -120,7 +120,7 @@ def test_nodes_reduce_to_readiness_and_room() -> None:
             "allocatable": {"nvidia.com/gpu": "8", "cpu": "128", "memory": "1Ti"},
             "conditions": [
                 {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-01T10:00:00Z"}
-            ],  # fmt: skip
+            ],
         },
     }
     record = observe.node_record(node)
@@ -151,7 +151,7 @@ def test_nodes_reduce_to_readiness_and_room() -> None:
             ("get", "fsdpjobs"),
         ),
         ("/api/v1/nodes", "GET", ("list", "nodes")),
-    ],  # fmt: skip
+    ],
 )
 def test_requests_are_counted_by_verb_and_resource(
     path: str, method: str, want: tuple[str, str]

@@ -248,23 +248,46 @@ def _at(seconds: float) -> str:
 
 
 def _busy_job() -> dict[str, Any]:
-    tl = {"launched": _at(1), "scheduled": _at(2), "running": _at(3), "rendezvous": _at(5),
-          "loaded": _at(6), "firstStep": _at(7)}  # fmt: skip
-    later = {"cause": "NodeLost", "failed": _at(10), "detected": _at(12), "gangGone": _at(12.5),
-             **tl}  # fmt: skip
+    tl = {
+        "launched": _at(1),
+        "scheduled": _at(2),
+        "running": _at(3),
+        "rendezvous": _at(5),
+        "loaded": _at(6),
+        "firstStep": _at(7),
+    }
+    later = {
+        "cause": "NodeLost",
+        "failed": _at(10),
+        "detected": _at(12),
+        "gangGone": _at(12.5),
+        **tl,
+    }
     return {
-        "metadata": {"name": "a-very-long-training-job-name-for-llama",
-                     "namespace": "team-research-prod"},  # fmt: skip
+        "metadata": {
+            "name": "a-very-long-training-job-name-for-llama",
+            "namespace": "team-research-prod",
+        },
         "status": {
-            "phase": "Restarting", "attempt": 2, "step": 120, "reason": "CircuitBreaker",
+            "phase": "Restarting",
+            "attempt": 2,
+            "step": 120,
+            "reason": "CircuitBreaker",
             "restarts": {"total": 12, "application": 9, "infrastructure": 3},
             "history": [
-                {"attempt": 1, "cause": "NodeLost", "worldSize": 64, "detectSeconds": 52.3,
-                 "recoverSeconds": 14.2, "stepsLost": 113, "timeline": tl},
+                {
+                    "attempt": 1,
+                    "cause": "NodeLost",
+                    "worldSize": 64,
+                    "detectSeconds": 52.3,
+                    "recoverSeconds": 14.2,
+                    "stepsLost": 113,
+                    "timeline": tl,
+                },
                 {"attempt": 2, "worldSize": 64, "resumedFromStep": 1000, "timeline": later},
             ],
         },
-    }  # fmt: skip
+    }
 
 
 def _headers_intact(text: str, headers: tuple[str, ...]) -> None:
@@ -275,8 +298,17 @@ def _headers_intact(text: str, headers: tuple[str, ...]) -> None:
 
 def test_tables_stay_readable_in_80_columns() -> None:
     job = _busy_job()
-    answers = Answers(job, [{"firstTimestamp": "2026-12-02T07:00:00Z", "type": "Warning",
-                             "reason": "FailureDetected", "message": GLOO}])  # fmt: skip
+    answers = Answers(
+        job,
+        [
+            {
+                "firstTimestamp": "2026-12-02T07:00:00Z",
+                "type": "Warning",
+                "reason": "FailureDetected",
+                "message": GLOO,
+            }
+        ],
+    )
     out = io.StringIO()
     cli.describe(answers, answers, "demo", "x", Console(file=out, width=80, color_system=None))
     text = out.getvalue()
@@ -308,20 +340,41 @@ def test_tables_stay_readable_in_80_columns() -> None:
     cli.list_jobs(Listing(), None, Console(file=out, width=80, color_system=None))
     text = out.getvalue()
     assert max(len(line) for line in text.splitlines()) <= 80
-    _headers_intact(text, ("namespace", "name", "phase", "world", "step", "ckpt", "restarts",
-                           "reason", "12 (9/3)", "Restarting"))  # fmt: skip
+    _headers_intact(
+        text,
+        (
+            "namespace",
+            "name",
+            "phase",
+            "world",
+            "step",
+            "ckpt",
+            "restarts",
+            "reason",
+            "12 (9/3)",
+            "Restarting",
+        ),
+    )
 
 
 def test_the_namespace_defaults_to_the_kubeconfig_contexts(tmp_path: Any) -> None:
     config = tmp_path / "config"
     cluster = {"server": "https://127.0.0.1:1"}
-    config.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "a",
-        "clusters": [{"name": "c", "cluster": cluster}],
-        "users": [{"name": "u", "user": {}}],
-        "contexts": [{"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
-                     {"name": "b", "context": {"cluster": "c", "user": "u"}}],
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "a",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {}}],
+                "contexts": [
+                    {"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
+                    {"name": "b", "context": {"cluster": "c", "user": "u"}},
+                ],
+            }
+        )
+    )
     assert cli._context_namespace(str(config), None) == "team-a"
     assert cli._context_namespace(str(config), "b") == "default"
     assert cli._context_namespace(str(tmp_path / "none"), None) == "default"
@@ -330,8 +383,10 @@ def test_the_namespace_defaults_to_the_kubeconfig_contexts(tmp_path: Any) -> Non
 def test_a_refusal_is_one_line_that_names_the_missing_permission(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    message = ('fsdpjobs.fsdpoperator.io is forbidden: User "dev" cannot list resource "fsdpjobs" '
-               'in API group "fsdpoperator.io" in the namespace "prod"')  # fmt: skip
+    message = (
+        'fsdpjobs.fsdpoperator.io is forbidden: User "dev" cannot list resource "fsdpjobs" '
+        'in API group "fsdpoperator.io" in the namespace "prod"'
+    )
     refused = ApiException(status=403, reason="Forbidden")
     refused.body = json.dumps({"kind": "Status", "message": message})
 
@@ -392,10 +447,19 @@ def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
     answer = tmp_path / "completions"
     done = subprocess.run(
         [sys.executable, "-m", "fsdp_operator.cli"],
-        env={**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
-             "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_STDOUT_FILENAME": str(answer), **env},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env={
+            **os.environ,
+            "_ARGCOMPLETE": "1",
+            "COMP_LINE": line,
+            "COMP_POINT": str(len(line)),
+            "_ARGCOMPLETE_IFS": "\n",
+            "_ARGCOMPLETE_STDOUT_FILENAME": str(answer),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return answer.read_text().split()
 

@@ -205,8 +205,14 @@ def test_status_times_are_rfc3339_and_an_older_operators_numbers_still_read() ->
     schema = crd.build()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
     props = _fields(schema["status"])
     times = {path for path, p in props if p.get("format") == "date-time"}
-    assert {"started", "lastProgressTime", "lastCheckpoint.time", "history[].timeline.firstStep",
-            "goodput.since", "excludedNodes[].until"} <= times  # fmt: skip
+    assert {
+        "started",
+        "lastProgressTime",
+        "lastCheckpoint.time",
+        "history[].timeline.firstStep",
+        "goodput.since",
+        "excludedNodes[].until",
+    } <= times
     assert all(p.get("type") == "string" for path, p in props if path in times)
     assert not [path for path, p in props if "unix" in p.get("description", "")]
 

@@ -12,23 +12,35 @@ from fsdp_operator.policy import explain
 from fsdp_worker import contract
 
 
-def record(rank: int, *, where: str = "forward", step: int = 11, op: str | None = "all_reduce",
-           seq: int = 150) -> dict[str, Any]:  # fmt: skip
+def record(
+    rank: int,
+    *,
+    where: str = "forward",
+    step: int = 11,
+    op: str | None = "all_reduce",
+    seq: int = 150,
+) -> dict[str, Any]:
     state = "entered" if op else "completed"
-    return {"rank": rank, "where": where, "step": step, "collectives": seq if op else seq - 1,
-            "collective": {"op": op or "all_reduce", "seq": seq if op else seq - 1,
-                           "state": state}}  # fmt: skip
+    return {
+        "rank": rank,
+        "where": where,
+        "step": step,
+        "collectives": seq if op else seq - 1,
+        "collective": {"op": op or "all_reduce", "seq": seq if op else seq - 1, "state": state},
+    }
 
 
 def test_evidence_lines_take_each_ranks_newest_and_skip_what_does_not_parse() -> None:
     old, new = record(1, step=3), record(1, step=9)
-    text = "\n".join([
-        f"rank1 INFO {contract.EVIDENCE_PREFIX} {json.dumps(old)}",
-        f"{contract.EVIDENCE_PREFIX} {{not json",
-        f"{contract.EVIDENCE_PREFIX} {json.dumps({'rank': 'x'})}",
-        "an ordinary line",
-        f"[rank1] {contract.EVIDENCE_PREFIX} {json.dumps(new)}",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            f"rank1 INFO {contract.EVIDENCE_PREFIX} {json.dumps(old)}",
+            f"{contract.EVIDENCE_PREFIX} {{not json",
+            f"{contract.EVIDENCE_PREFIX} {json.dumps({'rank': 'x'})}",
+            "an ordinary line",
+            f"[rank1] {contract.EVIDENCE_PREFIX} {json.dumps(new)}",
+        ]
+    )
     assert reports.evidence_lines(text) == {1: new}
 
 
@@ -69,8 +81,12 @@ def test_the_logs_of_any_gang_fit_one_configmap() -> None:
 
 def test_memory_words_prefer_the_accelerator() -> None:
     gib = 1 << 30
-    both = {"peakRssBytes": 3 * gib, "limitBytes": 8 * gib,
-            "cudaPeakBytes": 15 * gib + gib // 5, "cudaTotalBytes": 16 * gib}  # fmt: skip
+    both = {
+        "peakRssBytes": 3 * gib,
+        "limitBytes": 8 * gib,
+        "cudaPeakBytes": 15 * gib + gib // 5,
+        "cudaTotalBytes": 16 * gib,
+    }
     assert explain.memory_words(both) == "peak 15.2 of 16.0 GiB"
     assert explain.memory_words({"peakRssBytes": gib}) == "peak 1.0 GiB"
     assert explain.memory_words(None) == ""

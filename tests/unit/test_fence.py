@@ -20,10 +20,18 @@ UID = "uid-a"
 
 def _marker(step: int, attempt: int, files: dict[str, catalog.FileEntry]) -> catalog.Marker:
     return catalog.Marker(
-        step=step, attempt=attempt, world_size=2, global_batch_size=8, samples_consumed=step * 8,
-        resumed_from_step=None, time=0.0, torch_version="test", config_hash=HASH, files=files,
+        step=step,
+        attempt=attempt,
+        world_size=2,
+        global_batch_size=8,
+        samples_consumed=step * 8,
+        resumed_from_step=None,
+        time=0.0,
+        torch_version="test",
+        config_hash=HASH,
+        files=files,
         job_uid=UID,
-    )  # fmt: skip
+    )
 
 
 def _save(storage: catalog.LocalStorage, me: fence.Writer, step: int) -> catalog.Marker:
@@ -31,8 +39,9 @@ def _save(storage: catalog.LocalStorage, me: fence.Writer, step: int) -> catalog
     partial = Path(storage.resolve(me.partial(step)))
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(f"{me.describe()} step {step}".encode())
-    return _marker(step, me.attempt, catalog.build_manifest(storage, me.partial(step),
-                                                            checksums=True))  # fmt: skip
+    return _marker(
+        step, me.attempt, catalog.build_manifest(storage, me.partial(step), checksums=True)
+    )
 
 
 def _seal(storage: catalog.LocalStorage, me: fence.Writer, step: int) -> None:
@@ -49,8 +58,11 @@ def _retain(storage: catalog.LocalStorage, me: fence.Writer, *, keep: int) -> No
 
 def _sealed(storage: catalog.LocalStorage) -> dict[int, int]:
     """Every sealed step under the root and the attempt that wrote it."""
-    return {c.step: c.marker.attempt for c in selection.list_checkpoints(storage, ".", deep=True)
-            if c.ok and c.marker is not None}  # fmt: skip
+    return {
+        c.step: c.marker.attempt
+        for c in selection.list_checkpoints(storage, ".", deep=True)
+        if c.ok and c.marker is not None
+    }
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ def test_marks_are_counted_per_file_and_files_without_them_left_out(tmp_path: Pa
     table = tmp_path / "table.py"
     table.write_text("X = {\n    'a':   1,\n    'bb':  2,\n}  # fmt: skip\nY = 1  # fmt: skip\n")
     plain = tmp_path / "plain.py"
-    plain.write_text("Z = 1\n")
+    plain.write_text('Z = "a string that says # fmt: skip is not a mark"\n')
     assert fmt_skips.count([table, plain, tmp_path / "gone.py"]) == {table: 2}
 
 

@@ -106,8 +106,9 @@ class _Waiting:
     """What the coordinator's standby reads of its keeper: its gang, and where it hears."""
 
     def __init__(self, node: int, spare: int | None = None) -> None:
-        self.gang = gang.Gang(restarts=4, coordinator="job-a1-0:29501", node=node, nodes=3,
-                              spare=spare)  # fmt: skip
+        self.gang = gang.Gang(
+            restarts=4, coordinator="job-a1-0:29501", node=node, nodes=3, spare=spare
+        )
         self.follow: tuple[str, str] | None = None
         self.promoted: str | None = None
 
@@ -143,8 +144,15 @@ def test_a_spare_promoted_to_node_rank_0_gathers_the_others_then_restarts_them(
         crash = {"class": "Other", "message": "gloo: connection reset", "generation": 2}
         earlier = {"class": "Crash", "message": "rank 3 exited 1", "generation": 0}
         clock[0] = 12.0
-        standby.handle_request_doc({"op": "rejoin", "node": 1, "generation": 2,
-                                    "failures": [earlier, crash], "holders": {"2": 4}})  # fmt: skip
+        standby.handle_request_doc(
+            {
+                "op": "rejoin",
+                "node": 1,
+                "generation": 2,
+                "failures": [earlier, crash],
+                "holders": {"2": 4},
+            }
+        )
         waiting = standby.handle_request_doc({"op": "state", "from": 1})
         assert waiting["gathering"] and waiting["quiet"] == {"0": 2.0, "1": 0.0, "2": 2.0}
         done = standby.handle_request_doc({"op": "rejoin", "node": 2, "generation": 1})
@@ -193,8 +201,15 @@ def test_a_lone_node_rank_0_taken_by_a_spare_starts_past_the_operators_count() -
 
 
 def test_torchruns_store_moves_with_node_rank_0() -> None:
-    argv = ["python", "-m", "torch.distributed.run", "--rdzv-endpoint=a.svc:29500", "-m", "x",
-            "--rdzv-endpoint=mine"]  # fmt: skip
+    argv = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--rdzv-endpoint=a.svc:29500",
+        "-m",
+        "x",
+        "--rdzv-endpoint=mine",
+    ]
     moved = torchrun_argv.with_endpoint(argv, "10.0.0.9:29500")
     assert moved[3] == "--rdzv-endpoint=10.0.0.9:29500" and moved[-1] == "--rdzv-endpoint=mine"
     assert torchrun_argv.rendezvous(moved) == "10.0.0.9:29500"
@@ -241,8 +256,9 @@ def test_a_spare_standing_by_answers_the_readiness_probe_then_frees_the_port(
     monkeypatch.setenv("FSDP_METRICS_PORT", str(port))
     monkeypatch.setattr("fsdp_worker.keeper.standby.warm_imports", lambda: None)
     nobody = f"127.0.0.1:{_free_port()}"  # no coordinator answers there: nobody gives a node
-    keeper = gang.Keeper(gang.Gang(restarts=1, coordinator=nobody, node=-1, nodes=2, spare=0,
-                                   listen=0), ["true"])  # fmt: skip
+    keeper = gang.Keeper(
+        gang.Gang(restarts=1, coordinator=nobody, node=-1, nodes=2, spare=0, listen=0), ["true"]
+    )
     waiting = concurrent.futures.ThreadPoolExecutor(1).submit(keeper._stand_by)
 
     def probe(path: str) -> tuple[int, str]:
@@ -288,8 +304,9 @@ def test_a_keepers_reports_lost_on_a_busy_network_are_said_again(
             return None  # never reached the coordinator
         return coordinator.handle_request_doc({**doc, "from": 1})
 
-    keeper = gang.Keeper(gang.Gang(restarts=3, coordinator="127.0.0.1:1", node=1, nodes=2),
-                         ["true"])  # fmt: skip
+    keeper = gang.Keeper(
+        gang.Gang(restarts=3, coordinator="127.0.0.1:1", node=1, nodes=2), ["true"]
+    )
     monkeypatch.setattr(keeper, "_ask", lossy)
     try:
         failure = {"class": "RuntimeError", "rank": 1}

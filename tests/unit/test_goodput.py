@@ -28,17 +28,21 @@ def _restart() -> list[dc.Decision]:
     """A crash at NOW-2, seen at NOW; the old gang is gone at +3, the new one bound at +4 and
     running at +6; rank 0 reports its process group at +8, load at +9, first step at +10."""
     d1 = dc.decide(observe(pods=pods(r1=FAILED), checkpoint=ckpt(40)))
-    pending = pods(attempt=2, **{f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None}
-                                 for r in range(4)})  # fmt: skip
+    pending = pods(
+        attempt=2, **{f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None} for r in range(4)}
+    )
     d2 = dc.decide(_next(d1, now=NOW + 3, pods=pending, progress=None))
     bound = pods(attempt=2, **{f"r{r}": {"phase": ob.PodPhase.PENDING} for r in range(4)})
     d3 = dc.decide(_next(d2, now=NOW + 4, pods=bound, progress=None))
     d4 = dc.decide(_next(d3, now=NOW + 6, pods=pods(attempt=2), progress=None))
     report = ob.Progress(
-        step=41, last_step_time=NOW + 10,
+        step=41,
+        last_step_time=NOW + 10,
         milestones={"rendezvous": NOW + 8, "loaded": NOW + 9, "first_step": NOW + 10},
-        steps_run=1, train_seconds=0.5, blocked_seconds=0.0,
-    )  # fmt: skip
+        steps_run=1,
+        train_seconds=0.5,
+        blocked_seconds=0.0,
+    )
     d5 = dc.decide(_next(d4, now=NOW + 11, pods=pods(attempt=2), progress=report))
     return [d1, d2, d3, d4, d5]
 
@@ -52,9 +56,14 @@ def test_a_restart_is_broken_down_phase_by_phase_from_failure_to_first_step() ->
     assert (tl.failed, tl.detected, tl.launched) == (NOW - 2, NOW, NOW)
     assert (tl.gang_gone, tl.scheduled, tl.running) == (NOW + 3, NOW + 4, NOW + 6)
     assert dict(st.breakdown(tl)) == {
-        "detect": 2, "teardown": 3, "schedule": 1, "start": 2,
-        "rendezvous": 2, "load": 1, "firstStep": 1,
-    }  # fmt: skip
+        "detect": 2,
+        "teardown": 3,
+        "schedule": 1,
+        "start": 2,
+        "rendezvous": 2,
+        "load": 1,
+        "firstStep": 1,
+    }
     assert st.time_to_resume(tl) == 12
     assert d.resumed is entry
     (event,) = [e for e in d.events if e.reason == "TrainingResumed"]
@@ -73,9 +82,18 @@ def test_the_breakdown_is_reported_once() -> None:
 def test_a_milestone_after_the_next_one_moves_back_to_it() -> None:
     """The old gang was seen gone (a pass) after the new pods were bound: it was gone by then
     at the latest. Likewise pods seen running after rank 0 stamped its rendezvous."""
-    tl = st.Timeline(cause=st.Cause.NODE_LOST, failed=0, detected=30, launched=31,
-                     gang_gone=40, scheduled=32, running=51, rendezvous=50, loaded=52,
-                     first_step=53)  # fmt: skip
+    tl = st.Timeline(
+        cause=st.Cause.NODE_LOST,
+        failed=0,
+        detected=30,
+        launched=31,
+        gang_gone=40,
+        scheduled=32,
+        running=51,
+        rendezvous=50,
+        loaded=52,
+        first_step=53,
+    )
     got = dict(st.breakdown(tl))
     assert got["teardown"] == 2 and got["schedule"] == 0  # gang gone by 32
     assert got["start"] == 18 and got["rendezvous"] == 0  # running by 50
@@ -94,8 +112,13 @@ def test_a_first_attempt_has_a_start_up_timeline() -> None:
     d = dc.decide(observe(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None))
     tl = d.status.history[0].timeline
     assert tl is not None and tl.launched == NOW and tl.failed is None and tl.cause is None
-    assert [p for p, _ in st.breakdown(tl)] == ["schedule", "start", "rendezvous", "load",
-                                                 "firstStep"]  # fmt: skip
+    assert [p for p, _ in st.breakdown(tl)] == [
+        "schedule",
+        "start",
+        "rendezvous",
+        "load",
+        "firstStep",
+    ]
 
 
 # --- goodput ----------------------------------------------------------------------------------
@@ -110,14 +133,24 @@ def _history() -> list[st.HistoryEntry]:
     blocked 4 s on saves, crashed at 120 (seen at 121) with 20 steps since its checkpoint.
     Attempt 2: launched at 121, first step at 140, trained 50 s, blocked 2 s; now is 200."""
     first = st.Timeline(launched=0, first_step=10)
-    second = st.Timeline(cause=st.Cause.CRASH, failed=120, detected=121, launched=121,
-                         first_step=140)  # fmt: skip
+    second = st.Timeline(
+        cause=st.Cause.CRASH, failed=120, detected=121, launched=121, first_step=140
+    )
     return [
-        _entry(1, started=0, ended=121, detect_seconds=1, cause=st.Cause.CRASH, steps_lost=20,
-               timeline=first, steps_run=100, train_seconds=100, blocked_seconds=4),
-        _entry(2, started=121, timeline=second, steps_run=50, train_seconds=50,
-               blocked_seconds=2),
-    ]  # fmt: skip
+        _entry(
+            1,
+            started=0,
+            ended=121,
+            detect_seconds=1,
+            cause=st.Cause.CRASH,
+            steps_lost=20,
+            timeline=first,
+            steps_run=100,
+            train_seconds=100,
+            blocked_seconds=4,
+        ),
+        _entry(2, started=121, timeline=second, steps_run=50, train_seconds=50, blocked_seconds=2),
+    ]
 
 
 def test_goodput_splits_the_wall_time_by_cause() -> None:
@@ -127,17 +160,23 @@ def test_goodput_splits_the_wall_time_by_cause() -> None:
     assert g.productive_seconds == 130  # 100 + 50 trained, less 20 redone
     assert g.redone_seconds == 20
     assert g.lost_seconds == {
-        "Startup": 10, "CheckpointSave": 6,
+        "Startup": 10,
+        "CheckpointSave": 6,
         "Crash": 40,  # 20 s from the failure to the next first step, plus 20 s redone
         "Other": 14,  # 200 - 130 - 56: time no measurement explains (step overheads)
-    }  # fmt: skip
+    }
     assert g.fraction == 0.65
 
 
 def test_a_recovery_still_in_progress_is_charged_until_now() -> None:
     history = _history()
-    history[1] = history[1].model_copy(update={"timeline": history[1].timeline.model_copy(
-        update={"first_step": None}), "steps_run": None, "train_seconds": None})  # fmt: skip
+    history[1] = history[1].model_copy(
+        update={
+            "timeline": history[1].timeline.model_copy(update={"first_step": None}),
+            "steps_run": None,
+            "train_seconds": None,
+        }
+    )
     g = goodput.account(st.FSDPJobStatus(attempt=2, history=history), now=150)
     assert g is not None and g.lost_seconds["Crash"] == 30 + 20  # 120 -> 150, plus redone
 
@@ -148,8 +187,9 @@ def test_a_queue_wait_is_counted_apart_and_left_out_of_the_fraction() -> None:
     low-goodput alert does not fire on a job that trains fine once admitted."""
     history = _history()
     second = history[1]
-    tl = second.timeline.model_copy(update={"cause": st.Cause.PREEMPTED, "admitted": 1921,
-                                            "first_step": 1940})  # fmt: skip
+    tl = second.timeline.model_copy(
+        update={"cause": st.Cause.PREEMPTED, "admitted": 1921, "first_step": 1940}
+    )
     history[1] = second.model_copy(update={"timeline": tl})
     admitted = st.QueueStatus(name="q", pod_group="g", admitted=1921)
     g = goodput.account(st.FSDPJobStatus(attempt=2, history=history, queue=admitted), now=2000)
@@ -159,8 +199,12 @@ def test_a_queue_wait_is_counted_apart_and_left_out_of_the_fraction() -> None:
     assert g.fraction == 0.65, "as without the wait"
     # Still waiting (its pods gated): counted as queued up to now, not as lost to the job.
     waiting = st.QueueStatus(name="q", pod_group="g")
-    history[1] = second.model_copy(update={"timeline": tl.model_copy(
-        update={"admitted": None, "first_step": None}), "steps_run": None})  # fmt: skip
+    history[1] = second.model_copy(
+        update={
+            "timeline": tl.model_copy(update={"admitted": None, "first_step": None}),
+            "steps_run": None,
+        }
+    )
     g = goodput.account(st.FSDPJobStatus(attempt=2, history=history, queue=waiting), now=1000)
     assert g is not None and g.lost_seconds["Queued"] == 1000 - 121
     assert g.lost_seconds["Preempted"] == 1  # detection: 120 -> 121
@@ -185,8 +229,13 @@ def test_many_restarts_through_decide_keep_every_attempt_in_the_figure() -> None
     """More restarts than the history holds: goodput's totals still count the first ones."""
     d = dc.decide(observe(status=st.FSDPJobStatus(), pods=[], checkpoint=None, progress=None))
     now = NOW
-    spec = make_spec(failurePolicy={"maxRestarts": 1000, "maxRestartsWithoutProgress": 1000,
-                                    "backoff": {"initialSeconds": 0}})  # fmt: skip
+    spec = make_spec(
+        failurePolicy={
+            "maxRestarts": 1000,
+            "maxRestartsWithoutProgress": 1000,
+            "backoff": {"initialSeconds": 0},
+        }
+    )
     for attempt in range(1, st.HISTORY_LIMIT + 5):
         now += 10
         crash = {"phase": ob.PodPhase.FAILED, "exit_code": 1, "finished": now - 1}
@@ -202,9 +251,16 @@ def test_many_restarts_through_decide_keep_every_attempt_in_the_figure() -> None
                 checkpoint=saved,
             )
         )
-        d = dc.decide(observe(status=d.status, spec=spec, now=now,
-                              pods=pods(attempt=attempt, r0=crash), checkpoint=saved,
-                              progress=None))  # fmt: skip
+        d = dc.decide(
+            observe(
+                status=d.status,
+                spec=spec,
+                now=now,
+                pods=pods(attempt=attempt, r0=crash),
+                checkpoint=saved,
+                progress=None,
+            )
+        )
     g = d.status.goodput
     assert g is not None and len(d.status.history) == st.HISTORY_LIMIT
     attempts = st.HISTORY_LIMIT + 4  # each trained, then crashed; one more was just launched
@@ -247,7 +303,7 @@ def test_auto_pods_are_told_the_failure_record_and_the_last_costs() -> None:
         checkpoint_interval=st.CheckpointInterval(
             steps=40, auto=True, save_seconds=3.0, step_seconds=0.5, mtbf_seconds=9000, failures=2
         ),
-    )  # fmt: skip
+    )
     d = dc.decide(observe(status=status, spec=_auto_spec(), pods=pods(r1=FAILED)))
     assert d.launch is not None
     assert d.launch.reliability == (
@@ -273,8 +329,9 @@ def test_a_new_auto_interval_is_in_status_and_an_event_with_its_inputs() -> None
         "MTBF 6.00h from 0 failure(s) and the prior"
     )
     same = chosen.model_copy(update={"mtbf_seconds": 21700})  # a drifting input, same steps
-    again = dc.decide(observe(status=d.status, spec=_auto_spec(),
-                              progress=ob.Progress(step=51, interval=same)))  # fmt: skip
+    again = dc.decide(
+        observe(status=d.status, spec=_auto_spec(), progress=ob.Progress(step=51, interval=same))
+    )
     assert again.status.checkpoint_interval == same
     assert not [e for e in again.events if e.reason == "CheckpointInterval"]
 
@@ -286,9 +343,11 @@ def test_the_progress_deadline_counts_from_running_not_from_launch() -> None:
     """Pods Pending for 90 s (a large image) then running for 20 s: not a hang at 100 s."""
     tl = st.Timeline(launched=NOW - 110, running=NOW - 20)
     status = running_status(
-        last_progress_time=None, attempt_started=NOW - 110, step=None,
+        last_progress_time=None,
+        attempt_started=NOW - 110,
+        step=None,
         history=[st.HistoryEntry(attempt=1, started=NOW - 110, world_size=4, timeline=tl)],
-    )  # fmt: skip
+    )
     scraped = ob.ScrapeHealth("job-a1-0", failures=0)
     d = dc.decide(observe(status=status, progress=None, scrape=scraped))
     assert d.failure is None

@@ -52,9 +52,12 @@ class FakeReconciler:
 def make(fn: PassFn, **overrides: Any) -> tuple[manager.Manager, FakeReconciler]:
     fake = FakeReconciler(fn)
     conf = settings.Settings(
-        metrics_port=0, min_pause_seconds=0.01, error_backoff_initial_seconds=0.1,
-        error_backoff_max_seconds=0.4, **overrides,
-    )  # fmt: skip
+        metrics_port=0,
+        min_pause_seconds=0.01,
+        error_backoff_initial_seconds=0.1,
+        error_backoff_max_seconds=0.4,
+        **overrides,
+    )
     return manager.Manager(fake, config=conf), fake
 
 
@@ -219,8 +222,13 @@ def test_a_sleeping_loop_holds_neither_its_view_nor_the_event_that_started_it() 
 
 
 def node(name: str, gpus: str) -> dict[str, Any]:
-    return {"metadata": {"name": name}, "status": {"allocatable": {"nvidia.com/gpu": gpus},
-            "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
+    return {
+        "metadata": {"name": name},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": gpus},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
 
 
 def test_views_share_one_node_list_until_a_node_changes_or_goes() -> None:
@@ -251,8 +259,10 @@ def test_a_node_change_wakes_the_jobs_on_it_and_those_waiting_for_room_only() ->
         return reconcile.Outcome(delay=60.0, wants_nodes=name == "waiting")
 
     made, _ = make(run_pass)
-    pod = {"spec": {"nodeName": "n1"},
-           "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]}}  # fmt: skip
+    pod = {
+        "spec": {"nodeName": "n1"},
+        "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]},
+    }
     made.store.pods = {cache.job_key("ns", "on-n1"): [pod]}
 
     async def scenario() -> None:
@@ -286,8 +296,10 @@ def test_a_node_lost_by_its_lease_wakes_the_jobs_on_it_and_its_return_those_wait
         return reconcile.Outcome(delay=60.0, wants_nodes=name == "waiting")
 
     made, _ = make(run_pass)
-    pod = {"spec": {"nodeName": "n1"},
-           "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]}}  # fmt: skip
+    pod = {
+        "spec": {"nodeName": "n1"},
+        "metadata": {"ownerReferences": [{"kind": api.KIND, "name": "on-n1"}]},
+    }
     made.store.pods = {cache.job_key("ns", "on-n1"): [pod]}
 
     async def settled(count: int) -> None:
@@ -325,8 +337,11 @@ def test_the_handlers_reach_the_manager_through_kopfs_memo_only() -> None:
 
     made, _ = make(lambda *_: None)
     memo = copy.copy(kopf.Memo(manager=made))
-    pod = {"metadata": {"uid": "u1"}, "spec": {"nodeName": "n1", "containers": [
-        {"resources": {"requests": {"cpu": "2"}}}]}, "status": {"phase": "Running"}}  # fmt: skip
+    pod = {
+        "metadata": {"uid": "u1"},
+        "spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"cpu": "2"}}}]},
+        "status": {"phase": "Running"},
+    }
     asyncio.run(handlers.fsdp_pod_usage(body=pod, memo=memo))
     assert made.store.usage.totals() == {"n1": {"cpu": 2.0}}
     asyncio.run(handlers.pod_gone(body=pod, memo=memo))
@@ -374,17 +389,29 @@ def test_kopf_finds_no_change_and_copies_no_body_with_no_diff_base(
     copies: list[int] = []
     real = copy.deepcopy
     monkeypatch.setattr(copy, "deepcopy", lambda x, *a: copies.append(1) or real(x, *a))
-    body = kopf.Body({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "uid": "u"},
-                      "spec": {"containers": [{"name": "c"}]}, "status": {}})  # fmt: skip
+    body = kopf.Body(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {"containers": [{"name": "c"}]},
+            "status": {},
+        }
+    )
 
     async def detect() -> Any:  # kopf's per-object memory wants a running loop
         return processing._detect_causes(
-            indexers=processing.indexing.OperatorIndexers(), registry=kopf.get_default_registry(),
-            settings=settings, resource=kopf.Resource("", "v1", "pods"),
-            raw_event={"type": "MODIFIED", "object": dict(body)}, body=body, patch=kopf.Patch(),
-            memory=processing.inventory.ResourceMemory(), local_logger=logging.getLogger("t"),
+            indexers=processing.indexing.OperatorIndexers(),
+            registry=kopf.get_default_registry(),
+            settings=settings,
+            resource=kopf.Resource("", "v1", "pods"),
+            raw_event={"type": "MODIFIED", "object": dict(body)},
+            body=body,
+            patch=kopf.Patch(),
+            memory=processing.inventory.ResourceMemory(),
+            local_logger=logging.getLogger("t"),
             event_logger=logging.getLogger("t"),
-        )  # fmt: skip
+        )
 
     causes = asyncio.run(detect())
     assert copies == []

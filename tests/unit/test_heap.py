@@ -31,8 +31,13 @@ CHILD = textwrap.dedent(
 def reports(tmp_path: Path, child: str, frames: int) -> tuple[str, str]:
     base = tmp_path / "heap"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONTRACEMALLOC"}
-    done = subprocess.run([sys.executable, "-c", child, str(base), str(frames)], env=env,
-                          capture_output=True, text=True, timeout=100)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", child, str(base), str(frames)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert done.returncode == 0, done.stderr
     first, second = Path(f"{base}.1").read_text(), Path(f"{base}.2").read_text()
     assert "compared_with nothing" in first
@@ -79,8 +84,9 @@ def test_no_path_traces_nothing() -> None:
     code = "import tracemalloc; from fsdp_operator.io import heap; "
     code += "print(heap.install(''), tracemalloc.is_tracing())"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONTRACEMALLOC"}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.split() == ["False", "False"], done.stderr
 
 
@@ -119,8 +125,7 @@ TRIM = textwrap.dedent(
 
 
 def test_trim_returns_memory_freed_inside_the_heap() -> None:
-    done = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", TRIM], capture_output=True, text=True, timeout=60)
     trimmed, freed_kib = done.stdout.split()
     assert trimmed == "True", done.stderr
     assert int(freed_kib) > 100_000  # of the ~196 MB freed but kept before the trim

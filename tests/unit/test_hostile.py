@@ -23,8 +23,10 @@ PROFILE = api.RuntimeProfileSpec.model_validate({**hs.PROFILE_SPEC, "namespaces"
 
 def _check(case: hs.Case) -> str:
     job = JOB if case.listed else dataclasses.replace(JOB, namespace="team-b")
-    body = {"metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
-            "spec": hs.spec_of(case)}  # fmt: skip
+    body = {
+        "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
+        "spec": hs.spec_of(case),
+    }
     return reconcile.check_spec(body, job, {hs.PROFILE: PROFILE}.get)[1]
 
 

@@ -35,8 +35,14 @@ HOUR = 3600.0
 def test_auto_interval_truth_table(
     save: float, mtbf: float, step: float, floor: int, ceiling: int, steps: int
 ) -> None:
-    got = interval.choose(save_seconds=save, step_seconds=step, mtbf_seconds=mtbf,
-                          floor=floor, ceiling=ceiling, failures=0)  # fmt: skip
+    got = interval.choose(
+        save_seconds=save,
+        step_seconds=step,
+        mtbf_seconds=mtbf,
+        floor=floor,
+        ceiling=ceiling,
+        failures=0,
+    )
     assert got.steps == steps and got.auto
     assert (got.save_seconds, got.step_seconds, got.mtbf_seconds) == (save, step, mtbf)
 
@@ -45,8 +51,9 @@ def test_auto_interval_truth_table(
 def test_until_both_costs_are_measured_auto_checkpoints_at_the_floor(
     save: float | None, step: float | None
 ) -> None:
-    got = interval.choose(save_seconds=save, step_seconds=step, mtbf_seconds=HOUR,
-                          floor=25, ceiling=1000)  # fmt: skip
+    got = interval.choose(
+        save_seconds=save, step_seconds=step, mtbf_seconds=HOUR, floor=25, ceiling=1000
+    )
     assert got.steps == 25
 
 
@@ -65,9 +72,13 @@ def test_daly_interval_maximises_the_model_goodput(save: float, mtbf: float, exp
     best = interval.daly_interval_seconds(save, mtbf)
 
     def g(tau: float) -> float:
-        return interval.model_goodput(interval_seconds=tau, save_seconds=save,
-                                      restart_seconds=60.0, mtbf_seconds=mtbf,
-                                      fail_while_restarting=exposed)  # fmt: skip
+        return interval.model_goodput(
+            interval_seconds=tau,
+            save_seconds=save,
+            restart_seconds=60.0,
+            mtbf_seconds=mtbf,
+            fail_while_restarting=exposed,
+        )
 
     grid = [best * math.exp(k / 200) for k in range(-400, 401)]
     argmax = max(grid, key=g)
@@ -77,13 +88,16 @@ def test_daly_interval_maximises_the_model_goodput(save: float, mtbf: float, exp
 
 
 def test_model_goodput_is_one_without_costs_and_falls_with_failures() -> None:
-    free = interval.model_goodput(interval_seconds=100, save_seconds=0, restart_seconds=0,
-                                  mtbf_seconds=1e12)  # fmt: skip
+    free = interval.model_goodput(
+        interval_seconds=100, save_seconds=0, restart_seconds=0, mtbf_seconds=1e12
+    )
     assert free == pytest.approx(1.0)
-    often = interval.model_goodput(interval_seconds=100, save_seconds=5, restart_seconds=30,
-                                   mtbf_seconds=600)  # fmt: skip
-    rare = interval.model_goodput(interval_seconds=100, save_seconds=5, restart_seconds=30,
-                                  mtbf_seconds=60000)  # fmt: skip
+    often = interval.model_goodput(
+        interval_seconds=100, save_seconds=5, restart_seconds=30, mtbf_seconds=600
+    )
+    rare = interval.model_goodput(
+        interval_seconds=100, save_seconds=5, restart_seconds=30, mtbf_seconds=60000
+    )
     assert 0 < often < rare < 1
 
 
@@ -106,16 +120,22 @@ def test_mtbf_joins_the_jobs_own_record_and_the_prior(
 @pytest.mark.parametrize(
     ("raw", "parsed"),
     [
-        ('{"failures":3,"uptimeSeconds":3798.0,"saveSeconds":3.0,"stepSeconds":0.5}',
-         interval.Reliability(3, 3798.0, 3.0, 0.5)),
-        ('{"failures":1,"uptimeSeconds":10,"saveSeconds":null,"stepSeconds":null}',
-         interval.Reliability(1, 10.0)),
+        (
+            '{"failures":3,"uptimeSeconds":3798.0,"saveSeconds":3.0,"stepSeconds":0.5}',
+            interval.Reliability(3, 3798.0, 3.0, 0.5),
+        ),
+        (
+            '{"failures":1,"uptimeSeconds":10,"saveSeconds":null,"stepSeconds":null}',
+            interval.Reliability(1, 10.0),
+        ),
         ("", interval.Reliability()),
         ("not json", interval.Reliability()),
-        ('{"failures":-4,"uptimeSeconds":"x","saveSeconds":true,"stepSeconds":1e999}',
-         interval.Reliability()),
+        (
+            '{"failures":-4,"uptimeSeconds":"x","saveSeconds":true,"stepSeconds":1e999}',
+            interval.Reliability(),
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_reliability_env_is_read_leniently(raw: str, parsed: interval.Reliability) -> None:
     assert interval.Reliability.parse(raw) == parsed
 
@@ -127,15 +147,25 @@ def test_the_reliability_env_round_trips() -> None:
 
 @pytest.mark.parametrize(
     ("value", "ok"),
-    [(500, True), ("auto", True), ("500", True), (0, False), ("every", False), (True, False),
-     (2.5, False), (10**9, False)],
-)  # fmt: skip
+    [
+        (500, True),
+        ("auto", True),
+        ("500", True),
+        (0, False),
+        ("every", False),
+        (True, False),
+        (2.5, False),
+        (10**9, False),
+    ],
+)
 def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
     if ok:
         config.CheckpointConfig.model_validate({"intervalSteps": value})
         return
-    with pytest.raises(ValueError, match=r"intervalSteps\n.*whole number of steps 1\.\.100000000 "
-                       r"or 'auto', got"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"intervalSteps\n.*whole number of steps 1\.\.100000000 " r"or 'auto', got",
+    ):
         config.CheckpointConfig.model_validate({"intervalSteps": value})
 
 
@@ -207,10 +237,14 @@ def test_the_memory_tiers_interval_and_last_save_reach_the_status_and_describe()
         {"image": "w:1", "replicas": 2, "checkpoint": {"root": "/ckpt", "claimName": "c"}}
     )
     first = st.HistoryEntry(attempt=1, started=0.0, world_size=2)
-    began = st.FSDPJobStatus(phase=st.Phase.RUNNING, attempt=1, replicas=2, pods_created=True,
-                             history=[first])  # fmt: skip
-    d = decide.decide(ob.Observed(spec=spec, status=began, generation=1, now=100.0, pods=[],
-                                  nodes={}, progress=got))  # fmt: skip
+    began = st.FSDPJobStatus(
+        phase=st.Phase.RUNNING, attempt=1, replicas=2, pods_created=True, history=[first]
+    )
+    d = decide.decide(
+        ob.Observed(
+            spec=spec, status=began, generation=1, now=100.0, pods=[], nodes={}, progress=got
+        )
+    )
     assert d.status.memory_tier == got.memory
     doc = d.status.model_dump(mode="json", by_alias=True, exclude_none=True)
     assert doc["memoryTier"] == {"intervalSteps": 6, "saveSeconds": 0.042, "sealedStep": 36}

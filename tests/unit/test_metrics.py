@@ -12,9 +12,15 @@ def _value(name: str, **labels: str) -> float | None:
 
 
 def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
-    for series in (metrics.GOODPUT, metrics.LOST, metrics.CKPT_AGE, metrics.CKPT_TIME,
-                   metrics.CHECKPOINT_INTERVAL, metrics.JOB_FAILURES,
-                   metrics.JOB_PHASE):  # fmt: skip
+    for series in (
+        metrics.GOODPUT,
+        metrics.LOST,
+        metrics.CKPT_AGE,
+        metrics.CKPT_TIME,
+        metrics.CHECKPOINT_INTERVAL,
+        metrics.JOB_FAILURES,
+        metrics.JOB_PHASE,
+    ):
         names = set(series._labelnames)
         assert {"job_namespace", "job_name"} <= names and not names & {"namespace", "job"}
 
@@ -28,8 +34,10 @@ def test_which_job_is_in_a_restart_storm_can_be_asked_and_is_forgotten_with_it()
     assert _value("fsdpjob_job_failures_total", **storm) == 3
     metrics.forget("team-a", "storm")
     assert _value("fsdpjob_job_failures_total", **storm) is None
-    assert _value("fsdpjob_checkpoint_timestamp_seconds", job_namespace="team-a",
-                  job_name="storm") is None  # fmt: skip
+    assert (
+        _value("fsdpjob_checkpoint_timestamp_seconds", job_namespace="team-a", job_name="storm")
+        is None
+    )
     calm = {"job_namespace": "team-a", "job_name": "calm", "cause": "OOMKilled"}
     assert _value("fsdpjob_job_failures_total", **calm) == 1
     metrics.forget("team-a", "calm")

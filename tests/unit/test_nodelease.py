@@ -150,11 +150,15 @@ def test_the_watch_goes_on_from_the_listing_and_its_bookmarks(
 ) -> None:
     server, watch = api
     listing = {"metadata": {"resourceVersion": "5"}, "items": [stored("a", 1), stored("b", 1)]}
-    server.answer(f"get {LEASES}", listing, events(
-        {"type": "MODIFIED", "object": stored("a", 6)},
-        {"type": "DELETED", "object": stored("b", 7)},
-        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
-    ))  # fmt: skip
+    server.answer(
+        f"get {LEASES}",
+        listing,
+        events(
+            {"type": "MODIFIED", "object": stored("a", 6)},
+            {"type": "DELETED", "object": stored("b", 7)},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+        ),
+    )
     assert watch._list() == "5"
     assert watch._watch("5") == "9"
     watched = server.requests[1]

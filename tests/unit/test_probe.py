@@ -148,8 +148,9 @@ def test_a_job_wanted_more_often_is_scraped_at_once() -> None:
             prober.want("job", probe.Target(pod="p0", ip="127.0.0.25", every=60.0))
             await asyncio.sleep(0.3)
             same = prober.take("job")  # 60 s between scrapes: not read again yet
-            prober.want("job", probe.Target(pod="p0", ip="127.0.0.25",
-                                            every=probe.SUSPECT_INTERVAL))  # fmt: skip
+            prober.want(
+                "job", probe.Target(pod="p0", ip="127.0.0.25", every=probe.SUSPECT_INTERVAL)
+            )
             await asyncio.sleep(0.3)
             sooner = prober.take("job")
             runner.cancel()

@@ -70,11 +70,13 @@ def test_an_attempts_pods_are_one_pod_group_of_its_size() -> None:
 
 def test_a_gated_pod_is_seen_as_queued() -> None:
     pod = {
-        "metadata": {"name": "job-a1-0", "labels": {"fsdpoperator.io/attempt": "1",
-                                                    "fsdpoperator.io/node-rank": "0"}},
+        "metadata": {
+            "name": "job-a1-0",
+            "labels": {"fsdpoperator.io/attempt": "1", "fsdpoperator.io/node-rank": "0"},
+        },
         "spec": {"schedulingGates": [{"name": queueing.ADMISSION_GATE}]},
         "status": {"phase": "Pending"},
-    }  # fmt: skip
+    }
     view = observe.pod_view(cache.slim_pod(pod))  # as the operator's cache keeps it
     assert view is not None and view.gated
     pod["spec"]["schedulingGates"] = [{"name": "someone.else/gate"}]
@@ -99,10 +101,15 @@ def test_admission_is_read_from_the_workload_conditions() -> None:
     assert got == queueing.Admission(
         admitted=False, reason="Pending", message="insufficient unused quota for nvidia.com/gpu"
     )
-    admitted = {"status": {"admission": {"clusterQueue": "cq"}, "conditions": [
-        {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
-        {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"},
-    ]}}  # fmt: skip
+    admitted = {
+        "status": {
+            "admission": {"clusterQueue": "cq"},
+            "conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted", "message": "ok"},
+            ],
+        }
+    }
     assert queueing.admission_of(admitted) == queueing.Admission(
         admitted=True, reason="Admitted", message="ok", cluster_queue="cq"
     )
@@ -131,8 +138,10 @@ def test_waiting_in_the_queue_is_queued_never_unschedulable(waited: float) -> No
 
 def test_the_pending_timeout_counts_from_admission() -> None:
     status = queued_status(attempt_started=NOW - 500)
-    pending = {f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None, "unschedulable": True}
-               for r in range(4)}  # fmt: skip
+    pending = {
+        f"r{r}": {"phase": ob.PodPhase.PENDING, "node": None, "unschedulable": True}
+        for r in range(4)
+    }
     d = dc.decide(observation(status=status, pods=pods(**pending)))
     assert d.failure is None and d.status.queue is not None
     assert d.status.queue.admitted == NOW and d.status.queue.queued_seconds == 500

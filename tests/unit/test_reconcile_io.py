@@ -664,10 +664,12 @@ def test_a_dry_run_refusal_fails_the_job_only_when_the_spec_is_at_fault(
 
 # --- 6. a failed attempt's evidence is read before its pods go ----------------------------------
 def _stall_line(rank: int, *, where: str, step: int, waiting: str | None, seq: int) -> str:
-    collective = {"op": waiting or "all_reduce", "seq": seq,
-                  "state": "entered" if waiting else "completed"}  # fmt: skip
-    doc = {"rank": rank, "step": step, "where": where, "collective": collective,
-           "collectives": seq}  # fmt: skip
+    collective = {
+        "op": waiting or "all_reduce",
+        "seq": seq,
+        "state": "entered" if waiting else "completed",
+    }
+    doc = {"rank": rank, "step": step, "where": where, "collective": collective, "collectives": seq}
     return f"[rank{rank}] thread MainThread:\n{contract.EVIDENCE_PREFIX} {json.dumps(doc)}\n"
 
 
@@ -717,8 +719,15 @@ def test_a_configmap_of_that_name_that_is_not_the_jobs_is_left_alone(
     the failure is handled as ever, without an evidenceRef."""
     cluster = Cluster(fake_api, job_body(2, running_status(2)))
     cluster.put(*worker_pods(2, attempt=1, failed=1))
-    theirs = {"kind": "ConfigMap", "metadata": {"name": names.evidence_name(NAME, attempt=1),
-              "namespace": NS, "uid": "someone"}, "data": {"mine": "yes"}}  # fmt: skip
+    theirs = {
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names.evidence_name(NAME, attempt=1),
+            "namespace": NS,
+            "uid": "someone",
+        },
+        "data": {"mine": "yes"},
+    }
     cluster.put(theirs)
     reconciler.run_pass(NS, NAME, cluster.view())
     assert cluster.objects["ConfigMap", names.evidence_name(NAME, attempt=1)] == theirs

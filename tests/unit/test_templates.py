@@ -430,7 +430,7 @@ def test_own_trainer_module_runs_under_the_operators_torchrun() -> None:
             ["$$(FSDP_ATTEMPT)", "$HOME", "$$", "a$"],
             ["$(FSDP_ATTEMPT)", "$HOME", "$", "a$"],
             id="escaped-and-literal",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_trainer_arguments_reach_the_script_as_kubernetes_expands_them(
@@ -453,7 +453,7 @@ def test_trainer_arguments_reach_the_script_as_kubernetes_expands_them(
             {"module": "t", "args": ["$(HOME)"]},
             "args[0]='$(HOME)' references $(HOME)",
             id="unknown-variable",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_trainer_is_refused_naming_the_field(trainer: dict[str, Any], message: str) -> None:

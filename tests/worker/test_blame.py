@@ -49,13 +49,30 @@ def _gang(tmp: Path, faults: str = "") -> list[subprocess.Popen[bytes]]:
             FSDP_TEST_FAULTS=",".join(f for f in ("step_sleep=0.2", faults) if f),
         )
         (tmp / f"term-{node}").touch()
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={NODES}",
-               f"--nproc-per-node={NPROC}", f"--node-rank={node}", "--rdzv-backend=static",
-               f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
-               "-m", "fsdp_worker"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={NODES}",
+            f"--nproc-per-node={NPROC}",
+            f"--node-rank={node}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--max-restarts=0",
+            "-m",
+            "fsdp_worker",
+        ]
         with open(tmp / f"node-{node}.log", "wb") as log:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True, cwd=tmp))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=tmp,
+                )
+            )
     return procs
 
 
@@ -86,8 +103,13 @@ def _ended(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> list[observed.Pod
     try:
         deadline = time.monotonic() + 180
         while len(ends) < NODES and time.monotonic() < deadline:
-            ends.update({n: time.monotonic() for n, p in enumerate(procs)
-                         if n not in ends and p.poll() is not None})  # fmt: skip
+            ends.update(
+                {
+                    n: time.monotonic()
+                    for n, p in enumerate(procs)
+                    if n not in ends and p.poll() is not None
+                }
+            )
             time.sleep(0.02)
         codes = [p.wait(timeout=10) for p in procs]
     finally:
@@ -104,7 +126,7 @@ def _ended(tmp: Path, procs: list[subprocess.Popen[bytes]]) -> list[observed.Pod
             exit_code=codes[n],
             message=(tmp / f"term-{n}").read_text(),
             finished=ends[n],
-        )  # fmt: skip
+        )
         for n in range(NODES)
     ]
 
@@ -114,10 +136,16 @@ def _verdicts(pods: list[observed.PodView]) -> list[status.Failure]:
     spec = api.FSDPJobSpec(replicas=NODES, nproc_per_node=NPROC, image="worker")
     out = []
     for first in range(NODES):
-        timed = [dataclasses.replace(p, finished=100.0 + (0 if p.rank == first else 1))
-                 for p in pods]  # fmt: skip
-        obs = observed.Observed(spec=spec, status=status.FSDPJobStatus(attempt=1, replicas=2),
-                                generation=1, now=200.0, pods=timed)  # fmt: skip
+        timed = [
+            dataclasses.replace(p, finished=100.0 + (0 if p.rank == first else 1)) for p in pods
+        ]
+        obs = observed.Observed(
+            spec=spec,
+            status=status.FSDPJobStatus(attempt=1, replicas=2),
+            generation=1,
+            now=200.0,
+            pods=timed,
+        )
         failure = detect.detect(obs)
         assert failure is not None
         out.append(failure)
@@ -132,8 +160,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("case", "faults", "kill_rank", "cause", "words"), CASES,
-                         ids=[c[0] for c in CASES])  # fmt: skip
+@pytest.mark.parametrize(
+    ("case", "faults", "kill_rank", "cause", "words"), CASES, ids=[c[0] for c in CASES]
+)
 def test_blame_goes_to_the_rank_that_failed_on_its_own(
     tmp_path: Path, case: str, faults: str, kill_rank: int | None, cause: str, words: str
 ) -> None:

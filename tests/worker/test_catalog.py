@@ -207,8 +207,9 @@ def test_markers_without_a_uid_are_this_jobs_once_it_has_run(tmp_path: Path) -> 
     running = selection.select(
         storage, ".", config_hash=HASH, lineage=Lineage(1, None, job_uid="j")
     )
-    never_started = selection.select(storage, ".", config_hash=HASH,
-                                     lineage=Lineage(0, None, job_uid="j"))  # fmt: skip
+    never_started = selection.select(
+        storage, ".", config_hash=HASH, lineage=Lineage(0, None, job_uid="j")
+    )
     assert running[0] is not None and running[0].step == 10
     assert never_started[0] is None and never_started[1][0].reason == RejectReason.OTHER_JOB
 
@@ -220,8 +221,14 @@ def test_a_partial_save_names_its_attempt_and_generation() -> None:
     names = [catalog.partial_dir_name(step=8, attempt=3, generation=g) for g in (0, 1, 12)]
     assert len(set(names)) == 3
     assert [catalog.partial_writer(n) for n in names] == [(3, 0), (3, 1), (3, 12)]
-    for other in ("step-8", "step-8.partial-a", "step-8.partial-ax", "step-8.partial-a3g",
-                  "step-8.quarantined-1", "FENCE.json"):  # fmt: skip
+    for other in (
+        "step-8",
+        "step-8.partial-a",
+        "step-8.partial-ax",
+        "step-8.partial-a3g",
+        "step-8.quarantined-1",
+        "FENCE.json",
+    ):
         assert catalog.partial_writer(other) is None
 
 

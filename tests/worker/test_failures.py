@@ -144,8 +144,9 @@ def test_auto_resume_takes_another_jobs_checkpoints_only_when_asked(tmp_path: Pa
     # What the operator sends a first attempt whose checkpoints it cannot read (decide.py).
     rules = contract.ResumeRules(attempt=0, resumed_from_step=None).to_json()
     new = {"FSDP_JOB_UID": "uid-new", contract.ENV_RESUME_RULES: rules}
-    refused = launch(tmp_path, nproc=2, config=worker_config(root), resume="auto", name="new",
-                     extra_env=new)  # fmt: skip
+    refused = launch(
+        tmp_path, nproc=2, config=worker_config(root), resume="auto", name="new", extra_env=new
+    )
     assert refused.wait().rc != 0  # torchrun exits 1 whatever its ranks did
     cause = refused.termination()  # what the operator reads: a permanent config error
     assert cause["class"] == "ConfigError" and cause["exitCode"] == contract.ExitCode.CONFIG_ERROR

@@ -28,9 +28,13 @@ def _stalled_gang(tmp_path: Path, fault: str) -> tuple[dict[int, dict], Path, di
     checkpoint root, and the live record the kubelet would report if the pod died now."""
     root = tmp_path / "ckpt"
     cfg = worker_config(root, train=training(steps=40))
-    run = launch(tmp_path, nproc=RANKS, config=cfg, faults=fault,
-                 extra_env={contract.ENV_HANG_SECONDS: str(HANG_SECONDS),
-                            "TORCH_FR_BUFFER_SIZE": "2000"})  # fmt: skip
+    run = launch(
+        tmp_path,
+        nproc=RANKS,
+        config=cfg,
+        faults=fault,
+        extra_env={contract.ENV_HANG_SECONDS: str(HANG_SECONDS), "TORCH_FR_BUFFER_SIZE": "2000"},
+    )
     try:
         # each rank's newest report at the fault: a first step slower than HANG_SECONDS reports
         # "initialization" first (the watchdog re-arms when a step completes)

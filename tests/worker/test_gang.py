@@ -34,8 +34,14 @@ def _keepers(
         "checkpoint": {"root": str(root / "ck"), "intervalSteps": 10},
     }
     env = {"STANDIN_STEP_SECONDS": "0.05", contract.ENV_CHECKPOINT_ROOT: str(root / "ck"), **knobs}
-    return launch_keepers(root, restarts=restarts, config=config, env=env, spares=spares,
-                          module="fsdp_worker.train.standin")  # fmt: skip
+    return launch_keepers(
+        root,
+        restarts=restarts,
+        config=config,
+        env=env,
+        spares=spares,
+        module="fsdp_worker.train.standin",
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -61,8 +67,9 @@ def _gang_env(root: Path, node: int) -> str:
 
 
 def test_a_crashed_rank_restarts_both_nodes_in_place_from_the_newest_seal(tmp_path: Path) -> None:
-    procs = _keepers(tmp_path, restarts=2, steps=60, STANDIN_FAIL_AT_STEP="25",
-                     STANDIN_FAIL_RANK="1")  # fmt: skip
+    procs = _keepers(
+        tmp_path, restarts=2, steps=60, STANDIN_FAIL_AT_STEP="25", STANDIN_FAIL_RANK="1"
+    )
     try:
         codes = wait_all(procs, 120)
     finally:
@@ -83,8 +90,14 @@ def test_a_crashed_rank_restarts_both_nodes_in_place_from_the_newest_seal(tmp_pa
 
 
 def test_past_its_restarts_the_failing_node_ends_and_the_other_waits(tmp_path: Path) -> None:
-    procs = _keepers(tmp_path, restarts=1, steps=200, STANDIN_FAIL_AT_STEP="25",
-                     STANDIN_FAIL_RANK="1", STANDIN_FAIL_GENERATION="-1")  # fmt: skip
+    procs = _keepers(
+        tmp_path,
+        restarts=1,
+        steps=200,
+        STANDIN_FAIL_AT_STEP="25",
+        STANDIN_FAIL_RANK="1",
+        STANDIN_FAIL_GENERATION="-1",
+    )
     try:
         codes = wait_all(procs[1:], 120)
         assert codes == [1], keeper_logs(tmp_path)
@@ -121,12 +134,14 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
     for keeper in (True, False):
         log = tmp_path / f"term-{keeper}"
         log.touch()
-        env = dict(os.environ, PYTHONPATH=str(REPO / "worker"),
-                   **{contract.ENV_TERMINATION_LOG: str(log)})  # fmt: skip
+        env = dict(
+            os.environ, PYTHONPATH=str(REPO / "worker"), **{contract.ENV_TERMINATION_LOG: str(log)}
+        )
         if keeper:
             env[contract.ENV_GANG] = "{}"
-        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+        )
         if keeper:
             assert done.returncode == 1 and "still waiting" not in done.stdout, done.stderr
             doc = json.loads(log.read_text())
@@ -141,8 +156,9 @@ def test_a_rank_past_its_hang_deadline_ends_itself_only_with_restarts_in_place(
         .replace("sleep(6)", "sleep(4)")
     )
     env = dict(os.environ, PYTHONPATH=str(REPO / "worker"), **{contract.ENV_GANG: "{}"})
-    done = subprocess.run([sys.executable, "-c", starting], env=env, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", starting], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "still waiting" in done.stdout, done.stderr
     assert "no step completed" not in done.stderr, done.stderr
 

@@ -18,8 +18,11 @@ BOUNDS = {"minSteps": 4, "maxSteps": 1000, "priorMtbfSeconds": 2.0}
 
 
 def _choices(log: str) -> list[dict[str, float]]:
-    return [json.loads(line.split("checkpoint interval ", 1)[1])
-            for line in log.splitlines() if "checkpoint interval {" in line]  # fmt: skip
+    return [
+        json.loads(line.split("checkpoint interval ", 1)[1])
+        for line in log.splitlines()
+        if "checkpoint interval {" in line
+    ]
 
 
 def _saved_steps(root: Path) -> list[int]:
@@ -32,8 +35,9 @@ def test_auto_ranks_agree_and_each_interval_follows_the_rule(tmp_path: Path) -> 
     """A short prior MTBF (2 s) and slowed saves keep the optimum at tens of steps, so one
     40-step run crosses several checkpoint boundaries."""
     root = tmp_path / "ckpt"
-    cfg = worker_config(root, train=training(steps=40), intervalSteps="auto", keep=100,
-                        autoInterval=BOUNDS)  # fmt: skip
+    cfg = worker_config(
+        root, train=training(steps=40), intervalSteps="auto", keep=100, autoInterval=BOUNDS
+    )
     run = launch(tmp_path, nproc=2, config=cfg, faults="slow_write=0.2,step_sleep=0.02").wait()
     assert run.rc == 0, run.log[-3000:]  # a disagreement would leave one rank in a collective
     choices = _choices(run.log)
@@ -42,8 +46,13 @@ def test_auto_ranks_agree_and_each_interval_follows_the_rule(tmp_path: Path) -> 
     assert later, run.log[-3000:]
     for c in later:
         assert c["saveSeconds"] >= 0.2  # the slowed write blocked training (sync save)
-        want = interval.choose(save_seconds=c["saveSeconds"], step_seconds=c["stepSeconds"],
-                               mtbf_seconds=c["mtbfSeconds"], floor=4, ceiling=1000)  # fmt: skip
+        want = interval.choose(
+            save_seconds=c["saveSeconds"],
+            step_seconds=c["stepSeconds"],
+            mtbf_seconds=c["mtbfSeconds"],
+            floor=4,
+            ceiling=1000,
+        )
         assert c["steps"] == want.steps
     # the checkpoints on disk are exactly the schedule: each boundary plus the final step
     planned = [int(c["nextCheckpoint"]) for c in choices if c["nextCheckpoint"] < 40]
@@ -54,10 +63,12 @@ def test_auto_starts_from_the_costs_the_operator_passed(tmp_path: Path) -> None:
     """FSDP_RELIABILITY from the previous attempt: the first interval is already informed."""
     root = tmp_path / "ckpt"
     bounds = {**BOUNDS, "priorMtbfSeconds": 50.0}
-    cfg = worker_config(root, train=training(steps=20), intervalSteps="auto", keep=100,
-                        autoInterval=bounds)  # fmt: skip
-    hint = interval.Reliability(failures=1, uptime_seconds=50.0, save_seconds=0.5,
-                                step_seconds=0.25).to_json()  # fmt: skip
+    cfg = worker_config(
+        root, train=training(steps=20), intervalSteps="auto", keep=100, autoInterval=bounds
+    )
+    hint = interval.Reliability(
+        failures=1, uptime_seconds=50.0, save_seconds=0.5, step_seconds=0.25
+    ).to_json()
     run = launch(tmp_path, nproc=2, config=cfg, extra_env={"FSDP_RELIABILITY": hint}).wait()
     assert run.rc == 0, run.log[-3000:]
     first = _choices(run.log)[0]
@@ -78,17 +89,33 @@ def test_the_memory_tier_chooses_its_own_interval_from_its_own_costs(tmp_path: P
     floor, 1 step) the memory tier's interval is the rule applied to its measured save and the
     step time the built-in trainer measured, with a floor of 1."""
     root = tmp_path / "ckpt"
-    cfg = worker_config(root, train=training(steps=30), intervalSteps=10, keep=100,
-                        autoInterval=BOUNDS, memory={"intervalSteps": "auto"})  # fmt: skip
-    run = launch(tmp_path, nproc=2, config=cfg, faults="step_sleep=0.02",
-                 extra_env={"FSDP_MEMORY_ROOT": str(tmp_path / "memory")}).wait()  # fmt: skip
+    cfg = worker_config(
+        root,
+        train=training(steps=30),
+        intervalSteps=10,
+        keep=100,
+        autoInterval=BOUNDS,
+        memory={"intervalSteps": "auto"},
+    )
+    run = launch(
+        tmp_path,
+        nproc=2,
+        config=cfg,
+        faults="step_sleep=0.02",
+        extra_env={"FSDP_MEMORY_ROOT": str(tmp_path / "memory")},
+    ).wait()
     assert run.rc == 0, run.log[-3000:]
     memory = [c for c in _choices(run.log) if c.get("tier") == "memory"]
     assert memory and memory[0]["steps"] == 1 and memory[0]["stepSeconds"] is None
     assert len(memory) >= 2, run.log[-3000:]
     for c in memory[1:]:
         assert c["stepSeconds"] and c["stepSeconds"] > 0.02, c  # the trainer's step time
-        want = interval.choose(save_seconds=c["saveSeconds"], step_seconds=c["stepSeconds"],
-                               mtbf_seconds=c["mtbfSeconds"], floor=1, ceiling=1000)  # fmt: skip
+        want = interval.choose(
+            save_seconds=c["saveSeconds"],
+            step_seconds=c["stepSeconds"],
+            mtbf_seconds=c["mtbfSeconds"],
+            floor=1,
+            ceiling=1000,
+        )
         assert c["steps"] == want.steps
     assert _saved_steps(root) == [10, 20, 30]  # the claim's own fixed interval

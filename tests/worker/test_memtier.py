@@ -51,7 +51,7 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
             "FSDP_TEST_FAULTS": faults,
             contract.ENV_CHECKPOINT_ROOT: str(root),
             contract.ENV_WARM_LAUNCH: warm,
-        },  # fmt: skip
+        },
         node_env=lambda node: {contract.ENV_MEMORY_ROOT: str(tmp_path / f"memory-{node}")},
     )
     try:
@@ -103,20 +103,31 @@ def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
     from fsdp_worker.runtime.distributed import DistInfo
     from fsdp_worker.telemetry import metrics
 
-    ident = checkpoint.Identity(attempt=2, resumed_from_step=None, config_hash="h",
-                                global_batch_size=12, job_uid="u")  # fmt: skip
-    info = DistInfo(rank=1, world_size=2, local_rank=0, device=torch.device("cpu"),
-                    mesh=None, ckpt_group=None)  # type: ignore[arg-type]  # fmt: skip
-    tier = memtier.MemoryTier(str(tmp_path), identity=ident, dist_info=info,
-                              meters=metrics.Metrics())  # fmt: skip
+    ident = checkpoint.Identity(
+        attempt=2, resumed_from_step=None, config_hash="h", global_batch_size=12, job_uid="u"
+    )
+    info = DistInfo(
+        rank=1, world_size=2, local_rank=0, device=torch.device("cpu"), mesh=None, ckpt_group=None
+    )  # type: ignore[arg-type]
+    tier = memtier.MemoryTier(
+        str(tmp_path), identity=ident, dist_info=info, meters=metrics.Metrics()
+    )
     step_dir = tmp_path / "step-4"
     (step_dir / "rank-1").mkdir(parents=True)
     (step_dir / "rank-1" / "__0_0.distcp").write_bytes(b"x" * 10)
 
     def seal(**change: Any) -> str:
-        doc = memtier.Seal(step=4, samples=48, world_size=2, global_batch_size=12,
-                           config_hash="h", job_uid="u", attempt=2,
-                           ranks={"1": {"__0_0.distcp": 10}}, time=0.0)  # fmt: skip
+        doc = memtier.Seal(
+            step=4,
+            samples=48,
+            world_size=2,
+            global_batch_size=12,
+            config_hash="h",
+            job_uid="u",
+            attempt=2,
+            ranks={"1": {"__0_0.distcp": 10}},
+            time=0.0,
+        )
         doc = memtier.Seal(**{**doc.__dict__, **change})
         (step_dir / "COMPLETE.json").write_bytes(doc.to_json())
         return tier._refusal(str(step_dir), 4)

@@ -273,8 +273,12 @@ def test_range_reader_prefetches_only_items_it_reads_whole(tmp_path: Path) -> No
     def item(first: int, rows: int) -> ReadItem:
         index = MetadataIndex("w", torch.Size([0, 0]))
         return ReadItem(
-            LoadItemType.TENSOR, index, torch.Size([0, 0]), index, torch.Size([first, 0]),
+            LoadItemType.TENSOR,
+            index,
+            torch.Size([0, 0]),
+            index,
+            torch.Size([first, 0]),
             torch.Size([rows, 8]),
-        )  # fmt: skip
+        )
 
     assert whole._spans([item(0, 64)]) and not whole._spans([item(32, 32)])  # half: no prefetch

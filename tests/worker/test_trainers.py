@@ -75,8 +75,15 @@ def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(
     assert crashed.rc != 0
     assert not (root / "step-9").exists(), "never published without its marker"
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=6).to_json()
-    resumed = _plain(tmp_path, root, nproc=3, name="resumed", attempt=2, resume="auto",
-                     extra_env={contract.ENV_RESUME_RULES: rules})  # fmt: skip
+    resumed = _plain(
+        tmp_path,
+        root,
+        nproc=3,
+        name="resumed",
+        attempt=2,
+        resume="auto",
+        extra_env={contract.ENV_RESUME_RULES: rules},
+    )
     assert resumed.rc == 0, resumed.log[-3000:]
     got = _plain_losses(resumed.log)
     assert sorted(got) == list(range(7, 13)), "resumed after step 6, at world size 3"
@@ -89,8 +96,15 @@ def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(
 
 def test_a_kit_trainer_refuses_to_start_over_when_its_checkpoint_is_gone(tmp_path: Path) -> None:
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None, expect_step=6).to_json()
-    run = _plain(tmp_path, tmp_path / "empty", nproc=1, name="lost", attempt=2, resume="auto",
-                 extra_env={contract.ENV_RESUME_RULES: rules})  # fmt: skip
+    run = _plain(
+        tmp_path,
+        tmp_path / "empty",
+        nproc=1,
+        name="lost",
+        attempt=2,
+        resume="auto",
+        extra_env={contract.ENV_RESUME_RULES: rules},
+    )
     assert run.rc != 0, run.log[-3000:]
     term = run.termination()  # torchrun exits 1 whatever; the rank's verdict is here
     assert (term["class"], term["exitCode"]) == ("ConfigError", contract.ExitCode.CONFIG_ERROR)
@@ -111,16 +125,18 @@ def test_a_trainer_that_knows_nothing_of_us_is_resumed_from_its_newest_dcp_metad
     (dump / "step-30").mkdir()
     (dump / "step-30" / "__0_0.distcp").write_bytes(b"\0" * 64)
     storage = catalog.LocalStorage(str(dump))
-    chosen, _ = selection.select(storage, ".", config_hash=None, lineage=None,
-                                 proof=contract.Proof.DCP_METADATA)  # fmt: skip
+    chosen, _ = selection.select(
+        storage, ".", config_hash=None, lineage=None, proof=contract.Proof.DCP_METADATA
+    )
     assert chosen is not None and chosen.step == 20, "what the operator names, DCPMetadata mode"
     second = launch(tmp_path, nproc=2, config=cfg, name="second", entry=args).wait()
     assert second.rc == 0, second.log[-3000:]
     assert re.search(r"loaded the checkpoint from .*step-20\b", second.log)
     steps = [int(m) for m in re.findall(r"^step (\d+) loss", second.log, re.M)]
     assert steps == list(range(21, 31))
-    chosen, _ = selection.select(storage, ".", config_hash=None, lineage=None,
-                                 proof=contract.Proof.DCP_METADATA)  # fmt: skip
+    chosen, _ = selection.select(
+        storage, ".", config_hash=None, lineage=None, proof=contract.Proof.DCP_METADATA
+    )
     assert chosen is not None and chosen.step == 30
 
 
@@ -128,8 +144,9 @@ def test_a_kit_trainer_saves_on_sigterm_and_serves_its_progress(tmp_path: Path) 
     root = tmp_path / "ckpt"
     cfg = worker_config(root, train=training(steps=1000), intervalSteps=500)
     port = free_port()
-    run = launch(tmp_path, nproc=2, config=cfg, metrics_port=port,
-                 entry=(PLAIN, "--step-seconds", "0.2"))  # fmt: skip
+    run = launch(
+        tmp_path, nproc=2, config=cfg, metrics_port=port, entry=(PLAIN, "--step-seconds", "0.2")
+    )
     run.wait_for(lambda log: '"step": 4,' in log)
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     pairs = (line.split() for line in page.splitlines() if line.startswith("fsdp_"))
@@ -158,9 +175,17 @@ def test_choosing_under_auto_sets_a_corrupt_checkpoint_aside_and_says_so(
     port = free_port()
     rules = contract.ResumeRules(attempt=1, resumed_from_step=None).to_json()
     cfg = worker_config(root, train=training(steps=30), intervalSteps=3)
-    run = launch(tmp_path, nproc=2, config=cfg, name="second", attempt=2, resume="auto",
-                 metrics_port=port, extra_env={contract.ENV_RESUME_RULES: rules},
-                 entry=(PLAIN, "--step-seconds", "0.3"))  # fmt: skip
+    run = launch(
+        tmp_path,
+        nproc=2,
+        config=cfg,
+        name="second",
+        attempt=2,
+        resume="auto",
+        metrics_port=port,
+        extra_env={contract.ENV_RESUME_RULES: rules},
+        entry=(PLAIN, "--step-seconds", "0.3"),
+    )
     run.wait_for(lambda log: '"step": 11,' in log)
     page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     assert 'fsdp_checkpoint_quarantined{step="12"} 1.0' in page

@@ -41,15 +41,35 @@ else:  # rank 0 of "fail", every rank of "term": wait to be stopped, say how
     open(f"{{out}}/up-{{rank}}", "w").close()
     time.sleep(60)
 """
-KEYS = {"RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE",
-        "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}  # fmt: skip
+KEYS = {
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+}
 
 
 def _argv(script: Path, port: int, *args: str) -> list[str]:
-    return ["--nnodes=1", "--nproc-per-node=2", "--node-rank=0", "--rdzv-backend=static",
-            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=job-a1", "--max-restarts=0",
-            str(script), *args]  # fmt: skip
+    return [
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--node-rank=0",
+        "--rdzv-backend=static",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=job-a1",
+        "--max-restarts=0",
+        str(script),
+        *args,
+    ]
 
 
 def _env() -> dict[str, str]:
@@ -60,10 +80,18 @@ def _env() -> dict[str, str]:
 def _warm(tmp: Path, *args: str) -> subprocess.Popen[str]:
     script = tmp / "rank.py"
     script.write_text(SCRIPT.format(KEYS=sorted(KEYS)))
-    proc = subprocess.Popen([sys.executable, "-m", "fsdp_worker.keeper.warm",
-                             *_argv(script, free_port(), str(tmp), *args)],
-                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
-                            text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fsdp_worker.keeper.warm",
+            *_argv(script, free_port(), str(tmp), *args),
+        ],
+        stdin=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
+        text=True,
+    )
     assert proc.stdin is not None
     proc.stdin.write(json.dumps({"env": {"FSDP_GENERATION": "1"}, "node": 0}) + "\n")
     proc.stdin.close()
@@ -79,9 +107,18 @@ def test_warm_ranks_get_torchruns_environment_and_meet_through_rank_0s_store(
     script = tmp_path / "rank.py"
     script.write_text(SCRIPT.format(KEYS=sorted(KEYS)))
     port = free_port()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run",
-                    *_argv(script, port, str(tmp_path / "torchrun"), "meet")],
-                   env=_env(), check=True, timeout=120, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            *_argv(script, port, str(tmp_path / "torchrun"), "meet"),
+        ],
+        env=_env(),
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     proc = _warm(tmp_path / "warm", "meet")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -92,10 +129,16 @@ def test_warm_ranks_get_torchruns_environment_and_meet_through_rank_0s_store(
         assert ours["comm"] == f"rank-{rank}"  # what ps and the fault injector see
         # Every variable torchrun gives a rank, with its value, but two: the store's port
         # (each run its own) and who hosts the store (torchrun's agent, here rank 0).
-        differ = {k for k in theirs["env"].keys() | ours["env"].keys()
-                  if theirs["env"].get(k) != ours["env"].get(k)}  # fmt: skip
-        assert differ <= {"MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
-                          "TORCHELASTIC_ERROR_FILE"}, (differ, theirs, ours)  # fmt: skip
+        differ = {
+            k
+            for k in theirs["env"].keys() | ours["env"].keys()
+            if theirs["env"].get(k) != ours["env"].get(k)
+        }
+        assert differ <= {
+            "MASTER_PORT",
+            "TORCHELASTIC_USE_AGENT_STORE",
+            "TORCHELASTIC_ERROR_FILE",
+        }, (differ, theirs, ours)
         assert ours["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
 
 

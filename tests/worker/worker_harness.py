@@ -181,9 +181,14 @@ def launch_keepers(
     procs = []
     for node in range(nodes + spares):
         spare = node - nodes if node >= nodes else None
-        desc = gang.Gang(restarts=restarts, coordinator=f"127.0.0.1:{coordinator}",
-                         node=-1 if spare is not None else node, nodes=nodes,
-                         spare=spare, listen=None if node == 0 else free_port())  # fmt: skip
+        desc = gang.Gang(
+            restarts=restarts,
+            coordinator=f"127.0.0.1:{coordinator}",
+            node=-1 if spare is not None else node,
+            nodes=nodes,
+            spare=spare,
+            listen=None if node == 0 else free_port(),
+        )
         full = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_"))}
         full.update(
             OMP_NUM_THREADS="1",
@@ -201,11 +206,20 @@ def launch_keepers(
         full.update(env or {})
         full.update(node_env(node))
         (tmp / f"term-{node}").touch()
-        torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
-                    f"--nproc-per-node={nproc}", f"--node-rank={node if spare is None else 0}",
-                    "--rdzv-backend=static",
-                    f"--rdzv-endpoint=127.0.0.1:{store}", "--rdzv-id=job-a1", "--max-restarts=0",
-                    "-m", module]  # fmt: skip
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={nodes}",
+            f"--nproc-per-node={nproc}",
+            f"--node-rank={node if spare is None else 0}",
+            "--rdzv-backend=static",
+            f"--rdzv-endpoint=127.0.0.1:{store}",
+            "--rdzv-id=job-a1",
+            "--max-restarts=0",
+            "-m",
+            module,
+        ]
         with open(tmp / f"node-{node}.log", "wb") as log:
             procs.append(
                 subprocess.Popen(
@@ -214,7 +228,7 @@ def launch_keepers(
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     cwd=tmp,
-                )  # fmt: skip
+                )
             )
     return procs
 

@@ -132,8 +132,10 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
         silent = node.lease_silent_seconds
         if silent is not None and not _trained_since(obs, obs.now - silent):
             # Corroborated: its last renewal is when it was lost.
-            msg = (f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
-                   "and the job made no step since")  # fmt: skip
+            msg = (
+                f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
+                "and the job made no step since"
+            )
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
@@ -190,8 +192,9 @@ def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fai
     peer did is never blamed while one with a cause of its own exists. Only symptoms so far,
     and pods still running: their cause may be a moment behind (the killed rank's pod exits
     after its peers noticed), so the verdict waits up to SYMPTOM_GRACE_SECONDS."""
-    failed = sorted((p for p in pods if p.phase is observed.PodPhase.FAILED),
-                    key=lambda p: _blame_order(obs, p))  # fmt: skip
+    failed = sorted(
+        (p for p in pods if p.phase is observed.PodPhase.FAILED), key=lambda p: _blame_order(obs, p)
+    )
     if not failed:
         return None
     first = failed[0]
@@ -204,8 +207,11 @@ def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fai
         return None
     codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
     failure = _failure(classify(first, non_retryable=codes), first, at=at)
-    said = [f"pod {p.name} (node rank {p.rank}): {symptom(p)}: {_words(p)}"
-            for p in failed[1:] if symptom(p) is not None]  # fmt: skip
+    said = [
+        f"pod {p.name} (node rank {p.rank}): {symptom(p)}: {_words(p)}"
+        for p in failed[1:]
+        if symptom(p) is not None
+    ]
     return (
         failure.model_copy(update={"symptoms": said[: status.SYMPTOMS_LIMIT]}) if said else failure
     )

@@ -36,8 +36,9 @@ _NAMED_SECRET = re.compile(
     r"(['\"]?\s*[:=]\s*)(['\"]?)([^\s'\",;]+)"
 )
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*)(?:(bearer|basic)\s+)?(\S+)")
-_PEM = re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)",
-                  re.DOTALL)  # fmt: skip
+_PEM = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$)", re.DOTALL
+)
 _TOKENS = re.compile(
     r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # a JWT
     r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"  # an AWS access key id
@@ -49,10 +50,19 @@ _TOKENS = re.compile(
 def redact(text: str) -> str:
     """`text` with environment values and credential-looking strings replaced by REDACTED."""
     text = _PEM.sub(REDACTED, text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "")
-                            + REDACTED, text)  # fmt: skip
-    text = _ENV_REPR.sub(lambda m: m.group(1) + m.group(2) + m.group(1) + m.group(3)
-                         + m.group(4) + REDACTED + m.group(4), text)  # fmt: skip
+    text = _AUTH_HEADER.sub(
+        lambda m: m.group(1) + (m.group(2) + " " if m.group(2) else "") + REDACTED, text
+    )
+    text = _ENV_REPR.sub(
+        lambda m: m.group(1)
+        + m.group(2)
+        + m.group(1)
+        + m.group(3)
+        + m.group(4)
+        + REDACTED
+        + m.group(4),
+        text,
+    )
     text = _ENV_ASSIGN.sub(lambda m: f"{m.group(1)}={REDACTED}", text)
     text = _NAMED_SECRET.sub(lambda m: m.group(1) + m.group(2) + m.group(3) + REDACTED, text)
     return _TOKENS.sub(REDACTED, text)

@@ -245,9 +245,14 @@ def _limits(node: dict[str, Any]) -> str:
     said = []
     if "default" in node and not isinstance(node["default"], dict):
         said.append(f"default `{json.dumps(node['default'])}`")
-    for key, word in (("minimum", ">="), ("maximum", "<="), ("minLength", "length >="),
-                      ("maxLength", "length <="), ("minItems", "items >="),
-                      ("maxItems", "items <=")):  # fmt: skip
+    for key, word in (
+        ("minimum", ">="),
+        ("maximum", "<="),
+        ("minLength", "length >="),
+        ("maxLength", "length <="),
+        ("minItems", "items >="),
+        ("maxItems", "items <="),
+    ):
         if key in node:
             said.append(f"{word} {node[key]}")
     if "enum" in node:

@@ -137,9 +137,15 @@ def spare_pod(
     its keeper waits for the coordinator to give it a lost node's place, and torchrun's
     `--node-rank` is set then. It carries rank 0's readiness probe, as it may take node rank
     0's place; its keeper answers it while standing by (fsdp_worker.keeper.gang)."""
-    pod = worker_pod(job, spec, launch, node_rank=min(1, launch.replicas - 1),
-                     cluster_domain=cluster_domain, worker_module=worker_module,
-                     profile=profile)  # fmt: skip
+    pod = worker_pod(
+        job,
+        spec,
+        launch,
+        node_rank=min(1, launch.replicas - 1),
+        cluster_domain=cluster_domain,
+        worker_module=worker_module,
+        profile=profile,
+    )
     name = names.spare_pod_name(job.name, attempt=launch.attempt, index=index)
     meta, pod_spec = pod["metadata"], pod["spec"]
     meta["name"] = pod_spec["hostname"] = name

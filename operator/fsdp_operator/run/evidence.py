@@ -157,8 +157,9 @@ def collect_and_keep(
         if api.put_config_map(config_map(job, collect, better, tails, table), owner_uid=job.uid):
             better = better.model_copy(update={"evidence_ref": name})
         else:
-            log.warning("evidence of %s/%s not kept: that ConfigMap is not the job's",
-                        job.namespace, name)  # fmt: skip
+            log.warning(
+                "evidence of %s/%s not kept: that ConfigMap is not the job's", job.namespace, name
+            )
     except kube.NotLeader:
         raise
     except Exception as exc:
@@ -168,6 +169,7 @@ def collect_and_keep(
         api.delete_config_map(job.namespace, name, owner_uid=job.uid)
     took = time.monotonic() - began
     metrics.EVIDENCE.observe(took)
-    log.info("evidence of %s/%s attempt %d kept in %.2fs", job.namespace, job.name,
-             collect.attempt, took)  # fmt: skip
+    log.info(
+        "evidence of %s/%s attempt %d kept in %.2fs", job.namespace, job.name, collect.attempt, took
+    )
     return better

@@ -564,10 +564,16 @@ class Reconciler:
             return
         launch = d.spare_launch
         pods = [
-            templates.spare_pod(job, obs.spec, launch, index=i,
-                                worker_module=self.settings.worker_module, profile=obs.profile)
+            templates.spare_pod(
+                job,
+                obs.spec,
+                launch,
+                index=i,
+                worker_module=self.settings.worker_module,
+                profile=obs.profile,
+            )
             for i in d.spares
-        ]  # fmt: skip
+        ]
         list(self._writers.map(lambda pod: self._held_by_another(job, pod), pods))
 
     def _hand_over(self, job: names.JobRef, t: decide.Takeover) -> None:

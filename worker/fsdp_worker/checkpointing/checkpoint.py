@@ -174,8 +174,9 @@ class CheckpointManager:
             writer = catalog.partial_writer(name)
             if writer is not None and writer < ours:
                 log.info("removing %s, abandoned by an earlier writer", name)
-                shutil.rmtree(self.storage.resolve(posixpath.join(self.root, name)),
-                              ignore_errors=True)  # fmt: skip
+                shutil.rmtree(
+                    self.storage.resolve(posixpath.join(self.root, name)), ignore_errors=True
+                )
 
     def _failed(self, message: str) -> errors.CheckpointError:
         """A failed save's error; a writer superseded by a newer attempt (its directory taken

@@ -123,8 +123,9 @@ def _choose(
     generation: int = 0,
 ) -> Choice:
     if resume == contract.RESUME_AUTO:
-        return _choose_auto(cfg, attempt=attempt, job_uid=job_uid, rules=rules,
-                            generation=generation)  # fmt: skip
+        return _choose_auto(
+            cfg, attempt=attempt, job_uid=job_uid, rules=rules, generation=generation
+        )
     storage = catalog.LocalStorage(cfg.checkpoint.root)
     candidate = selection.verify(storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == selection.RejectReason.CONFIG_HASH_MISMATCH:
@@ -158,8 +159,18 @@ def choose(
         try:
             me = fence.Writer(attempt, generation, job_uid)
             fence.take_over(catalog.LocalStorage(cfg.checkpoint.root), cfg.checkpoint.root, me)
-            box[0] = _choose(cfg, resume=resume, attempt=attempt, job_uid=job_uid, rules=rules,
-                             generation=generation) if resume else Choice(None)  # fmt: skip
+            box[0] = (
+                _choose(
+                    cfg,
+                    resume=resume,
+                    attempt=attempt,
+                    job_uid=job_uid,
+                    rules=rules,
+                    generation=generation,
+                )
+                if resume
+                else Choice(None)
+            )
         except (errors.WorkerError, catalog.CatalogError) as exc:
             box[0] = exc
         except OSError as exc:  # the root cannot be written: every rank stops the same way

@@ -104,8 +104,15 @@ class Schedule:
             reliability = dataclasses.replace(
                 reliability, failures=reliability.failures + generation
             )
-        return cls._start(steps, bounds, start_step=start_step, reliability=reliability,
-                          meters=meters, dist_info=dist_info, memory=memory)  # fmt: skip
+        return cls._start(
+            steps,
+            bounds,
+            start_step=start_step,
+            reliability=reliability,
+            meters=meters,
+            dist_info=dist_info,
+            memory=memory,
+        )
 
     @classmethod
     def _start(

@@ -359,11 +359,24 @@ _QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]
 _SUFFIX: dict[str, decimal.Decimal] = {
     key: decimal.Decimal(value)
     for key, value in {
-        "": "1", "n": "1e-9", "u": "1e-6", "m": "1e-3", "k": "1e3", "M": "1e6", "G": "1e9",
-        "T": "1e12", "P": "1e15", "E": "1e18", "Ki": str(2**10), "Mi": str(2**20),
-        "Gi": str(2**30), "Ti": str(2**40), "Pi": str(2**50), "Ei": str(2**60),
+        "": "1",
+        "n": "1e-9",
+        "u": "1e-6",
+        "m": "1e-3",
+        "k": "1e3",
+        "M": "1e6",
+        "G": "1e9",
+        "T": "1e12",
+        "P": "1e15",
+        "E": "1e18",
+        "Ki": str(2**10),
+        "Mi": str(2**20),
+        "Gi": str(2**30),
+        "Ti": str(2**40),
+        "Pi": str(2**50),
+        "Ei": str(2**60),
     }.items()
-}  # fmt: skip
+}
 
 
 def quantity(value: str | int | float) -> float:

@@ -114,8 +114,9 @@ def take_over(storage: catalog.LocalStorage, root: str, me: Writer) -> str:
             _clear_leftovers(storage, mine, me)
             return mine
         for other in others:
-            _move_into(storage, posixpath.join(root, other.dir_name), mine,
-                       TAKEN_INFIX + other.dir_name)  # fmt: skip
+            _move_into(
+                storage, posixpath.join(root, other.dir_name), mine, TAKEN_INFIX + other.dir_name
+            )
     raise catalog.CatalogError(f"could not take {root} over as {me.describe()}: it kept changing")
 
 

@@ -153,8 +153,13 @@ class _State:
         ending = max([self.generation, *self.joined.values()])
         taken = (contract.FailureClass.NODE_LOST.value, contract.FailureClass.HANG.value)
         cls = self.pending.get("class") if self.pending.get("class") in taken else taken[0]
-        entry = {**self.pending, "class": cls, "node": 0, "generation": ending,
-                 "spare": self.holders[0]}  # fmt: skip
+        entry = {
+            **self.pending,
+            "class": cls,
+            "node": 0,
+            "generation": ending,
+            "spare": self.holders[0],
+        }
         first = next((f for f in self.failures if f.get("generation") == ending), None)
         if first is not None:
             entry["symptom"] = str(first.get("message") or first.get("class") or "")[:300]

@@ -136,8 +136,9 @@ class Keeper:
             if outcome == "exited":  # this node's ranks failed first
                 failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
-                self._report({"op": Op.FAIL, "generation": generation, "failure": failure,
-                              "final": final})  # fmt: skip
+                self._report(
+                    {"op": Op.FAIL, "generation": generation, "failure": failure, "final": final}
+                )
                 if final:
                     log.error("in-place restarts end here (%s): the operator takes over", failure)
                     self.launchers.drop()
@@ -207,8 +208,10 @@ class Keeper:
                 if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
                     break  # node 0's keeper left: it leaves only once every node is done
             elif int(answer.get("generation", 0)) > generation and not answer.get("final"):
-                log.warning("a node failed after these ranks ended: generation %d starts",
-                            int(answer["generation"]))  # fmt: skip
+                log.warning(
+                    "a node failed after these ranks ended: generation %d starts",
+                    int(answer["generation"]),
+                )
                 return False
             elif int(answer.get("done", 0)) >= self.gang.nodes:
                 break
@@ -333,8 +336,11 @@ class Keeper:
         )
         self.argv = torchrun_argv.with_endpoint(torchrun_argv.with_node_rank(self.argv, 0), master)
         self.met = True
-        log.warning("spare %s takes node 0's place: the gang's coordinator, its store at %s",
-                    self.gang.spare, master)  # fmt: skip
+        log.warning(
+            "spare %s takes node 0's place: the gang's coordinator, its store at %s",
+            self.gang.spare,
+            master,
+        )
         return self._gathered()
 
     def _gathered(self) -> tuple[int, list[dict[str, Any]]] | None:
@@ -359,12 +365,21 @@ class Keeper:
         self.argv = torchrun_argv.with_endpoint(self.argv, master)
         seen, self.seen = self.seen, {}
         ran = max(generation, int(seen.get("generation", 0)))
-        log.warning("node rank 0 was lost: node %d follows its successor's coordinator %s "
-                    "(store %s) from generation %d", self.gang.node, coordinator, master,
-                    ran)  # fmt: skip
-        doc = {"op": Op.REJOIN, "node": self.gang.node, "generation": ran,
-               "failures": seen.get("failures", []),
-               "holders": seen.get("holders", {})}  # fmt: skip
+        log.warning(
+            "node rank 0 was lost: node %d follows its successor's coordinator %s "
+            "(store %s) from generation %d",
+            self.gang.node,
+            coordinator,
+            master,
+            ran,
+        )
+        doc = {
+            "op": Op.REJOIN,
+            "node": self.gang.node,
+            "generation": ran,
+            "failures": seen.get("failures", []),
+            "holders": seen.get("holders", {}),
+        }
         if self._ask(doc) is None:
             return None
         return self._gathered()
@@ -430,13 +445,17 @@ class Keeper:
         cannot listen costs only that: node 0's loss then recreates the gang."""
         node0 = self.gang.node == 0
         try:
-            self.coordinator = Coordinator(self.gang.listen_port, self.gang.nodes, active=node0,
-                                           keeper=self)  # fmt: skip
+            self.coordinator = Coordinator(
+                self.gang.listen_port, self.gang.nodes, active=node0, keeper=self
+            )
         except OSError as exc:
             if node0:
                 raise
-            log.warning("no standby listener on port %d (%s): a lost node rank 0 recreates "
-                        "the gang", self.gang.listen_port, exc)  # fmt: skip
+            log.warning(
+                "no standby listener on port %d (%s): a lost node rank 0 recreates " "the gang",
+                self.gang.listen_port,
+                exc,
+            )
             return
         threading.Thread(target=self.coordinator.serve_forever, daemon=True).start()
 
@@ -466,8 +485,9 @@ class Keeper:
                 nxt = self._rejoin(generation)
                 if nxt is not None:
                     return nxt
-                log.error("node rank 0's successor did not restart the gang: waiting for the "
-                          "operator")  # fmt: skip
+                log.error(
+                    "node rank 0's successor did not restart the gang: waiting for the " "operator"
+                )
             time.sleep(POLL_SECONDS)
         self.launchers.drop()
         return None

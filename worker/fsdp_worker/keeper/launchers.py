@@ -58,8 +58,9 @@ class Launchers:
         self.launched_warm = False
         launcher = self._go_warm(argv, delta=delta, node=node) if generation > 0 else None
         if launcher is not None:
-            log.info("generation %d starts from the warm launcher (pid %d)", generation,
-                     launcher.pid)  # fmt: skip
+            log.info(
+                "generation %d starts from the warm launcher (pid %d)", generation, launcher.pid
+            )
             self.launched_warm = True
             return launcher
         env = {**os.environ, **delta, processes.KEEPER_TOKEN: self.token}

@@ -88,5 +88,10 @@ def warm_imports() -> None:
     """Import what a rank imports once, so that its files are in the page cache when the
     spare's torchrun starts (a cold torch import reads some hundred MB)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run([sys.executable, "-c", WARM_IMPORTS], timeout=600, check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-c", WARM_IMPORTS],
+            timeout=600,
+            check=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )

@@ -80,8 +80,10 @@ def plan(argv: Sequence[str], node: int | None = None) -> dict[str, Any]:
     if args.rdzv_backend != "static":
         raise LaunchError(f"--rdzv-backend={args.rdzv_backend}: only static is launched warm")
     if not str(args.nnodes).isdigit() or not str(args.nproc_per_node).isdigit():
-        raise LaunchError(f"--nnodes={args.nnodes} --nproc-per-node={args.nproc_per_node}: "
-                          "only fixed numbers are launched warm")  # fmt: skip
+        raise LaunchError(
+            f"--nnodes={args.nnodes} --nproc-per-node={args.nproc_per_node}: "
+            "only fixed numbers are launched warm"
+        )
     if args.no_python or args.run_path:
         raise LaunchError("--no-python and --run-path are not launched warm")
     host, _, port = str(args.rdzv_endpoint).rpartition(":")

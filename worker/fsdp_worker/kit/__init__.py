@@ -180,8 +180,11 @@ class Run:
         if held is None:
             return claim
         step, samples = held
-        log.info("resuming from step %d in memory (the claim offers %s)", step,
-                 claim.step if claim else "nothing")  # fmt: skip
+        log.info(
+            "resuming from step %d in memory (the claim offers %s)",
+            step,
+            claim.step if claim else "nothing",
+        )
         self.meters.resumed_from_memory.set(1)
         return ResumePoint(
             self.memory.rank_path(step),

@@ -276,8 +276,13 @@ class StandIn:
         while not _stop_requested:
             if os.environ.get(contract.ENV_GANG) and time.monotonic() >= deadline:
                 text = f"no step completed for {_env_int(contract.ENV_HANG_SECONDS, 0)}s"
-                _terminate(rank=self.rank, step=self.step, code=1,
-                           cls=contract.FailureClass.HANG.value, message=text)  # fmt: skip
+                _terminate(
+                    rank=self.rank,
+                    step=self.step,
+                    code=1,
+                    cls=contract.FailureClass.HANG.value,
+                    message=text,
+                )
                 sys.exit(1)
             time.sleep(0.1)
 
