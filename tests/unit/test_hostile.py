@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from fsdp_operator.run import reconcile
+from fsdp_operator.run import specs
 from fsdp_operator.types import api, names
 from tests import hostile_specs as hs
 
@@ -27,7 +27,7 @@ def _check(case: hs.Case) -> str:
         "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
         "spec": hs.spec_of(case),
     }
-    return reconcile.check_spec(body, job, {hs.PROFILE: PROFILE}.get)[1]
+    return specs.check_spec(body, job, {hs.PROFILE: PROFILE}.get)[1]
 
 
 def test_the_base_spec_is_fine() -> None:

@@ -25,6 +25,7 @@ from fsdp_operator.render import templates
 from fsdp_operator.run import reconcile, settings
 from fsdp_operator.types import api, names, observed, status
 from fsdp_worker import contract
+from fsdp_worker.contract import keeper
 from tests import fakeapi
 
 NOW = 1_750_000_000.0
@@ -784,7 +785,7 @@ def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
         told.append((address, doc))
         return {"refused": refusal} if refusal and doc["op"] == "replace" else {}
 
-    monkeypatch.setattr(reconcile.keeper, "ask", ask)
+    monkeypatch.setattr(keeper, "ask", ask)
     cluster = Cluster(fake_api, job_body())
     node_1_lost(cluster)
     reconciler.run_pass(NS, NAME, cluster.view())
@@ -842,7 +843,7 @@ def test_every_pass_writes_its_status_in_one_patch(
     """All a pass changes in the status, including what it learns by asking (a failed gang's
     logs, the keepers' word on a takeover), goes out in one patch before any pod is touched;
     the patch's echo is the process's own and wakes no pass."""
-    monkeypatch.setattr(reconcile.keeper, "ask", keepers(answer))
+    monkeypatch.setattr(keeper, "ask", keepers(answer))
     cluster = Cluster(fake_api, job_body())
     given(cluster)
     reconciler.run_pass(NS, NAME, cluster.view())

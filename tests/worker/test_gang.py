@@ -264,13 +264,13 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
     tmp_path: Path,
 ) -> None:
     """Node rank 0's pod is cut off (frozen whole: its keeper was the gang's coordinator, its
-    rank hosted the store). What the operator then sends (reconcile._promote): `promote` to
+    rank hosted the store). What the operator then sends (keepers._promote): `promote` to
     spare 0's keeper, `follow` to node 1's. Node 1 stops its ranks and rejoins with what node
     0's coordinator last said; spare 0, now node 0 and the coordinator, hosts the store at a
     new address; the gang restarts in place from the claim, the old node 0 thawed beside it
     (the generation fence keeps it from publishing: test_catalog). Then node 1's pod freezes:
     spare 1, whose template names the first node 0, is told where the coordinator and the
-    store are now (reconcile._replace: `follow`, then `replace`), takes node 1's place, and the
+    store are now (keepers._replace: `follow`, then `replace`), takes node 1's place, and the
     gang finishes."""
     from fsdp_worker.keeper import gang
 

@@ -112,7 +112,7 @@ class Decision:
     in_place: tuple[status.InPlaceRestart, ...] = ()  # restarts in place first seen now
     spares: tuple[int, ...] = ()  # spare pods to create (numbers)
     spare_launch: Launch | None = None  # the running attempt's launch, the spares' template
-    takeover: Takeover | None = None  # a spare takes a lost node's place (reconcile.py)
+    takeover: Takeover | None = None  # a spare takes a lost node's place (run/keepers.py)
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

@@ -2,7 +2,7 @@
 the newest checkpoint (or under the rules by which its pods choose one); make the pods of the
 running attempt that are missing; and, under Kueue, its pod group and its admission.
 
-Pure: the draft in, the draft changed (the pods are made by reconcile.py from `Launch`).
+Pure: the draft in, the draft changed (the pods are made by run/objects.py from `Launch`).
 """
 
 from __future__ import annotations

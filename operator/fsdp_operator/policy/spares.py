@@ -1,6 +1,6 @@
 """Warm spares (spec.spares): keep them running beside the gang, and let one take a lost node's
 place, or a frozen pod's, in a restart in place: only that pod goes, nothing is scheduled, no
-image starts. What the gang's coordinator answers (reconcile.py asks it) comes back through
+image starts. What the gang's coordinator answers (run/keepers.py asks it) comes back through
 `refused`. Pure: the draft in, the draft changed.
 """
 

@@ -1,6 +1,6 @@
 """The keeper's wire: one JSON line asked, one JSON line answered, over TCP.
 
-What the operator (reconcile.py) and the keepers (keeper/gang.py) say to a gang's coordinator
+What the operator (run/keepers.py) and the keepers (keeper/gang.py) say to a gang's coordinator
 goes through `ask`; the coordinator answers on the same connection. Stdlib only: the operator
 imports this module.
 """
