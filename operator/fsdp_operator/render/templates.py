@@ -22,7 +22,6 @@ Security choices, enforced here rather than left to the user's template:
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +30,7 @@ from fsdp_operator.policy import decide
 from fsdp_operator.render import podmerge, worker_container
 from fsdp_operator.types import api, names, queueing
 from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config, keeper
 
 JobRef = names.JobRef
 DEFAULT_WORKER_MODULE = "fsdp_worker"  # the operator's --worker-module may name the stand-in
@@ -155,8 +154,8 @@ def spare_pod(
     container.setdefault("readinessProbe", progress_probe(spec))
     for var in container["env"]:
         if var["name"] == contract.ENV_GANG:
-            gang = {**json.loads(var["value"]), "node": -1, "spare": index}
-            var["value"] = json.dumps(gang, separators=(",", ":"))
+            gang = keeper.Gang.from_env(var["value"])
+            var["value"] = dataclasses.replace(gang, node=-1, spare=index).to_json()
     return pod
 
 

@@ -10,13 +10,12 @@ objects, no I/O, no clock reads, no kopf, no torch. Every `$` of a user's string
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any
 
 from fsdp_operator.render import podmerge
 from fsdp_operator.types import api, names
 from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config, keeper
 
 if TYPE_CHECKING:
     from fsdp_operator.render import templates
@@ -88,11 +87,11 @@ def _command(slot: templates.Slot) -> list[str]:
     built-in trainer's module, or `spec.trainer`'s module or script and arguments), escaped
     for Kubernetes' `$(VAR)` expansion."""
     trainer = slot.spec.trainer
-    keeper = ["python", "-m", GANG_MODULE] if slot.spec.failure_policy.in_place_restarts else []
+    in_front = ["python", "-m", GANG_MODULE] if slot.spec.failure_policy.in_place_restarts else []
     if trainer is None:
-        return [escape(arg) for arg in [*keeper, *_launch(slot), "-m", slot.worker_module]]
+        return [escape(arg) for arg in [*in_front, *_launch(slot), "-m", slot.worker_module]]
     entry = ["-m", trainer.module] if trainer.module is not None else [str(trainer.script)]
-    launch = [escape(arg) for arg in [*keeper, *_launch(slot), *entry]]
+    launch = [escape(arg) for arg in [*in_front, *_launch(slot), *entry]]
     return [*launch, *(trainer_arg(arg) for arg in trainer.args)]
 
 
@@ -184,14 +183,14 @@ def _env(slot: templates.Slot) -> list[dict[str, str]]:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))
     if restarts := spec.failure_policy.in_place_restarts:
         rank0 = names.rank0_address(job, attempt=slot.attempt, cluster_domain=slot.cluster_domain)
-        gang = {
-            "restarts": restarts,
-            "coordinator": f"{rank0}:{names.GANG_PORT}",
-            "node": slot.node_rank,
-            "nodes": slot.replicas,
-            "nonRetryable": list(spec.failure_policy.non_retryable_exit_codes),
-        }
-        pairs.append((contract.ENV_GANG, json.dumps(gang, separators=(",", ":"))))
+        gang = keeper.Gang(
+            restarts=restarts,
+            coordinator=f"{rank0}:{names.GANG_PORT}",
+            node=slot.node_rank,
+            nodes=slot.replicas,
+            non_retryable=tuple(spec.failure_policy.non_retryable_exit_codes),
+        )
+        pairs.append((contract.ENV_GANG, gang.to_json()))
     if spec.checkpoint.memory is not None:
         pairs.append((contract.ENV_MEMORY_ROOT, contract.MEMORY_MOUNT))
     if slot.resume_rules:

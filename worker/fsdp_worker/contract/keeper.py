@@ -1,16 +1,73 @@
-"""The keeper's wire: one JSON line asked, one JSON line answered, over TCP.
+"""What the operator and the keepers say to each other: FSDP_GANG, and the coordinator's wire.
 
-What the operator (run/keepers.py) and the keepers (keeper/gang.py) say to a gang's coordinator
-goes through `ask`; the coordinator answers on the same connection. Stdlib only: the operator
-imports this module.
+`Gang` is the document the operator gives every keeper of an attempt (render/worker_container.py
+writes it, keeper/gang.py reads it). What the operator (run/keepers.py) and the keepers say to a
+gang's coordinator goes through `ask`: one JSON line asked, one JSON line answered, over TCP, on
+the same connection. Torch-free (stdlib and pydantic): the operator imports this module.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import os
 import socket
-from typing import Any
+from typing import Annotated, Any
+
+import pydantic
+import pydantic.dataclasses
+
+from fsdp_worker import contract
+from fsdp_worker.contract import wire
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """`host:port` (a bracketed IPv6 host too) as a socket address; ValueError when it is not."""
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
+class Gang:
+    """FSDP_GANG: what the operator tells every keeper of an attempt."""
+
+    restarts: Annotated[int, pydantic.Field(ge=0)]  # in-place restarts allowed in this attempt
+    coordinator: str  # host:port of node rank 0's keeper
+    node: int  # this pod's node rank
+    nodes: int  # pods in the gang
+    non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
+    spare: int | None = None  # a warm spare's number (spec.spares): it waits, node -1, for a node
+    listen: int | None = None  # the port this keeper answers on (default: the coordinator's)
+
+    @classmethod
+    def from_env(cls, raw: str | None = None) -> Gang:
+        """From the environment (or `raw`); ValueError names the field, the value and what is
+        allowed."""
+        raw = os.environ.get(contract.ENV_GANG, "") if raw is None else raw
+        gang = wire.parse(cls, raw, what=contract.ENV_GANG)
+        lowest = -1 if gang.spare is not None else 0  # a spare has no node yet
+        if not lowest <= gang.node < gang.nodes:
+            raise ValueError(
+                f"{contract.ENV_GANG}: node={gang.node} must be {lowest} <= node < nodes "
+                f"({gang.nodes})"
+            )
+        return gang
+
+    def to_json(self) -> str:
+        doc = wire.to_doc(self, drop_none={"spare", "listen"})  # set for spares and tests only
+        return json.dumps(doc, separators=(",", ":"))
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return host_port(self.coordinator)
+
+    @property
+    def listen_port(self) -> int:
+        """Every keeper answers on this port: node rank 0's as the gang's coordinator, the
+        others on standby, for the operator's word when node rank 0 is lost (`promote` to a
+        spare, `follow` to the others). Pods listen on the coordinator's port, each on its
+        own address; keepers sharing one host (tests) are given their own."""
+        return self.listen if self.listen is not None else self.address[1]
 
 
 class Op(enum.StrEnum):

@@ -20,8 +20,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fsdp_worker import contract
-from fsdp_worker.contract.keeper import Op
-from fsdp_worker.keeper import torchrun_argv
+from fsdp_worker.contract.keeper import Op, host_port
 
 if TYPE_CHECKING:
     from fsdp_worker.keeper.gang import Keeper
@@ -228,9 +227,9 @@ class Coordinator(socketserver.ThreadingTCPServer):
         keeper, op = self.keeper, doc.get("op")
         master, coordinator = doc.get("master"), doc.get("coordinator")
         try:
-            torchrun_argv.host_port(str(master))
+            host_port(str(master))
             if op == Op.FOLLOW:
-                torchrun_argv.host_port(str(coordinator))
+                host_port(str(coordinator))
         except ValueError:
             return {"refused": f"{op} needs master (and to follow, coordinator) as host:port"}
         if keeper is None or self.active:

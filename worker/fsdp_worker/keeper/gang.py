@@ -2,7 +2,8 @@
 ``failurePolicy.inPlaceRestarts`` is above 0 (``python -m fsdp_worker.keeper.gang <torchrun
 argv>``, the operator's GANG_MODULE).
 
-`Gang` is what the operator tells it (FSDP_GANG). `Keeper` runs this node's ranks generation
+`Gang` is what the operator tells it (FSDP_GANG; contract/keeper.py, as the operator writes
+it). `Keeper` runs this node's ranks generation
 after generation: it watches the coordinator while they run, reports their failure, waits for
 every node to come down and starts the next; a spare's keeper stands by until it is given a
 node, or node rank 0's place. How restarts in place work, and why not torchrun's or the
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import secrets
@@ -23,17 +23,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Annotated, Any
-
-import pydantic
-import pydantic.dataclasses
+from typing import Any
 
 from fsdp_worker import contract
-from fsdp_worker.contract import wire
+from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
 from fsdp_worker.keeper import launchers, processes, ranks, standby, torchrun_argv
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
-from fsdp_worker.keeper.torchrun_argv import host_port as _host_port  # Gang.address's
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
 
@@ -44,49 +40,6 @@ LOST_AFTER_SECONDS = 10.0
 STANDBY_ASK_SECONDS = 0.5
 """A waiting spare's ask of node rank 0's coordinator: short, so that a `promote` (node 0
 frozen: its asks hang to their timeout) is taken up at once."""
-
-
-@pydantic.dataclasses.dataclass(frozen=True, config=wire.CAMEL)
-class Gang:
-    """FSDP_GANG: what the operator tells every keeper of an attempt."""
-
-    restarts: Annotated[int, pydantic.Field(ge=0)]  # in-place restarts allowed in this attempt
-    coordinator: str  # host:port of node rank 0's keeper
-    node: int  # this pod's node rank
-    nodes: int  # pods in the gang
-    non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
-    spare: int | None = None  # a warm spare's number (spec.spares): it waits, node -1, for a node
-    listen: int | None = None  # the port this keeper answers on (default: the coordinator's)
-
-    @classmethod
-    def from_env(cls, raw: str | None = None) -> Gang:
-        """From the environment (or `raw`); ValueError names the field, the value and what is
-        allowed."""
-        raw = os.environ.get(contract.ENV_GANG, "") if raw is None else raw
-        gang = wire.parse(cls, raw, what=contract.ENV_GANG)
-        lowest = -1 if gang.spare is not None else 0  # a spare has no node yet
-        if not lowest <= gang.node < gang.nodes:
-            raise ValueError(
-                f"{contract.ENV_GANG}: node={gang.node} must be {lowest} <= node < nodes "
-                f"({gang.nodes})"
-            )
-        return gang
-
-    def to_json(self) -> str:
-        doc = wire.to_doc(self, drop_none={"spare", "listen"})  # set for spares and tests only
-        return json.dumps(doc, separators=(",", ":"))
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return _host_port(self.coordinator)
-
-    @property
-    def listen_port(self) -> int:
-        """Every keeper answers on this port: node rank 0's as the gang's coordinator, the
-        others on standby, for the operator's word when node rank 0 is lost (`promote` to a
-        spare, `follow` to the others). Pods listen on the coordinator's port, each on its
-        own address; keepers sharing one host (tests) are given their own."""
-        return self.listen if self.listen is not None else self.address[1]
 
 
 class Keeper:

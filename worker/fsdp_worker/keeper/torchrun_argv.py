@@ -1,21 +1,16 @@
-"""torchrun's command line as a keeper rewrites it, and the host:port endpoints in it.
+"""torchrun's command line as a keeper rewrites it.
 
 A spare's pod starts with the template of node rank 0's command; when it takes a node's place
 its keeper sets `--node-rank`, and when node rank 0 moves (a spare promoted) every keeper points
 `--rdzv-endpoint` at the new store. Apart from the keeper (gang.py) because these are pure
-functions of a list of strings, used by the coordinator (coordinator.py) too; they must touch
-only torchrun's own options, never a same-named argument of the trainer after them.
+functions of a list of strings, used by the warm launchers (launchers.py) too; they must touch
+only torchrun's own options, never a same-named argument of the trainer after them. A host:port
+is parsed by contract/keeper.py's `host_port`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-
-def host_port(text: str) -> tuple[str, int]:
-    """`host:port` (a bracketed IPv6 host too) as a socket address; ValueError when it is not."""
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 def with_node_rank(argv: Sequence[str], node: int) -> list[str]:
