@@ -290,21 +290,24 @@ def test_a_frozen_pods_takeover_arrives_as_a_hang_restart_in_place() -> None:
         "spare": 0,
         "message": "node rank 2's keeper silent",
     }
-    now = pods(r2={"name": "job-a1-s0", "node": "node-5"})
-    record = in_place_record(0, **frozen)
-    d = decide.decide(
-        observe(
-            spec=_spare_spec(),
-            status=_spare_status(),
-            pods=now,
-            nodes=nodes(6),
-            progress=in_place_progress(1, record),
-        )
-    )
+    d = _after_replace(in_place_record(0, **frozen))
     failure = d.status.last_failure
     assert failure is not None and failure.cause is st.Cause.HANG
     assert (failure.pod, failure.node) == ("job-a1-2", "node-2")
     assert d.status.restarts.application == 1 and d.status.restarts.infrastructure == 0
+
+
+def _after_replace(record: Any) -> decide.Decision:
+    """The pass after the coordinator recorded a replace: spare 0 holds node rank 2 on node-5."""
+    return decide.decide(
+        observe(
+            spec=_spare_spec(),
+            status=_spare_status(),
+            pods=pods(r2={"name": "job-a1-s0", "node": "node-5"}),
+            nodes=nodes(6),
+            progress=in_place_progress(1, record),
+        )
+    )
 
 
 def test_a_takeover_arrives_as_a_node_lost_restart_in_place() -> None:
@@ -316,17 +319,7 @@ def test_a_takeover_arrives_as_a_node_lost_restart_in_place() -> None:
         "nodeName": "node-2",
         "spare": 0,
     }
-    record = in_place_record(0, **lost)
-    now = pods(r2={"name": "job-a1-s0", "node": "node-5"})
-    d = decide.decide(
-        observe(
-            spec=_spare_spec(),
-            status=_spare_status(),
-            pods=now,
-            nodes=nodes(6),
-            progress=in_place_progress(1, record),
-        )
-    )
+    d = _after_replace(in_place_record(0, **lost))
     failure = d.status.last_failure
     assert failure is not None and failure.cause is st.Cause.NODE_LOST
     assert (failure.pod, failure.node) == ("job-a1-2", "node-2")
