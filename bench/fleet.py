@@ -39,8 +39,7 @@ from typing import Any
 from bench import fleet_clock, fleet_plot
 from fsdp_operator.types import names
 from harness import stack
-from harness.stack import wait_for
-from localcluster import components, controlplane, images, kubeclient, kwok, nodes
+from localcluster import components, controlplane, images, kubeclient, kwok, nodes, poll
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "fleet.json"
@@ -222,11 +221,11 @@ class Size:
             os.environ["FSDPOP_HEAP_REPORT"] = str(self.log_dir / f"heap-{self.jobs}")
             self.row["heap_report_frames"] = self.args.heap_frames
         self.op.start()
-        wait_for(
+        poll.until(
             "operator metrics",
             lambda: self._try_scrape() is not None,
             timeout=self.args.wait_seconds if self.args.heap_frames else 120,
-            context=self.op.log_tail,
+            diagnosis=self.op.log_tail,
         )
         time.sleep(self.args.idle_seconds)
         assert self.op.proc is not None
@@ -242,8 +241,8 @@ class Size:
         assert self.op.proc is not None
         path = Path(os.environ["FSDPOP_HEAP_REPORT"] + f".{n}")
         self.op.proc.send_signal(signal.SIGUSR2)
-        wait_for(
-            f"heap report {path}", path.exists, timeout=600, every=1.0, context=self.op.log_tail
+        poll.until(
+            f"heap report {path}", path.exists, timeout=600, every=1.0, diagnosis=self.op.log_tail
         )
         time.sleep(1.0)  # written in one call; let it finish
         return path.read_text()
@@ -271,12 +270,12 @@ class Size:
         with _pool() as pool:
             list(pool.map(lambda doc: self.kube.request("POST", path, body=doc), docs))
         self.row["create_s"] = time.time() - applied
-        wait_for(
+        poll.until(
             "every job Running",
             lambda: self.clock and self.clock.all_running(self.names()),
             timeout=self.args.wait_seconds,
             every=0.5,
-            context=self._context,
+            diagnosis=self._context,
         )
         done = self.clock.last_running(self.names())
         cpu = cpu_seconds(self.op.proc.pid) - cpu0
@@ -319,12 +318,12 @@ class Size:
         for job in victims:
             self.fleet.fail_pod(self.ns, names.pod_name(job, attempt=1, node_rank=0), exit_code=1)
             time.sleep(self.args.failure_spacing)
-        wait_for(
+        poll.until(
             "replacement attempts Running",
             lambda: self.clock and all(self.clock.job_running(j, 2) for j in victims),
             timeout=self.args.wait_seconds,
             every=0.5,
-            context=self._context,
+            diagnosis=self._context,
         )
         self.row |= api_window(before, self._scrape(), time.time() - started, "failures")
         replaced = [self.clock.replaced_after(j, attempt=1) for j in victims]
@@ -345,11 +344,11 @@ class Size:
         from its first pass until it has made one per job; its RSS once they are done."""
         self.op.stop()
         self.op.start()
-        wait_for(
+        poll.until(
             "operator metrics",
             lambda: self._try_scrape() is not None,
             timeout=120,
-            context=self.op.log_tail,
+            diagnosis=self.op.log_tail,
         )
         seen: list[tuple[float, float]] = []
 
@@ -358,12 +357,12 @@ class Size:
             seen.append((time.time(), got))
             return got
 
-        wait_for(
+        poll.until(
             "a pass per job",
             lambda: passes() >= self.jobs,
             timeout=self.args.wait_seconds,
             every=0.1,
-            context=self._context,
+            diagnosis=self._context,
         )
         first = next(t for t, n in seen if n > 0)
         done = seen[-1][0]
@@ -392,7 +391,7 @@ class Size:
             "delete", "fsdpjobs", "--all", "-n", self.ns, "--wait=false", check=False, timeout=600
         )
         with contextlib.suppress(AssertionError):
-            wait_for("jobs and pods gone", lambda: not self._left(), timeout=600, every=1.0)
+            poll.until("jobs and pods gone", lambda: not self._left(), timeout=600, every=1.0)
             elapsed = time.monotonic() - t0
             self.row["delete_all_gone_s"] = elapsed
             cpu1 = op_cpu()

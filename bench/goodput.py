@@ -75,7 +75,7 @@ from fsdp_operator.types import names
 from fsdp_operator.types import status as st
 from fsdp_worker.contract import interval
 from harness import stack
-from localcluster import controlplane, images
+from localcluster import controlplane, images, poll
 from localcluster import faults as lf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +156,7 @@ def crd_without_memory_default(cluster: controlplane.Cluster, state: Path) -> li
         )
         return done.returncode == 0
 
-    stack.wait_for("a job with inPlaceRestarts 0 admitted", accepted, timeout=60, every=1.0)
+    poll.until("a job with inPlaceRestarts 0 admitted", accepted, timeout=60, every=1.0)
     print(f"CRD: removed the default of checkpoint.memory ({'; '.join(removed)})", flush=True)
     return removed
 
@@ -331,12 +331,12 @@ class Soak:
                     return s
             return None
 
-        return stack.wait_for(
+        return poll.until(
             f"{name}: training again",
             ready,
             timeout=300,
             every=0.5,
-            context=lambda: self.context(name),
+            diagnosis=lambda: self.context(name),
         )
 
     def context(self, name: str) -> str:
@@ -517,7 +517,7 @@ class Soak:
             )
             for node in {f["node"] for f in run.faults if f.get("node")}:
                 self.faults.restore_node(node)
-            stack.wait_for("pods gone", lambda: not self.jobs.pods(name), timeout=120)
+            poll.until("pods gone", lambda: not self.jobs.pods(name), timeout=120)
         return run
 
     def fresh_goodput(self, name: str, *, after: float) -> dict[str, Any]:
@@ -533,7 +533,7 @@ class Soak:
             return s if done else None
 
         try:
-            return stack.wait_for(f"{name}: goodput rewritten", fresh, timeout=45, every=1.0)
+            return poll.until(f"{name}: goodput rewritten", fresh, timeout=45, every=1.0)
         except AssertionError:
             return self.status(name)
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,10 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
     save_memory()
     for rep in range(reps):
         train_step()
-        saves = [("claim_save", lambda: claim.save(st)), ("memory_save", save_memory)]
+        saves: list[tuple[str, Callable[[], None]]] = [
+            ("claim_save", lambda: claim.save(st)),
+            ("memory_save", save_memory),
+        ]
         for key, fn in saves[rep % 2 :] + saves[: rep % 2]:
             dist.barrier()
             t0 = time.monotonic()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -41,7 +42,8 @@ from typing import Any
 import kubernetes
 
 from fsdp_operator.types import names
-from localcluster import components, controlplane, images, nodeconf
+from harness import stack
+from localcluster import components, controlplane, images, nodeconf, poll
 from localcluster import faults as lf
 from tests.integration import harness
 
@@ -87,13 +89,40 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def crash_trials(jobs: harness.Jobs, clock: PodClock, n: int) -> list[float]:
+def _status_where(jobs: stack.Jobs, name: str, key: str, value: object) -> dict[str, Any] | None:
+    """The job's status once its `key` reads `value`."""
+    s = jobs.status(name)
+    return s if s.get(key) == value else None
+
+
+def _stepped(jobs: stack.Jobs, name: str, steps: int) -> bool:
+    return int(jobs.status(name).get("step") or 0) >= steps
+
+
+def _running(jobs: stack.Jobs, name: str, count: int) -> list[dict[str, Any]] | None:
+    """Attempt 1's pods once `count` of them run."""
+    pods = jobs.running_pods(name, 1)
+    return pods if len(pods) == count else None
+
+
+def _first_step(jobs: stack.Jobs, name: str, attempt: int) -> dict[str, Any] | None:
+    """The history entry of `attempt` once its timeline has a first step."""
+    for h in jobs.status(name).get("history", []):
+        if h["attempt"] == attempt and (h.get("timeline") or {}).get("firstStep"):
+            return dict(h)
+    return None
+
+
+def crash_trials(jobs: stack.Jobs, clock: PodClock, n: int) -> list[float]:
     out = []
     for i in range(n):
         name = f"bcrash-{i}"
         jobs.apply(harness.job_doc(name, env={"STANDIN_FAIL_AT_STEP": 4}, training={"steps": 10}))
-        harness.wait_for(
-            "second attempt", lambda n=name: jobs.status(n).get("attempt") == 2, timeout=90
+        poll.until(
+            "second attempt",
+            functools.partial(_status_where, jobs, name, "attempt", 2),
+            timeout=90,
+            diagnosis=functools.partial(jobs.diagnosis, name),
         )
         time.sleep(1.0)
         failed = clock.first(lambda p, ph, n=name: p.startswith(f"{n}-a1-") and ph == "Failed")
@@ -105,26 +134,28 @@ def crash_trials(jobs: harness.Jobs, clock: PodClock, n: int) -> list[float]:
     return out
 
 
-def node_loss_trials(jobs: harness.Jobs, op: harness.Operator, n: int) -> list[dict[str, float]]:
+def node_loss_trials(jobs: stack.Jobs, op: stack.Operator, n: int) -> list[dict[str, float]]:
     faults = lf.Faults.for_cluster(op.cluster.state_dir)
     out = []
     for i in range(n):
         name = f"bnode-{i}"
         jobs.apply(harness.job_doc(name, training={"steps": 4000}))
-        pods = harness.wait_for(
+        pods = poll.until(
             "pods running",
-            lambda n=name: len(jobs.running_pods(n, 1)) == 2 and jobs.running_pods(n, 1),
+            functools.partial(_running, jobs, name, 2),
             timeout=90,
+            diagnosis=functools.partial(jobs.diagnosis, name),
         )
         node = pods[1]["spec"]["nodeName"]
         time.sleep(2.0)
         lost_at = time.time()
         faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
-            s = harness.wait_for(
+            s = poll.until(
                 "NodeLost",
-                lambda n=name: (s := jobs.status(n)).get("attempt") == 2 and s,
+                functools.partial(_status_where, jobs, name, "attempt", 2),
                 timeout=120,
+                diagnosis=functools.partial(jobs.diagnosis, name),
             )
             cond = next(
                 c
@@ -142,19 +173,19 @@ def node_loss_trials(jobs: harness.Jobs, op: harness.Operator, n: int) -> list[d
         finally:
             faults.restore_node(node)
             jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
-            harness.wait_for("node ready", lambda: op.cluster.ready_nodes() >= 3, timeout=60)
+            poll.until("node ready", lambda: op.cluster.ready_nodes() >= 3, timeout=60)
     return out
 
 
 def production_node_loss(
-    jobs: harness.Jobs, op: harness.Operator, n: int, missed: int
+    jobs: stack.Jobs, op: stack.Operator, n: int, missed: int
 ) -> list[dict[str, float]]:
     """Heartbeats stop -> NodeLost -> first step, with the operator at `missed` renewals."""
     op.stop()
     os.environ[LEASE_ENV] = str(missed)
     op.start()
     if missed:  # a fresh operator judges Leases from the first renewal it sees flow
-        harness.wait_for(
+        poll.until(
             "the operator judging node Leases",
             lambda: _metric(op, "fsdpjob_operator_node_leases_healthy") == 1.0,
             timeout=60,
@@ -166,28 +197,27 @@ def production_node_loss(
         doc = harness.job_doc(name, training={"steps": 100_000})
         doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 30  # the API's default
         jobs.apply(doc)
-        pods = harness.wait_for(
+        pods = poll.until(
             "pods running",
-            lambda n=name: len(jobs.running_pods(n, 1)) == 2 and jobs.running_pods(n, 1),
+            functools.partial(_running, jobs, name, 2),
             timeout=120,
+            diagnosis=functools.partial(jobs.diagnosis, name),
         )
-        harness.wait_for("a step", lambda n=name: (jobs.status(n).get("step") or 0) >= 5)
+        poll.until(
+            "a step",
+            functools.partial(_stepped, jobs, name, 5),
+            diagnosis=functools.partial(jobs.diagnosis, name),
+        )
         node = pods[1]["spec"]["nodeName"]
         stopped = time.time()
         faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
-            entry = harness.wait_for(
+            entry = poll.until(
                 "attempt 2's first step",
-                lambda n=name: next(
-                    (
-                        h
-                        for h in jobs.status(n).get("history", [])
-                        if h["attempt"] == 2 and (h.get("timeline") or {}).get("firstStep")
-                    ),
-                    None,
-                ),
+                functools.partial(_first_step, jobs, name, 2),
                 timeout=240,
                 every=1.0,
+                diagnosis=functools.partial(jobs.diagnosis, name),
             )
             tl = entry["timeline"]
             row = {
@@ -201,11 +231,11 @@ def production_node_loss(
         finally:
             faults.restore_node(node)
             jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
-            harness.wait_for("node ready", lambda: op.cluster.ready_nodes() >= 3, timeout=120)
+            poll.until("node ready", lambda: op.cluster.ready_nodes() >= 3, timeout=120)
     return out
 
 
-def _metric(op: harness.Operator, name: str) -> float | None:
+def _metric(op: stack.Operator, name: str) -> float | None:
     try:
         with urllib.request.urlopen(op.metrics_url(), timeout=2) as resp:
             page = resp.read().decode()
@@ -215,14 +245,17 @@ def _metric(op: harness.Operator, name: str) -> float | None:
     return float(found[0]) if found else None
 
 
-def api_server_stall(jobs: harness.Jobs, op: harness.Operator, seconds: float) -> dict[str, Any]:
+def api_server_stall(jobs: stack.Jobs, op: stack.Operator, seconds: float) -> dict[str, Any]:
     """Two jobs train on healthy nodes while the API server answers nothing for `seconds`."""
     names = ["stall-0", "stall-1"]
     for name in names:
         jobs.apply(harness.job_doc(name, training={"steps": 100_000}))
     for name in names:
-        harness.wait_for(
-            "a step", lambda n=name: (jobs.status(n).get("step") or 0) >= 5, timeout=120
+        poll.until(
+            "a step",
+            functools.partial(_stepped, jobs, name, 5),
+            timeout=120,
+            diagnosis=functools.partial(jobs.diagnosis, name),
         )
     lf.Faults.for_cluster(op.cluster.state_dir).stall_apiserver(seconds)
     time.sleep(60.0)  # two Lease periods and more, for anything to be declared
@@ -241,7 +274,7 @@ def api_server_stall(jobs: harness.Jobs, op: harness.Operator, seconds: float) -
 
 
 @contextlib.contextmanager
-def _stack() -> Iterator[tuple[harness.Operator, harness.Jobs]]:
+def _stack() -> Iterator[tuple[stack.Operator, stack.Jobs]]:
     """A cluster of three kubelet nodes, the CRD, the operator with the chart's RBAC and a
     namespace `bench` with its claim; all gone afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,11 +282,11 @@ def _stack() -> Iterator[tuple[harness.Operator, harness.Jobs]]:
         wanted = controlplane.NodeOptions(3, images=images.TEST_IMAGES)
         cluster = controlplane.Cluster.up(Path(tmp) / "cluster", nodes=wanted)
         try:
-            harness.install_crd(cluster)
-            op = harness.Operator(cluster, harness.install_rbac(cluster), Path(tmp))
+            stack.install_crd(cluster)
+            op = stack.Operator(cluster, stack.install_rbac(cluster), Path(tmp))
             op.start()
             cluster.kubectl("create", "namespace", "bench")
-            jobs = harness.Jobs(cluster, "bench")
+            jobs = stack.Jobs(cluster, "bench")
             jobs.ensure_pvc()
             try:
                 yield op, jobs
@@ -301,7 +334,7 @@ def production(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in result.items()}, indent=1))
 
 
-def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float]]]:
+def restart_trials(jobs: stack.Jobs, n: int) -> dict[str, list[dict[str, float]]]:
     """Crash -> the next first step, gang recreated (inPlaceRestarts 0) against restarted in
     place (2), interleaved on the same fault draws: trial i crashes rank i % 2 at step 12."""
     rows: dict[str, list[dict[str, float]]] = {"recreated": [], "in_place": []}
@@ -310,11 +343,12 @@ def restart_trials(jobs: harness.Jobs, n: int) -> dict[str, list[dict[str, float
             name = f"b{mode.replace('_', '')}-{i}"
             env = {"STANDIN_FAIL_AT_STEP": 12, "STANDIN_FAIL_RANK": i % 2}
             jobs.apply(harness.job_doc(name, env=env, failurePolicy={"inPlaceRestarts": restarts}))
-            done = harness.wait_for(
+            done = poll.until(
                 "Succeeded",
-                lambda n=name: (s := jobs.status(n)).get("phase") == "Succeeded" and s,
+                functools.partial(_status_where, jobs, name, "phase", "Succeeded"),
                 timeout=150,
                 every=0.5,
+                diagnosis=functools.partial(jobs.diagnosis, name),
             )
             if restarts:
                 (r,) = done["history"][0]["restartsInPlace"]
@@ -398,10 +432,10 @@ def main() -> None:
                 "apply", "--server-side", "-f", str(harness.ROOT / "crds" / "fsdpjobs.yaml")
             )
             cluster.kubectl("wait", "--for=condition=Established", "crd/fsdpjobs.fsdpoperator.io")
-            op = harness.Operator(cluster, harness.install_rbac(cluster), Path(tmp))
+            op = stack.Operator(cluster, stack.install_rbac(cluster), Path(tmp))
             op.start()
             cluster.kubectl("create", "namespace", "bench")
-            jobs = harness.Jobs(cluster, "bench")
+            jobs = stack.Jobs(cluster, "bench")
             jobs.ensure_pvc()
             clock = PodClock(cluster.kubeconfig, "bench")
             crashes = crash_trials(jobs, clock, args.crashes)

@@ -428,6 +428,14 @@ class Jobs:
         )["items"]
         return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
 
+    def diagnosis(self, name: str) -> str:
+        """What a user would look at when a wait on job `name` runs out: its status, its
+        Events and its pods (phase, node, container states, log tails)."""
+        return (
+            f"status: {json.dumps(self.status(name), sort_keys=True)}\n"
+            f"events: {self.events(name)}\n{self.pods_report(name)}"
+        )
+
     def pods_report(self, name: str, log_lines: int = 25) -> str:
         """Why a job's pods do not run or do not train: each pod's phase, node and container
         states, its last `log_lines` log lines (the pods' logs go with the test's namespace),
