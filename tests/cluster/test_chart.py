@@ -107,6 +107,8 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     assert role["rules"] == yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
     flat = json.dumps(role["rules"])
     assert "secrets" not in flat and '"*"' not in flat and "pods/exec" not in flat
+    netpols = next(r for r in role["rules"] if r["resources"] == ["networkpolicies"])
+    assert netpols["verbs"] == ["get", "create"]  # the job's garbage collector deletes it
     elsewhere = [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
     _dry_run(cluster, "kube-node-lease", elsewhere)
     warnings = _dry_run(cluster, ns, [d for d in docs if d not in elsewhere])
@@ -122,6 +124,21 @@ def _by_kind(docs: list[dict], kind: str) -> list[dict]:
 
 def _deployment(*values: str) -> dict:
     return _by_kind(stack.render_chart(values=values), "Deployment")[0]
+
+
+def test_the_jobs_network_policies_are_on_and_let_this_releases_operator_pods_in() -> None:
+    """networkPolicy.enabled (default on) reaches the operator, with the labels its own pods
+    carry, so the jobs' policies let exactly them in on the keepers' port."""
+    deployment = _deployment()
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["FSDPOP_NETWORK_POLICY"] == "1"
+    assert env["FSDPOP_OPERATOR_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    wanted = dict(pair.split("=") for pair in env["FSDPOP_OPERATOR_POD_LABELS"].split(","))
+    assert wanted and wanted.items() <= pod_labels.items()
+    (off,) = _deployment("networkPolicy.enabled=false")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "FSDPOP_NETWORK_POLICY", "value": "0"} in off["env"]
 
 
 def test_every_object_carries_the_standard_labels() -> None:

@@ -15,6 +15,7 @@ import pytest
 from fsdp_operator.types import api, names
 from localcluster import controlplane, poll
 from tests import hostile_specs as hs
+from tests.cluster import _podkit as podkit
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
@@ -511,3 +512,79 @@ def test_delete_then_recreate_waits_for_the_old_pods_and_resumes_only_when_asked
     assert len(_owned(jobs, name)) == 2 and len(jobs.pods(name)) == 2
     reasons = jobs.events(name)
     assert "CheckpointsOfAnotherJob" in reasons
+
+
+# --- the job's NetworkPolicy over its gang's ports (issue 44) ---------------------------------
+def _connect(name: str, ip: str, port: int, *, tries: int = 1) -> dict[str, Any]:
+    """A pod that connects to ip:port (3 s a try, `tries` times a second apart): Succeeded when
+    it got through, Failed with the last error as its termination message when not."""
+    code = (
+        "import socket, sys, time\n"
+        f"for attempt in range({tries}):\n"
+        "    try:\n"
+        f"        socket.create_connection(('{ip}', {port}), timeout=3).close(); sys.exit(0)\n"
+        "    except OSError as err:\n"
+        "        error = repr(err); time.sleep(1)\n"
+        "open('/dev/termination-log', 'w').write(error); sys.exit(1)\n"
+    )
+    return podkit.python_pod(name, code, labels={"role": "stranger"})
+
+
+def _outcome(cluster: controlplane.Cluster, ns: str, name: str) -> tuple[bool, str]:
+    """Whether pod `name` connected, and its error if not."""
+    done = podkit.wait_phase(cluster, ns, name, ("Succeeded", "Failed"), timeout=90)
+    (state,) = [c["state"] for c in done["status"]["containerStatuses"]]
+    return done["status"]["phase"] == "Succeeded", state["terminated"].get("message", "")
+
+
+def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_work(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """With the operator's per-job NetworkPolicy (on by default): a pod of another namespace
+    and a pod of the job's own namespace that is not the job's time out on rank 0's keeper
+    (29501) and rendezvous store (29500), while its metrics port still answers them; the job's
+    crash is restarted in place, its keepers speaking across the policy, and it succeeds. The
+    operator runs on the host here: node traffic, which the policy leaves alone."""
+    name = harness.unique("guarded")
+    # the crash comes after the probes (about 12 s in); the metrics probe retries across it
+    env = {"STANDIN_FAIL_AT_STEP": 60, "STANDIN_FAIL_RANK": 1}
+    failure_policy = {"inPlaceRestarts": 1, "progressDeadlineSeconds": 20}
+    jobs.apply(
+        harness.job_doc(name, env=env, training={"steps": 120}, failurePolicy=failure_policy)
+    )
+    rank0 = poll.until(
+        "rank 0 running with an address",
+        lambda: next(
+            (p for p in jobs.running_pods(name, 1) if p["metadata"]["name"].endswith("-0")), None
+        ),
+        diagnosis=operator.log_tail,
+    )
+    policy = jobs.cluster.get_json("networkpolicy", names.network_policy_name(name), "-n", jobs.ns)
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == jobs.get(name)["metadata"]["uid"]
+    ip = rank0["status"]["podIP"]
+    elsewhere = harness.unique("elsewhere")
+    jobs.cluster.kubectl("create", "namespace", elsewhere)
+    probes = {
+        "keeper": _connect("keeper", ip, names.GANG_PORT),
+        "store": _connect("store", ip, names.RENDEZVOUS_PORT),
+        "metrics": _connect("metrics", ip, names.METRICS_PORT, tries=10),
+    }
+    try:
+        for ns in (jobs.ns, elsewhere):  # all at once: the job's namespace and another
+            podkit.apply(jobs.cluster, ns, *probes.values())
+        for ns in (jobs.ns, elsewhere):
+            for probe in ("keeper", "store"):
+                got, error = _outcome(jobs.cluster, ns, probe)
+                assert not got and "timed out" in error, (ns, probe, error)  # dropped
+            got, error = _outcome(jobs.cluster, ns, "metrics")
+            assert got, (ns, "the metrics port stays open", error)
+    finally:
+        jobs.cluster.kubectl("delete", "namespace", elsewhere, "--wait=false", check=False)
+    done = poll.until(
+        "the job succeeds after its crash, restarted in place",
+        lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
+        timeout=180,
+        diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+    )
+    assert done["attempt"] == 1 and done["restarts"]["application"] == 1, done["history"]
+    assert "RestartedInPlace" in jobs.events(name)

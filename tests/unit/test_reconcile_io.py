@@ -34,6 +34,7 @@ JOB_REF = names.JobRef(name=NAME, namespace=NS, uid=UID)
 JOB = f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{NS}/{api.PLURAL}/{NAME}"
 PODS = f"/api/v1/namespaces/{NS}/pods"
 SERVICES = f"/api/v1/namespaces/{NS}/services"
+NETPOLS = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
 EVENTS = f"/api/v1/namespaces/{NS}/events"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
 SERVICE = names.service_name(NAME)
@@ -219,7 +220,7 @@ class Cluster:
         self.dry_run: kmock.Response | None = None  # a dry run's answer; None: admitted
         fake_api[f"get {JOB}"] << (lambda: ok(copy.deepcopy(self.job)))
         fake_api[f"patch {JOB}/status"] << self._patch_status
-        for kind, path in (("Pod", PODS), ("Service", SERVICES)):
+        for kind, path in (("Pod", PODS), ("Service", SERVICES), ("NetworkPolicy", NETPOLS)):
             fake_api[f"post {path}"] << (lambda request, kind=kind: self._create(kind, request))
             one = re.compile(f"{path}/[^/]+")
             fake_api["get", one] << (lambda request, kind=kind: self._read(kind, request))
@@ -425,7 +426,8 @@ def test_the_status_goes_out_first_then_deletes_then_creates_then_events(
     [written] = status_patches(fake_api.requests)
     assert (written["attempt"], written["podsCreated"]) == (attempt, False)
     sent = creates(fake_api.requests)
-    assert [r.url.path for r in sent] == [SERVICES, PODS, PODS]  # the Service first
+    # the Service first, then the policy over the gang's ports: no pod runs unguarded
+    assert [r.url.path for r in sent] == [SERVICES, NETPOLS, PODS, PODS]
     assert cluster.job_pods() == [f"{NAME}-a{attempt}-0", f"{NAME}-a{attempt}-1"]
     removed = sorted((name_of(r), r.params.get("gracePeriodSeconds")) for r in fake_api["delete"])
     assert removed == [(name, str(GRACE_ON_FAILURE)) for name in deleted]

@@ -130,6 +130,7 @@ class Kube:
         refuses every create, patch and delete before it is sent. None: always may."""
         self.core = kubernetes.client.CoreV1Api(client)
         self.custom = kubernetes.client.CustomObjectsApi(client)
+        self.networking = kubernetes.client.NetworkingV1Api(client)
         self._window = write_window
         self._events: OrderedDict[tuple[str, ...], tuple[str, int, float]] = OrderedDict()
         self._events_lock = threading.Lock()
@@ -212,18 +213,20 @@ class Kube:
 
     # --- pods, service ------------------------------------------------------------------------
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service. None when created; on a 409, the object that holds the name.
+        """Create a Pod, Service or NetworkPolicy. None when created; on a 409, the object that
+        holds the name.
 
         The caller decides whether that object is its own (by controller uid): a name is never
         proof of ownership.
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         timeout = self._writing()
+        create = {
+            "Pod": self.core.create_namespaced_pod,
+            "NetworkPolicy": self.networking.create_namespaced_network_policy,
+        }.get(body["kind"], self.core.create_namespaced_service)
         try:
-            if body["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, body, _request_timeout=timeout)
-            else:
-                self.core.create_namespaced_service(ns, body, _request_timeout=timeout)
+            create(ns, body, _request_timeout=timeout)
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
@@ -231,8 +234,12 @@ class Kube:
         return None
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A Pod or Service as a dict (with its kind), or None when it does not exist."""
-        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
+        """A Pod, Service or NetworkPolicy as a dict (with its kind), or None when it does not
+        exist."""
+        read = {
+            "Pod": self.core.read_namespaced_pod,
+            "NetworkPolicy": self.networking.read_namespaced_network_policy,
+        }.get(kind, self.core.read_namespaced_service)
         try:
             found = dict(
                 _data(read(name, namespace, _preload_content=False, _request_timeout=READ_TIMEOUT))

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from fsdp_operator.io import checkpoints, kube, observe
 from fsdp_operator.policy import decide
-from fsdp_operator.render import templates
+from fsdp_operator.render import netpol, templates
 from fsdp_operator.run import settings
 from fsdp_operator.types import api, names, observed
 from fsdp_worker.contract import catalog
@@ -117,6 +117,7 @@ class ObjectWriter:
         )
         if self._held_by_another(job, templates.service(job=job, spec=spec)):
             return
+        self._guard_ports(job)
         held = list(self._pool.map(lambda pod: self._held_by_another(job, pod), pods))
         if any(held):
             made = [pod for pod, h in zip(pods, held, strict=True) if h is None]
@@ -126,6 +127,22 @@ class ObjectWriter:
             )
             return  # a name is someone else's: the next pass looks it up and reports it
         self._gang_times.mark(job.uid, launch.attempt)
+
+    def _guard_ports(self, job: names.JobRef) -> None:
+        """The job's NetworkPolicy over its gang's ports, before its pods (with the setting on).
+
+        Unlike a Service's, a name someone else holds here does not stop the gang: policies
+        only add, so a squatter's policy could have allowed the ports under any name anyway;
+        the keepers' own authentication still holds. It is said in the log."""
+        if not self.settings.network_policy:
+            return
+        operator = netpol.OperatorPeer(
+            namespace=self.settings.operator_namespace, labels=self.settings.operator_pod_labels
+        )
+        existing = self.kube.create(netpol.network_policy(job, operator=operator))
+        if existing is not None and not observe.owned_by(existing, job):
+            why = observe.conflict(existing, job).describe()
+            log.warning("%s: no NetworkPolicy of its own over its gang's ports: %s", job.name, why)
 
     def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes

@@ -36,6 +36,20 @@ Switch = Annotated[bool, pydantic.BeforeValidator(_unset_if_empty)]
 """1/0, true/false, yes/no or on/off; anything else is an error naming the variable."""
 
 
+def _label_pairs(value: object) -> object:
+    """`k=v,k2=v2` (as a label selector spells it) to a dict; a dict passes as it is."""
+    if not isinstance(value, str):
+        return value
+    pairs = [item.strip() for item in value.split(",") if item.strip()]
+    if any(item.count("=") != 1 for item in pairs):
+        raise ValueError(f"{value!r} is not k=v pairs separated by commas")
+    return dict(item.split("=") for item in pairs)
+
+
+Labels = Annotated[dict[str, str], pydantic.BeforeValidator(_label_pairs)]
+"""`k=v,k2=v2`; empty: none."""
+
+
 class _FromEnv(pydantic.BaseModel):
     """Read from the environment by each field's alias (its variable); built in code by field
     name. A field without an alias is not read from the environment."""
@@ -138,6 +152,17 @@ class Settings(_FromEnv):
     """SIGUSR2 writes a heap report to this path plus `.<n>` (heap.py); empty: none."""
     heap_frames: int = pydantic.Field(0, alias="FSDPOP_HEAP_FRAMES")
     """With heap_report: trace every allocation with this many frames (0: no tracing)."""
+    network_policy: Switch = pydantic.Field(True, alias="FSDPOP_NETWORK_POLICY")
+    """Give every job a NetworkPolicy (`<job>-gang`, render/netpol.py): only the job's own pods
+    and the operator reach its gang's ports (rendezvous store, keepers); other ports as before."""
+    operator_namespace: str = pydantic.Field("", alias="FSDPOP_OPERATOR_NAMESPACE")
+    """The operator pods' namespace, which that policy lets in; empty: the operator is no pod
+    (a host process: node traffic, which NetworkPolicies never block)."""
+    operator_pod_labels: Labels = pydantic.Field(
+        default_factory=dict, alias="FSDPOP_OPERATOR_POD_LABELS"
+    )
+    """With operator_namespace: the labels selecting the operator's pods there (`k=v,k2=v2`);
+    empty: every pod of that namespace."""
     tunables: restarts.Tunables = pydantic.Field(default_factory=restarts.Tunables)
     """Node exclusion and draining knobs for decide() (their variables: _Tunables)."""
 

@@ -134,6 +134,11 @@ def service_name(job_name: str) -> str:
     return job_part(job_name) + SERVICE_SUFFIX
 
 
+def network_policy_name(job_name: str) -> str:
+    """The job's NetworkPolicy over its gang's ports (render/netpol.py): `<job>-gang`."""
+    return job_part(job_name) + "-gang"
+
+
 def pod_name(job_name: str, *, attempt: int, node_rank: int) -> str:
     """`<job>-a<attempt>-<rank>`; also the pod's hostname, so it is a DNS label."""
     if not 0 <= attempt <= MAX_ATTEMPT:
