@@ -12,7 +12,11 @@ watches on pods and FSDPJobs:
 - steady state: the operator's CPU (% of one core, goal <= 10) and API requests per second by
   verb, and LIST calls per reconcile pass (goal 0);
 - failures: rank 0 of distinct random jobs fails (kwok's chaos stage, exit code 1); the failed
-  pod seen Failed -> every pod of the next attempt seen ADDED, p50/p95 (goal p95 <= 3 s).
+  pod seen Failed -> every pod of the next attempt seen ADDED, p50/p95 (goal p95 <= 3 s);
+- the baseline (bench/fleet_baseline.py, first, in its own namespace; --no-baseline skips it):
+  the same pods as plain ReplicaSets, brought up and failed the same way, and the operator's
+  bring-up and replacement as ratios to it (`ratio_*`), so a slower machine does not read as a
+  slower operator.
 
 With --heap-report the operator writes a heap report (fsdp_operator/io/heap.py) idle and once the
 jobs settled, each right after the RSS it goes with is read; the second, what the jobs added, is
@@ -36,7 +40,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench import fleet_clock, fleet_plot
+from bench import fleet_baseline, fleet_clock, fleet_plot
 from fsdp_operator.types import names
 from harness import stack
 from localcluster import components, controlplane, images, kubeclient, kwok, nodes, poll
@@ -197,12 +201,24 @@ class Size:
     def run(self) -> dict[str, Any]:
         self.cluster.kubectl("create", "namespace", self.ns)
         try:
+            if self.args.baseline:
+                self.row |= fleet_baseline.measure(
+                    self.fleet,
+                    jobs=self.jobs,
+                    pods_per_job=self.args.pods_per_job,
+                    gpus_per_pod=self.args.gpus_per_pod,
+                    failures=self.args.failures,
+                    spacing=self.args.failure_spacing,
+                    seed=self.args.seed,
+                    wait_seconds=self.args.wait_seconds,
+                )
             self._start_operator()
             self.clock = fleet_clock.Clock(self.kube, self.ns, pods_per_job=self.args.pods_per_job)
             self._bring_up()
             self._settle_and_steady()
             self._failures()
             self._restart()
+            self.row |= fleet_baseline.ratios(self.row)
         except AssertionError as exc:  # a wait ran out: keep what was measured, go on
             self.row["error"] = str(exc).splitlines()[0]
             print(f"jobs={self.jobs}: {exc}", flush=True)
@@ -451,6 +467,8 @@ def print_table(result: dict[str, Any]) -> None:
         ("LIST/pass", "list_per_pass_steady", "{:.3f}"),
         ("repl p50", "replace_p50_s", "{:.2f}"),
         ("repl p95", "replace_p95_s", "{:.2f}"),
+        ("x base up", "ratio_all_running", "{:.2f}"),
+        ("x base repl", "ratio_replace_p95", "{:.2f}"),
     ]
     print(" | ".join(f"{title:>11}" for title, _, _ in cols))
     for row in result["sizes"]:
@@ -517,6 +535,12 @@ def parse_args() -> argparse.Namespace:
         "(FSDPOP_HEAP_FRAMES); several times slower: for a few hundred jobs, not 1,000",
     )
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip the plain ReplicaSets baseline (bench/fleet_baseline.py) each size runs first",
+    )
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--plot", type=Path, default=PLOT)
     p.add_argument("--replot", action="store_true", help="only redraw the plot from --out")

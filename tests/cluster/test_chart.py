@@ -108,7 +108,12 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     flat = json.dumps(role["rules"])
     assert "secrets" not in flat and '"*"' not in flat and "pods/exec" not in flat
     netpols = next(r for r in role["rules"] if r["resources"] == ["networkpolicies"])
-    assert netpols["verbs"] == ["get", "create"]  # the job's garbage collector deletes it
+    assert netpols["verbs"] == [
+        "get",
+        "list",
+        "create",
+        "patch",
+    ]  # the job's garbage collector deletes it
     elsewhere = [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
     _dry_run(cluster, "kube-node-lease", elsewhere)
     warnings = _dry_run(cluster, ns, [d for d in docs if d not in elsewhere])

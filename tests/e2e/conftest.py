@@ -264,9 +264,10 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
         f"runtimeProfiles.{PROFILE}.env[0].name": "NCCL_SOCKET_IFNAME",
         f"runtimeProfiles.{PROFILE}.env[0].value": "eth0",
         # the suite's namespaces run their tenants' own policies (examples/networkpolicy.yaml,
-        # gang_only: the operator kept from rank 0's metrics); policies only add, so the jobs'
-        # own (networkPolicy.enabled) would open what those close. docs/operations.md says to
-        # turn it off there; tests/integration covers it.
+        # gang_only: the operator kept from rank 0's metrics), applied while attempt 1 runs;
+        # the jobs' own (networkPolicy.enabled) is judged at each attempt's gang, so until the
+        # next attempt it would still open what those close (docs/operations.md says to turn it
+        # off there); tests/integration covers it.
         "networkPolicy.enabled": "false",
     }
     stack.install_chart(kube, values=values, namespace=NAMESPACE, release=RELEASE)

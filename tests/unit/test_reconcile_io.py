@@ -224,6 +224,7 @@ class Cluster:
             fake_api[f"post {path}"] << (lambda request, kind=kind: self._create(kind, request))
             one = re.compile(f"{path}/[^/]+")
             fake_api["get", one] << (lambda request, kind=kind: self._read(kind, request))
+        fake_api[f"get {NETPOLS}"] << (lambda: ok({"items": self.of_kind("NetworkPolicy")}))
         fake_api["delete", re.compile(f"{PODS}/[^/]+")] << self._delete
         fake_api["patch", re.compile(f"{PODS}/[^/]+")] << self._patch_pod
         self.logs: dict[str, str] = {}  # pod name -> its worker container's log
@@ -238,6 +239,9 @@ class Cluster:
     def put(self, *objects: dict[str, Any]) -> None:
         for obj in objects:
             self.objects[obj["kind"], obj["metadata"]["name"]] = obj
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [copy.deepcopy(obj) for (k, _), obj in self.objects.items() if k == kind]
 
     def job_pods(self) -> list[str]:
         """Names of the stored pods this job controls."""

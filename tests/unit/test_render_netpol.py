@@ -182,15 +182,21 @@ def test_golden() -> None:
 class RecordingKube:
     """Stands in for kube.Kube: records the objects created."""
 
-    def __init__(self) -> None:
+    def __init__(self, policies: list[dict[str, Any]] | None = None) -> None:
         self.created: list[dict[str, Any]] = []
+        self.policies = policies or []
 
     def create(self, body: dict[str, Any]) -> None:
         self.created.append(body)
 
+    def network_policies(self, namespace: str) -> list[dict[str, Any]]:
+        return self.policies
 
-def _launch_kinds(config: settings.Settings) -> list[str]:
-    kube = RecordingKube()
+
+def _launch(
+    config: settings.Settings, policies: list[dict[str, Any]] | None = None
+) -> RecordingKube:
+    kube = RecordingKube(policies)
     spec = builders.typical_spec(replicas=2, minReplicas=1)
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # one: the creates stay in order
         writer = objects.ObjectWriter(
@@ -201,7 +207,70 @@ def _launch_kinds(config: settings.Settings) -> list[str]:
         )
         launch = decide.Launch(attempt=1, replicas=2, resume_path="")
         writer._create_gang(JOB, spec, launch, None)
-    return [body["kind"] for body in kube.created]
+    return kube
+
+
+def _launch_kinds(config: settings.Settings) -> list[str]:
+    return [body["kind"] for body in _launch(config).created]
+
+
+def _tenant_policy(selector: dict[str, Any], types: list[str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"podSelector": selector}
+    if types is not None:
+        spec["policyTypes"] = types
+    return {"metadata": {"name": "tenant"}, "spec": spec}
+
+
+def _opened(kube: RecordingKube) -> bool:
+    """Whether the job's policy lets every other port in from anyone (a rule with no `from`)."""
+    policy = next(b for b in kube.created if b["kind"] == "NetworkPolicy")
+    return any("from" not in rule for rule in policy["spec"]["ingress"])
+
+
+@pytest.mark.parametrize(
+    ("tenant", "opened"),
+    [
+        pytest.param([], True, id="no-policy-of-the-namespace"),
+        pytest.param([_tenant_policy({})], False, id="default-deny"),
+        pytest.param([_tenant_policy({}, ["Egress"])], True, id="egress-only-deny"),
+        pytest.param(
+            [_tenant_policy({"matchLabels": {"app": "db"}})], True, id="selects-other-pods"
+        ),
+        pytest.param(
+            [
+                _tenant_policy(
+                    {"matchExpressions": [{"key": names.Label.JOB.value, "operator": "Exists"}]}
+                )
+            ],
+            False,
+            id="selects-every-job-pod",
+        ),
+        pytest.param(
+            [
+                _tenant_policy(
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": names.Label.JOB.value,
+                                "operator": "NotIn",
+                                "values": [JOB.name],
+                            }
+                        ]
+                    }
+                )
+            ],
+            True,
+            id="selects-other-jobs",
+        ),
+    ],
+)
+def test_a_namespace_its_tenant_closed_is_never_opened(
+    tenant: list[dict[str, Any]], opened: bool
+) -> None:
+    """Policies only add: where the namespace's own policies already isolate the job's pods
+    (a default deny), the job's policy lets in only the gang and the operator, so the metrics
+    port stays as closed as the tenant made it; elsewhere every non-gang port stays open."""
+    assert _opened(_launch(settings.Settings(), tenant)) is opened
 
 
 def test_the_policy_goes_out_after_the_service_and_before_any_pod() -> None:

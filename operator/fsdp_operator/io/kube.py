@@ -250,6 +250,19 @@ class Kube:
             raise
         return {**found, "kind": kind}
 
+    def network_policies(self, namespace: str) -> list[dict[str, Any]]:
+        """The namespace's NetworkPolicies as dicts (whether its own isolate a job's pods)."""
+        found = self.networking.list_namespaced_network_policy(
+            namespace, _preload_content=False, _request_timeout=READ_TIMEOUT
+        )
+        return list(_data(found).get("items") or [])
+
+    def patch_network_policy_spec(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        """Replace a NetworkPolicy's spec (merge patch: the lists in it are replaced whole)."""
+        self.networking.patch_namespaced_network_policy(
+            name, namespace, {"spec": spec}, _request_timeout=self._writing()
+        )
+
     def dry_run_pod(self, body: dict[str, Any]) -> tuple[int, str] | None:
         """Server-side dry run of a pod create (all admission, nothing stored).
 

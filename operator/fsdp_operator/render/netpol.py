@@ -7,13 +7,16 @@ job runs a moment unguarded) and garbage-collected with the job; per attempt it 
 more create and delete each restart for no narrower rule (the keys of an attempt are the
 keeper's own layer, keeper authentication).
 
-A policy that selects a pod isolates all its ingress, and policies only ever add. So besides
-the gang's rules it lets every other port in from anywhere (TCP below and above the gang's
-ports, all UDP): a namespace without policies of its own sees only the gang's ports
-closed, and the metrics port (the operator's and Prometheus' scrapes, the kubelet's probes)
-stays as it was. SCTP, which no part of a job uses, is left closed: some network plugins refuse
-a whole policy that names it. Port ranges (`endPort`, Kubernetes 1.25) must be enforced by the
-network plugin; one that ignores them would close every other port (docs/operations.md).
+A policy that selects a pod isolates all its ingress, and policies only ever add. So where no
+other policy isolates the job's pods, it lets every other port in from anywhere (TCP below and
+above the gang's ports, all UDP): such a namespace sees only the gang's ports closed, and the
+metrics port (the operator's and Prometheus' scrapes, the kubelet's probes) stays as it was.
+Where the namespace's own policies already isolate the job's pods (a tenant's default deny),
+that rule is left out: the policy must never open what the tenant closed, so it adds only the
+gang's pods to each other and the operator to the keepers' port (`isolated`). SCTP, which no
+part of a job uses, is left closed: some network plugins refuse a whole policy that names it.
+Port ranges (`endPort`, Kubernetes 1.25) must be enforced by the network plugin; one that
+ignores them would close every other port (docs/operations.md).
 Traffic from a pod's own node (the kubelet's probes; the operator where it runs as a host
 process, as in tests/integration) is always allowed by the NetworkPolicy API.
 
@@ -23,7 +26,7 @@ Pure: no I/O, no clock, no kopf, no kubernetes client objects.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fsdp_operator.render import templates
@@ -74,19 +77,59 @@ def open_ports() -> list[dict[str, Any]]:
     return [*ranges, {"protocol": "UDP"}]
 
 
-def _ingress(job: names.JobRef, operator: OperatorPeer) -> list[dict[str, Any]]:
+def _matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions) against a pod's labels; an empty
+    selector selects every pod. An operator this code does not know selects nothing."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
+        held = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }.get(str(op), False)
+        if not held:
+            return False
+    return True
+
+
+def isolates(policy: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether a NetworkPolicy isolates the ingress of a pod with these labels (it selects the
+    pod, and its policyTypes include Ingress, which they do when left out)."""
+    spec = policy.get("spec") or {}
+    types = spec.get("policyTypes") or ["Ingress"]
+    return "Ingress" in types and _matches(spec.get("podSelector") or {}, labels)
+
+
+def isolated_by_others(
+    job: names.JobRef, policies: Sequence[Mapping[str, Any]], labels: Mapping[str, str]
+) -> bool:
+    """Whether a policy of the namespace other than the job's own isolates its pods."""
+    own = names.network_policy_name(job.name)
+    return any(
+        isolates(p, labels) for p in policies if (p.get("metadata") or {}).get("name") != own
+    )
+
+
+def _ingress(job: names.JobRef, operator: OperatorPeer, *, isolated: bool) -> list[dict[str, Any]]:
     gang = {"from": [{"podSelector": {"matchLabels": names.selector_labels(job.name)}}]}
     rules = [gang]  # every port: the store, the keepers, the collectives' ephemeral ports
     peer = operator.peer()
     if peer is not None:
         rules.append({"from": [peer], "ports": [_tcp(p) for p in OPERATOR_PORTS]})
-    rules.append({"ports": open_ports()})  # no `from`: anyone, as without this policy
+    if not isolated:
+        rules.append({"ports": open_ports()})  # no `from`: anyone, as without this policy
     return rules
 
 
-def network_policy(job: names.JobRef, *, operator: OperatorPeer) -> dict[str, Any]:
+def network_policy(
+    job: names.JobRef, *, operator: OperatorPeer, isolated: bool = False
+) -> dict[str, Any]:
     """The job's NetworkPolicy: its pods (all attempts, spares too) take the gang's ports
-    from the job's own pods and the operator only; every other port from anywhere."""
+    from the job's own pods and the operator only; every other port from anywhere, unless
+    the namespace's own policies already isolate them (`isolated`: nothing opened)."""
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -104,6 +147,6 @@ def network_policy(job: names.JobRef, *, operator: OperatorPeer) -> dict[str, An
         "spec": {
             "podSelector": {"matchLabels": names.selector_labels(job.name)},
             "policyTypes": ["Ingress"],
-            "ingress": _ingress(job, operator),
+            "ingress": _ingress(job, operator, isolated=isolated),
         },
     }

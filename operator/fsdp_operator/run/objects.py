@@ -12,7 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from fsdp_operator.io import checkpoints, kube, observe
@@ -117,7 +117,7 @@ class ObjectWriter:
         )
         if self._held_by_another(job, templates.service(job=job, spec=spec)):
             return
-        self._guard_ports(job)
+        self._guard_ports(job, pods[0]["metadata"]["labels"])
         held = list(self._pool.map(lambda pod: self._held_by_another(job, pod), pods))
         if any(held):
             made = [pod for pod, h in zip(pods, held, strict=True) if h is None]
@@ -128,21 +128,32 @@ class ObjectWriter:
             return  # a name is someone else's: the next pass looks it up and reports it
         self._gang_times.mark(job.uid, launch.attempt)
 
-    def _guard_ports(self, job: names.JobRef) -> None:
+    def _guard_ports(self, job: names.JobRef, labels: Mapping[str, str]) -> None:
         """The job's NetworkPolicy over its gang's ports, before its pods (with the setting on).
 
-        Unlike a Service's, a name someone else holds here does not stop the gang: policies
-        only add, so a squatter's policy could have allowed the ports under any name anyway;
-        the keepers' own authentication still holds. It is said in the log."""
+        Whether the namespace's own policies already isolate the job's pods is judged again at
+        each attempt's gang, and the job's policy brought in line (a tenant's default deny
+        added since closes what the job's policy had left open). Unlike a Service's, a name
+        someone else holds here does not stop the gang: policies only add, so a squatter's
+        policy could have allowed the ports under any name anyway; the keepers' own
+        authentication still holds. It is said in the log."""
         if not self.settings.network_policy:
             return
         operator = netpol.OperatorPeer(
             namespace=self.settings.operator_namespace, labels=self.settings.operator_pod_labels
         )
-        existing = self.kube.create(netpol.network_policy(job, operator=operator))
-        if existing is not None and not observe.owned_by(existing, job):
+        others = self.kube.network_policies(job.namespace)
+        isolated = netpol.isolated_by_others(job, others, labels)
+        policy = netpol.network_policy(job, operator=operator, isolated=isolated)
+        existing = self.kube.create(policy)
+        if existing is None:
+            return
+        if not observe.owned_by(existing, job):
             why = observe.conflict(existing, job).describe()
             log.warning("%s: no NetworkPolicy of its own over its gang's ports: %s", job.name, why)
+        elif existing.get("spec") != policy["spec"]:
+            name = policy["metadata"]["name"]
+            self.kube.patch_network_policy_spec(job.namespace, name, policy["spec"])
 
     def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes
