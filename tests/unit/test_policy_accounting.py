@@ -43,7 +43,7 @@ def test_rank_0s_final_sums_count_the_steps_after_the_last_scrape() -> None:
     sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.75)
     done = json.dumps(
         {
-            "class": contract.COMPLETED,
+            "class": contract.RecordClass.COMPLETED,
             "rank": 0,
             "step": 60,
             "exitCode": 0,
@@ -85,7 +85,7 @@ def test_rank_0s_final_milestones_complete_a_time_to_resume_no_scrape_saw(in_pla
     assert "milestones" not in contract.totals(sums)
     done = json.dumps(
         {
-            "class": contract.COMPLETED,
+            "class": contract.RecordClass.COMPLETED,
             "rank": 0,
             "step": 60,
             "exitCode": 0,
@@ -139,7 +139,7 @@ def test_malformed_final_milestones_are_ignored(milestones: object) -> None:
 def test_a_crashed_rank_0s_live_record_sums_count_and_older_sums_never_lower_the_scrape() -> None:
     sums = contract.sums(steps_run=33, train_seconds=6.6, blocked_seconds=0.0)
     live = {
-        "class": contract.LIVE,
+        "class": contract.RecordClass.LIVE,
         "rank": 0,
         "step": 33,
         "exitCode": None,
@@ -172,7 +172,7 @@ def test_sums_of_a_gang_this_operator_tore_down_reach_the_closed_attempt() -> No
     # message (its totals: 47 steps, not the 40 scraped) arrives only now.
     sums = contract.sums(steps_run=47, train_seconds=9.4, blocked_seconds=3.0)
     stopped = {
-        "class": contract.LIVE,
+        "class": contract.RecordClass.LIVE,
         "rank": 0,
         "step": 47,
         "exitCode": None,
