@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcluster import components, images, network, nodeconf, nodes, procs
+from localcluster import components, images, network, nodeconf, nodes, poll, procs
 
 
 class ControlPlaneError(RuntimeError):
@@ -342,14 +342,21 @@ class Cluster:
         self._poll("etcd", ready, deadline)
 
     def _poll(self, name: str, ready: Callable[[], bool], deadline: float) -> None:
-        while not ready():
+        """Wait for `name` to be ready by `deadline`; its exit ends the wait at once."""
+
+        def up() -> bool:
+            if ready():
+                return True
             if not self._procs.status().get(name, False):
                 raise ControlPlaneError(f"{name} exited:\n{procs.tail(self.logs / f'{name}.log')}")
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(
-                    f"{name} not ready in time:\n{procs.tail(self.logs / f'{name}.log')}"
-                )
-            time.sleep(0.2)
+            return False
+
+        try:
+            poll.until(f"{name} ready", up, timeout=deadline - time.monotonic(), every=0.2)
+        except poll.TimedOut as exc:
+            raise ControlPlaneError(
+                f"{name} not ready in time:\n{procs.tail(self.logs / f'{name}.log')}"
+            ) from exc
 
     # --- clients -------------------------------------------------------------------------
     def kubectl(

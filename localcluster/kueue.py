@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from localcluster import controlplane, kubeclient, procs
+from localcluster import controlplane, kubeclient, poll, procs
 
 NAMESPACE_LABEL = "fsdpop.test/kueue"
 """Namespaces whose pods Kueue manages (its managedJobsNamespaceSelector and pod webhooks)."""
@@ -281,26 +281,33 @@ class Kueue:
             "metadata": {"name": "fsdpop-probe"},
         }
         last = ""
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
+            nonlocal last
             if self._procs is not None and not self._procs.alive():
                 raise controlplane.ControlPlaneError(
                     f"kueue exited; {self.log}:\n{procs.tail(self.log)}"
                 )
-            if procs.http_ok(f"http://127.0.0.1:{self.health_port}/readyz"):
-                try:
-                    self.kube.request(
-                        "POST",
-                        "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
-                        body=probe,
-                        query={"dryRun": "All"},
-                    )
-                    return
-                except kubeclient.KubeError as exc:
-                    last = str(exc)
-            time.sleep(0.5)
-        raise controlplane.ControlPlaneError(
-            f"kueue not ready (last: {last}); {self.log}:\n{procs.tail(self.log)}"
-        )
+            if not procs.http_ok(f"http://127.0.0.1:{self.health_port}/readyz"):
+                return False
+            try:
+                self.kube.request(
+                    "POST",
+                    "/apis/kueue.x-k8s.io/v1beta2/resourceflavors",
+                    body=probe,
+                    query={"dryRun": "All"},
+                )
+                return True
+            except kubeclient.KubeError as exc:
+                last = str(exc)
+                return False
+
+        try:
+            poll.until("kueue ready", ready, timeout=deadline - time.monotonic(), every=0.5)
+        except poll.TimedOut as exc:
+            raise controlplane.ControlPlaneError(
+                f"kueue not ready (last: {last}); {self.log}:\n{procs.tail(self.log)}"
+            ) from exc
 
     def enable(self, namespace: str) -> None:
         """Let Kueue manage the pods of `namespace` (its label)."""

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from localcluster import controlplane, kubeclient, network, nodes, procs
+from localcluster import controlplane, kubeclient, network, nodes, poll, procs
 
 FAKE_POD_RANGE = ipaddress.ip_network("10.244.128.0/17")
 """The upper half of the local cluster's pod range (``network.POD_RANGE``); the bridge holds
@@ -286,16 +286,24 @@ class Fleet:
             list(pool.map(lambda doc: kube.request("POST", "/api/v1/nodes", body=doc), docs))
 
     def _wait_ready(self, deadline: float) -> None:
-        while len(self.ready_nodes()) < self.options.nodes:
+        """Every fake node Ready by `deadline`; kwok's exit ends the wait at once."""
+
+        def all_ready() -> bool:
+            if len(self.ready_nodes()) >= self.options.nodes:
+                return True
             if not (self._procs and self._procs.status().get("kwok")):
                 raise FleetError(f"kwok exited:\n{procs.tail(self.log)}")
-            if time.monotonic() > deadline:
-                ready = len(self.ready_nodes())
-                raise FleetError(
-                    f"{ready}/{self.options.nodes} fake nodes Ready in time:\n"
-                    f"{procs.tail(self.log)}"
-                )
-            time.sleep(0.5)
+            return False
+
+        try:
+            poll.until(
+                "fake nodes Ready", all_ready, timeout=deadline - time.monotonic(), every=0.5
+            )
+        except poll.TimedOut as exc:
+            ready = len(self.ready_nodes())
+            raise FleetError(
+                f"{ready}/{self.options.nodes} fake nodes Ready in time:\n{procs.tail(self.log)}"
+            ) from exc
 
 
 def _allocatable(node: dict[str, Any], resource: str) -> str | None:

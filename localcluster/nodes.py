@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from localcluster import kubeadm, network, nodeconf
+from localcluster import kubeadm, network, nodeconf, poll
 
 V1_HIERARCHIES = (
     "cpu",
@@ -100,11 +100,19 @@ def make_cgroup_root(path: str) -> None:
 
 
 def wait_socket(path: Path, alive: Callable[[], bool], *, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if not alive() or time.monotonic() > deadline:
+    """Wait for containerd's socket; its exit ends the wait at once."""
+
+    def opened() -> bool:
+        if path.exists():
+            return True
+        if not alive():
             raise NodeError(f"containerd did not open {path}")
-        time.sleep(0.1)
+        return False
+
+    try:
+        poll.until(f"containerd to open {path}", opened, timeout=timeout, every=0.1)
+    except poll.TimedOut as exc:
+        raise NodeError(f"containerd did not open {path}") from exc
 
 
 def advertise_gpus(kubectl: Callable[..., object], name: str, count: int) -> None:

@@ -21,12 +21,11 @@ import os
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from localcluster import imagestore
+from localcluster import imagestore, poll
 
 CRANE_MODULE = "github.com/google/go-containerregistry/cmd/crane"
 CRANE_VERSION = "v0.22.1"
@@ -110,18 +109,30 @@ class Registry:
         url = f"http://127.0.0.1:{self.port}/v2/{repo}/manifests/{digest}"
         headers = {"Content-Type": descriptor["mediaType"]}
         put = urllib.request.Request(url, data=body, method="PUT", headers=headers)  # noqa: S310
-        deadline = time.monotonic() + timeout
-        while True:  # the server binds a moment after it starts
+        last: OSError | None = None
+
+        def taken() -> bool:  # the server binds a moment after it starts
+            nonlocal last
             try:
                 urllib.request.urlopen(put, timeout=5).close()  # noqa: S310 (http, loopback)
-                return f"{HOST}/{repo}@{digest}"
+                return True
             except OSError as err:
-                if self._proc.poll() is not None or time.monotonic() > deadline:
-                    raise imagestore.ImageError(
-                        f"registry on 127.0.0.1:{self.port} took no manifest for {ref}: {err};"
-                        f" its log: {self.log.read_text()[-2000:]}"
-                    ) from err
-                time.sleep(0.2)
+                last = err
+                if self._proc.poll() is not None:
+                    raise self._refused(ref, err) from err
+                return False
+
+        try:
+            poll.until(f"the registry to take {ref}", taken, timeout=timeout, every=0.2)
+        except poll.TimedOut as exc:
+            raise self._refused(ref, last) from exc
+        return f"{HOST}/{repo}@{digest}"
+
+    def _refused(self, ref: str, err: OSError | None) -> imagestore.ImageError:
+        return imagestore.ImageError(
+            f"registry on 127.0.0.1:{self.port} took no manifest for {ref}: {err};"
+            f" its log: {self.log.read_text()[-2000:]}"
+        )
 
     def pull(self, node: imagestore.Containerd, ref: str) -> None:
         """``node`` pulls ``ref`` by its manifest digest and names it ``ref``."""

@@ -135,7 +135,13 @@ def condition(d: decide.Decision, kind: str) -> st.Condition | None:
 def live_record(phase: str, step: int | None) -> str:
     """The live record a rank keeps in its termination-message file (flight.py)."""
     memory = {"peakRssBytes": 15 << 30, "limitBytes": 16 << 30}
-    doc = {"class": contract.LIVE, "rank": 6, "step": step, "exitCode": None, "message": ""}
+    doc = {
+        "class": contract.RecordClass.LIVE,
+        "rank": 6,
+        "step": step,
+        "exitCode": None,
+        "message": "",
+    }
     return json.dumps({**doc, "phase": phase, "memory": memory})
 
 

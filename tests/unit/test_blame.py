@@ -27,7 +27,9 @@ OWN = {
     "killed": msg(
         contract.FailureClass.KILLED, "rank 2 (local rank 0, pid 9) ended without a word"
     ),
-    "silent": msg(contract.LIVE, phase="forward"),  # killed without a word, its live record
+    "silent": msg(
+        contract.RecordClass.LIVE, phase="forward"
+    ),  # killed without a word, its live record
     "exception": msg(contract.FailureClass.RUNTIME, "ValueError: a bug in the training code"),
     "oom": msg(contract.FailureClass.OOM, "CUDA out of memory"),
     "hang": msg(contract.FailureClass.HANG, "no step for 600s"),

@@ -10,12 +10,14 @@ import json
 
 import pytest
 
-from fsdp_operator.policy import decide
+from fsdp_operator.policy import accounting, decide
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
 from tests.builders import (
+    CRASHED,
     NOW,
+    make_spec,
     observe,
     pods,
     running_status,
@@ -41,7 +43,7 @@ def test_rank_0s_final_sums_count_the_steps_after_the_last_scrape() -> None:
     sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.75)
     done = json.dumps(
         {
-            "class": contract.COMPLETED,
+            "class": contract.RecordClass.COMPLETED,
             "rank": 0,
             "step": 60,
             "exitCode": 0,
@@ -83,7 +85,7 @@ def test_rank_0s_final_milestones_complete_a_time_to_resume_no_scrape_saw(in_pla
     assert "milestones" not in contract.totals(sums)
     done = json.dumps(
         {
-            "class": contract.COMPLETED,
+            "class": contract.RecordClass.COMPLETED,
             "rank": 0,
             "step": 60,
             "exitCode": 0,
@@ -137,7 +139,7 @@ def test_malformed_final_milestones_are_ignored(milestones: object) -> None:
 def test_a_crashed_rank_0s_live_record_sums_count_and_older_sums_never_lower_the_scrape() -> None:
     sums = contract.sums(steps_run=33, train_seconds=6.6, blocked_seconds=0.0)
     live = {
-        "class": contract.LIVE,
+        "class": contract.RecordClass.LIVE,
         "rank": 0,
         "step": 33,
         "exitCode": None,
@@ -170,7 +172,7 @@ def test_sums_of_a_gang_this_operator_tore_down_reach_the_closed_attempt() -> No
     # message (its totals: 47 steps, not the 40 scraped) arrives only now.
     sums = contract.sums(steps_run=47, train_seconds=9.4, blocked_seconds=3.0)
     stopped = {
-        "class": contract.LIVE,
+        "class": contract.RecordClass.LIVE,
         "rank": 0,
         "step": 47,
         "exitCode": None,
@@ -227,3 +229,95 @@ def test_sums_of_a_gang_this_operator_tore_down_reach_the_closed_attempt() -> No
 )
 def test_malformed_sums_are_ignored(sums: object) -> None:
     assert contract.parse_sums({contract.SUMS: sums}) is None
+
+
+# --- timelines: the books an attempt's end and the next launch start (accounting.account) ------
+PENDING = st.Timeline(cause=st.Cause.CRASH, failed=NOW - 12, detected=NOW - 10)
+"""The timeline a crash ten seconds ago started for the attempt that follows it."""
+STALLED = st.Restarts(total=1, application=1, without_progress=1)
+"""A restart already charged without progress since: the next one waits for its backoff."""
+
+
+def _restarting(**over: object) -> st.FSDPJobStatus:
+    """Attempt 1 ended by a crash ten seconds ago; attempt 2 is due now."""
+    closed = st.HistoryEntry(attempt=1, started=NOW - 200, ended=NOW - 10, world_size=4)
+    fields: dict[str, object] = {
+        "phase": st.Phase.RESTARTING,
+        "history": [closed],
+        "next_attempt_at": NOW,
+        "failure_observed": NOW - 10,
+        "next_timeline": PENDING,
+    }
+    return running_status(**{**fields, **over})
+
+
+@pytest.mark.parametrize(
+    ("obs", "next_timeline", "new_timeline"),
+    [
+        pytest.param(
+            observe(pods=pods(r3=CRASHED)),
+            None,
+            st.Timeline(cause=st.Cause.CRASH, failed=NOW - 2, detected=NOW, launched=NOW),
+            id="crash-relaunched-at-once",
+        ),
+        pytest.param(
+            observe(
+                status=running_status(restarts=STALLED, resumed_from_step=40),
+                pods=pods(r3=CRASHED),
+            ),
+            st.Timeline(cause=st.Cause.CRASH, failed=NOW - 2, detected=NOW),
+            None,
+            id="crash-waits-for-backoff",
+        ),
+        pytest.param(
+            observe(spec=make_spec(suspend=True)),
+            st.Timeline(cause=st.Cause.SUSPENDED, failed=NOW, detected=NOW),
+            None,
+            id="suspended",
+        ),
+        pytest.param(
+            observe(status=_restarting(), pods=[]),
+            None,
+            PENDING.model_copy(update={"launched": NOW, "gang_gone": NOW}),
+            id="launch-after-backoff-old-gang-gone",
+        ),
+        pytest.param(
+            observe(status=_restarting()),
+            None,
+            PENDING.model_copy(update={"launched": NOW}),
+            id="launch-after-backoff-old-pods-left",
+        ),
+        pytest.param(
+            observe(status=st.FSDPJobStatus(), pods=[]),
+            None,
+            st.Timeline(launched=NOW),
+            id="first-launch",
+        ),
+    ],
+)
+def test_an_attempts_end_and_the_next_launch_start_its_timeline(
+    obs: ob.Observed, next_timeline: st.Timeline | None, new_timeline: st.Timeline | None
+) -> None:
+    # What `fsdpctl describe` shows as the way back to training: when the attempt failed,
+    # when that was seen, when its gang was gone and the next one launched.
+    before = obs.status.model_copy(deep=True)
+    d = decide.decide(obs)
+    assert d.status.next_timeline == next_timeline
+    launched = d.status.attempt != before.attempt
+    assert (d.status.history[-1].timeline if launched else None) == new_timeline
+    assert obs.status == before, "decide reads the observed status, never writes it"
+
+
+def test_account_is_a_function_of_the_status_before_and_after_the_policies() -> None:
+    # A hang seen 3 s after it happened closed attempt 1 (finish.close_history): the books
+    # start attempt 2's timeline from what the two statuses say, and nothing else.
+    before = running_status()
+    after = before.model_copy(deep=True)
+    entry = after.history[-1]
+    entry.ended, entry.cause, entry.detect_seconds = NOW, st.Cause.HANG, 3.0
+    books = accounting.account(before, after, observe(status=before))
+    assert after.next_timeline == st.Timeline(cause=st.Cause.HANG, failed=NOW - 3, detected=NOW)
+    assert books.resumed is None and books.said == ""
+    again = before.model_copy(deep=True)
+    accounting.account(before, again, observe(status=before))
+    assert again.next_timeline is None, "an attempt that did not end starts no timeline"

@@ -66,7 +66,7 @@ def test_a_restart_in_place_is_charged_and_kept_without_touching_the_pods() -> N
 
 def test_an_oom_kill_seen_by_the_keeper_is_charged_as_oom() -> None:
     record = in_place_record(
-        0, **{"class": contract.LIVE, "reason": "OOMKilled", "phase": "forward"}
+        0, **{"class": contract.RecordClass.LIVE, "reason": "OOMKilled", "phase": "forward"}
     )
     d = decide.decide(observe(spec=in_place_spec(), progress=in_place_progress(1, record)))
     assert d.status.last_failure is not None and d.status.last_failure.cause is st.Cause.OOM

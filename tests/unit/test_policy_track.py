@@ -150,7 +150,7 @@ def test_a_finished_job_shows_where_rank_0_finished_not_its_last_scrape() -> Non
     # report is the only word on the end (seen on the chart's default install).
     done = json.dumps(
         {
-            "class": contract.COMPLETED,
+            "class": contract.RecordClass.COMPLETED,
             "rank": 0,
             "step": 300,
             "exitCode": 0,

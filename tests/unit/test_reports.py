@@ -65,7 +65,7 @@ def test_rank_0s_final_message_carries_its_sums_milestones_and_sealed_step() -> 
     reached = {"rendezvous": NOW + 1.0, "first_step": NOW + 2.0}
     sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.5, milestones=reached)
     doc = {
-        "class": contract.COMPLETED,
+        "class": contract.RecordClass.COMPLETED,
         "rank": 0,
         "step": 60,
         "exitCode": 0,

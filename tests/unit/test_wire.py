@@ -167,11 +167,11 @@ def test_the_operator_reads_a_previous_release_run_s_end_the_same(
 ) -> None:
     raw = _golden(name)
     doc = json.loads(raw)
-    assert doc["class"] == contract.COMPLETED
+    assert doc["class"] == contract.RecordClass.COMPLETED
     assert contract.completion_sealed_step(doc["message"]) == sealed
     assert contract.parse_sums(doc) is not None
     written = termination.message(
-        failure_class=contract.COMPLETED,
+        failure_class=contract.RecordClass.COMPLETED,
         rank=0,
         step=doc["step"],
         exit_code=0,

@@ -77,7 +77,7 @@ def test_a_rank_stalled_in_data_loading_is_named_and_the_others_wait_for_it(
     )
     assert 0 < len(recorded["entries"]) <= evidence.FR_ENTRIES_KEPT
     # rank 0's live record: what `OOMKilled` would come with if the kernel killed it now
-    assert live["class"] == contract.LIVE and live["step"] == STALLED_AFTER
+    assert live["class"] == contract.RecordClass.LIVE and live["step"] == STALLED_AFTER
     assert live["phase"] == "forward" and live["memory"]["peakRssBytes"] > 0
     assert contract.parse_sums(live) is not None, live  # its totals, should the kernel kill it
     assert live[contract.SUMS]["stepsRun"] == STALLED_AFTER, live

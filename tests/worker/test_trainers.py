@@ -53,7 +53,11 @@ def plain_reference(worker_tmp: Path) -> Any:
 def test_a_kit_trainer_reports_its_end(plain_reference: Any) -> None:
     assert sorted(_plain_losses(plain_reference.log)) == list(range(1, 13))
     done = plain_reference.termination()  # rank 0's last word, for an operator reading no claim
-    assert (done["class"], done["step"], done["exitCode"]) == (contract.COMPLETED, 12, 0)
+    assert (done["class"], done["step"], done["exitCode"]) == (
+        contract.RecordClass.COMPLETED,
+        12,
+        0,
+    )
     assert json.loads(done["message"]) == {"sealedStep": 12}
     steps, train, blocked = contract.parse_sums(done) or (None, 0.0, 0.0)
     assert steps == 12 and train > 0 and blocked > 0, done  # its totals: goodput's last seconds

@@ -53,7 +53,7 @@ def termination_of(doc: Mapping[str, Any]) -> observed.Termination:
     """The fields of a termination message already read as JSON."""
     kind, step, code = doc.get("class"), doc.get("step"), doc.get("exitCode")
     words, phase = doc.get("message"), doc.get("phase")
-    completed = kind == contract.COMPLETED
+    completed = kind == contract.RecordClass.COMPLETED
     return observed.Termination(
         kind=kind if isinstance(kind, str) else None,
         # (a bool passes as an int here, as the worker's own checks let it)

@@ -2,9 +2,13 @@
 its time to resume was, and goodput. Bookkeeping only: nothing here decides what happens to
 the job; the policies read what it kept.
 
-Rank 0's figures (scraped, or its termination message's sums) and the pods' own milestones are
-kept where the pass reads them (decide.py says when); `account` closes the pass as a function
-of the status before it, the status after it and what was observed.
+Two moments in a pass. What a policy reads in the same pass is kept before the policies run
+(decide.py calls these): rank 0's figures (scraped, or its termination message's sums; detect
+sizes a gang's live window from them) and the milestones the operator sees on pods (detect's
+hang baseline is the moment every pod ran). Everything else is `account`, called once after
+the policies as a function of the status before the pass, the status the policies made and
+what was observed: the timelines an attempt's end and the next launch start, the attempt whose
+time to resume became known, and goodput.
 """
 
 from __future__ import annotations
@@ -157,7 +161,6 @@ def pod_milestones(d: decision.Draft, obs: observed.Observed) -> None:
 class Account:
     """What a pass adds to the books once everything else is decided."""
 
-    goodput: status.Goodput | None  # the figure the status keeps
     resumed: status.HistoryEntry | None = None  # an attempt whose time to resume is known now
     said: str = ""  # its TrainingResumed Event (after a failure; "" for the first start)
 
@@ -165,9 +168,49 @@ class Account:
 def account(
     before: status.FSDPJobStatus, after: status.FSDPJobStatus, obs: observed.Observed
 ) -> Account:
-    """Goodput, and the attempt whose time to resume became known in this pass. Goodput alone
-    changes every pass: it is refreshed with any other change, at most every
-    GOODPUT_REFRESH_SECONDS otherwise, and always at the end."""
+    """Close the pass's books once the policies have decided: `before` is the status the pass
+    read, `after` the status they made, which gets the books written into it (the timelines an
+    attempt's end and the next one's launch start, and goodput). Returns the attempt whose time
+    to resume became known in this pass. No policy reads what is written here."""
+    _timelines(before, after, obs)
+    books = _resumed(before, after)
+    after.goodput = _goodput(before, after, obs)
+    return books
+
+
+def _timelines(
+    before: status.FSDPJobStatus, after: status.FSDPJobStatus, obs: observed.Observed
+) -> None:
+    """An attempt that ended in this pass starts the timeline of the one that follows it (when
+    it failed, when that was seen); a launch in this pass carries that timeline into the new
+    attempt's entry, with its launch and, when no pod of the old gang is left, its teardown."""
+    ended = _ended_now(before, after)
+    if ended is not None:
+        failed = obs.now - (ended.detect_seconds or 0.0)
+        after.next_timeline = status.Timeline(cause=ended.cause, failed=failed, detected=obs.now)
+    entry = decision.current_entry(after)
+    if entry is None or after.attempt == before.attempt:
+        return
+    pending = after.next_timeline or status.Timeline()
+    entry.timeline = pending.model_copy(update={"launched": obs.now})
+    if entry.timeline.failed is not None and entry.timeline.gang_gone is None and not obs.pods:
+        entry.timeline.gang_gone = obs.now
+    after.next_timeline = None
+
+
+def _ended_now(
+    before: status.FSDPJobStatus, after: status.FSDPJobStatus
+) -> status.HistoryEntry | None:
+    """The attempt whose entry the policies closed in this pass (finish.close_history)."""
+    old = decision.current_entry(before)
+    if old is None or old.ended is not None:
+        return None
+    entry = next((e for e in after.history if e.attempt == old.attempt), None)
+    return entry if entry is not None and entry.ended is not None else None
+
+
+def _resumed(before: status.FSDPJobStatus, after: status.FSDPJobStatus) -> Account:
+    """The attempt whose timeline completed in this pass, and its Event after a failure."""
     entry, old = decision.current_entry(after), decision.current_entry(before)
     resumed, said = None, ""
     if (
@@ -178,6 +221,14 @@ def account(
     ):
         resumed = entry
         said = _resumed_message(entry) if entry.timeline.failed is not None else ""
+    return Account(resumed=resumed, said=said)
+
+
+def _goodput(
+    before: status.FSDPJobStatus, after: status.FSDPJobStatus, obs: observed.Observed
+) -> status.Goodput | None:
+    """Goodput alone changes every pass: it is refreshed with any other change, at most every
+    GOODPUT_REFRESH_SECONDS otherwise, and always at the end."""
     fresh = goodput.account(after, now=obs.now)
     kept = after.goodput
     unchanged = after.model_dump(exclude={"goodput"}) == before.model_dump(exclude={"goodput"})
@@ -188,7 +239,7 @@ def account(
     )
     if not unchanged or stale or after.phase in status.TERMINAL_PHASES:
         kept = fresh
-    return Account(goodput=kept, resumed=resumed, said=said)
+    return kept
 
 
 def _resumed_message(entry: status.HistoryEntry) -> str:

@@ -54,7 +54,6 @@ def decide(obs: observed.Observed, tun: restarts.Tunables | None = None) -> deci
     d.resumed = books.resumed
     if books.said:
         d.emit("TrainingResumed", books.said)
-    d.status.goodput = books.goodput
     if d.spares:  # made from the attempt's launch as the pass leaves it
         d.spare_launch = launch.current_launch(obs, d.status)
     return d.freeze()
@@ -69,7 +68,7 @@ def _decide(obs: observed.Observed, tun: restarts.Tunables) -> decision.Draft:
     track.track(d, obs)
     if s.phase in status.TERMINAL_PHASES:
         return finish.finished(d, obs)
-    accounting.pod_milestones(d, obs)
+    accounting.pod_milestones(d, obs)  # detect's hang baseline reads them in this pass
     if obs.validated_generation is not None:
         s.validated_generation = obs.validated_generation
     conditions.conflicts(d, obs)
@@ -89,7 +88,7 @@ def _decide(obs: observed.Observed, tun: restarts.Tunables) -> decision.Draft:
         conditions.set_phase(d, obs, status.Phase.PENDING, "Resumed", "spec.suspend cleared")
         d.emit("Resumed", "spec.suspend cleared; starting from the newest checkpoint")
         return launch.launch(d, obs, tun, cause=None)
-    accounting.final_sums(d, obs)
+    accounting.final_sums(d, obs)  # detect's live window reads them in this pass
     if s.attempt == 0 or (s.phase is status.Phase.RESTARTING and s.next_attempt_at is not None):
         if s.attempt == 0:
             conditions.set_phase(d, obs, status.Phase.PENDING, "Created", "")

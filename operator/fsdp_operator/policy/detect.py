@@ -59,7 +59,7 @@ def _failure(
     said = pod.termination if pod else observed.Termination()
     step, phase = said.step, said.phase
     memory = explain.memory_words(said.memory)
-    if said.kind == contract.LIVE and pod is not None:  # killed without a word
+    if said.kind == contract.RecordClass.LIVE and pod is not None:  # killed without a word
         how = pod.reason or f"exit {pod.exit_code}"
         when = f"after step {step}" if step is not None else "before its first step"
         text = message or f"{how} in {phase or 'an unrecorded phase'} {when}"
@@ -69,7 +69,7 @@ def _failure(
     diagnosis = ""
     if cause is status.Cause.OOM:
         diagnosis = explain.oom_diagnosis(phase, step=step)
-        if said.kind == contract.LIVE:  # sampled at the last phase change, not the kill
+        if said.kind == contract.RecordClass.LIVE:  # sampled at the last phase change, not the kill
             diagnosis += f" (last recorded: {memory})" if diagnosis and memory else ""
         elif view := explain.allocator_words(said.memory, said.ledger):
             diagnosis += f" ({view})" if diagnosis else ""

@@ -58,8 +58,8 @@ def delete_spares(d: decision.Draft, obs: observed.Observed) -> None:
 def close_history(
     d: decision.Draft, obs: observed.Observed, cause: status.Cause, detect_s: float | None
 ) -> None:
-    """End the current attempt's entry; count its uptime (and a failure unless planned); start
-    the timeline of the attempt that will follow it."""
+    """End the current attempt's entry; count its uptime (and a failure unless planned). The
+    timeline of the attempt that follows it is the books' (accounting.account)."""
     s = d.status
     last = decision.current_entry(s)
     if last is None or last.ended is not None:
@@ -74,7 +74,6 @@ def close_history(
         gang_failures=rel.gang_failures + (cause not in PLANNED),
         uptime_seconds=round(rel.uptime_seconds + max(0.0, failed - (last.started or failed)), 3),
     )
-    s.next_timeline = status.Timeline(cause=cause, failed=failed, detected=obs.now)
 
 
 def finish(

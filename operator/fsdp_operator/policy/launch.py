@@ -86,18 +86,13 @@ def _draining(s: status.FSDPJobStatus, obs: observed.Observed, tun: restarts.Tun
 
 
 def _open_history(s: status.FSDPJobStatus, obs: observed.Observed) -> None:
-    """The new attempt's history entry, with the timeline its predecessor's end started;
+    """The new attempt's history entry (its timeline is the books', accounting.account);
     entries past the limit are folded into goodput's totals."""
-    timeline = (s.next_timeline or status.Timeline()).model_copy(update={"launched": obs.now})
-    if timeline.failed is not None and timeline.gang_gone is None and not obs.pods:
-        timeline.gang_gone = obs.now
-    s.next_timeline = None
     entry = status.HistoryEntry(
         attempt=s.attempt,
         started=obs.now,
         resumed_from_step=s.resumed_from_step,
         world_size=s.world_size,
-        timeline=timeline,
     )
     history = [*s.history, entry]
     dropped = history[: -status.HISTORY_LIMIT]

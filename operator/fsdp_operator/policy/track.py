@@ -131,12 +131,13 @@ def _correct_steps_lost(s: status.FSDPJobStatus, resumed: int, expected: int | N
 def completion_report(
     d: decision.Draft, obs: observed.Observed, pods: list[observed.PodView]
 ) -> None:
-    """Rank 0's last word on success (contract.COMPLETED): the step it trained to and the
-    newest step it sealed. The last scrape may be steps behind, and a blind operator reads no
-    checkpoint: without this a finished job would show where it was a scrape interval ago."""
+    """Rank 0's last word on success (contract.RecordClass.COMPLETED): the step it trained to
+    and the newest step it sealed. The last scrape may be steps behind, and a blind operator
+    reads no checkpoint: without this a finished job would show where it was a scrape
+    interval ago."""
     rank0 = next((p for p in pods if p.rank == 0), None)
     said = rank0.termination if rank0 is not None else observed.Termination()
-    if said.kind != contract.COMPLETED:
+    if said.kind != contract.RecordClass.COMPLETED:
         return
     s = d.status
     if said.step is not None and (s.step is None or said.step > s.step):

@@ -31,7 +31,7 @@ class Termination:
     report is advice, and a pod without one is judged by its exit code and reason."""
 
     kind: str | None = None
-    """Its `class`: a contract.FailureClass value, contract.LIVE or contract.COMPLETED."""
+    """Its `class`: a contract.FailureClass or contract.RecordClass value."""
     step: int | None = None  # the last step the rank completed
     exit_code: int | None = None  # the worker's own (`exitCode`)
     words: str = ""  # its `message`

@@ -176,19 +176,22 @@ def symptom_of(message: str) -> Symptom | None:
     return None
 
 
-LIVE = "Live"
-"""`class` of the record the pod's first rank keeps in the termination-message file while it
-trains (`phase`, `step`, `memory`): what the kubelet reports when the rank is killed without
-a word (a kernel OOM kill). A failure's own message replaces it."""
+class RecordClass(enum.StrEnum):
+    """`class` of a termination record that reports no failure (FailureClass names those)."""
+
+    LIVE = "Live"
+    """The record the pod's first rank keeps in the termination-message file while it trains
+    (`phase`, `step`, `memory`): what the kubelet reports when the rank is killed without a
+    word (a kernel OOM kill). A failure's own message replaces it."""
+    COMPLETED = "Completed"
+    """The message global rank 0 leaves when the run succeeds: `step` is the last step it
+    trained, `message` the JSON object {"sealedStep": N or null}, the newest checkpoint it
+    sealed. Without it, an operator that reads no claim only knows its last scrape."""
+
 
 EVIDENCE_PREFIX = "FSDP_EVIDENCE"
 """A rank's log line `FSDP_EVIDENCE {json}`: its flight record when it stopped stepping
 (docs/contract.md, "Evidence"); the operator reads it before it deletes a hung gang."""
-
-COMPLETED = "Completed"
-"""`class` of the message global rank 0 leaves when the run succeeds: `step` is the last step
-it trained, `message` the JSON object {"sealedStep": N or null}, the newest checkpoint it
-sealed. Without it, an operator that reads no claim only knows its last scrape."""
 
 
 class _Record(pydantic.BaseModel):
@@ -199,7 +202,7 @@ class _Record(pydantic.BaseModel):
 
 
 class Completion(_Record):
-    """The `message` of a COMPLETED report: the newest checkpoint rank 0 sealed."""
+    """The `message` of a RecordClass.COMPLETED report: the newest checkpoint rank 0 sealed."""
 
     sealed_step: int | None = None
 
@@ -299,14 +302,14 @@ SUMS_MILESTONES = "milestones"
 
 
 class TerminationMessage(_Record):
-    """The JSON termination message (TERMINATION_KEYS), and the live record (`class` LIVE)
+    """The JSON termination message (TERMINATION_KEYS), and the live record (RecordClass.LIVE)
     that holds its place while the rank trains. Any other key (TERMINATION_OPTIONAL_KEYS, the
     keeper's, a later release's) is kept as it came."""
 
     model_config = pydantic.ConfigDict(**wire.CAMEL, frozen=True, extra="allow")
 
     failure_class: str = pydantic.Field(alias="class")
-    """A FailureClass, LIVE or COMPLETED."""
+    """A FailureClass or a RecordClass."""
     rank: int | None
     step: int | None
     exit_code: int | None

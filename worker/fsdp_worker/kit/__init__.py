@@ -418,7 +418,7 @@ def main(
         if dist_info.rank == 0:  # what an operator that reads no claim cannot see otherwise
             sealed = run.manager.sealed_step if run.manager is not None else None
             termination.write(
-                failure_class=contract.COMPLETED,
+                failure_class=contract.RecordClass.COMPLETED,
                 rank=0,
                 step=run.current_step,
                 exit_code=code,

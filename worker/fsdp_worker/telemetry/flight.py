@@ -5,9 +5,9 @@ The FSDP article's advice for a hang is to "compare the last completed collectiv
 transition on each rank" and for an OOM to "locate the phase"; both clues die with the pods.
 So a rank keeps:
 
-- a live record in its pod's termination-message file (contract.LIVE), rewritten at every
-  phase change: the kubelet reports it when the rank is killed without a word (a kernel OOM
-  kill, SIGKILL), so `OOMKilled` comes with the phase, step and memory;
+- a live record in its pod's termination-message file (contract.RecordClass.LIVE), rewritten at
+  every phase change: the kubelet reports it when the rank is killed without a word (a kernel
+  OOM kill, SIGKILL), so `OOMKilled` comes with the phase, step and memory;
 - a watchdog: when no step completed for `FSDP_HANG_SECONDS` (the job's progress deadline) it
   prints every thread's stack and one `FSDP_EVIDENCE {json}` line to its log, where the
   operator reads them before it deletes the pods, and writes both under the job's checkpoint
@@ -250,7 +250,7 @@ class Recorder:
             return
         self._sample_memory()
         doc = {
-            "class": contract.LIVE,
+            "class": contract.RecordClass.LIVE,
             "rank": self.rank,
             "step": self.step,
             "exitCode": None,

@@ -39,7 +39,7 @@ LIVE_BYTES = 1024  # the live record's fixed size (spaces pad it: JSON allows th
 def _holds_final(fd: int) -> bool:
     """Whether the file already holds a message other than the live record."""
     head = os.pread(fd, 64, 0)
-    return bool(head.strip()) and f'"class":"{contract.LIVE}"'.encode() not in head
+    return bool(head.strip()) and f'"class":"{contract.RecordClass.LIVE}"'.encode() not in head
 
 
 def write_live(fd: int, text: str) -> None:
@@ -238,7 +238,7 @@ def live_fields() -> dict[str, object]:
             record = wire.parse_or_none(contract.TerminationMessage, fh.read() or b"{}")
     except OSError:
         return {}
-    if record is None or record.failure_class != contract.LIVE:
+    if record is None or record.failure_class != contract.RecordClass.LIVE:
         return {}
     doc = wire.to_doc(record)
     return {k: doc[k] for k in ("phase", "step", "memory") if k in doc}

@@ -402,7 +402,7 @@ class StandIn:
                 rank=0,
                 step=self.step,
                 code=0,
-                cls=contract.COMPLETED,
+                cls=contract.RecordClass.COMPLETED,
                 message=done,
                 sums=self._sums(),
             )
