@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
-.PHONY: kwok-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
+.PHONY: kwok-bin versitygw-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
 
 venv: $(STAMP)
 
@@ -32,6 +32,11 @@ cluster-bin:
 # files it plays, from its Go module into the cache; tests/cluster/test_kwok.py needs it.
 kwok-bin:
 	bash localcluster/build-kwok.sh >/dev/null
+
+# versitygw (an S3 API server over a directory: the local cluster's object store for
+# checkpoints, localcluster/build-versitygw.sh) from its Go module into the cache.
+versitygw-bin:
+	bash localcluster/build-versitygw.sh >/dev/null
 
 # Kueue (the queueing controller, localcluster/kueue.py) with its CRDs and webhook manifests,
 # from its Go module into the cache; tests/integration/test_kueue.py needs it.
@@ -81,7 +86,7 @@ images: venv packages
 # tests/unit/test_release.py checks that these two lists name every test directory.
 CPU_LOG := .test-unit-worker.log
 CLUSTER_TESTS := tests/cluster tests/integration tests/e2e
-test: cluster-bin packages venv images kwok-bin lint typecheck
+test: cluster-bin packages venv images kwok-bin versitygw-bin lint typecheck
 	nice -n 10 bash localcluster/build-kueue.sh >/dev/null 2>&1 & kueue=$$!; \
 	nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/worker \
 		>$(CPU_LOG) 2>&1 & cpu=$$!; trap 'kill $$cpu $$kueue 2>/dev/null' INT TERM; \
