@@ -28,7 +28,7 @@ from typing import Any
 from fsdp_worker import contract
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
-from fsdp_worker.keeper import launchers, processes, ranks, standby, torchrun_argv
+from fsdp_worker.keeper import launchers, ranks, standby, torchrun_argv
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
@@ -46,7 +46,12 @@ class Keeper:
     follow: tuple[str, str] | None = None  # the operator's `follow`: (coordinator, store)
     promoted: str | None = None  # the operator's `promote`: this spare is node 0, its store
 
-    def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
+    def __init__(
+        self, gang: Gang, argv: Sequence[str], *, launch: launchers.Launchers | None = None
+    ) -> None:
+        """`launch` starts and kills the ranks (default: torchrun and the warm launcher, marked
+        with this keeper's token); bench/gang_scale.py gives a stand-in, so that a thousand
+        simulated nodes' keepers share one process."""
         self.gang = gang
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,7 +62,7 @@ class Keeper:
         self.seen: dict[str, Any] = {}  # the coordinator's last answer
         # In the environment of every process this keeper launches, whoever its parent is now.
         self.token = secrets.token_hex(8)
-        self.launchers = launchers.Launchers(self.argv, token=self.token)
+        self.launchers = launch or launchers.Launchers(self.argv, token=self.token)
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
     def _on_term(self, signum: int, frame: object) -> None:
@@ -69,6 +74,11 @@ class Keeper:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
+        return self.run_generations()
+
+    def run_generations(self) -> int:
+        """`run` without the SIGTERM handler (only a main thread may set one): the keeper's
+        listener, then its ranks generation after generation; the exit code its pod ends with."""
         self._listen()
         start = self._first_generation()
         if start is None:
@@ -350,9 +360,9 @@ class Keeper:
         leave the ranks running (seen: an orphaned rank 0 kept its metrics port and stepped
         on); and a rank whose torchrun died first is no longer below it (reparented to the
         container's init), so it is found by the keeper's token in its environment. The next
-        generation's warm launcher, not started yet, is spared."""
+        generation's warm launcher, not started yet, is spared (launchers.Launchers.kill)."""
         assert self.proc is not None
-        processes.kill_launched(self.token, roots=[self.proc.pid], spare=self.launchers.spared())
+        self.launchers.kill(self.proc)
 
     def _all_down(self, generation: int) -> bool:
         """Wait for every node's keeper to report `generation`'s ranks down. This node's own
