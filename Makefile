@@ -156,7 +156,7 @@ bench-fleet: venv packages cluster-bin kwok-bin
 # One gang of 8 to 1,024 simulated nodes (real keepers and coordinator over 127.0.0.1, rank
 # stand-ins), this tree against the 0.2 s-poll keeper of GANG_SCALE_BEFORE in the same run;
 # bench/results/gang_scale.json and docs/gang_scale.png (about 10 minutes).
-GANG_SCALE_BEFORE ?= GANG_SCALE_BEFORE_REF
+GANG_SCALE_BEFORE ?= b8820a6
 GANG_SCALE_ARGS ?= --before $(GANG_SCALE_BEFORE)
 bench-gang-scale: venv
 	PYTHONPATH=. $(VPY) bench/gang_scale.py $(GANG_SCALE_ARGS)
