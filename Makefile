@@ -9,6 +9,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
 .PHONY: kwok-bin versitygw-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
+.PHONY: bench-gang-scale
 
 venv: $(STAMP)
 
@@ -157,6 +158,14 @@ bench-failover: venv packages cluster-bin
 FLEET_ARGS ?=
 bench-fleet: venv packages cluster-bin kwok-bin
 	PYTHONPATH=. $(VPY) bench/fleet.py $(FLEET_ARGS)
+
+# One gang of 8 to 1,024 simulated nodes (real keepers and coordinator over 127.0.0.1, rank
+# stand-ins), this tree against the 0.2 s-poll keeper of GANG_SCALE_BEFORE in the same run;
+# bench/results/gang_scale.json and docs/gang_scale.png (about 10 minutes).
+GANG_SCALE_BEFORE ?= b8820a6
+GANG_SCALE_ARGS ?= --before $(GANG_SCALE_BEFORE)
+bench-gang-scale: venv
+	PYTHONPATH=. $(VPY) bench/gang_scale.py $(GANG_SCALE_ARGS)
 
 # tests/e2e on a kind cluster, where a Docker engine exists (a hosted runner, a laptop; not
 # this project's machines): builds the images with docker, loads them, runs the suite.

@@ -31,6 +31,12 @@ restart and waits for the operator (a node whose keeper died never reports); a p
 coordinator waits as long for the other nodes to rejoin."""
 MAX_RECORDS = 8
 """Failures of earlier generations passed to the next one (rank 0 serves them)."""
+HOLD_SECONDS = 2.0
+"""How long a keeper's `state`, `down` or `done` that names the generation it knows (`known`)
+is held while nothing it waits for happens (long-poll: a keeper learns of a new generation at
+once, in one request per HOLD_SECONDS rather than a poll every 0.2 s). Well under the operator's
+GANG_SILENT_SECONDS: a keeper waiting here is heard at least this often."""
+HELD = (Op.STATE, Op.DOWN, Op.DONE)
 
 
 @dataclasses.dataclass
@@ -50,6 +56,26 @@ class _State:
     joined: dict[int, int] = dataclasses.field(default_factory=dict)
     pending: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def key(self) -> tuple[Any, ...]:
+        """What a held request may wait for: a change here answers every one (few changes per
+        generation, so a thousand held requests are woken O(1) times each)."""
+        complete = sum(1 for nodes in self.down.values() if len(nodes) >= self.nodes)
+        holders = tuple(sorted(self.holders.items()))
+        done = len(self.done) >= self.nodes
+        return (self.generation, self.final, self.gathering is None, holders, complete, done)
+
+    def waits(self, doc: dict[str, Any]) -> bool:
+        """Whether a request that names the generation it knows has nothing new to hear yet:
+        that generation still runs and, for `down`, not every node is down in its generation,
+        for `done`, not every node is done."""
+        if self.final or self.gathering is not None or doc.get("known") != self.generation:
+            return False
+        if doc.get("op") == Op.DOWN:
+            return len(self.down.get(doc.get("generation", -1), ())) < self.nodes
+        if doc.get("op") == Op.DONE:
+            return len(self.done) < self.nodes
+        return True
+
     def answer(self) -> dict[str, Any]:
         now = time.monotonic()
         if self.gathering is not None and now - self.gathering > DOWN_TIMEOUT_SECONDS:
@@ -62,8 +88,9 @@ class _State:
             "down": {str(g): sorted(n) for g, n in self.down.items()},
             "done": len(self.done),
             "holders": {str(n): spare for n, spare in self.holders.items()},
-            # seconds since each node's keeper last asked (every POLL_SECONDS while it keeps
-            # its ranks or waits for the others): a frozen or stopped one falls silent, and
+            # seconds since each node's keeper last asked or was answered (at least every
+            # HOLD_SECONDS while it keeps its ranks or waits for the others): a frozen or
+            # stopped one falls silent, and
             # the operator does not wait for a restart in place it cannot take part in
             "quiet": {
                 str(n): round(now - self.heard.get(n, self.started), 1) for n in range(self.nodes)
@@ -177,6 +204,7 @@ class Coordinator(socketserver.ThreadingTCPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 1024  # every keeper asks again at once when a held answer goes out
 
     def __init__(
         self, port: int, nodes: int = 0, *, active: bool = True, keeper: Keeper | None = None
@@ -185,40 +213,66 @@ class Coordinator(socketserver.ThreadingTCPServer):
         self.active = active
         self.keeper = keeper
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         super().__init__(("", port), _Handler)
 
     def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
-        op = doc.get("op")
+        """The request's effect and the gang's state after it; a keeper's `state`, `down` or
+        `done` with `known` (the generation it knows) is held until there is news for it
+        (_State.waits, _State.key) or HOLD_SECONDS pass. Without `known`, answered at once:
+        keepers of an earlier release poll."""
         with self.lock:
-            st = self.state
-            if op in (Op.FOLLOW, Op.PROMOTE):
-                return self._hand_over(doc)
-            if not self.active:
-                return {"standby": True}
-            sender = doc.get("from")
-            if isinstance(sender, int) and 0 <= sender < st.nodes:
-                st.heard[sender] = time.monotonic()
-            if op == Op.FAIL and doc.get("generation") == st.generation and not st.final:
-                # The first failure of a generation is its cause; later ones are its symptoms.
-                given = doc.get("failure")
-                record: dict[str, Any] = given if isinstance(given, dict) else {}
-                st.failures.append({**record, "generation": st.generation})
-                st.final = bool(doc.get("final"))
-                if not st.final:
-                    st.generation += 1
-                    st.done.clear()  # nodes that ended well start again with the others
-            elif op == Op.FAIL and doc.get("final"):
-                st.final = True
-            elif op == Op.DOWN and isinstance(doc.get("generation"), int):
-                st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
-            elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
-                st.done.add(int(doc.get("node", -1)))
-            elif op == Op.REPLACE:
-                refused = st.replace(doc)
-                return {**st.answer(), "refused": refused} if refused else st.answer()
-            elif op == Op.REJOIN:
-                st.rejoin(doc)
-            return st.answer()
+            key = self.state.key()
+            answer = self._handle(doc)
+            if self.state.key() != key:
+                self.changed.notify_all()
+            if self.active and doc.get("op") in HELD and "known" in doc:
+                return _slim(self._held(doc, answer), doc)
+            return answer
+
+    def _held(self, doc: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+        st, key = self.state, self.state.key()
+        deadline = time.monotonic() + HOLD_SECONDS
+        if not st.waits(doc):
+            return answer
+        while st.waits(doc) and st.key() == key and time.monotonic() < deadline:
+            self.changed.wait(deadline - time.monotonic())
+        sender = doc.get("from")
+        if isinstance(sender, int) and 0 <= sender < st.nodes:
+            st.heard[sender] = time.monotonic()
+        return st.answer()
+
+    def _handle(self, doc: dict[str, Any]) -> dict[str, Any]:
+        op = doc.get("op")
+        st = self.state
+        if op in (Op.FOLLOW, Op.PROMOTE):
+            return self._hand_over(doc)
+        if not self.active:
+            return {"standby": True}
+        sender = doc.get("from")
+        if isinstance(sender, int) and 0 <= sender < st.nodes:
+            st.heard[sender] = time.monotonic()
+        if op == Op.FAIL and doc.get("generation") == st.generation and not st.final:
+            # The first failure of a generation is its cause; later ones are its symptoms.
+            given = doc.get("failure")
+            record: dict[str, Any] = given if isinstance(given, dict) else {}
+            st.failures.append({**record, "generation": st.generation})
+            st.final = bool(doc.get("final"))
+            if not st.final:
+                st.generation += 1
+                st.done.clear()  # nodes that ended well start again with the others
+        elif op == Op.FAIL and doc.get("final"):
+            st.final = True
+        elif op == Op.DOWN and isinstance(doc.get("generation"), int):
+            st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+        elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
+            st.done.add(int(doc.get("node", -1)))
+        elif op == Op.REPLACE:
+            refused = st.replace(doc)
+            return {**st.answer(), "refused": refused} if refused else st.answer()
+        elif op == Op.REJOIN:
+            st.rejoin(doc)
+        return st.answer()
 
     def _hand_over(self, doc: dict[str, Any]) -> dict[str, Any]:
         """`promote` (to a spare's keeper: it becomes node rank 0 and this coordinator, its
@@ -243,6 +297,16 @@ class Coordinator(socketserver.ThreadingTCPServer):
         self.active = True
         keeper.promoted = str(master)
         return self.state.answer()
+
+
+def _slim(answer: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
+    """A held request's answer, for a keeper of this release: without each node's `quiet`
+    (the operator's) and with only the nodes down in `doc`'s generation. The whole answer is
+    O(nodes) and a thousand keepers ask at once after every change."""
+    slim = {k: v for k, v in answer.items() if k not in ("quiet", "down")}
+    ended = str(doc.get("generation"))
+    slim["down"] = {ended: answer["down"][ended]} if ended in answer.get("down", {}) else {}
+    return slim
 
 
 class _Handler(socketserver.StreamRequestHandler):

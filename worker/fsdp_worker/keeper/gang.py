@@ -28,7 +28,7 @@ from typing import Any
 from fsdp_worker import contract
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
-from fsdp_worker.keeper import launchers, processes, ranks, standby, torchrun_argv
+from fsdp_worker.keeper import launchers, ranks, standby, torchrun_argv, watch
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
@@ -46,7 +46,12 @@ class Keeper:
     follow: tuple[str, str] | None = None  # the operator's `follow`: (coordinator, store)
     promoted: str | None = None  # the operator's `promote`: this spare is node 0, its store
 
-    def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
+    def __init__(
+        self, gang: Gang, argv: Sequence[str], *, launch: launchers.Launchers | None = None
+    ) -> None:
+        """`launch` starts and kills the ranks (default: torchrun and the warm launcher, marked
+        with this keeper's token); bench/gang_scale.py gives a stand-in, so that a thousand
+        simulated nodes' keepers share one process."""
         self.gang = gang
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -57,7 +62,7 @@ class Keeper:
         self.seen: dict[str, Any] = {}  # the coordinator's last answer
         # In the environment of every process this keeper launches, whoever its parent is now.
         self.token = secrets.token_hex(8)
-        self.launchers = launchers.Launchers(self.argv, token=self.token)
+        self.launchers = launch or launchers.Launchers(self.argv, token=self.token)
 
     # The pod's SIGTERM (deletion, preemption, teardown) goes to torchrun, as without a keeper.
     def _on_term(self, signum: int, frame: object) -> None:
@@ -69,6 +74,11 @@ class Keeper:
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_term)
+        return self.run_generations()
+
+    def run_generations(self) -> int:
+        """`run` without the SIGTERM handler (only a main thread may set one): the keeper's
+        listener, then its ranks generation after generation; the exit code its pod ends with."""
         self._listen()
         start = self._first_generation()
         if start is None:
@@ -155,7 +165,8 @@ class Keeper:
             # said again at each poll (the coordinator keeps a set): one report lost on a busy
             # node would hold both keepers here for DOWN_TIMEOUT_SECONDS after training ended,
             # their pods Running, for the operator to judge a hang
-            answer = self._ask(done, quiet=True)
+            asked = time.monotonic()
+            answer = self._ask_held(done)
             if answer is None:
                 silent_since = silent_since or time.monotonic()
                 if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
@@ -170,7 +181,7 @@ class Keeper:
                 break
             else:
                 silent_since = None
-            time.sleep(POLL_SECONDS)
+            _pace(asked, POLL_SECONDS)
         log.info(
             "training ended on every node (%.1fs in the exit barrier)", time.monotonic() - began
         )
@@ -204,35 +215,40 @@ class Keeper:
 
     def _watch(self, generation: int) -> str:
         """Until torchrun exits ("exited"), the gang moves on ("moved"), the coordinator is
-        lost or a spare was given this node ("lost"), or the pod is stopped ("stopping")."""
+        lost or a spare was given this node ("lost"), or the pod is stopped ("stopping"). The
+        coordinator is watched by a thread of held asks (watch.GenerationWatch); this loop
+        sees its news and the ranks' exit, each at once."""
         assert self.proc is not None
-        silent_since: float | None = None
-        while self.proc.poll() is None:
-            if self.stopping:
-                return "stopping"
-            time.sleep(POLL_SECONDS)
-            self._keep_warm()
-            answer = None if self.follow else self._ask({"op": Op.STATE}, quiet=True)
-            if self.follow is not None:  # node rank 0 is lost: its successor restarts the gang
-                self._kill()
-                return "lost"
-            if answer is None:
-                # Before its first answer the coordinator is starting (node 0's pod may start
-                # later, its name may not resolve yet): torchrun's rendezvous waits for it too.
-                silent_since = silent_since or time.monotonic()
-                if self.met and time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
+        seen = watch.GenerationWatch(
+            generation=generation,
+            ask=self._ask,
+            fenced=self._fenced,
+            met=self._meet,
+            met_before=self.met,
+            poll=POLL_SECONDS,
+            lost_after=LOST_AFTER_SECONDS,
+        )
+        try:
+            while self.proc.poll() is None:
+                if self.stopping:
+                    return "stopping"
+                self._keep_warm()
+                verdict = "lost" if self.follow is not None else seen.verdict
+                if verdict is not None:
+                    if verdict == "fenced":
+                        log.error(
+                            "node %d was given to a spare: this keeper's ranks stop",
+                            self.gang.node,
+                        )
                     self._kill()
-                    return "lost"
-                continue
-            silent_since, self.met = None, True
-            if self._fenced(answer):
-                log.error("node %d was given to a spare: this keeper's ranks stop", self.gang.node)
-                self._kill()
-                return "lost"
-            if answer.get("final") or int(answer.get("generation", 0)) > generation:
-                self._kill()
-                return "moved"
-        return "exited"
+                    return "moved" if verdict == "moved" else "lost"
+                seen.news.wait(POLL_SECONDS)
+            return "exited"
+        finally:
+            seen.stop()
+
+    def _meet(self) -> None:
+        self.met = True
 
     def _fenced(self, answer: dict[str, Any]) -> bool:
         """A spare holds this keeper's node now: the operator found it lost (it may only have
@@ -350,9 +366,9 @@ class Keeper:
         leave the ranks running (seen: an orphaned rank 0 kept its metrics port and stepped
         on); and a rank whose torchrun died first is no longer below it (reparented to the
         container's init), so it is found by the keeper's token in its environment. The next
-        generation's warm launcher, not started yet, is spared."""
+        generation's warm launcher, not started yet, is spared (launchers.Launchers.kill)."""
         assert self.proc is not None
-        processes.kill_launched(self.token, roots=[self.proc.pid], spare=self.launchers.spared())
+        self.launchers.kill(self.proc)
 
     def _all_down(self, generation: int) -> bool:
         """Wait for every node's keeper to report `generation`'s ranks down. This node's own
@@ -360,12 +376,20 @@ class Keeper:
         report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
-            answer = self._ask(report, quiet=True)
+            asked = time.monotonic()
+            answer = self._ask_held(report)
             down = (answer or {}).get("down", {}).get(str(generation), [])
             if len(down) >= self.gang.nodes:
                 return True
-            time.sleep(POLL_SECONDS / 2)
+            _pace(asked, POLL_SECONDS / 2)
         return False
+
+    def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+        """`doc` held by the coordinator until there is news for this keeper (the generation
+        it last heard of moved on, or what `doc` waits for happened) or HOLD_SECONDS pass."""
+        known = self.seen.get("generation")
+        held = {**doc, "known": known} if isinstance(known, int) else doc
+        return self._ask(held, quiet=True, timeout=watch.ASK_SECONDS)
 
     def _report(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """A report the gang must not miss (`fail`, `down`), asked again until the coordinator
@@ -444,6 +468,12 @@ class Keeper:
             time.sleep(POLL_SECONDS)
         self.launchers.drop()
         return None
+
+
+def _pace(asked: float, every: float) -> None:
+    """Sleep what is left of `every` since `asked`: a held ask has waited already; a
+    coordinator of an earlier release answers at once and is polled as before."""
+    time.sleep(max(0.0, every - (time.monotonic() - asked)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

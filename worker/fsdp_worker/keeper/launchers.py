@@ -138,6 +138,11 @@ class Launchers:
         with contextlib.suppress(ProcessLookupError):
             launcher.kill()
 
+    def kill(self, ranks: subprocess.Popen[bytes]) -> None:
+        """SIGKILL a generation's launcher `ranks` and everything this keeper's token marks
+        (gang.Keeper._kill says why), but the next generation's warm launcher."""
+        processes.kill_launched(self.token, roots=[ranks.pid], spare=self.spared())
+
     def spared(self) -> set[int]:
         """The next generation's warm launcher and what it started: not killed with the
         running generation's ranks."""

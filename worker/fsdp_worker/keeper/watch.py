@@ -1,0 +1,91 @@
+"""A keeper's watch on the coordinator while its ranks run: a thread of held `state` requests
+(long-poll, coordinator.HOLD_SECONDS), so that a new generation, a fence or a lost coordinator
+reaches the keeper at once, with one request per hold instead of one every 0.2 s.
+
+Apart from the keeper's loop (gang.py) because the loop must see its own ranks' exit at once
+too: it waits on this watch's `news` and on its ranks, the watch on the coordinator. Asks
+nothing but `state` and starts no process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fsdp_worker.contract.keeper import Op
+from fsdp_worker.keeper.coordinator import HOLD_SECONDS
+
+log = logging.getLogger("fsdp_worker.keeper.gang")
+
+ASK_SECONDS = HOLD_SECONDS + 2.0
+"""A held ask's timeout: the hold and the 2 s an answered ask had."""
+
+Ask = Callable[..., dict[str, Any] | None]
+
+
+class GenerationWatch:
+    """Asks the coordinator, held, until generation `generation` ends for this node: `verdict`
+    becomes "moved" (the gang moved on or stopped restarting), "lost" (the coordinator was
+    silent for `lost_after` seconds once met) or "fenced" (a spare holds this node), and `news`
+    is set."""
+
+    def __init__(
+        self,
+        *,
+        generation: int,
+        ask: Ask,
+        fenced: Callable[[dict[str, Any]], bool],
+        met: Callable[[], None],
+        met_before: bool,
+        poll: float,
+        lost_after: float,
+    ) -> None:
+        self.generation = generation
+        self._ask, self._fenced, self._met = ask, fenced, met
+        self.met = met_before
+        self.poll, self.lost_after = poll, lost_after
+        self.verdict: str | None = None
+        self.news = threading.Event()
+        self.stopped = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+    def _run(self) -> None:
+        silent_since: float | None = None
+        while not self.stopped.is_set():
+            asked = time.monotonic()
+            doc = {"op": Op.STATE, "known": self.generation}
+            answer = self._ask(doc, quiet=True, timeout=ASK_SECONDS)
+            if self.stopped.is_set():
+                return
+            if answer is None:
+                # Before its first answer the coordinator is starting (node 0's pod may start
+                # later, its name may not resolve yet): torchrun's rendezvous waits for it too.
+                silent_since = silent_since or asked
+                if self.met and time.monotonic() - silent_since >= self.lost_after:
+                    return self._end("lost")
+                self.stopped.wait(self.poll)
+                continue
+            silent_since, self.met = None, True
+            self._met()
+            verdict = self._judge(answer)
+            if verdict is not None:
+                return self._end(verdict)
+            # a coordinator of an earlier release answers at once: poll it as before
+            self.stopped.wait(max(0.0, self.poll - (time.monotonic() - asked)))
+
+    def _judge(self, answer: dict[str, Any]) -> str | None:
+        if self._fenced(answer):
+            return "fenced"
+        if answer.get("final") or int(answer.get("generation", 0)) > self.generation:
+            return "moved"
+        return None
+
+    def _end(self, verdict: str) -> None:
+        self.verdict = verdict
+        self.news.set()
