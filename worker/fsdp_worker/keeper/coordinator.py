@@ -11,16 +11,20 @@ and asks nothing of anyone; it only answers. One JSON line each way per connecti
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
+import logging
 import socketserver
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from fsdp_worker import contract
+from fsdp_worker.contract import gangwire
 from fsdp_worker.contract.keeper import Op, host_port
+from fsdp_worker.keeper import guard
 
 if TYPE_CHECKING:
     from fsdp_worker.keeper.gang import Keeper
@@ -31,6 +35,11 @@ restart and waits for the operator (a node whose keeper died never reports); a p
 coordinator waits as long for the other nodes to rejoin."""
 MAX_RECORDS = 8
 """Failures of earlier generations passed to the next one (rank 0 serves them)."""
+MAX_CONNECTIONS = 512
+"""Requests served at once; one more is closed unanswered (counted `busy`): a flood of
+connections costs the flood's sender a retry, not the keeper a thread each."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -49,6 +58,8 @@ class _State:
     gathering: float | None = None
     joined: dict[int, int] = dataclasses.field(default_factory=dict)
     pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+    spares: int | None = None  # spec.spares, where the operator said (FSDP_GANG)
+    refusals: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     def answer(self) -> dict[str, Any]:
         now = time.monotonic()
@@ -68,7 +79,40 @@ class _State:
             "quiet": {
                 str(n): round(now - self.heard.get(n, self.started), 1) for n in range(self.nodes)
             },
+            "refusals": dict(self.refusals),  # requests refused, by gangwire.Refusal
         }
+
+    def out_of_place(self, doc: dict[str, Any]) -> gangwire.Refused | None:
+        """What the gang's state refuses of an authenticated request: a node or spare it does
+        not have, a generation it is not at (a report for one it is past is stale; one it
+        has not reached yet, forged). None when the request may be heard."""
+        op, node, generation = doc.get("op"), doc.get("node"), doc.get("generation")
+        sender = doc.get("from")
+        if isinstance(sender, int) and not -1 <= sender < self.nodes:
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"from={sender}, nodes={self.nodes}")
+        if op in (Op.DOWN, Op.DONE, Op.REJOIN) and not _within(node, 0, self.nodes):
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"node={node}, nodes={self.nodes}")
+        if op == Op.REPLACE:
+            return self._replace_out_of_place(doc)
+        if op in (Op.DOWN, Op.DONE, Op.FAIL) and isinstance(generation, int):
+            ahead = generation > self.generation
+            behind = generation < self.generation and op != Op.DOWN and not doc.get("final")
+            if ahead or behind:
+                why = f"{op} of generation {generation}; the gang runs {self.generation}"
+                return _refused(gangwire.Refusal.STALE_GENERATION, why)
+        if op == Op.FAIL and generation is None and not doc.get("final"):
+            return _refused(gangwire.Refusal.MALFORMED, "generation: fail needs one, or final")
+        return None
+
+    def _replace_out_of_place(self, doc: dict[str, Any]) -> gangwire.Refused | None:
+        node, spare = doc.get("node"), doc.get("spare")
+        if not _within(node, 1, self.nodes):
+            why = f"node={node}: replace needs 0 < node < nodes ({self.nodes})"
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, why)
+        top = self.spares if self.spares is not None else 1 << 16
+        if not _within(spare, 0, top):
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"spare={spare}, spares={self.spares}")
+        return None
 
     def replace(self, doc: dict[str, Any]) -> str:
         """The operator's `replace`: spare `spare` takes node `node`'s place in the next
@@ -170,6 +214,14 @@ class _State:
         self.done.clear()
 
 
+def _within(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _refused(reason: gangwire.Refusal, detail: str) -> gangwire.Refused:
+    return gangwire.Refused(reason, detail)
+
+
 class Coordinator(socketserver.ThreadingTCPServer):
     """Node rank 0's keeper serves the gang (`active`); every other keeper listens on standby
     for the operator's word when node rank 0 is lost: `promote` (a spare becomes node 0 and
@@ -179,18 +231,55 @@ class Coordinator(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(
-        self, port: int, nodes: int = 0, *, active: bool = True, keeper: Keeper | None = None
+        self,
+        port: int,
+        nodes: int = 0,
+        *,
+        active: bool = True,
+        keeper: Keeper | None = None,
+        creds: gangwire.Credentials | None = None,
+        spares: int | None = None,
     ) -> None:
-        self.state = _State(nodes=nodes)
+        self.state = _State(nodes=nodes, spares=spares)
         self.active = active
         self.keeper = keeper
         self.lock = threading.Lock()
+        self.guard = guard.Guard(creds or gangwire.Credentials("", 0), clock=time.time)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(("", port), _Handler)
 
+    def handle_line(self, line: bytes, peer: str) -> dict[str, Any]:
+        """One request line from `peer` (host:port): its answer in a signed envelope, or a
+        refusal (counted, logged with the peer; nothing changed)."""
+        nonce = ""
+        try:
+            request = self.guard.admit(line)
+            nonce = request.nonce
+            answer = self.handle_request_doc(request.model_dump(by_alias=True))
+        except gangwire.Refused as exc:
+            answer = self.refuse(exc, peer)
+            nonce = _nonce_of(line)
+        return gangwire.reply(answer, creds=self.guard.creds, nonce=nonce)
+
+    def refuse(self, exc: gangwire.Refused, peer: str) -> dict[str, Any]:
+        """Count and log a refusal; its answer (no state: the asker may be a stranger)."""
+        with self.lock:
+            self.state.refusals[exc.reason] += 1
+        level = logging.INFO if exc.reason == gangwire.Refusal.STALE_GENERATION else logging.WARNING
+        log.log(level, "keeper port: refused a request from %s: %s", peer, exc)
+        return {"refused": str(exc), "reason": str(exc.reason)}
+
     def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """An authenticated request (its envelope checked: handle_line) as a dict: the gang's
+        answer, or a refusal of what its state does not allow (with the state)."""
         op = doc.get("op")
         with self.lock:
             st = self.state
+            misplaced = st.out_of_place(doc)
+            if misplaced is not None:
+                st.refusals[misplaced.reason] += 1
+                log.info("keeper port: refused %s", misplaced)
+                return {**st.answer(), "refused": str(misplaced), "reason": misplaced.reason}
             if op in (Op.FOLLOW, Op.PROMOTE):
                 return self._hand_over(doc)
             if not self.active:
@@ -210,9 +299,9 @@ class Coordinator(socketserver.ThreadingTCPServer):
             elif op == Op.FAIL and doc.get("final"):
                 st.final = True
             elif op == Op.DOWN and isinstance(doc.get("generation"), int):
-                st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+                st.down.setdefault(doc["generation"], set()).add(doc["node"])
             elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
-                st.done.add(int(doc.get("node", -1)))
+                st.done.add(doc["node"])
             elif op == Op.REPLACE:
                 refused = st.replace(doc)
                 return {**st.answer(), "refused": refused} if refused else st.answer()
@@ -244,18 +333,47 @@ class Coordinator(socketserver.ThreadingTCPServer):
         keeper.promoted = str(master)
         return self.state.answer()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to MAX_CONNECTIONS at once; one more is closed."""
+        if not self._slots.acquire(blocking=False):
+            self.refuse(
+                gangwire.Refused(gangwire.Refusal.BUSY, "too many connections"),
+                _peer(client_address),
+            )
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def _nonce_of(line: bytes) -> str:
+    """A refused request's nonce, where it has one: the refusal answers it (an asker with
+    this attempt's key can read why)."""
+    with contextlib.suppress(ValueError):
+        doc = json.loads(line)
+        if isinstance(doc, dict) and isinstance(doc.get("nonce"), str):
+            return str(doc["nonce"])[:64]
+    return ""
+
+
+def _peer(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
 
 class _Handler(socketserver.StreamRequestHandler):
     timeout = 5.0
 
     def handle(self) -> None:
         try:
-            doc = json.loads(self.rfile.readline(65536))
-        except (ValueError, OSError):
-            return
-        if not isinstance(doc, dict):
+            line = self.rfile.readline(gangwire.MAX_LINE + 1)
+        except OSError:
             return
         assert isinstance(self.server, Coordinator)
-        answer = self.server.handle_request_doc(doc)
+        answer = self.server.handle_line(line, _peer(self.client_address))
         with contextlib.suppress(OSError):
             self.wfile.write(json.dumps(answer).encode() + b"\n")

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fsdp_worker import contract
+from fsdp_worker.contract import gangwire
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
 from fsdp_worker.keeper import launchers, processes, ranks, standby, torchrun_argv
@@ -46,8 +47,12 @@ class Keeper:
     follow: tuple[str, str] | None = None  # the operator's `follow`: (coordinator, store)
     promoted: str | None = None  # the operator's `promote`: this spare is node 0, its store
 
-    def __init__(self, gang: Gang, argv: Sequence[str]) -> None:
+    def __init__(
+        self, gang: Gang, argv: Sequence[str], *, creds: gangwire.Credentials | None = None
+    ) -> None:
         self.gang = gang
+        # what every message to and from the gang is signed with (read once, at start)
+        self.creds = creds if creds is not None else gang.credentials()
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
@@ -362,7 +367,7 @@ class Keeper:
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             answer = self._ask(report, quiet=True)
             down = (answer or {}).get("down", {}).get(str(generation), [])
-            if len(down) >= self.gang.nodes:
+            if set(range(self.gang.nodes)) <= set(down):  # membership: not a count of ids
                 return True
             time.sleep(POLL_SECONDS / 2)
         return False
@@ -383,7 +388,12 @@ class Keeper:
         self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
     ) -> dict[str, Any] | None:
         try:
-            answer = ask(self.gang.address, {**doc, "from": self.gang.node}, timeout=timeout)
+            answer = ask(
+                self.gang.address,
+                {**doc, "from": self.gang.node},
+                creds=self.creds,
+                timeout=timeout,
+            )
         except (OSError, ValueError) as exc:
             if not quiet:
                 log.warning("coordinator %s: %s", self.gang.coordinator, exc)
@@ -399,7 +409,12 @@ class Keeper:
         node0 = self.gang.node == 0
         try:
             self.coordinator = Coordinator(
-                self.gang.listen_port, self.gang.nodes, active=node0, keeper=self
+                self.gang.listen_port,
+                self.gang.nodes,
+                active=node0,
+                keeper=self,
+                creds=self.creds,
+                spares=self.gang.spares,
             )
         except OSError as exc:
             if node0:
@@ -454,10 +469,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         gang = Gang.from_env()
+        creds = gang.credentials()
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return int(contract.ExitCode.CONFIG_ERROR)
-    return Keeper(gang, args).run()
+    if creds.key is None:
+        log.warning("no key file in %s: the gang's messages are not signed", contract.ENV_GANG)
+    return Keeper(gang, args, creds=creds).run()
 
 
 if __name__ == "__main__":
