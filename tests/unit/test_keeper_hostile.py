@@ -27,7 +27,7 @@ KEY = gangwire.attempt_key(MASTER, JOB, ATTEMPT)
 CREDS = gangwire.Credentials(JOB, ATTEMPT, KEY)
 OTHER_JOB = gangwire.Credentials(JOB, ATTEMPT, gangwire.attempt_key(MASTER, "another-uid", 3))
 EARLIER = gangwire.Credentials(JOB, ATTEMPT, gangwire.attempt_key(MASTER, JOB, ATTEMPT - 1))
-NODES, SPARES = 3, 2
+NODES = 3
 
 
 @dataclasses.dataclass
@@ -73,10 +73,10 @@ def _serve(coordinator: Coordinator) -> int:
 def gang() -> Iterator[Gang]:
     """Node rank 0's coordinator at generation 1 (node 1 failed in generation 0, all down),
     and spare 0's keeper on standby."""
-    active = Coordinator(0, NODES, creds=CREDS, spares=SPARES)
+    active = Coordinator(0, NODES, creds=CREDS)
     spare_gang = keeper.Gang(restarts=3, coordinator="10.0.0.1:29501", node=-1, nodes=3, spare=0)
     spare = StandbyKeeper(spare_gang)
-    standby = Coordinator(0, NODES, active=False, keeper=spare, creds=CREDS, spares=SPARES)  # type: ignore[arg-type]
+    standby = Coordinator(0, NODES, active=False, keeper=spare, creds=CREDS)  # type: ignore[arg-type]
     for c in (active, standby):
         _serve(c)
     at = ("127.0.0.1", active.server_address[1])
@@ -253,7 +253,7 @@ CASES = [
     ),
     pytest.param(
         "active",
-        lambda: _signed("replace", node=1, spare=SPARES),
+        lambda: _signed("replace", node=1, spare=keeper.MAX_SPARE + 1),
         Refusal.OUT_OF_RANGE,
         id="spare-out-of-range",
     ),
@@ -387,8 +387,8 @@ def test_signed_requests_of_the_gang_and_the_operator_still_work(gang: Gang) -> 
 def test_a_refusal_reaches_the_asker_that_holds_the_key(gang: Gang) -> None:
     """The operator's replace that the gang's state refuses comes back signed, with why."""
     at = ("127.0.0.1", int(gang.active.server_address[1]))
-    answer = keeper.ask(at, {"op": "replace", "node": 1, "spare": 9}, creds=CREDS)
-    assert answer["reason"] == Refusal.OUT_OF_RANGE and "spare=9" in answer["refused"]
+    answer = keeper.ask(at, {"op": "replace", "node": 1, "spare": 10_000}, creds=CREDS)
+    assert answer["reason"] == Refusal.OUT_OF_RANGE and "spare=10000" in answer["refused"]
 
 
 @pytest.mark.parametrize(
@@ -411,13 +411,21 @@ def test_ask_does_not_obey_an_answer_that_is_not_its_gangs(
         impostor.server_close()
 
 
+class AllTaken:
+    """A connection cap with every slot taken (a served request's release changes nothing)."""
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return False
+
+    def release(self) -> None:
+        pass
+
+
 def test_a_busy_keeper_closes_connections_past_its_cap(
     gang: Gang, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past MAX_CONNECTIONS at once, a connection is closed unanswered and counted."""
-    slots = threading.BoundedSemaphore(1)
-    slots.acquire()
-    monkeypatch.setattr(gang.active, "_slots", slots)
+    monkeypatch.setattr(gang.active, "_slots", AllTaken())
     with socket.create_connection(("127.0.0.1", gang.active.server_address[1]), timeout=5) as s:
         s.sendall(_signed("state") + b"\n")
         assert s.makefile("rb").readline() == b""

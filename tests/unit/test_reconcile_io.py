@@ -781,7 +781,9 @@ def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
     its refusal, so that the next pass recreates the gang) goes out in the pass's one patch."""
     told: list[tuple[tuple[str, int], dict[str, Any]]] = []
 
-    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def ask(
+        address: tuple[str, int], doc: dict[str, Any], *, creds: object, timeout: float
+    ) -> dict[str, Any]:
         told.append((address, doc))
         return {"refused": refusal} if refusal and doc["op"] == "replace" else {}
 
@@ -818,7 +820,9 @@ def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
 def keepers(answer: str) -> Callable[..., dict[str, Any]]:
     """keeper.ask as keepers that take every word (""), or refuse a `replace` saying why."""
 
-    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def ask(
+        address: tuple[str, int], doc: dict[str, Any], *, creds: object, timeout: float
+    ) -> dict[str, Any]:
         return {"refused": answer} if answer and doc["op"] == "replace" else {}
 
     return ask

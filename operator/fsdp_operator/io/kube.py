@@ -212,21 +212,26 @@ class Kube:
 
     # --- pods, service ------------------------------------------------------------------------
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod or Service. None when created; on a 409, the object that holds the name.
+        """Create a Pod, Service or Secret. None when created; on a 409, the object that holds
+        the name (a Secret's: its metadata only, or {} where it cannot be read).
 
         The caller decides whether that object is its own (by controller uid): a name is never
         proof of ownership.
         """
         ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
         timeout = self._writing()
+        create = {
+            "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
+            "Secret": self.core.create_namespaced_secret,
+        }[body["kind"]]
         try:
-            if body["kind"] == "Pod":
-                self.core.create_namespaced_pod(ns, body, _request_timeout=timeout)
-            else:
-                self.core.create_namespaced_service(ns, body, _request_timeout=timeout)
+            create(ns, body, _request_timeout=timeout)
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
+            if body["kind"] == "Secret":
+                return {}  # the operator may not read Secrets in a job's namespace
             return self.get(body["kind"], ns, name) or {}
         return None
 

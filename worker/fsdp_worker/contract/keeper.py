@@ -22,6 +22,14 @@ from fsdp_worker import contract
 from fsdp_worker.contract import gangwire, wire
 from fsdp_worker.contract.gangwire import Op as Op  # the ops, where the keeper's code reads them
 
+MAX_SPARE = 9_999
+"""The highest spare number (the operator's pod names: `<job>-a<N>-s<number>`); numbers grow
+as spares are used and replaced, so spec.spares is no bound."""
+GANG_KEY_DIR = "/var/run/fsdp-gang"
+"""Where the operator mounts an attempt's key (a Secret) into its pods, read-only."""
+GANG_KEY_FILE = f"{GANG_KEY_DIR}/key"
+"""The attempt's key, hex (FSDP_GANG's keyFile)."""
+
 
 def host_port(text: str) -> tuple[str, int]:
     """`host:port` (a bracketed IPv6 host too) as a socket address; ValueError when it is not."""
@@ -43,7 +51,6 @@ class Gang:
     job: str | None = None  # the FSDPJob's uid: every message of the gang names it
     attempt: int | None = None  # the attempt: every message of the gang names it
     key_file: str | None = None  # the attempt's key (a Secret the operator mounts); None: unsigned
-    spares: int | None = None  # spec.spares: a `replace` naming a spare past them is refused
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
@@ -87,7 +94,7 @@ class Gang:
         return self.listen if self.listen is not None else self.address[1]
 
 
-_LATER = frozenset({"spare", "listen", "job", "attempt", "keyFile", "spares"})
+_LATER = frozenset({"spare", "listen", "job", "attempt", "keyFile"})
 """Fields left out of FSDP_GANG when unset: spares' and tests', and a later release's."""
 
 

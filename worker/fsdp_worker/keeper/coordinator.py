@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from fsdp_worker import contract
 from fsdp_worker.contract import gangwire
-from fsdp_worker.contract.keeper import Op, host_port
+from fsdp_worker.contract.keeper import MAX_SPARE, Op, host_port
 from fsdp_worker.keeper import guard
 
 if TYPE_CHECKING:
@@ -58,7 +58,6 @@ class _State:
     gathering: float | None = None
     joined: dict[int, int] = dataclasses.field(default_factory=dict)
     pending: dict[str, Any] = dataclasses.field(default_factory=dict)
-    spares: int | None = None  # spec.spares, where the operator said (FSDP_GANG)
     refusals: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     def answer(self) -> dict[str, Any]:
@@ -109,9 +108,8 @@ class _State:
         if not _within(node, 1, self.nodes):
             why = f"node={node}: replace needs 0 < node < nodes ({self.nodes})"
             return _refused(gangwire.Refusal.OUT_OF_RANGE, why)
-        top = self.spares if self.spares is not None else 1 << 16
-        if not _within(spare, 0, top):
-            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"spare={spare}, spares={self.spares}")
+        if not _within(spare, 0, MAX_SPARE + 1):
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"spare={spare}, at most {MAX_SPARE}")
         return None
 
     def replace(self, doc: dict[str, Any]) -> str:
@@ -238,9 +236,8 @@ class Coordinator(socketserver.ThreadingTCPServer):
         active: bool = True,
         keeper: Keeper | None = None,
         creds: gangwire.Credentials | None = None,
-        spares: int | None = None,
     ) -> None:
-        self.state = _State(nodes=nodes, spares=spares)
+        self.state = _State(nodes=nodes)
         self.active = active
         self.keeper = keeper
         self.lock = threading.Lock()

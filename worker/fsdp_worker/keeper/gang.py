@@ -414,7 +414,6 @@ class Keeper:
                 active=node0,
                 keeper=self,
                 creds=self.creds,
-                spares=self.gang.spares,
             )
         except OSError as exc:
             if node0:
