@@ -3,7 +3,8 @@
 `Gang` is the document the operator gives every keeper of an attempt (render/worker_container.py
 writes it, keeper/gang.py reads it). What the operator (run/keepers.py) and the keepers say to a
 gang's coordinator goes through `ask`: one JSON line asked, one JSON line answered, over TCP, on
-the same connection. Torch-free (stdlib and pydantic): the operator imports this module.
+the same connection, both typed and signed with the attempt's key (gangwire.py). Torch-free
+(stdlib and pydantic): the operator imports this module.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ not at) is the coordinator's (coordinator.py). Apart from it because it keeps it
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 
@@ -25,8 +26,8 @@ class Guard:
     def __init__(self, creds: gangwire.Credentials, *, clock: Callable[[], float]) -> None:
         self.creds = creds
         self._clock = clock
-        self._seen: dict[str, float] = {}  # nonce -> when it is forgotten
-        self._pruned = 0.0
+        self._seen: set[str] = set()  # the nonces of the last NONCE_MEMORY_SECONDS
+        self._expiry: collections.deque[tuple[float, str]] = collections.deque()  # in ts order
         self._lock = threading.Lock()
 
     def admit(self, line: bytes) -> gangwire.Request:
@@ -39,12 +40,13 @@ class Guard:
         return request
 
     def _remember(self, nonce: str, now: float) -> None:
-        """Refused (a replay) if `nonce` was seen within NONCE_MEMORY_SECONDS; the ones older
-        are forgotten as new ones come (one pass over the map a second at most)."""
+        """Refused (a replay) if `nonce` was seen within NONCE_MEMORY_SECONDS; older ones are
+        forgotten as new ones come, oldest first (O(1) a request: at 1,024 nodes asking 5
+        times a second the keeper holds some 600,000)."""
         with self._lock:
-            if self._seen.get(nonce, 0.0) > now:
+            while self._expiry and self._expiry[0][0] <= now:
+                self._seen.discard(self._expiry.popleft()[1])
+            if nonce in self._seen:
                 raise gangwire.Refused(gangwire.Refusal.REPLAY, f"nonce {nonce[:16]} seen")
-            if now - self._pruned > 1.0:
-                self._seen = {n: t for n, t in self._seen.items() if t > now}
-                self._pruned = now
-            self._seen[nonce] = now + NONCE_MEMORY_SECONDS
+            self._seen.add(nonce)
+            self._expiry.append((now + NONCE_MEMORY_SECONDS, nonce))
