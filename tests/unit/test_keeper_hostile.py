@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import threading
 import time
@@ -433,3 +434,16 @@ def test_a_busy_keeper_closes_connections_past_its_cap(
     while gang.refusals() != {Refusal.BUSY: 1}:
         assert time.monotonic() < deadline, gang.refusals()
         time.sleep(0.01)
+
+
+def test_a_refusal_is_logged_with_the_peers_address_once_per_reason_a_while(
+    gang: Gang, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Who sent it, and why refused; a flood of the same logs one line (all are counted)."""
+    port = int(gang.active.server_address[1])
+    with caplog.at_level(logging.WARNING, logger="fsdp_worker.keeper.coordinator"):
+        for _ in range(5):
+            _raw(port, _unsigned("fail", final=True))
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "from 127.0.0.1:" in line and "bad-mac" in line, line
+    assert gang.refusals() == {Refusal.BAD_MAC: 5}

@@ -39,6 +39,9 @@ MAX_CONNECTIONS = 512
 """Requests served at once; one more is closed unanswered (counted `busy`): a flood of
 connections costs the flood's sender a retry, not the keeper a thread each."""
 
+LOG_EVERY_SECONDS = 10.0
+"""Refusals of one reason are logged once in this long (all are counted)."""
+
 log = logging.getLogger(__name__)
 
 
@@ -243,6 +246,7 @@ class Coordinator(socketserver.ThreadingTCPServer):
         self.lock = threading.Lock()
         self.guard = guard.Guard(creds or gangwire.Credentials("", 0), clock=time.time)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._logged: dict[gangwire.Refusal, float] = {}  # reason -> when last logged
         super().__init__(("", port), _Handler)
 
     def handle_line(self, line: bytes, peer: str) -> dict[str, Any]:
@@ -259,11 +263,17 @@ class Coordinator(socketserver.ThreadingTCPServer):
         return gangwire.reply(answer, creds=self.guard.creds, nonce=nonce)
 
     def refuse(self, exc: gangwire.Refused, peer: str) -> dict[str, Any]:
-        """Count and log a refusal; its answer (no state: the asker may be a stranger)."""
+        """Count and log a refusal; its answer (no state: the asker may be a stranger). One
+        line per reason every LOG_EVERY_SECONDS at most: a flood must not fill the pod's log."""
+        now = time.monotonic()
         with self.lock:
             self.state.refusals[exc.reason] += 1
-        level = logging.INFO if exc.reason == gangwire.Refusal.STALE_GENERATION else logging.WARNING
-        log.log(level, "keeper port: refused a request from %s: %s", peer, exc)
+            count = self.state.refusals[exc.reason]
+            quiet = now - self._logged.get(exc.reason, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS
+            if not quiet:
+                self._logged[exc.reason] = now
+        if not quiet:
+            log.warning("keeper port: refused a request from %s: %s (%d so far)", peer, exc, count)
         return {"refused": str(exc), "reason": str(exc.reason)}
 
     def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
