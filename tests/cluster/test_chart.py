@@ -106,14 +106,20 @@ def test_chart_renders_and_is_admitted_restricted(cluster: controlplane.Cluster)
     )
     assert role["rules"] == yaml.safe_load((CHART / "files" / "rbac-rules.yaml").read_text())
     flat = json.dumps(role["rules"])
-    assert "secrets" not in flat and '"*"' not in flat and "pods/exec" not in flat
+    assert '"*"' not in flat and "pods/exec" not in flat
     netpols = next(r for r in role["rules"] if r["resources"] == ["networkpolicies"])
-    assert netpols["verbs"] == [
-        "get",
-        "list",
-        "create",
-        "patch",
-    ]  # the job's garbage collector deletes it
+    assert netpols["verbs"] == ["get", "list", "create", "patch"]  # the job's GC deletes it
+    # Secrets: create only (the gang keys); get/list/watch/delete would read tenants' Secrets
+    assert [r["verbs"] for r in role["rules"] if "secrets" in r["resources"]] == [["create"]]
+    (key_role,) = [
+        d for d in docs if d["metadata"]["name"] == "fsdp-operator-gang-key" and d["kind"] == "Role"
+    ]
+    assert key_role["rules"][0] == {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["fsdp-operator-gang-key"],
+        "verbs": ["get"],
+    }
     elsewhere = [d for d in docs if d["metadata"].get("namespace") == "kube-node-lease"]
     _dry_run(cluster, "kube-node-lease", elsewhere)
     warnings = _dry_run(cluster, ns, [d for d in docs if d not in elsewhere])

@@ -108,9 +108,18 @@ def test_pods_carry_the_keeper_only_when_restarts_in_place_are_allowed() -> None
         "node": 1,
         "nodes": 2,
         "nonRetryable": [42],
+        "job": "u1",
+        "attempt": 2,
+        "keyFile": "/var/run/fsdp-gang/key",
     }
     assert contract.ENV_GANG not in {e["name"] for e in c_plain["env"]}
     assert {"name": "gang", "containerPort": 29501, "protocol": "TCP"} in c_kept["ports"]
+    # the attempt's key: its own Secret, mounted read-only into its pods only
+    secret = {"secretName": "job-a2-gang", "defaultMode": 0o440}
+    assert {"name": "fsdp-gang-key", "secret": secret} in kept["spec"]["volumes"]
+    mount = {"name": "fsdp-gang-key", "mountPath": "/var/run/fsdp-gang", "readOnly": True}
+    assert mount in c_kept["volumeMounts"]
+    assert all("secret" not in v for v in plain["spec"]["volumes"])
 
 
 def test_rank_0s_in_place_records_are_read_from_its_metrics() -> None:

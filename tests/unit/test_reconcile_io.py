@@ -19,13 +19,13 @@ import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator.io import cache, kube, observe
+from fsdp_operator.io import cache, gang, kube, observe
 from fsdp_operator.policy import decide
 from fsdp_operator.render import templates
 from fsdp_operator.run import reconcile, settings
 from fsdp_operator.types import api, names, observed, status
 from fsdp_worker import contract
-from fsdp_worker.contract import keeper
+from fsdp_worker.contract import gangwire, keeper
 from tests import fakeapi
 
 NOW = 1_750_000_000.0
@@ -37,6 +37,7 @@ SERVICES = f"/api/v1/namespaces/{NS}/services"
 NETPOLS = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
 EVENTS = f"/api/v1/namespaces/{NS}/events"
 CONFIGMAPS = f"/api/v1/namespaces/{NS}/configmaps"
+SECRETS = f"/api/v1/namespaces/{NS}/secrets"
 SERVICE = names.service_name(NAME)
 GRACE_ON_FAILURE = settings.Settings().tunables.failure_grace_seconds
 TERMINATING = "unable to create new content in namespace ns because it is being terminated"
@@ -230,6 +231,7 @@ class Cluster:
         self.logs: dict[str, str] = {}  # pod name -> its worker container's log
         fake_api["get", re.compile(f"{PODS}/[^/]+/log")] << self._log
         fake_api[f"post {CONFIGMAPS}"] << (lambda request: self._create("ConfigMap", request))
+        fake_api[f"post {SECRETS}"] << (lambda request: self._create("Secret", request))
         one_cm = re.compile(f"{CONFIGMAPS}/[^/]+")
         fake_api["get", one_cm] << (lambda request: self._read("ConfigMap", request))
         fake_api["put", one_cm] << self._replace_config_map
@@ -753,6 +755,43 @@ def spared_spec() -> dict[str, Any]:
     return spec
 
 
+@pytest.mark.parametrize("again", [False, True], ids=["first-pass", "pass-done-again"])
+def test_an_in_place_attempts_key_is_created_before_its_pods_and_only_it_is_mounted(
+    fake_api: fakeapi.FakeAPI, api_client: Any, clock: Clock, again: bool
+) -> None:
+    """With restarts in place the attempt's gang key (derived from the operator's master key)
+    goes out in its own Secret, owned by the job, before any pod that mounts it; a pass done
+    again finds it there (a 409) and creates the pods all the same."""
+    master = b"m" * 32
+    made = reconcile.Reconciler(
+        kube.Kube(api_client),
+        settings.Settings(metrics_port=0),
+        clock=clock,
+        gang_client=gang.GangClient(master),
+    )
+    cluster = Cluster(fake_api, {**job_body(2), "spec": spared_spec()})
+    secret_name = names.gang_key_name(NAME, attempt=1)
+    if again:
+        cluster.put({"kind": "Secret", "metadata": {"name": secret_name}})
+    try:
+        made.run_pass(NS, NAME, cluster.view())
+    finally:
+        made.close()
+    creates = [r.url.path for r in fake_api.requests if write_kind(r) == "create"]
+    creates = [path for path in creates if path in (SECRETS, PODS)]
+    assert creates[0] == SECRETS and creates[1:].count(PODS) >= 2, creates
+    secret = cluster.objects["Secret", secret_name]
+    if not again:
+        key = gangwire.attempt_key(master, JOB_REF.uid, 1).hex()
+        assert secret["stringData"] == {"key": key} and secret["immutable"] is True
+        assert observe.owned_by(secret, JOB_REF)
+    pods = [cluster.objects["Pod", n] for n in cluster.job_pods()]
+    assert len(pods) >= 2, pods
+    for pod in pods:
+        volume = {"secretName": secret_name, "defaultMode": 0o440}
+        assert {"name": "fsdp-gang-key", "secret": volume} in pod["spec"]["volumes"]
+
+
 def node_1_lost(cluster: Cluster) -> None:
     """Attempt 1 runs with a spare on node-3; node rank 1's node is gone from the cluster."""
     spec = api.FSDPJobSpec.model_validate(spared_spec())
@@ -787,7 +826,9 @@ def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
     its refusal, so that the next pass recreates the gang) goes out in the pass's one patch."""
     told: list[tuple[tuple[str, int], dict[str, Any]]] = []
 
-    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def ask(
+        address: tuple[str, int], doc: dict[str, Any], *, creds: object, timeout: float
+    ) -> dict[str, Any]:
         told.append((address, doc))
         return {"refused": refusal} if refusal and doc["op"] == "replace" else {}
 
@@ -824,7 +865,9 @@ def test_a_spare_takeover_hands_the_place_over_or_says_it_was_refused(
 def keepers(answer: str) -> Callable[..., dict[str, Any]]:
     """keeper.ask as keepers that take every word (""), or refuse a `replace` saying why."""
 
-    def ask(address: tuple[str, int], doc: dict[str, Any], *, timeout: float) -> dict[str, Any]:
+    def ask(
+        address: tuple[str, int], doc: dict[str, Any], *, creds: object, timeout: float
+    ) -> dict[str, Any]:
         return {"refused": answer} if answer and doc["op"] == "replace" else {}
 
     return ask

@@ -14,13 +14,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from worker_harness import REPO, free_port, keeper_logs, launch_keepers, wait_all
+from worker_harness import REPO, free_port, gang_creds, keeper_logs, launch_keepers, wait_all
 
 from fsdp_worker import contract
 from fsdp_worker.contract import catalog
-from fsdp_worker.contract.keeper import ask
+from fsdp_worker.contract import keeper as keeper_wire
 from fsdp_worker.keeper.processes import descendants
 
 pytestmark = pytest.mark.torch
@@ -42,6 +43,11 @@ def _keepers(
         spares=spares,
         module="fsdp_worker.train.standin",
     )
+
+
+def _ask(root: Path, address: tuple[str, int], doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` to a keeper of this test's gang, signed as the operator signs it."""
+    return keeper_wire.ask(address, doc, creds=gang_creds(root))
 
 
 def _alive(pid: int) -> bool:
@@ -219,23 +225,25 @@ def test_a_spare_takes_a_lost_nodes_place_and_the_lost_keeper_is_fenced(
         # the frozen keeper falls silent in its coordinator's answer (what the operator asks
         # in a hang's grace), the others keep asking
         deadline = time.monotonic() + 30
-        while (quiet := ask(coordinator, {"op": "state"})["quiet"])["1"] < 5.0:
+        while (quiet := _ask(tmp_path, coordinator, {"op": "state"})["quiet"])["1"] < 5.0:
             assert time.monotonic() < deadline, quiet
             time.sleep(0.5)
         assert quiet["0"] < 2.0, quiet
         if others_first:  # what node 0's keeper sends when its ranks' watchdog ends them
             hung = {"class": "Hang", "message": "no step for 10s", "rank": 0}
-            ask(coordinator, {"op": "fail", "generation": 0, "failure": hung, "from": 0})
+            _ask(tmp_path, coordinator, {"op": "fail", "generation": 0, "failure": hung, "from": 0})
             deadline = time.monotonic() + 30
-            while ask(coordinator, {"op": "state"})["down"].get("0") != [0]:
+            while _ask(tmp_path, coordinator, {"op": "state"})["down"].get("0") != [0]:
                 assert time.monotonic() < deadline, keeper_logs(tmp_path, 3)
                 time.sleep(0.2)
         # what the operator sends for a frozen pod (decide._take_over); a lost node's says
         # NodeLost, and the survivors' ranks are brought down the same way
         why = {"class": "Hang", "message": "node rank 1's keeper silent"}
-        answer = ask(coordinator, {"op": "replace", "node": 1, "spare": 0, "failure": why})
+        answer = _ask(
+            tmp_path, coordinator, {"op": "replace", "node": 1, "spare": 0, "failure": why}
+        )
         assert not answer.get("refused") and answer["holders"] == {"1": 0}, answer
-        again = ask(coordinator, {"op": "replace", "node": 1, "spare": 0})
+        again = _ask(tmp_path, coordinator, {"op": "replace", "node": 1, "spare": 0})
         assert "already holds" in again["refused"]
         _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         codes = wait_all([procs[0], procs[2]], 120)
@@ -282,16 +290,16 @@ def test_a_spare_takes_node_rank_0s_place_as_coordinator_and_the_others_follow(
         master, coordinator = f"127.0.0.1:{free_port()}", f"127.0.0.1:{port[2]}"
         node0 = ("127.0.0.1", port[2])
         lost = {"class": "NodeLost", "pod": "job-a1-0", "message": "node n0 stopped renewing"}
-        answer = ask(node0, {"op": "promote", "master": master, "failure": lost})
+        answer = _ask(tmp_path, node0, {"op": "promote", "master": master, "failure": lost})
         assert answer["gathering"] and answer["holders"] == {"0": 0}, answer
         follow = {"op": "follow", "coordinator": coordinator, "master": master}
-        assert ask(("127.0.0.1", port[1]), follow) == {"following": coordinator}
+        assert _ask(tmp_path, ("127.0.0.1", port[1]), follow) == {"following": coordinator}
         _thaw_once_resumed(tmp_path / "node-2.log", frozen)
         _sealed(tmp_path, 70, 4)
         _freeze(procs[1])
-        assert ask(("127.0.0.1", port[3]), follow) == {"following": coordinator}
+        assert _ask(tmp_path, ("127.0.0.1", port[3]), follow) == {"following": coordinator}
         why = {"class": "Hang", "message": "node rank 1's keeper silent"}
-        answer = ask(node0, {"op": "replace", "node": 1, "spare": 1, "failure": why})
+        answer = _ask(tmp_path, node0, {"op": "replace", "node": 1, "spare": 1, "failure": why})
         assert not answer.get("refused") and answer["holders"] == {"0": 0, "1": 1}, answer
         codes = wait_all([procs[2], procs[3]], 120)
         assert codes == [0, 0], keeper_logs(tmp_path, 4)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fsdp_worker.contract import gangwire
 from fsdp_worker.keeper.processes import descendants
 from localcluster import poll
 
@@ -178,6 +179,8 @@ def launch_keepers(
     from fsdp_worker.keeper import gang
 
     store, coordinator = free_port(), free_port()
+    key_file = tmp / GANG_KEY_FILE
+    key_file.write_text(gangwire.attempt_key(b"test master key", GANG_JOB, 1).hex())
     procs = []
     for node in range(nodes + spares):
         spare = node - nodes if node >= nodes else None
@@ -188,6 +191,9 @@ def launch_keepers(
             nodes=nodes,
             spare=spare,
             listen=None if node == 0 else free_port(),
+            job=GANG_JOB,
+            attempt=1,
+            key_file=str(key_file),
         )
         full = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_", "MASTER_"))}
         full.update(
@@ -199,7 +205,7 @@ def launch_keepers(
                 contract.ENV_METRICS_PORT: str(free_port()),
                 contract.ENV_TERMINATION_LOG: str(tmp / f"term-{node}"),
                 contract.ENV_ATTEMPT: "1",
-                contract.ENV_JOB_UID: "uid-1",
+                contract.ENV_JOB_UID: GANG_JOB,
                 contract.ENV_RESUME: "",
             },
         )
@@ -231,6 +237,16 @@ def launch_keepers(
                 )
             )
     return procs
+
+
+GANG_JOB = "uid-1"
+GANG_KEY_FILE = "gang.key"
+
+
+def gang_creds(tmp: Path) -> gangwire.Credentials:
+    """What launch_keepers' gang signs with: a test speaks to its keepers as the operator."""
+    key = bytes.fromhex((tmp / GANG_KEY_FILE).read_text())
+    return gangwire.Credentials(job=GANG_JOB, attempt=1, key=key)
 
 
 def wait_all(procs: list[subprocess.Popen[bytes]], timeout: float) -> list[int | None]:

@@ -213,8 +213,8 @@ class Kube:
 
     # --- pods, service ------------------------------------------------------------------------
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Create a Pod, Service or NetworkPolicy. None when created; on a 409, the object that
-        holds the name.
+        """Create a Pod, Service, NetworkPolicy or Secret. None when created; on a 409, the
+        object that holds the name (a Secret's: {}, the operator may not read it).
 
         The caller decides whether that object is its own (by controller uid): a name is never
         proof of ownership.
@@ -223,13 +223,17 @@ class Kube:
         timeout = self._writing()
         create = {
             "Pod": self.core.create_namespaced_pod,
+            "Service": self.core.create_namespaced_service,
             "NetworkPolicy": self.networking.create_namespaced_network_policy,
-        }.get(body["kind"], self.core.create_namespaced_service)
+            "Secret": self.core.create_namespaced_secret,
+        }[body["kind"]]
         try:
             create(ns, body, _request_timeout=timeout)
         except ApiException as exc:
             if not _ok_statuses(exc, 409):
                 raise
+            if body["kind"] == "Secret":
+                return {}  # the operator may not read Secrets in a job's namespace
             return self.get(body["kind"], ns, name) or {}
         return None
 

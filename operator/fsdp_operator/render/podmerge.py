@@ -20,6 +20,7 @@ from typing import Any
 
 from fsdp_operator.types import api, kubetypes, names
 from fsdp_worker import contract
+from fsdp_worker.contract import keeper
 
 CHECKPOINT_VOLUME = "fsdp-checkpoint"
 SHM_VOLUME = "fsdp-shm"  # NCCL and data-loader workers need more than the 64 MiB default
@@ -30,6 +31,8 @@ MEMORY_VOLUME = (
 TMP_VOLUME = "fsdp-tmp"  # the root filesystem is read-only; torch and Python write under /tmp
 TMP_PATH = "/tmp"
 HOSTNAME_TOPOLOGY = "kubernetes.io/hostname"
+GANG_KEY_VOLUME = "fsdp-gang-key"  # inPlaceRestarts: the attempt's key, for the keepers
+GANG_KEY_ITEM = posixpath.basename(keeper.GANG_KEY_FILE)
 
 
 class TemplateError(ValueError):
@@ -60,6 +63,15 @@ def volumes(spec: api.FSDPJobSpec, *, shm_size: str | int | None = None) -> list
     return result + [volume.to_api() for volume in spec.template.spec.volumes]
 
 
+def gang_key_volumes(spec: api.FSDPJobSpec, *, name: str) -> list[dict[str, Any]]:
+    """With restarts in place: Secret `name` (the attempt's gang key), readable by the pod's
+    group only (fsGroup); none otherwise."""
+    if not spec.failure_policy.in_place_restarts:
+        return []
+    secret = {"secretName": name, "defaultMode": 0o440}
+    return [{"name": GANG_KEY_VOLUME, "secret": secret}]
+
+
 def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     """The worker container's mounts: the operator's then the user's."""
     mounts: list[dict[str, Any]] = [
@@ -70,6 +82,9 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
         mounts.append({"name": MEMORY_VOLUME, "mountPath": contract.MEMORY_MOUNT})
     if spec.checkpoint.claim_name:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.root})
+    if spec.failure_policy.in_place_restarts:
+        key = {"name": GANG_KEY_VOLUME, "mountPath": keeper.GANG_KEY_DIR, "readOnly": True}
+        mounts.append(key)
     return mounts + [mount.to_api() for mount in spec.template.spec.volume_mounts]
 
 
@@ -77,6 +92,7 @@ def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
     overrides = spec.template.spec
     declared = {volume.name for volume in overrides.volumes}
     reserved = [SHM_PATH, TMP_PATH, contract.DEFAULT_TERMINATION_LOG, contract.MEMORY_MOUNT]
+    reserved.append(keeper.GANG_KEY_DIR)
     if spec.checkpoint.claim_name:
         reserved.append(spec.checkpoint.root)
     for index, mount in enumerate(overrides.volume_mounts):

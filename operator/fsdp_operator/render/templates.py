@@ -72,6 +72,28 @@ def _labels(job: JobRef, spec: api.FSDPJobSpec, component: names.Component) -> d
     }
 
 
+def gang_key_secret(
+    *, job: JobRef, spec: api.FSDPJobSpec, attempt: int, key: bytes
+) -> dict[str, Any]:
+    """The Secret of an in-place attempt's gang key (`key`, derived by the operator from its
+    master key), which only that attempt's pods mount: the keepers sign what they say with
+    it. Owned by the job (deleted with it); created before the attempt's pods."""
+    labels = {**_labels(job, spec, names.Component.WORKER), names.Label.ATTEMPT.value: str(attempt)}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": names.gang_key_name(job.name, attempt=attempt),
+            "namespace": job.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "immutable": True,
+        "stringData": {podmerge.GANG_KEY_ITEM: key.hex()},
+    }
+
+
 def service(*, job: JobRef, spec: api.FSDPJobSpec) -> dict[str, Any]:
     """The headless Service giving every worker pod a DNS name (stable across attempts)."""
     ports = [
@@ -239,7 +261,8 @@ def worker_pod(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [worker_container.render(slot)],
-        "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None),
+        "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None)
+        + podmerge.gang_key_volumes(spec, name=names.gang_key_name(job.name, attempt=slot.attempt)),
         "affinity": podmerge.affinity(
             overrides.affinity,
             job_name=job.name,

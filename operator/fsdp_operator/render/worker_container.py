@@ -189,6 +189,9 @@ def _env(slot: templates.Slot) -> list[dict[str, str]]:
             node=slot.node_rank,
             nodes=slot.replicas,
             non_retryable=tuple(spec.failure_policy.non_retryable_exit_codes),
+            job=job.uid,
+            attempt=slot.attempt,
+            key_file=keeper.GANG_KEY_FILE,
         )
         pairs.append((contract.ENV_GANG, gang.to_json()))
     if spec.checkpoint.memory is not None:

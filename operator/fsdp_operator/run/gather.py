@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from fsdp_operator.io import cache, checkpoints, kube, observe, reports
+from fsdp_operator.io import cache, checkpoints, gang, kube, observe, reports
 from fsdp_operator.policy import decide, detect
 from fsdp_operator.run import keepers, settings, specs
 from fsdp_operator.types import api, names, observed, queueing, status
@@ -59,9 +59,15 @@ class Gatherer:
     """Makes a pass's `Observed` (any thread; it keeps nothing between passes)."""
 
     def __init__(
-        self, api_access: kube.Kube, config: settings.Settings, *, created_at: CreatedAt
+        self,
+        api_access: kube.Kube,
+        config: settings.Settings,
+        *,
+        created_at: CreatedAt,
+        gang_client: gang.GangClient,
     ) -> None:
         self.kube = api_access
+        self.gang_client = gang_client
         self.settings = config
         self._created_at = created_at
 
@@ -114,7 +120,7 @@ class Gatherer:
             spares=[p for p in pods if p.spare is not None],
             resume_rules=reports.resume_rules(job_status.resume_rules),
         )
-        return _with_gang(obs)
+        return _with_gang(obs, keepers.Asker(self.gang_client, job.uid, job_status.attempt))
 
     def _validated(
         self,
@@ -228,10 +234,10 @@ def _unparsed(
     )
 
 
-def _with_gang(obs: observed.Observed) -> observed.Observed:
+def _with_gang(obs: observed.Observed, asker: keepers.Asker) -> observed.Observed:
     """The observation with the gang coordinator's answer, asked only when a hang's grace
     depends on it (detect.asks_the_gang): a pass does not talk to keepers otherwise."""
     coordinator = detect.asks_the_gang(obs)
     if coordinator is None:
         return obs
-    return dataclasses.replace(obs, gang=keepers.gang_health(coordinator))
+    return dataclasses.replace(obs, gang=keepers.gang_health(asker, coordinator))

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
-from fsdp_operator.io import cache, heap, kube, leader, metrics, nodelease, probe
+from fsdp_operator.io import cache, gang, gangkey, heap, kube, leader, metrics, nodelease, probe
 from fsdp_operator.run import loops, reconcile, settings
 from fsdp_operator.types import api
 
@@ -112,7 +112,11 @@ class Manager:
         else:
             metrics.LEADER.set(1)
         window = elector.write_timeout if elector is not None else None
-        reconciler = reconcile.Reconciler(kube.Kube(client, write_window=window), config)
+        # Every attempt's gang key derives from it: had before the first pass, or no start.
+        master = gangkey.master_key(client, lease_namespace)
+        reconciler = reconcile.Reconciler(
+            kube.Kube(client, write_window=window), config, gang_client=gang.GangClient(master)
+        )
         leases = None
         if config.node_lease_missed_renewals > 0:
             clock = nodelease.LeaseClock(missed=config.node_lease_missed_renewals)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from fsdp_operator.io import checkpoints, kube, observe
+from fsdp_operator.io import checkpoints, gang, kube, observe
 from fsdp_operator.policy import decide
 from fsdp_operator.render import netpol, templates
 from fsdp_operator.run import settings
@@ -63,11 +63,13 @@ class ObjectWriter:
         *,
         pool: concurrent.futures.ThreadPoolExecutor,
         gang_times: GangTimes,
+        gang_client: gang.GangClient,
     ) -> None:
         self.kube = api_access
         self.settings = config
         self._pool = pool
         self._gang_times = gang_times
+        self._gang_client = gang_client
 
     def write(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """Everything the decision changes but the status and its Events, in the safe order."""
@@ -118,6 +120,7 @@ class ObjectWriter:
         if self._held_by_another(job, templates.service(job=job, spec=spec)):
             return
         self._guard_ports(job, pods[0]["metadata"]["labels"])
+        self._create_gang_key(job, spec, launch.attempt)
         held = list(self._pool.map(lambda pod: self._held_by_another(job, pod), pods))
         if any(held):
             made = [pod for pod, h in zip(pods, held, strict=True) if h is None]
@@ -154,6 +157,19 @@ class ObjectWriter:
         elif existing.get("spec") != policy["spec"]:
             name = policy["metadata"]["name"]
             self.kube.patch_network_policy_spec(job.namespace, name, policy["spec"])
+
+    def _create_gang_key(self, job: names.JobRef, spec: api.FSDPJobSpec, attempt: int) -> None:
+        """With restarts in place: the attempt's gang key Secret, before its pods (they mount
+        it). A 409 is taken as this job's own (a pass done again: the key is derived, the
+        same): the operator may not read Secrets in a job's namespace to look. One made by
+        someone else first (they can write Secrets there, and read ours anyway) leaves the
+        keepers with a key the operator does not know: its takeovers are refused, and the
+        gang is recreated, as without restarts in place."""
+        key = self._gang_client.attempt_key(job.uid, attempt)
+        if spec.failure_policy.in_place_restarts and key is not None:
+            self.kube.create(
+                templates.gang_key_secret(job=job, spec=spec, attempt=attempt, key=key)
+            )
 
     def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes

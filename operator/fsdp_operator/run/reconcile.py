@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdp_operator.io import cache, kube, metrics, observe, probe
+from fsdp_operator.io import cache, gang, kube, metrics, observe, probe
 from fsdp_operator.policy import decide, failure, spares
 from fsdp_operator.run import evidence, gather, keepers, objects, recording, settings
 from fsdp_operator.types import names, observed, status
@@ -85,10 +85,13 @@ class Reconciler:
         *,
         writers: int = 16,
         clock: Callable[[], float] = time.time,
+        gang_client: gang.GangClient | None = None,
     ) -> None:
         """`writers`: deletes and creates of one pass go out together on this many threads
-        (urllib3's pool holds 32 connections)."""
+        (urllib3's pool holds 32 connections). `gang_client`: what the keepers are asked
+        with (None: unsigned, as keepers without a key file accept)."""
         self.kube = api_access
+        self.gang_client = gang_client if gang_client is not None else gang.GangClient(None)
         self.settings = config
         self._clock = clock
         self._writers = concurrent.futures.ThreadPoolExecutor(
@@ -100,9 +103,15 @@ class Reconciler:
         self._gang_times = objects.GangTimes(clock)
         """When this process created each gang: written by its creates, read by the passes
         after (a name it has just created is its own, not a conflict)."""
-        self._gatherer = gather.Gatherer(api_access, config, created_at=self._gang_times.of)
+        self._gatherer = gather.Gatherer(
+            api_access, config, created_at=self._gang_times.of, gang_client=self.gang_client
+        )
         self._objects = objects.ObjectWriter(
-            api_access, config, pool=self._writers, gang_times=self._gang_times
+            api_access,
+            config,
+            pool=self._writers,
+            gang_times=self._gang_times,
+            gang_client=self.gang_client,
         )
         self._error_events: dict[Key, float] = {}
         """(namespace, job) -> when a failed pass of it last posted a Warning Event."""
@@ -195,7 +204,8 @@ class Reconciler:
             d = failure.explained(d, better)
         t = d.takeover
         if t is not None:
-            refused = keepers.take_over(t)
+            asker = keepers.Asker(self.gang_client, job.uid, d.status.attempt)
+            refused = keepers.take_over(asker, t)
             if refused:
                 log.warning("%s: spare takeover of %s refused: %s", job.name, t.lost, refused)
                 d = spares.refused(d, refused)

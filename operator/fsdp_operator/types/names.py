@@ -176,6 +176,14 @@ def evidence_name(job_name: str, *, attempt: int) -> str:
     return f"{job_part(job_name)}-a{attempt}-why"
 
 
+def gang_key_name(job_name: str, *, attempt: int) -> str:
+    """The Secret that holds an attempt's gang key (mounted into its pods only, the keepers'
+    messages signed with it): `<job>-a<attempt>-gang`, owned by the job."""
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        raise ValueError(f"attempt={attempt} must be within 0..{MAX_ATTEMPT}")
+    return f"{job_part(job_name)}-a{attempt}-gang"
+
+
 def rank0_address(
     job: JobRef, *, attempt: int, cluster_domain: str = DEFAULT_CLUSTER_DOMAIN
 ) -> str:

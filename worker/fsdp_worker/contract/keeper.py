@@ -3,22 +3,33 @@
 `Gang` is the document the operator gives every keeper of an attempt (render/worker_container.py
 writes it, keeper/gang.py reads it). What the operator (run/keepers.py) and the keepers say to a
 gang's coordinator goes through `ask`: one JSON line asked, one JSON line answered, over TCP, on
-the same connection. Torch-free (stdlib and pydantic): the operator imports this module.
+the same connection, both typed and signed with the attempt's key (gangwire.py). Torch-free
+(stdlib and pydantic): the operator imports this module.
 """
 
 from __future__ import annotations
 
-import enum
 import json
 import os
 import socket
+import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import pydantic
 import pydantic.dataclasses
 
 from fsdp_worker import contract
-from fsdp_worker.contract import wire
+from fsdp_worker.contract import gangwire, wire
+from fsdp_worker.contract.gangwire import Op as Op  # the ops, where the keeper's code reads them
+
+MAX_SPARE = 9_999
+"""The highest spare number (the operator's pod names: `<job>-a<N>-s<number>`); numbers grow
+as spares are used and replaced, so spec.spares is no bound."""
+GANG_KEY_DIR = "/var/run/fsdp-gang"
+"""Where the operator mounts an attempt's key (a Secret) into its pods, read-only."""
+GANG_KEY_FILE = f"{GANG_KEY_DIR}/key"
+"""The attempt's key, hex (FSDP_GANG's keyFile)."""
 
 
 def host_port(text: str) -> tuple[str, int]:
@@ -38,6 +49,9 @@ class Gang:
     non_retryable: tuple[int, ...] = ()  # worker exit codes never retried in place
     spare: int | None = None  # a warm spare's number (spec.spares): it waits, node -1, for a node
     listen: int | None = None  # the port this keeper answers on (default: the coordinator's)
+    job: str | None = None  # the FSDPJob's uid: every message of the gang names it
+    attempt: int | None = None  # the attempt: every message of the gang names it
+    key_file: str | None = None  # the attempt's key (a Secret the operator mounts); None: unsigned
 
     @classmethod
     def from_env(cls, raw: str | None = None) -> Gang:
@@ -54,8 +68,19 @@ class Gang:
         return gang
 
     def to_json(self) -> str:
-        doc = wire.to_doc(self, drop_none={"spare", "listen"})  # set for spares and tests only
+        doc = wire.to_doc(self, drop_none=_LATER)  # set for spares and tests only
         return json.dumps(doc, separators=(",", ":"))
+
+    def credentials(self) -> gangwire.Credentials:
+        """What this gang's messages are signed with: the key file read now (ValueError when
+        it cannot be read: the keeper then stops, a ConfigError, rather than speak unsigned)."""
+        key = None
+        if self.key_file is not None:
+            try:
+                key = bytes.fromhex(Path(self.key_file).read_text().strip())
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{contract.ENV_GANG}: keyFile={self.key_file!r}: {exc}") from None
+        return gangwire.Credentials(job=self.job or "", attempt=self.attempt or 0, key=key)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -70,35 +95,30 @@ class Gang:
         return self.listen if self.listen is not None else self.address[1]
 
 
-class Op(enum.StrEnum):
-    """A request's `op`: what a keeper or the operator asks of a gang's coordinator, or tells
-    a standby keeper. The values are the wire's: keepers of another release speak them too."""
-
-    STATE = "state"
-    """Anyone: the gang's generation, failures, nodes down and done, spares' places."""
-    FAIL = "fail"
-    """A keeper whose ranks failed first (`failure`, `final`: no restart in place after it);
-    the operator's `final` alone when a takeover could not be completed."""
-    DOWN = "down"
-    """A keeper: its ranks of `generation` are stopped."""
-    DONE = "done"
-    """A keeper: its ranks of `generation` ended well (the exit barrier)."""
-    REPLACE = "replace"
-    """The operator: spare `spare` takes node `node`'s place (node lost or frozen)."""
-    PROMOTE = "promote"
-    """The operator, to a standby spare: node rank 0 is lost, become it and the coordinator."""
-    FOLLOW = "follow"
-    """The operator, to a standby keeper: the gang's coordinator and store are now elsewhere."""
-    REJOIN = "rejoin"
-    """A keeper told to follow: what node rank 0's coordinator last told it."""
+_LATER = frozenset({"spare", "listen", "job", "attempt", "keyFile"})
+"""Fields left out of FSDP_GANG when unset: spares' and tests', and a later release's."""
 
 
-def ask(address: tuple[str, int], doc: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
-    """One request to the coordinator; OSError or ValueError when it does not answer."""
+def ask(
+    address: tuple[str, int],
+    doc: dict[str, Any],
+    *,
+    creds: gangwire.Credentials,
+    timeout: float = 2.0,
+) -> dict[str, Any]:
+    """One request (`doc`: `op` and its fields) to a keeper, signed with `creds`; its answer,
+    verified (signed by the same attempt's key, answering this request). OSError or ValueError
+    when it does not answer, or not as this gang's keeper."""
+    fields = {k: v for k, v in doc.items() if k != "op"}
+    signed = gangwire.request(Op(doc["op"]), fields, creds=creds, now=time.time())
     with socket.create_connection(address, timeout=timeout) as sock:
-        sock.sendall(json.dumps(doc).encode() + b"\n")
+        sock.sendall(json.dumps(signed).encode() + b"\n")
         with sock.makefile("rb") as fh:
             answer = json.loads(fh.readline(1 << 20))
     if not isinstance(answer, dict):
         raise ValueError(f"coordinator answered {answer!r}")
-    return answer
+    gangwire.read_reply(answer, creds=creds, nonce=signed["nonce"])
+    return {k: v for k, v in answer.items() if k not in _ENVELOPE}
+
+
+_ENVELOPE = frozenset({"v", "job", "attempt", "nonce", "mac"})

@@ -36,10 +36,11 @@ command) and its loop over generations; coordinator.py the service node rank 0's
 the warm launcher, which is warm.py (the only module here that imports torch, in its own
 process); ranks.py what a generation is told and what its end says; processes.py finds and
 kills what a keeper launched; torchrun_argv.py rewrites torchrun's options; standby.py is a
-waiting spare's readiness answer.
+waiting spare's readiness answer; guard.py the keeper port's envelope checks.
 
-The keeper imports no torch. The protocol is one JSON line each way per connection; like
-torchrun's own store it is not authenticated and is reachable only where the job's pods reach
-each other (the operator's NetworkPolicy). The package imports `contract` (and the stdlib)
-only.
+The keeper imports no torch. The protocol is one JSON line each way per connection, typed and
+versioned (contract/gangwire.py), signed with the attempt's key (a Secret the operator mounts;
+FSDP_GANG names the file): guard.py checks a request's envelope (mac, job, attempt, time,
+nonce) before the coordinator hears it, and what fails is refused, counted and logged. The
+package imports `contract` (and the stdlib) only.
 """

@@ -11,16 +11,20 @@ and asks nothing of anyone; it only answers. One JSON line each way per connecti
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import json
+import logging
 import socketserver
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from fsdp_worker import contract
-from fsdp_worker.contract.keeper import Op, host_port
+from fsdp_worker.contract import gangwire
+from fsdp_worker.contract.keeper import MAX_SPARE, Op, host_port
+from fsdp_worker.keeper import guard
 
 if TYPE_CHECKING:
     from fsdp_worker.keeper.gang import Keeper
@@ -37,6 +41,15 @@ is held while nothing it waits for happens (long-poll: a keeper learns of a new 
 once, in one request per HOLD_SECONDS rather than a poll every 0.2 s). Well under the operator's
 GANG_SILENT_SECONDS: a keeper waiting here is heard at least this often."""
 HELD = (Op.STATE, Op.DOWN, Op.DONE)
+MAX_CONNECTIONS = 2048
+"""Requests served at once (a held long-poll is one: a gang of 1,024 nodes holds as many); one
+more is closed unanswered (counted `busy`): a flood of connections costs the flood's sender a
+retry, not the keeper a thread each."""
+
+LOG_EVERY_SECONDS = 10.0
+"""Refusals of one reason are logged once in this long (all are counted)."""
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -55,6 +68,7 @@ class _State:
     gathering: float | None = None
     joined: dict[int, int] = dataclasses.field(default_factory=dict)
     pending: dict[str, Any] = dataclasses.field(default_factory=dict)
+    refusals: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
 
     def key(self) -> tuple[Any, ...]:
         """What a held request may wait for: a change here answers every one (few changes per
@@ -95,7 +109,39 @@ class _State:
             "quiet": {
                 str(n): round(now - self.heard.get(n, self.started), 1) for n in range(self.nodes)
             },
+            "refusals": dict(self.refusals),  # requests refused, by gangwire.Refusal
         }
+
+    def out_of_place(self, doc: dict[str, Any]) -> gangwire.Refused | None:
+        """What the gang's state refuses of an authenticated request: a node or spare it does
+        not have, a generation it is not at (a report for one it is past is stale; one it
+        has not reached yet, forged). None when the request may be heard."""
+        op, node, generation = doc.get("op"), doc.get("node"), doc.get("generation")
+        sender = doc.get("from")
+        if isinstance(sender, int) and not -1 <= sender < self.nodes:
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"from={sender}, nodes={self.nodes}")
+        if op in (Op.DOWN, Op.DONE, Op.REJOIN) and not _within(node, 0, self.nodes):
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"node={node}, nodes={self.nodes}")
+        if op == Op.REPLACE:
+            return self._replace_out_of_place(doc)
+        if op in (Op.DOWN, Op.DONE, Op.FAIL) and isinstance(generation, int):
+            ahead = generation > self.generation
+            behind = generation < self.generation and op != Op.DOWN and not doc.get("final")
+            if ahead or behind:
+                why = f"{op} of generation {generation}; the gang runs {self.generation}"
+                return _refused(gangwire.Refusal.STALE_GENERATION, why)
+        if op == Op.FAIL and generation is None and not doc.get("final"):
+            return _refused(gangwire.Refusal.MALFORMED, "generation: fail needs one, or final")
+        return None
+
+    def _replace_out_of_place(self, doc: dict[str, Any]) -> gangwire.Refused | None:
+        node, spare = doc.get("node"), doc.get("spare")
+        if not _within(node, 1, self.nodes):
+            why = f"node={node}: replace needs 0 < node < nodes ({self.nodes})"
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, why)
+        if not _within(spare, 0, MAX_SPARE + 1):
+            return _refused(gangwire.Refusal.OUT_OF_RANGE, f"spare={spare}, at most {MAX_SPARE}")
+        return None
 
     def replace(self, doc: dict[str, Any]) -> str:
         """The operator's `replace`: spare `spare` takes node `node`'s place in the next
@@ -197,6 +243,14 @@ class _State:
         self.done.clear()
 
 
+def _within(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _refused(reason: gangwire.Refusal, detail: str) -> gangwire.Refused:
+    return gangwire.Refused(reason, detail)
+
+
 class Coordinator(socketserver.ThreadingTCPServer):
     """Node rank 0's keeper serves the gang (`active`); every other keeper listens on standby
     for the operator's word when node rank 0 is lost: `promote` (a spare becomes node 0 and
@@ -207,26 +261,69 @@ class Coordinator(socketserver.ThreadingTCPServer):
     request_queue_size = 1024  # every keeper asks again at once when a held answer goes out
 
     def __init__(
-        self, port: int, nodes: int = 0, *, active: bool = True, keeper: Keeper | None = None
+        self,
+        port: int,
+        nodes: int = 0,
+        *,
+        active: bool = True,
+        keeper: Keeper | None = None,
+        creds: gangwire.Credentials | None = None,
     ) -> None:
         self.state = _State(nodes=nodes)
         self.active = active
         self.keeper = keeper
         self.lock = threading.Lock()
         self.changed = threading.Condition(self.lock)
+        self.guard = guard.Guard(creds or gangwire.Credentials("", 0), clock=time.time)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._logged: dict[gangwire.Refusal, float] = {}  # reason -> when last logged
         super().__init__(("", port), _Handler)
 
-    def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """The request's effect and the gang's state after it; a keeper's `state`, `down` or
-        `done` with `known` (the generation it knows) is held until there is news for it
-        (_State.waits, _State.key) or HOLD_SECONDS pass. Without `known`, answered at once:
-        keepers of an earlier release poll."""
+    def handle_line(self, line: bytes, peer: str) -> dict[str, Any]:
+        """One request line from `peer` (host:port): its answer in a signed envelope, or a
+        refusal (counted, logged with the peer; nothing changed)."""
+        nonce = ""
+        try:
+            request = self.guard.admit(line)
+            nonce = request.nonce
+            answer = self.handle_request_doc(request.model_dump(by_alias=True))
+        except gangwire.Refused as exc:
+            answer = self.refuse(exc, peer)
+            nonce = _nonce_of(line)
+        return gangwire.reply(answer, creds=self.guard.creds, nonce=nonce)
+
+    def refuse(self, exc: gangwire.Refused, peer: str) -> dict[str, Any]:
+        """Count and log a refusal; its answer (no state: the asker may be a stranger). One
+        line per reason every LOG_EVERY_SECONDS at most: a flood must not fill the pod's log."""
+        now = time.monotonic()
         with self.lock:
-            key = self.state.key()
+            self.state.refusals[exc.reason] += 1
+            count = self.state.refusals[exc.reason]
+            quiet = now - self._logged.get(exc.reason, -LOG_EVERY_SECONDS) < LOG_EVERY_SECONDS
+            if not quiet:
+                self._logged[exc.reason] = now
+        if not quiet:
+            log.warning("keeper port: refused a request from %s: %s (%d so far)", peer, exc, count)
+        return {"refused": str(exc), "reason": str(exc.reason)}
+
+    def handle_request_doc(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """An authenticated request (its envelope checked: handle_line) as a dict: its effect
+        and the gang's state after it, or a refusal of what the state does not allow (with the
+        state). A keeper's `state`, `down` or `done` with `known` (the generation it knows) is
+        held until there is news for it (_State.waits, _State.key) or HOLD_SECONDS pass;
+        without `known`, answered at once."""
+        with self.lock:
+            st = self.state
+            misplaced = st.out_of_place(doc)
+            if misplaced is not None:
+                st.refusals[misplaced.reason] += 1
+                log.info("keeper port: refused %s", misplaced)
+                return {**st.answer(), "refused": str(misplaced), "reason": misplaced.reason}
+            key = st.key()
             answer = self._handle(doc)
-            if self.state.key() != key:
+            if st.key() != key:
                 self.changed.notify_all()
-            if self.active and doc.get("op") in HELD and "known" in doc:
+            if self.active and doc.get("op") in HELD and doc.get("known") is not None:
                 return _slim(self._held(doc, answer), doc)
             return answer
 
@@ -264,9 +361,9 @@ class Coordinator(socketserver.ThreadingTCPServer):
         elif op == Op.FAIL and doc.get("final"):
             st.final = True
         elif op == Op.DOWN and isinstance(doc.get("generation"), int):
-            st.down.setdefault(doc["generation"], set()).add(int(doc.get("node", -1)))
+            st.down.setdefault(doc["generation"], set()).add(doc["node"])
         elif op == Op.DONE and doc.get("generation", st.generation) == st.generation:
-            st.done.add(int(doc.get("node", -1)))
+            st.done.add(doc["node"])
         elif op == Op.REPLACE:
             refused = st.replace(doc)
             return {**st.answer(), "refused": refused} if refused else st.answer()
@@ -298,6 +395,37 @@ class Coordinator(socketserver.ThreadingTCPServer):
         keeper.promoted = str(master)
         return self.state.answer()
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, up to MAX_CONNECTIONS at once; one more is closed."""
+        if not self._slots.acquire(blocking=False):
+            self.refuse(
+                gangwire.Refused(gangwire.Refusal.BUSY, "too many connections"),
+                _peer(client_address),
+            )
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def _nonce_of(line: bytes) -> str:
+    """A refused request's nonce, where it has one: the refusal answers it (an asker with
+    this attempt's key can read why)."""
+    with contextlib.suppress(ValueError):
+        doc = json.loads(line)
+        if isinstance(doc, dict) and isinstance(doc.get("nonce"), str):
+            return str(doc["nonce"])[:64]
+    return ""
+
+
+def _peer(address: Any) -> str:
+    return f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+
 
 def _slim(answer: dict[str, Any], doc: dict[str, Any]) -> dict[str, Any]:
     """A held request's answer, for a keeper of this release: without each node's `quiet`
@@ -314,12 +442,10 @@ class _Handler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         try:
-            doc = json.loads(self.rfile.readline(65536))
-        except (ValueError, OSError):
-            return
-        if not isinstance(doc, dict):
+            line = self.rfile.readline(gangwire.MAX_LINE + 1)
+        except OSError:
             return
         assert isinstance(self.server, Coordinator)
-        answer = self.server.handle_request_doc(doc)
+        answer = self.server.handle_line(line, _peer(self.client_address))
         with contextlib.suppress(OSError):
             self.wfile.write(json.dumps(answer).encode() + b"\n")

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fsdp_worker import contract
+from fsdp_worker.contract import gangwire
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
 from fsdp_worker.keeper import launchers, ranks, standby, torchrun_argv, watch
@@ -47,12 +48,20 @@ class Keeper:
     promoted: str | None = None  # the operator's `promote`: this spare is node 0, its store
 
     def __init__(
-        self, gang: Gang, argv: Sequence[str], *, launch: launchers.Launchers | None = None
+        self,
+        gang: Gang,
+        argv: Sequence[str],
+        *,
+        launch: launchers.Launchers | None = None,
+        creds: gangwire.Credentials | None = None,
     ) -> None:
         """`launch` starts and kills the ranks (default: torchrun and the warm launcher, marked
         with this keeper's token); bench/gang_scale.py gives a stand-in, so that a thousand
-        simulated nodes' keepers share one process."""
+        simulated nodes' keepers share one process. `creds`: what the gang's messages are
+        signed with (default: the attempt's key file FSDP_GANG names)."""
         self.gang = gang
+        # what every message to and from the gang is signed with (read once, at start)
+        self.creds = creds if creds is not None else gang.credentials()
         self.argv = list(argv)
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = False
@@ -379,7 +388,7 @@ class Keeper:
             asked = time.monotonic()
             answer = self._ask_held(report)
             down = (answer or {}).get("down", {}).get(str(generation), [])
-            if len(down) >= self.gang.nodes:
+            if set(range(self.gang.nodes)) <= set(down):  # membership: not a count of ids
                 return True
             _pace(asked, POLL_SECONDS / 2)
         return False
@@ -407,7 +416,12 @@ class Keeper:
         self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
     ) -> dict[str, Any] | None:
         try:
-            answer = ask(self.gang.address, {**doc, "from": self.gang.node}, timeout=timeout)
+            answer = ask(
+                self.gang.address,
+                {**doc, "from": self.gang.node},
+                creds=self.creds,
+                timeout=timeout,
+            )
         except (OSError, ValueError) as exc:
             if not quiet:
                 log.warning("coordinator %s: %s", self.gang.coordinator, exc)
@@ -423,7 +437,11 @@ class Keeper:
         node0 = self.gang.node == 0
         try:
             self.coordinator = Coordinator(
-                self.gang.listen_port, self.gang.nodes, active=node0, keeper=self
+                self.gang.listen_port,
+                self.gang.nodes,
+                active=node0,
+                keeper=self,
+                creds=self.creds,
             )
         except OSError as exc:
             if node0:
@@ -484,10 +502,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         gang = Gang.from_env()
+        creds = gang.credentials()
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return int(contract.ExitCode.CONFIG_ERROR)
-    return Keeper(gang, args).run()
+    if creds.key is None:
+        log.warning("no key file in %s: the gang's messages are not signed", contract.ENV_GANG)
+    return Keeper(gang, args, creds=creds).run()
 
 
 if __name__ == "__main__":
