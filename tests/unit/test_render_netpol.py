@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fsdp_operator.io import gang
 from fsdp_operator.policy import decide
 from fsdp_operator.render import netpol, templates
 from fsdp_operator.run import objects, settings
@@ -204,6 +205,7 @@ def _launch(
             config,
             pool=pool,
             gang_times=objects.GangTimes(lambda: 0.0),
+            gang_client=gang.GangClient(None),
         )
         launch = decide.Launch(attempt=1, replicas=2, resume_path="")
         writer._create_gang(JOB, spec, launch, None)
