@@ -157,11 +157,11 @@ def test_rank_0_is_scraped_every_second_while_a_node_of_the_gang_is_quiet() -> N
     views = nodes()
     obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
     d = decide.decide(obs)
-    calm = reconcile._probe_target(obs, d, max_interval=60.0)
+    calm = reconcile._probe_target(obs, d, max_interval=60.0, job_uid=None)
     assert calm is not None and calm.every > probe.SUSPECT_INTERVAL
     views[2] = dataclasses.replace(views[2], lease_quiet=True)
     obs = observe(nodes=views, pods=pods(r0={"ip": "10.244.0.5"}))
-    suspect = reconcile._probe_target(obs, decide.decide(obs), max_interval=60.0)
+    suspect = reconcile._probe_target(obs, decide.decide(obs), max_interval=60.0, job_uid=None)
     assert suspect is not None and suspect.every == probe.SUSPECT_INTERVAL
 
 

@@ -13,8 +13,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from fsdp_operator.io import kube, reports
-from fsdp_operator.io import observe as observe_mod
+from fsdp_operator.io import reports
 from fsdp_operator.policy import decide, decision, detect
 from fsdp_operator.types import api
 from fsdp_operator.types import observed as ob
@@ -122,22 +121,12 @@ def test_pods_carry_the_keeper_only_when_restarts_in_place_are_allowed() -> None
     assert all("secret" not in v for v in plain["spec"]["volumes"])
 
 
-def test_rank_0s_in_place_records_are_read_from_its_metrics() -> None:
-    """What the worker serves (metrics.restarts_in_place, as gang.py's env sets it) is what
-    the operator reads; a record that is not JSON is left out."""
-    import prometheus_client as prom
-
-    from fsdp_worker.telemetry import metrics
-
+def test_the_coordinators_in_place_records_are_read_one_per_generation() -> None:
+    """What the coordinator answers (`failures`, as the keepers reported them) is what the
+    operator reads; a record that names no generation is left out."""
     record = in_place_record(0)
-    registry = prom.CollectorRegistry()
-    env = {contract.ENV_GENERATION: "1", contract.ENV_RESTARTS_IN_PLACE: json.dumps([record, 7])}
-    metrics.restarts_in_place(registry, env)
-    text = prom.generate_latest(registry).decode()
-    text += 'fsdp_worker_restart_in_place{record="not json"} 1.0\n'
-    prog = observe_mod.progress_of(kube.contract_samples(text))
-    assert prog.generation == 1 and prog.restarts_in_place == (reports.in_place_record(record),)
-    (read,) = prog.restarts_in_place
+    (read,) = reports.in_place_records([record, 7, {"node": 1}])
+    assert read == reports.in_place_record(record)
     assert (read.generation, read.node, read.exit_code, read.time) == (0, 2, 1, NOW - 8)
     assert (read.termination.kind, read.termination.step) == ("RuntimeError", 48)
     assert read.termination.words == "CUDA error: an illegal memory access"

@@ -159,3 +159,49 @@ def test_a_job_wanted_more_often_is_scraped_at_once() -> None:
     first, (same, sooner) = asyncio.run(scenario())
     assert first is not None and first[1].step == 5
     assert same is None and sooner is not None and sooner[1].step == 6
+
+
+def test_in_place_failure_records_come_from_the_coordinator_and_stay_while_it_is_silent() -> None:
+    """The one way a restart in place's record reaches the operator: the prober asks the gang's
+    coordinator (the real one, signed with the attempt's key) beside each scrape. A coordinator
+    that stops answering (between generations, a node lost) leaves the records seen last."""
+    import threading
+
+    from fsdp_operator.io import gang
+    from fsdp_worker.contract import gangwire
+    from fsdp_worker.keeper.coordinator import Coordinator
+
+    master, uid, attempt = b"m" * 32, "uid-1", 2
+    creds = gangwire.Credentials(uid, attempt, gangwire.attempt_key(master, uid, attempt))
+    coordinator = Coordinator(0, 2, creds=creds)
+    port = coordinator.server_address[1]
+    threading.Thread(target=coordinator.serve_forever, args=(0.01,), daemon=True).start()
+    record = {"class": "RuntimeError", "message": "CUDA error", "node": 1, "step": 48}
+    coordinator.handle_request_doc(
+        {"op": gangwire.Op.FAIL, "generation": 0, "failure": record, "from": 1, "final": False}
+    )
+
+    async def scenario() -> tuple[Any, Any]:
+        woken: list[object] = []
+        ask = probe.gang_asker(gang.GangClient(master), port=port)
+        prober = probe.Prober(on_change=woken.append, timeout=0.5, ask_gang=ask)
+        async with endpoint("127.0.0.26", {"step": 50}):
+            runner = asyncio.create_task(prober.run())
+            target = probe.Target(
+                pod="p0", ip="127.0.0.26", every=0.1, gang=probe.Gang(uid, attempt)
+            )
+            prober.want("job", target)
+            await asyncio.sleep(0.4)
+            first = prober.take("job")
+            coordinator.shutdown()
+            coordinator.server_close()
+            await asyncio.sleep(0.4)
+            later = prober.take("job")
+            runner.cancel()
+        return first, later
+
+    first, later = asyncio.run(scenario())
+    assert first is not None
+    (got,) = first[1].restarts_in_place
+    assert (got.generation, got.node, got.termination.words) == (0, 1, "CUDA error")
+    assert later is not None and later[1].restarts_in_place == first[1].restarts_in_place

@@ -168,9 +168,13 @@ def test_a_records_field_of_the_wrong_type_is_left_out(
     assert record is not None and getattr(record, field) == read
 
 
-def test_a_record_label_that_is_not_json_is_left_out() -> None:
-    assert reports.in_place_label("not json") is None
-    assert reports.in_place_label(json.dumps(_record())) == reports.in_place_record(_record())
+def test_coordinator_records_that_name_no_generation_are_left_out_and_the_rest_kept_in_order() -> (
+    None
+):
+    later, earlier = {**_record(), "generation": 3}, {**_record(), "generation": 1}
+    got = reports.in_place_records([later, {"node": 1}, earlier, "x"])
+    assert [r.generation for r in got] == [1, 3]
+    assert reports.in_place_records("not a list") == ()
 
 
 def test_the_status_resume_rules_are_read_and_a_broken_one_says_so() -> None:

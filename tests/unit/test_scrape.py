@@ -3,9 +3,7 @@ value is never re-parsed out of `name{k=v}` text."""
 
 from __future__ import annotations
 
-import json
-
-from fsdp_operator.io import kube, observe
+from fsdp_operator.io import kube, observe, reports
 from fsdp_operator.types import scrape
 from fsdp_worker import contract
 
@@ -27,12 +25,9 @@ def test_two_series_whose_flattened_text_would_collide_stay_apart() -> None:
     assert got.by_label("fsdp_train_x", "a") == {"1,b=2": 1.0}  # the series with `a` alone
 
 
-def test_a_restart_record_in_a_label_reaches_the_operator_whole() -> None:
+def test_a_restart_record_from_the_coordinator_reaches_the_operator_whole() -> None:
     record = {"generation": 0, "message": 'ValueError: {"x": 1}, then b=c}', "node": 1}
-    label = json.dumps(record).replace("\\", "\\\\").replace('"', '\\"')
-    name = contract.METRIC_RESTART_IN_PLACE
-    page = f'# TYPE {name} gauge\n{name}{{record="{label}"}} 1.0\n'
-    (got,) = observe.progress_of(kube.contract_samples(page)).restarts_in_place
+    (got,) = reports.in_place_records([record, {"no": "generation"}, "not a record"])
     assert (got.generation, got.node) == (0, 1)
     assert got.termination.words == record["message"]  # braces, commas and `=` inside, whole
 

@@ -209,19 +209,6 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _restarts_in_place(samples: scrape.Scrape) -> tuple[observed.InPlaceRecord, ...]:
-    """The failure records rank 0 serves (label `record`, JSON), by generation; a record that
-    does not parse, or names no generation, is left out."""
-    found: dict[int, observed.InPlaceRecord] = {}
-    for label, value in samples.by_label(contract.METRIC_RESTART_IN_PLACE, "record").items():
-        if value != 1:
-            continue
-        record = reports.in_place_label(label)
-        if record is not None:
-            found[record.generation] = record
-    return tuple(found[g] for g in sorted(found))
-
-
 def progress_of(samples: scrape.Scrape) -> observed.Progress:
     """Rank 0's scraped samples (kube.scrape_metrics) -> what decisions read. Lenient: what a
     worker does not report (an older image) is None, never an error."""
@@ -276,7 +263,6 @@ def progress_of(samples: scrape.Scrape) -> observed.Progress:
     return observed.Progress(
         generation=max(0, whole(contract.METRIC_GENERATION) or 0),
         resumed_from_memory=whole(contract.METRIC_RESUMED_FROM_MEMORY) == 1,
-        restarts_in_place=_restarts_in_place(samples),
         quarantined=tuple(quarantined),
         checkpoint_step=sealed if sealed is not None and sealed > 0 else None,
         # Set before the "loaded" milestone; until then the gauge reads its initial 0.

@@ -20,14 +20,48 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from typing import Any
 
 import aiohttp
 
-from fsdp_operator.io import kube, metrics, observe
+from fsdp_operator.io import gang, kube, metrics, observe, reports
 from fsdp_operator.types import names, observed
+from fsdp_worker.contract import gangwire
 
 log = logging.getLogger(__name__)
 Fetch = Callable[[str, float], Awaitable[str | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Gang:
+    """An in-place gang whose coordinator (on rank 0's pod, port 29501) is asked beside each
+    scrape for its failure records: the one way they reach the operator, typed and signed."""
+
+    job_uid: str
+    attempt: int
+
+
+AskGang = Callable[[str, Gang, float], Awaitable[dict[str, Any] | None]]
+"""(rank 0's address, the gang, timeout) -> the coordinator's state answer, or None."""
+
+
+def gang_asker(client: gang.GangClient, *, port: int = names.GANG_PORT) -> AskGang:
+    """The coordinator's `state`, asked with the attempt's key (in a thread: the gang client
+    is a blocking socket); None when it does not answer or its answer does not verify."""
+
+    async def ask(ip: str, g: Gang, timeout: float) -> dict[str, Any] | None:
+        def once() -> dict[str, Any]:
+            doc = {"op": gangwire.Op.STATE}
+            where = f"{ip}:{port}"
+            return client.ask(where, doc, job_uid=g.job_uid, attempt=g.attempt, timeout=timeout)
+
+        try:
+            return await asyncio.to_thread(once)
+        except (OSError, ValueError) as exc:
+            log.debug("gang coordinator at %s: %s", ip, exc)
+            return None
+
+    return ask
 
 
 class ScrapeError(Exception):
@@ -49,6 +83,8 @@ class Target:
     """Seconds between scrapes of an answering endpoint."""
     starting: bool = False
     """Scrape at the startup interval while it answers (resume milestones still to come)."""
+    gang: Gang | None = None
+    """Restarts in place: also ask the gang's coordinator for its failure records."""
 
 
 SUSPECT_INTERVAL = 1.0
@@ -76,7 +112,8 @@ def _key_facts(p: observed.Progress | None) -> object:
     """What a pass decides on: a change here wakes the job."""
     if p is None:
         return None
-    return p.step, tuple(sorted(p.milestones.items())), p.interval
+    generations = tuple(r.generation for r in p.restarts_in_place)
+    return p.step, tuple(sorted(p.milestones.items())), p.interval, generations
 
 
 class Prober:
@@ -88,6 +125,7 @@ class Prober:
         concurrency: int = 32,
         startup_interval: float = 1.0,
         fetch: Fetch | None = None,
+        ask_gang: AskGang | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._slots: dict[Hashable, _Slot] = {}
@@ -96,6 +134,7 @@ class Prober:
         self._sem = asyncio.Semaphore(concurrency)
         self._startup = startup_interval
         self._fetch = fetch
+        self._ask_gang = ask_gang
         self._clock = clock
         self._wake = asyncio.Event()
         self._session: aiohttp.ClientSession | None = None
@@ -193,6 +232,19 @@ class Prober:
             reached = isinstance(cause, ConnectionRefusedError | ConnectionResetError)
             raise ScrapeError(f"GET {url}: {err or type(err).__name__}", reached=reached) from err
 
+    async def _with_records(self, slot: _Slot, progress: observed.Progress) -> observed.Progress:
+        """An in-place gang's failure records, from its coordinator; those seen last stand
+        while it does not answer (a moment between generations, a node lost)."""
+        g = slot.target.gang
+        if g is None or self._ask_gang is None:
+            return progress
+        answer = await self._ask_gang(slot.target.ip, g, self._timeout)
+        if answer is None:
+            kept = slot.progress.restarts_in_place if slot.progress is not None else ()
+            return dataclasses.replace(progress, restarts_in_place=kept)
+        records = reports.in_place_records(answer.get("failures"))
+        return dataclasses.replace(progress, restarts_in_place=records)
+
     async def _scrape(self, key: Hashable, slot: _Slot) -> None:
         try:
             text, error, reached = None, "", False
@@ -215,6 +267,7 @@ class Prober:
                 return
             slot.failures, slot.unreached, slot.error = 0, 0, ""
             progress = observe.progress_of(kube.contract_samples(text))
+            progress = await self._with_records(slot, progress)
             changed = _key_facts(progress) != _key_facts(slot.progress)
             slot.progress, slot.fresh = progress, True
             starting = slot.target.starting

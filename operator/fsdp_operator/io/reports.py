@@ -94,12 +94,15 @@ def in_place_record(doc: object) -> observed.InPlaceRecord | None:
     )
 
 
-def in_place_label(text: str) -> observed.InPlaceRecord | None:
-    """A record as rank 0's metric label carries it (JSON); None when it does not parse."""
-    try:
-        return in_place_record(json.loads(text))
-    except ValueError:
-        return None
+def in_place_records(docs: object) -> tuple[observed.InPlaceRecord, ...]:
+    """The coordinator's failure records (its `state` answer's `failures`), one per
+    generation, in order; a record that names no generation is left out."""
+    found: dict[int, observed.InPlaceRecord] = {}
+    for doc in docs if isinstance(docs, list) else []:
+        record = in_place_record(doc)
+        if record is not None:
+            found[record.generation] = record
+    return tuple(found[g] for g in sorted(found))
 
 
 def resume_rules(text: str | None) -> contract.ResumeRules | None:

@@ -114,8 +114,9 @@ class Manager:
         window = elector.write_timeout if elector is not None else None
         # Every attempt's gang key derives from it: had before the first pass, or no start.
         master = gangkey.master_key(client, lease_namespace)
+        gang_client = gang.GangClient(master)
         reconciler = reconcile.Reconciler(
-            kube.Kube(client, write_window=window), config, gang_client=gang.GangClient(master)
+            kube.Kube(client, write_window=window), config, gang_client=gang_client
         )
         leases = None
         if config.node_lease_missed_renewals > 0:
@@ -131,6 +132,7 @@ class Manager:
             on_change=manager.on_progress,
             timeout=config.scrape_timeout_seconds,
             concurrency=config.scrape_concurrency,
+            ask_gang=probe.gang_asker(gang_client),
         )
         return manager
 

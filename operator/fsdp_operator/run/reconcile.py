@@ -48,7 +48,7 @@ class Outcome:
 
 
 def _probe_target(
-    obs: observed.Observed, d: decide.Decision, *, max_interval: float
+    obs: observed.Observed, d: decide.Decision, *, max_interval: float, job_uid: str | None
 ) -> probe.Target | None:
     """Rank 0's endpoint for the scraper, and how often: none for a finished job or while no
     rank 0 is worth reading."""
@@ -64,7 +64,10 @@ def _probe_target(
         # A node of the gang missed a Lease renewal: whether training goes on decides if it is
         # lost (detect.py), so rank 0's step is read now and every second.
         every = probe.SUSPECT_INTERVAL
-    return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting)
+    uid = str(job_uid or "")
+    in_place = obs.spec.failure_policy.in_place_restarts > 0 and uid
+    gang = probe.Gang(uid, d.status.attempt) if in_place else None
+    return probe.Target(pod=rank0.name, ip=rank0.ip, every=every, starting=starting, gang=gang)
 
 
 def _wants_nodes(obs: observed.Observed, d: decide.Decision) -> bool:
@@ -147,7 +150,10 @@ class Reconciler:
         # job's metrics (goodput, checkpoint age), until the job is deleted; events wake it.
         delay = decision.requeue_after if decision.requeue_after is not None else IDLE_SECONDS
         target = _probe_target(
-            obs, decision, max_interval=self.settings.scrape_max_interval_seconds
+            obs,
+            decision,
+            max_interval=self.settings.scrape_max_interval_seconds,
+            job_uid=body["metadata"].get("uid"),
         )
         return Outcome(delay, target, _wants_nodes(obs, decision))
 

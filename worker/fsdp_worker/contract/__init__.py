@@ -38,7 +38,6 @@ ENV_CONFIG_FILE = "FSDP_WORKER_CONFIG_FILE"  # or a path to it (takes precedence
 ENV_RESUME = "FSDP_RESUME_FROM"  # "" (fresh), "auto", or a step directory path
 ENV_GANG = "FSDP_GANG"  # restarts in place (gang.py): JSON, set only with inPlaceRestarts > 0
 ENV_GENERATION = "FSDP_GENERATION"  # set by gang.py: 0, then 1, 2, ... after restarts in place
-ENV_RESTARTS_IN_PLACE = "FSDP_RESTARTS_IN_PLACE"  # set by gang.py: earlier generations' causes
 ENV_WARM_LAUNCH = "FSDP_WARM_LAUNCH"  # gang.py: seconds to the warm launcher (warm.py); 0: off
 WARM_NOT_LAUNCHED = 2  # warm.py's exit code when it cannot run an argv as torchrun would
 TORCHRUN_MODULE = ("-m", "torch.distributed.run")  # how the operator's argv starts torchrun
@@ -266,7 +265,6 @@ METRIC_RESUMED_FROM_MEMORY = "fsdp_worker_resumed_from_memory"
 METRIC_MEMORY_STEP = "fsdp_checkpoint_memory_step"
 METRIC_MEMORY_INTERVAL = "fsdp_checkpoint_memory_interval_steps"
 METRIC_MEMORY_SAVE_SECONDS = "fsdp_checkpoint_memory_save_seconds"
-METRIC_RESTART_IN_PLACE = "fsdp_worker_restart_in_place"
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)
 

@@ -210,7 +210,7 @@ class Keeper:
     def _spawn(self, generation: int, failures: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
         """This generation's ranks (launchers.Launchers.start), told their generation and the
         failures before it; a restarted one's termination-message file emptied first."""
-        delta = ranks.environment(generation, failures, os.environ)
+        delta = ranks.environment(generation, os.environ)
         if generation > 0:
             ranks.clear_termination_log()
         return self.launchers.start(

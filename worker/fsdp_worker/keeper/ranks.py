@@ -20,20 +20,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fsdp_worker import contract
-from fsdp_worker.keeper.coordinator import MAX_RECORDS
 
 OOM_EVENTS = "/sys/fs/cgroup/memory.events"
 
 
-def environment(
-    generation: int, failures: list[dict[str, Any]], env: Mapping[str, str]
-) -> dict[str, str]:
-    """What `generation`'s ranks get beyond the pod's environment: their generation and the
-    failures before it; from generation 1 on, resume ``auto`` under this attempt's rules."""
-    delta = {
-        contract.ENV_GENERATION: str(generation),
-        contract.ENV_RESTARTS_IN_PLACE: json.dumps(failures[-MAX_RECORDS:]),
-    }
+def environment(generation: int, env: Mapping[str, str]) -> dict[str, str]:
+    """What `generation`'s ranks get beyond the pod's environment: their generation; from
+    generation 1 on, resume ``auto`` under this attempt's rules. (The earlier generations'
+    failures reach the operator from the coordinator, which it asks: not through the ranks.)"""
+    delta = {contract.ENV_GENERATION: str(generation)}
     if generation > 0:
         delta[contract.ENV_RESUME] = contract.RESUME_AUTO
         delta[contract.ENV_RESUME_RULES] = resume_rules(env).to_json()

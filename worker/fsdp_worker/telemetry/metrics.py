@@ -8,7 +8,6 @@ records what it is given (and the time of a milestone).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -54,24 +53,12 @@ class Total:
 def restarts_in_place(
     registry: prom.CollectorRegistry = prom.REGISTRY, env: Mapping[str, str] = os.environ
 ) -> None:
-    """This process's generation and the earlier generations' failures, as the in-place keeper
-    (gang.py) passed them: the operator counts and charges restarts in place from them."""
+    """This process's generation, as the in-place keeper (gang.py) passed it. The earlier
+    generations' failure records reach the operator from the gang's coordinator, which it asks
+    (signed) beside each scrape: not as metric labels (unbounded, and JSON inside a label)."""
     prom.Gauge(
         contract.METRIC_GENERATION, "Restarts in place before this process.", registry=registry
     ).set(int(env.get(contract.ENV_GENERATION, "0") or 0))
-    records = prom.Gauge(
-        contract.METRIC_RESTART_IN_PLACE,
-        "1 per earlier generation's failure (label record: JSON).",
-        labelnames=("record",),
-        registry=registry,
-    )
-    try:
-        found = json.loads(env.get(contract.ENV_RESTARTS_IN_PLACE, "[]") or "[]")
-    except ValueError:
-        found = []
-    for record in found if isinstance(found, list) else []:
-        if isinstance(record, dict):
-            records.labels(record=json.dumps(record, sort_keys=True, separators=(",", ":"))).set(1)
 
 
 class Metrics:
