@@ -268,7 +268,12 @@ class Cluster:
         log = self.logs / "s3.log"
         self._procs.spawn("s3", argv, log=log, cwd=self.state_dir, env=keys.server_env())
         objects = objectstore.service_objects(host=network.GATEWAY, port=port)
-        self.kubectl("apply", "-f", "-", input=json.dumps({"kind": "List", "items": objects}))
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+        )
         self._poll("s3", self.object_store.answers, deadline)
 
     def _start_nodes(self, wanted: NodeOptions, *, deadline: float) -> None:
