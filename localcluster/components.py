@@ -32,6 +32,7 @@ OWNED = (
     "flexvolume",
     "kubeadm.yaml",
     "Corefile",
+    "s3",
 )
 PROVISIONER = "fsdpoperator.io/local-dir"
 """The volume provisioner's name, as a StorageClass names it (``provisioner/main.go``)."""
@@ -45,6 +46,7 @@ PORTS = (
     "scheduler",
     "dns-ready",
     "provisioner-metrics",
+    "s3",
 )
 """The ports ``up`` picks at run time, under the names the command lines here read them by."""
 SERVER_NAMES = ("127.0.0.1", "localhost")
@@ -67,6 +69,7 @@ class Layout:
         self.state = self.root / "cluster.json"
         # Beside harness.stack's hand-made volumes (volumes/<namespace>/<claim>).
         self.dynamic_volumes = self.root / "volumes" / "dynamic"
+        self.object_store = self.root / "s3"  # the S3 server's buckets, one directory each
 
     def kubeadm(self, bin_dir: Path) -> kubeadm.Kubeadm:
         return kubeadm.Kubeadm(

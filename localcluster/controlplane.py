@@ -6,7 +6,8 @@ records what it started in ``<state_dir>/cluster.json`` so another process (the 
 ``down``/``status``) can find it.
 The cluster's network (``network``: one bridge, fenced) comes first, so the API server can
 listen on the bridge; cluster DNS (CoreDNS), the volume provisioner with its default
-StorageClass, and then kubelet nodes (``nodes``, ``nodeconf``) come last.
+StorageClass, the S3 server (``objectstore``) and then kubelet nodes (``nodes``,
+``nodeconf``) come last.
 
 Component command lines live in ``components``. This module does not build binaries
 (``build-binaries.sh`` does) or images (``images`` does).
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from localcluster import components, images, network, nodeconf, nodes, poll, procs
+from localcluster import components, images, network, nodeconf, nodes, objectstore, poll, procs
 
 
 class ControlPlaneError(RuntimeError):
@@ -117,6 +118,12 @@ class Cluster:
     def dynamic_volumes(self) -> Path:
         """Where the provisioner makes each claim's directory, ``<namespace>-<claim>-<pv>``."""
         return self._layout.dynamic_volumes
+
+    @property
+    def object_store(self) -> objectstore.ObjectStore:
+        """The cluster's S3 server: its endpoints (host, pods) and root keys."""
+        keys = objectstore.Keys(**self._procs.meta["s3"])
+        return objectstore.ObjectStore(host=network.GATEWAY, port=self.ports["s3"], keys=keys)
 
     @property
     def server(self) -> str:
@@ -237,6 +244,7 @@ class Cluster:
         ready = f"http://127.0.0.1:{self.ports['dns-ready']}/ready"
         self._poll("cluster-dns", functools.partial(procs.http_ok, ready), deadline)
         self._start_storage(deadline)
+        self._start_object_store(deadline)
         if wanted.nodes:
             self._start_nodes(wanted, deadline=deadline)
 
@@ -247,6 +255,26 @@ class Cluster:
         self.kubectl("create", "-f", "-", input=json.dumps(components.storage_class()))
         metrics = f"http://127.0.0.1:{self.ports['provisioner-metrics']}/metrics"
         self._poll("storage-provisioner", functools.partial(procs.http_ok, metrics), deadline)
+
+    def _start_object_store(self, deadline: float) -> None:
+        """versitygw on the bridge's gateway with fresh root keys, named in the cluster by a
+        Service without a selector (objectstore.py says why each choice)."""
+        keys = objectstore.Keys.fresh()
+        self._procs.meta["s3"] = dataclasses.asdict(keys)  # cluster.json is the owner's (0700)
+        self._layout.object_store.mkdir(mode=0o700, exist_ok=True)
+        binary = built_dir("build-versitygw.sh", override="FSDPOP_VERSITYGW")
+        port, data = self.ports["s3"], self._layout.object_store
+        argv = objectstore.server_args(binary=binary, host=network.GATEWAY, port=port, data=data)
+        log = self.logs / "s3.log"
+        self._procs.spawn("s3", argv, log=log, cwd=self.state_dir, env=keys.server_env())
+        objects = objectstore.service_objects(host=network.GATEWAY, port=port)
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}),
+        )
+        self._poll("s3", self.object_store.answers, deadline)
 
     def _start_nodes(self, wanted: NodeOptions, *, deadline: float) -> None:
         refs = (images.PAUSE, *(r for r in wanted.images if r != images.PAUSE))

@@ -46,11 +46,15 @@ class Registry:
         tmp.write_text(json.dumps({"meta": self.meta, "processes": self._records}, indent=2))
         tmp.replace(self.path)
 
-    def spawn(self, name: str, argv: list[str], *, log: Path, cwd: Path) -> int:
-        """Start ``argv`` in the background and record it under ``name``; returns the PID."""
+    def spawn(
+        self, name: str, argv: list[str], *, log: Path, cwd: Path, env: dict[str, str] | None = None
+    ) -> int:
+        """Start ``argv`` in the background and record it under ``name``; returns the PID.
+        ``env`` is added to this process's environment (secrets stay off the argv)."""
         with log.open("ab") as out:
             child = subprocess.Popen(
                 argv,
+                env={**os.environ, **env} if env else None,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -261,6 +261,22 @@ def typical_spec(**changes: Any) -> api.FSDPJobSpec:
     return api.FSDPJobSpec.model_validate(doc)
 
 
+STORE: dict[str, Any] = {
+    "bucket": "team-ckpt",
+    "prefix": "llama/run-1",
+    "endpoint": "http://s3.kube-system.svc.cluster.local:7070",
+    "region": "us-east-1",
+    "credentialsSecret": "s3-keys",
+}
+
+
+def store_spec(**changes: Any) -> api.FSDPJobSpec:
+    """TYPICAL with its claim replaced by STORE (`changes` over STORE's fields), run as its
+    own ServiceAccount."""
+    checkpoint = {"root": "/ckpt/llama", "intervalSteps": 200, "objectStore": {**STORE, **changes}}
+    return typical_spec(checkpoint=checkpoint, serviceAccountName="trainer")
+
+
 def typical_pod(spec: api.FSDPJobSpec | None = None, **kwargs: Any) -> dict[str, Any]:
     """Rank 1 of attempt 3 of TYPICAL_JOB (4 pods, resuming, two nodes excluded), or as
     `kwargs` say: the Launch's fields, `node_rank`, `worker_module`."""

@@ -116,7 +116,18 @@ def _memory(size: str) -> Callable[[dict[str, Any]], None]:
     return mutate
 
 
+def _store(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    """checkpoint.objectStore with `fields` over a good bucket, instead of the claim."""
+
+    def mutate(doc: dict[str, Any]) -> None:
+        doc["checkpoint"].pop("claimName")
+        doc["checkpoint"]["objectStore"] = {"bucket": "ckpt", **fields}
+
+    return mutate
+
+
 A, OP = Where.ADMISSION, Where.OPERATOR
+STORE = "checkpoint.objectStore"
 TPL = "template.spec"
 CASES: list[Case] = [
     # --- host access and privilege ---------------------------------------------------------
@@ -400,6 +411,25 @@ CASES: list[Case] = [
     Case("memory-tier-negative", A, "checkpoint.memory.sizeLimit", _memory("-1Gi")),
     Case("memory-tier-tiny", A, "checkpoint.memory.sizeLimit", _memory("4Ki")),
     Case("memory-tier-millis", A, "checkpoint.memory.sizeLimit", _memory("500m")),
+    # --- an object store: S3's names, no second home for checkpoints, its variables its own ---
+    Case("store-and-claim", A, STORE, _set(STORE, {"bucket": "ckpt"})),
+    Case("bucket-uppercase", A, f"{STORE}.bucket", _store(bucket="Team_Ckpt")),
+    Case("bucket-ip-address", A, f"{STORE}.bucket", _store(bucket="10.0.0.1")),
+    Case("bucket-dotdot", A, f"{STORE}.bucket", _store(bucket="team..ckpt")),
+    Case("bucket-reserved", A, f"{STORE}.bucket", _store(bucket="xn--ckpt")),
+    Case("prefix-dotdot", A, f"{STORE}.prefix", _store(prefix="team/../other")),
+    Case("prefix-absolute", A, f"{STORE}.prefix", _store(prefix="/team")),
+    Case("endpoint-scheme", A, f"{STORE}.endpoint", _store(endpoint="file:///etc")),
+    Case("endpoint-userinfo", A, f"{STORE}.endpoint", _store(endpoint="http://u:p@s3.local")),
+    Case("endpoint-expansion", A, f"{STORE}.endpoint", _store(endpoint="http://$(HOME)")),
+    Case("store-secret-name", A, f"{STORE}.credentialsSecret", _store(credentialsSecret="K_1")),
+    Case("service-account-name", A, "serviceAccountName", _set("serviceAccountName", "Admin")),
+    Case(
+        "store-env-taken",
+        OP,
+        f"{TPL}.env[0].name",
+        lambda d: (_store(region="eu-west-1")(d), _env({"name": "AWS_REGION", "value": "x"})(d)),
+    ),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
     Case(
         "label-key-invalid",

@@ -169,3 +169,25 @@ def test_the_api_server_serves_the_pod_types_the_crd_was_generated_from(
     served = json.loads(cluster.kubectl("get", "--raw", "/openapi/v3/api/v1").stdout)
     committed = (ROOT / "operator" / "fsdp_operator" / "types" / "kubetypes.py").read_text()
     assert kubegen.render(served) == committed
+
+
+def test_an_object_store_is_admitted_and_its_bucket_and_prefix_are_immutable(
+    crd: controlplane.Cluster, kube_namespace: str
+) -> None:
+    store = {"bucket": "team-ckpt", "prefix": "runs", "credentialsSecret": "s3-keys"}
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["checkpoint"] = {"root": "/ckpt", "objectStore": store}
+    doc["spec"]["serviceAccountName"] = "trainer"
+    done = _apply(crd, kube_namespace, doc)
+    assert done.returncode == 0, done.stderr
+    for change, value in [("bucket", "other-ckpt"), ("prefix", "elsewhere")]:
+        moved = copy.deepcopy(doc)
+        moved["spec"]["checkpoint"]["objectStore"][change] = value
+        done = _apply(crd, kube_namespace, moved)
+        assert done.returncode != 0, f"{change} changed"
+        assert "checkpoint.objectStore (its bucket and prefix) is immutable" in done.stderr
+    both = copy.deepcopy(doc)
+    both["metadata"]["name"] = "both"
+    both["spec"]["checkpoint"]["claimName"] = "ckpt"
+    done = _apply(crd, kube_namespace, both)
+    assert done.returncode != 0 and "spec.checkpoint.objectStore" in done.stderr, done.stderr

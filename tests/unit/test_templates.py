@@ -82,6 +82,10 @@ def container_view(p: dict[str, Any], host_env: dict[str, str]) -> tuple[list[st
         ("service.yaml", lambda: templates.service(job=JOB, spec=make_spec())),
         ("pod-rank0.yaml", lambda: pod(node_rank=0)),
         ("pod-rank1-fresh.yaml", lambda: pod(node_rank=1, resume_path="", excluded_nodes=[])),
+        (
+            "pod-rank0-objectstore.yaml",
+            lambda: pod(builders.store_spec(), node_rank=0, resume_path=contract.RESUME_AUTO),
+        ),
     ],
 )
 def test_golden(filename: str, build: Callable[[], dict[str, Any]]) -> None:

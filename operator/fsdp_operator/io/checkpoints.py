@@ -90,7 +90,7 @@ def newest(
     )
     if chosen is None:
         return Found(None, corrupt, conflicts)
-    job_dir = names.checkpoint_dir(spec.checkpoint.root, job.name)
+    job_dir = names.checkpoint_dir(spec.checkpoint.location, job.name)
     in_pod = f"{job_dir}/{catalog.step_dir_name(chosen.step)}"
     m = chosen.marker
     if m is None:  # DCPMetadata: the step and the time of its .metadata are all that is known

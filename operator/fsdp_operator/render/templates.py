@@ -13,7 +13,8 @@ Security choices, enforced here rather than left to the user's template:
   as a config value containing `$(HOME)` reaches the worker byte for byte.
 - The Pod Security "restricted" profile (non-root uid 1000, RuntimeDefault seccomp, no
   privilege escalation, all capabilities dropped); no service-account token (workers hold no
-  credentials); no service-link env vars.
+  credentials) unless the job names its own ServiceAccount (`spec.serviceAccountName`, for
+  workload identity); no service-link env vars.
 - User labels/annotations under `fsdpoperator.io/` or on the operator's own keys are dropped
   (the operator's win). User env vars named `FSDP_*` never get here: the spec model (and the
   CRD) refuse them, since the worker reads that prefix.
@@ -248,7 +249,7 @@ def worker_pod(
         "hostname": slot.pod_name,
         "subdomain": names.service_name(job.name),
         "enableServiceLinks": False,
-        "automountServiceAccountToken": False,
+        **_identity(spec),
         # torchrun must not be its PID namespace's init: an init ignores SIGTERM without a
         # handler, and torchrun has none while in rendezvous, so a pod deleted then hung until
         # its grace period ran out (seen on real kubelets). The sandbox's pause is init here.
@@ -280,6 +281,16 @@ def worker_pod(
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
+
+
+def _identity(spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """Who the pods are: the namespace's default account with no token mounted (workers hold
+    no credentials), or the job's own ServiceAccount, whose automountServiceAccountToken then
+    decides (workload identity injects its own token or asks the node's metadata server, so an
+    admin may keep the API token off on the account)."""
+    if spec.service_account_name is None:
+        return {"automountServiceAccountToken": False}
+    return {"serviceAccountName": spec.service_account_name}
 
 
 def _check_profile(slot: Slot) -> None:

@@ -161,7 +161,7 @@ def worker_config(spec: api.FSDPJobSpec) -> config.WorkerConfig:
     return config.WorkerConfig(training=spec.training, checkpoint=spec.checkpoint.worker_config())
 
 
-def _env(slot: templates.Slot) -> list[dict[str, str]]:
+def _env(slot: templates.Slot) -> list[dict[str, Any]]:
     job, spec = slot.job, slot.spec
     user = spec.template.spec.env
     pairs = [
@@ -172,7 +172,10 @@ def _env(slot: templates.Slot) -> list[dict[str, str]]:
         (contract.ENV_ATTEMPT, str(slot.attempt)),
         (contract.ENV_CONFIG, worker_config(spec).to_json()),
         (contract.ENV_RESUME, slot.resume_path),
-        (contract.ENV_CHECKPOINT_ROOT, names.checkpoint_dir(spec.checkpoint.root, slot.job.name)),
+        (
+            contract.ENV_CHECKPOINT_ROOT,
+            names.checkpoint_dir(spec.checkpoint.location, slot.job.name),
+        ),
         (contract.ENV_CONFIG_HASH, spec.training.resume_hash()),
         (contract.ENV_METRICS_PORT, str(names.METRICS_PORT)),
         (contract.ENV_TERMINATION_LOG, contract.DEFAULT_TERMINATION_LOG),
@@ -205,13 +208,25 @@ def _env(slot: templates.Slot) -> list[dict[str, str]]:
     own = {var.name for var in user}
     defaults = slot.profile.env if slot.profile else []  # the profile's (NCCL_*)
     pairs += [(var.name, var.value or "") for var in defaults if var.name not in own]
-    env = [{"name": name, "value": escape(value)} for name, value in pairs]
+    env: list[dict[str, Any]] = [{"name": n, "value": escape(v)} for n, v in pairs]
+    env += _object_store_env(spec)
     for var in user:
         entry = var.to_api()
         if var.value is not None:
             entry["value"] = escape(var.value)
         env.append(entry)
     return env
+
+
+def _object_store_env(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
+    """checkpoint.objectStore's endpoint, region and Secret keys as the AWS variables (the
+    spec model refused template env vars of the same names); none without it."""
+    store = spec.checkpoint.object_store
+    if store is None:
+        return []
+    return [
+        {**var, "value": escape(var["value"])} if "value" in var else var for var in store.env()
+    ]
 
 
 def omp_threads(spec: api.FSDPJobSpec) -> str:

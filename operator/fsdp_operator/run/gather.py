@@ -106,7 +106,7 @@ class Gatherer:
             checkpoint=found.newest,
             corrupt_checkpoints=found.corrupt,
             checkpoints_visible=found.visible,
-            checkpoint_dir=names.checkpoint_dir(spec.checkpoint.root, job.name),
+            checkpoint_dir=names.checkpoint_dir(spec.checkpoint.location, job.name),
             progress=_progress(workers, job_status, view),
             scrape=_scrape(workers, job_status, view),
             spec_error=error,

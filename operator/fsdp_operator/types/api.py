@@ -18,7 +18,7 @@ from typing import Annotated
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes, spec_profile
+from fsdp_operator.types import kubetypes, spec_profile, spec_storage
 from fsdp_operator.types.spec_pod import (
     Capability as Capability,
 )
@@ -62,6 +62,9 @@ from fsdp_operator.types.spec_profile import (
     RuntimeProfileSpec as RuntimeProfileSpec,
 )
 from fsdp_operator.types.spec_rules import NAME_PATTERN, SpecModel, cel, rules
+from fsdp_operator.types.spec_storage import (
+    ObjectStore as ObjectStore,
+)
 from fsdp_worker import contract
 from fsdp_worker.contract import config
 
@@ -161,9 +164,16 @@ class FailurePolicy(SpecModel):
 
 
 class CheckpointSpec(config.CheckpointConfig):
-    """`spec.checkpoint`: the worker's checkpoint config plus where the volume comes from and
-    what proves a checkpoint complete."""
+    """`spec.checkpoint`: the worker's checkpoint config plus where the checkpoints live (a
+    claim mounted at root, or an object store) and what proves a checkpoint complete."""
 
+    # Redeclared so the spec's root stays a path whatever the worker's config accepts: a
+    # bucket is named by objectStore, whose fields the operator validates and renders.
+    root: config.SafePath = Field(
+        "/ckpt",
+        description="Checkpoint directory on a shared volume (claimName's, or one the user "
+        "mounts). Not used with objectStore, whose URI is the worker's root.",
+    )
     completion: contract.Proof = Field(
         contract.Proof.MARKER,
         description="What proves a step-<N> checkpoint complete. Marker: the COMPLETE.json a "
@@ -176,13 +186,50 @@ class CheckpointSpec(config.CheckpointConfig):
         None,
         pattern=NAME_PATTERN,
         max_length=253,
-        description="PersistentVolumeClaim (RWX) mounted at root in every worker pod.",
+        description="PersistentVolumeClaim (RWX) mounted at root in every worker pod. Not "
+        "with objectStore.",
+    )
+    object_store: spec_storage.ObjectStore | None = Field(
+        None,
+        description="Checkpoints in an S3-API bucket instead of on a claim: the worker's root "
+        "is s3://<bucket>/<prefix>, and the pods choose their own resume point (the operator "
+        "never reads the bucket). Not with claimName. Immutable.",
     )
 
-    def worker_config(self) -> config.CheckpointConfig:
-        return config.CheckpointConfig.model_validate(
-            self.model_dump(by_alias=True, exclude={"claim_name", "completion"})
+    model_config = pydantic.ConfigDict(
+        json_schema_extra=rules(
+            cel(
+                "!has(self.objectStore) || !has(self.claimName)",
+                "set at most one of objectStore and claimName: checkpoints live in a bucket or"
+                " on a claim",
+                fieldPath=".objectStore",
+            )
         )
+    )
+
+    @pydantic.model_validator(mode="after")
+    def _one_place(self) -> CheckpointSpec:
+        if self.object_store is not None and self.claim_name is not None:
+            raise ValueError(
+                f"checkpoint.objectStore (bucket {self.object_store.bucket!r}) and"
+                f" checkpoint.claimName={self.claim_name!r} are both set: checkpoints live in a"
+                " bucket or on a claim; set at most one"
+            )
+        return self
+
+    @property
+    def location(self) -> str:
+        """The checkpoint root as the worker pods see it: the object store's URI, else root."""
+        return self.object_store.uri if self.object_store is not None else self.root
+
+    def worker_config(self) -> config.CheckpointConfig:
+        exclude = {"claim_name", "completion", "object_store"}
+        own = config.CheckpointConfig.model_validate(
+            self.model_dump(by_alias=True, exclude=exclude)
+        )
+        # The URI is the operator's own rendering of objectStore (validated there), and the
+        # worker's config reads it as its root: no re-validation against a path pattern.
+        return own.model_copy(update={"root": self.location})
 
 
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
@@ -328,6 +375,14 @@ _SPEC_RULES = rules(
         "checkpoint.root is immutable",
         fieldPath=".checkpoint.root",
     ),
+    cel(
+        "has(self.checkpoint.objectStore) == has(oldSelf.checkpoint.objectStore) &&"
+        " (!has(self.checkpoint.objectStore) ||"
+        " (self.checkpoint.objectStore.bucket == oldSelf.checkpoint.objectStore.bucket &&"
+        " self.checkpoint.objectStore.prefix == oldSelf.checkpoint.objectStore.prefix))",
+        "checkpoint.objectStore (its bucket and prefix) is immutable",
+        fieldPath=".checkpoint.objectStore",
+    ),
 )
 
 
@@ -408,6 +463,12 @@ class FSDPJobSpec(SpecModel):
         "IPC_LOCK, RDMA devices, a runtime class) and what it adds (NCCL variables, /dev/shm "
         "size, pull secrets). Unset: restricted, nothing added.",
     )
+    service_account_name: str | None = Field(
+        None,
+        pattern=NAME_PATTERN,
+        max_length=253,
+        description=spec_storage.SERVICE_ACCOUNT_DESCRIPTION,
+    )
 
     model_config = pydantic.ConfigDict(json_schema_extra=_SPEC_RULES)
 
@@ -438,7 +499,21 @@ class FSDPJobSpec(SpecModel):
             refused := spec_profile.resource_refusal(self, granted={})
         ):
             raise ValueError(refused)
+        self._env_left_to_the_store()
         return self
+
+    def _env_left_to_the_store(self) -> None:
+        """The AWS variables objectStore sets are its own: a template env var of the same name
+        would silently win over (or lose to) the spec's endpoint, region or keys."""
+        store = self.checkpoint.object_store
+        taken = store.env_names() if store is not None else []
+        for index, var in enumerate(self.template.spec.env):
+            if var.name in taken:
+                raise ValueError(
+                    f"template.spec.env[{index}].name={var.name!r} is set from"
+                    " checkpoint.objectStore (endpoint, region, credentialsSecret); set it there"
+                    " or leave that field unset"
+                )
 
     @property
     def floor(self) -> int:
