@@ -237,8 +237,10 @@ def _fileno(stream: IO[bytes]) -> int | None:
 class RangeReader(FileSystemReader):
     """FileSystemReader with ranged tensor reads; metadata is read once per checkpoint."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fs: Any | None = None) -> None:
         super().__init__(path)
+        if fs is not None:  # an object store (s3.S3FileSystem): the path is a URI
+            self.fs, self.path = fs, fs.init_path(path)
         self._metadata: Metadata | None = None
         self.ranged_bytes = 0  # bytes read by the fast path (for tests and benchmarks)
         self.files_read: dict[str, int] = {}  # ranged bytes per file name
