@@ -263,6 +263,9 @@ class RangeReader(FileSystemReader):
                 item
             )
         rest: list[ReadItem] = []
+        ahead = getattr(self.fs, "prefetch", None)  # s3.S3FileSystem: download ahead
+        if ahead is not None:
+            ahead([str(self.fs.concat_path(self.path, name)) for name in per_file])
         for relative_path, reqs in per_file.items():
             reqs.sort(key=lambda r: int(self.storage_data[r.storage_index].offset))
             path = self.fs.concat_path(self.path, relative_path)

@@ -6,7 +6,8 @@ needs no second read. Inside `deferred_closes` (layout.BandedWriter) an upload r
 background while the next file is filled, and the block waits for all of them: a rank's files
 are in the store when DCP's write returns, as fsync makes them durable on a claim. A file
 opened for reading is downloaded whole (concurrent ranged GETs) into memory, then read with
-seeks as the ranged reader does on a local file. `rename` (DCP's `.metadata` write) is a
+seeks as the ranged reader does on a local file; a load's files are fetched ahead, two at a
+time (`prefetch`). `rename` (DCP's `.metadata` write) is a
 server-side copy within the writer's own prefix; the seal is never a rename
 (contract/s3store.py). This module must not choose checkpoints or seal them.
 """
@@ -63,6 +64,8 @@ class S3FileSystem(FileSystemBase):
         self._pool: cf.ThreadPoolExecutor | None = None
         self._pending: list[cf.Future[None]] = []
         self._lock = threading.Lock()
+        self._reads: cf.ThreadPoolExecutor | None = None
+        self._ahead: dict[str, cf.Future[bytes]] = {}
 
     @staticmethod
     def _split(path: str | os.PathLike[str]) -> tuple[str, str]:
@@ -114,7 +117,19 @@ class S3FileSystem(FileSystemBase):
             finally:
                 stream.close()
             return
-        yield io.BytesIO(self.download(str(path)))
+        with self._lock:
+            ahead = self._ahead.pop(str(path), None)
+        yield io.BytesIO(ahead.result() if ahead is not None else self.download(str(path)))
+
+    def prefetch(self, uris: list[str]) -> None:
+        """Start downloading `uris` (two at a time) for the reads that follow: the next file
+        arrives while this one is parsed (reader.RangeReader asks for a plan's files)."""
+        with self._lock:
+            if self._reads is None:
+                self._reads = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-get")
+            for uri in uris:
+                if uri not in self._ahead:
+                    self._ahead[uri] = self._reads.submit(self.download, uri)
 
     def download(self, uri: str) -> bytes:
         bucket, key = self._split(uri)
@@ -156,4 +171,8 @@ class S3FileSystem(FileSystemBase):
         self.s3.delete_object(Bucket=bucket, Key=key)
 
     def close(self) -> None:
-        """Nothing held between saves (the client's pool closes with the process)."""
+        """Stop read-ahead (the client's pool closes with the process)."""
+        with self._lock:
+            reads, self._reads, self._ahead = self._reads, None, {}
+        if reads is not None:
+            reads.shutdown(wait=False, cancel_futures=True)
