@@ -14,12 +14,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import enum
 import logging
-import posixpath
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -28,8 +26,8 @@ from torch.distributed.checkpoint._state_dict_stager import StateDictStager
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
-from fsdp_worker.checkpointing import direct, layout, state, writeback
-from fsdp_worker.contract import catalog, config, errors, fence, selection
+from fsdp_worker.checkpointing import direct, layout, s3, state, writeback
+from fsdp_worker.contract import catalog, config, errors, fence, selection, store
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -127,11 +125,16 @@ class CheckpointManager:
         self.mode = SaveMode.ASYNC if cfg.async_ else SaveMode.SYNC
         # Files are written around the page cache (direct.py) or buffered with writeback
         # started behind the writer (writeback.py); either way fsync'd before the marker.
-        self.fs: writeback.EagerWritebackFileSystem = (
-            direct.DirectFileSystem() if cfg.direct_writes else writeback.EagerWritebackFileSystem()
+        # On an object store (an s3:// root) each file is uploaded when closed (s3.py).
+        self.fs: writeback.EagerWritebackFileSystem | s3.S3FileSystem = (
+            s3.S3FileSystem()
+            if s3.is_remote(cfg.root)
+            else direct.DirectFileSystem()
+            if cfg.direct_writes
+            else writeback.EagerWritebackFileSystem()
         )
         self.dist, self.meters = dist_info, meters
-        self.storage = catalog.LocalStorage(cfg.root)
+        self.store = store.open_store(cfg.root)
         self.lineage = selection.Lineage(
             identity.attempt, identity.resumed_from_step, job_uid=identity.job_uid
         )
@@ -166,27 +169,19 @@ class CheckpointManager:
         if self.dist.rank != 0:
             return
         try:
-            fence.take_over(self.storage, self.root, self.writer)
+            self.store.remove_abandoned(self.writer)
         except fence.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
-        ours = (self.identity.attempt, self.identity.generation)
-        for name in self.storage.list_dirs(self.root):  # saves of versions before writer dirs
-            writer = catalog.partial_writer(name)
-            if writer is not None and writer < ours:
-                log.info("removing %s, abandoned by an earlier writer", name)
-                shutil.rmtree(
-                    self.storage.resolve(posixpath.join(self.root, name)), ignore_errors=True
-                )
 
     def _failed(self, message: str) -> errors.CheckpointError:
         """A failed save's error; a writer superseded by a newer attempt (its directory taken
         over, so its files could not be created) is told so rather than with DCP's words."""
-        if fence.newer_writer(self.storage, self.root, self.writer):
-            message = str(fence.refusal(self.storage, self.root, self.writer, "saving"))
+        if self.store.newer_writer(self.writer):
+            message = str(self.store.refusal(self.writer, "saving"))
         return errors.CheckpointError(message)
 
     def _partial(self, step: int) -> str:
-        return posixpath.join(self.root, self.writer.partial(step))
+        return self.store.partial(self.writer, step)
 
     def save(self, st: state.TrainState) -> None:
         """Checkpoint st.step; returns after the save (sync) or after staging (async)."""
@@ -208,7 +203,7 @@ class CheckpointManager:
         self._samples[step] = samples
         partial = self._partial(step)
         if self.dist.rank == 0:
-            shutil.rmtree(self.storage.resolve(partial), ignore_errors=True)  # our own leftover
+            self.store.clear_partial(self.writer, step)  # our own leftover
         dist.barrier(group=self.dist.ckpt_group)
         sd = make_state()
         writer = layout.writer(
@@ -218,7 +213,7 @@ class CheckpointManager:
             single_file_per_rank=True,
             thread_count=WRITER_THREADS,
         )
-        writer.fs = self.fs
+        writer.fs, writer.path = cast(Any, self.fs), self.fs.init_path(partial)
         if self.mode is SaveMode.SYNC:
             self._save_sync(sd, writer=writer, step=step, started=started)
         else:
@@ -316,9 +311,8 @@ class CheckpointManager:
     # --- rank 0 only -------------------------------------------------------------------------
 
     def _publish(self, *, step: int, started: float, blocking: float) -> None:
-        partial = self._partial(step)
         faults.kill_self_if("kill_before_marker", step)
-        manifest = self._manifest(partial)
+        manifest = self._manifest(step)
         marker = catalog.Marker(
             step=step,
             attempt=self.identity.attempt,
@@ -333,7 +327,7 @@ class CheckpointManager:
             job_uid=self.identity.job_uid,
         )
         try:
-            fence.publish(self.storage, self.root, self.writer, marker=marker)
+            self.store.publish(self.writer, marker=marker)
         except fence.Superseded as exc:
             raise errors.CheckpointError(str(exc)) from None
         self.sealed_step = step
@@ -342,10 +336,11 @@ class CheckpointManager:
         self._record(step=step, blocking=blocking, total=total, size=size)
         self._retain()
 
-    def _manifest(self, final: str) -> dict[str, catalog.FileEntry]:
-        sizes = self.storage.list_files(final)
-        checksums = sum(sizes.values()) <= CHECKSUM_MAX_BYTES
-        return catalog.build_manifest(self.storage, final, checksums=checksums)
+    def _manifest(self, step: int) -> dict[str, catalog.FileEntry]:
+        sizes = self.store.manifest(self.writer, step, checksums=False)
+        if sum(f.size for f in sizes.values()) > CHECKSUM_MAX_BYTES:
+            return sizes
+        return self.store.manifest(self.writer, step, checksums=True)
 
     def _record(self, *, step: int, blocking: float, total: float, size: int) -> None:
         self.meters.ckpt_step.set(step)
@@ -362,12 +357,15 @@ class CheckpointManager:
 
     def _retain(self) -> None:
         candidates = selection.list_checkpoints(
-            self.storage, self.root, config_hash=self.identity.config_hash, lineage=self.lineage
+            self.store.storage,
+            self.root,
+            config_hash=self.identity.config_hash,
+            lineage=self.lineage,
         )
         for victim in selection.retention_victims(candidates, keep=self.cfg.keep):
             log.info("retention: removing %s", victim.path)
             try:
-                fence.delete(self.storage, self.root, self.writer, path=victim.path)
+                self.store.delete(self.writer, path=victim.path)
             except fence.Superseded as exc:
                 raise errors.CheckpointError(str(exc)) from None
             except OSError as exc:  # gone already: nothing to keep it from

@@ -237,8 +237,10 @@ def _fileno(stream: IO[bytes]) -> int | None:
 class RangeReader(FileSystemReader):
     """FileSystemReader with ranged tensor reads; metadata is read once per checkpoint."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, fs: Any | None = None) -> None:
         super().__init__(path)
+        if fs is not None:  # an object store (s3.S3FileSystem): the path is a URI
+            self.fs, self.path = fs, fs.init_path(path)
         self._metadata: Metadata | None = None
         self.ranged_bytes = 0  # bytes read by the fast path (for tests and benchmarks)
         self.files_read: dict[str, int] = {}  # ranged bytes per file name
@@ -261,6 +263,9 @@ class RangeReader(FileSystemReader):
                 item
             )
         rest: list[ReadItem] = []
+        ahead = getattr(self.fs, "prefetch", None)  # s3.S3FileSystem: download ahead
+        if ahead is not None:
+            ahead([str(self.fs.concat_path(self.path, name)) for name in per_file])
         for relative_path, reqs in per_file.items():
             reqs.sort(key=lambda r: int(self.storage_data[r.storage_index].offset))
             path = self.fs.concat_path(self.path, relative_path)

@@ -21,8 +21,8 @@ from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdp_worker import contract
-from fsdp_worker.checkpointing import checkpoint, reader, state
-from fsdp_worker.contract import catalog, config, errors, fence, selection
+from fsdp_worker.checkpointing import checkpoint, reader, s3, state
+from fsdp_worker.contract import catalog, config, errors, fence, selection, store
 from fsdp_worker.runtime.distributed import DistInfo
 
 log = logging.getLogger(__name__)
@@ -63,14 +63,19 @@ def _config_refusal(c: selection.Candidate, training: config.TrainingConfig) -> 
     )
 
 
-def _point(c: selection.Candidate) -> ResumePoint:
+def _point(st: store.CheckpointStore, c: selection.Candidate) -> ResumePoint:
+    """Where DCP reads the chosen step: its directory, or on an object store the prefix of
+    the save the fence lists."""
     assert c.marker is not None
     m = c.marker
-    return ResumePoint(c.path, m.step, m.world_size, m.samples_consumed, m.global_batch_size)
+    return ResumePoint(
+        st.locate(c.path), m.step, m.world_size, m.samples_consumed, m.global_batch_size
+    )
 
 
 def _choose_auto(
     cfg: config.WorkerConfig,
+    st: store.CheckpointStore,
     *,
     attempt: int,
     job_uid: str | None,
@@ -80,22 +85,21 @@ def _choose_auto(
     root = cfg.checkpoint.root
     other_jobs = cfg.checkpoint.resume_from_previous_jobs
     lineage = selection.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
-    storage = catalog.LocalStorage(root)
     chosen, rejected = selection.select(
-        storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
+        st.storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
     )
     for c in rejected:
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
     try:
-        moved = fence.quarantine_corrupt(
-            storage, root, rejected, me=fence.Writer(attempt, generation, job_uid)
+        moved = store.quarantine_corrupt(
+            st, rejected, me=fence.Writer(attempt, generation, job_uid)
         )
     except fence.Superseded as exc:
         raise errors.CheckpointError(str(exc)) from None
     if moved:
         log.warning("quarantined steps %s under %s: they failed verification", moved, root)
     if chosen is not None:
-        return Choice(_point(chosen), moved)
+        return Choice(_point(st, chosen), moved)
     mismatched = [c for c in rejected if c.reason == selection.RejectReason.CONFIG_HASH_MISMATCH]
     if mismatched:
         raise _config_refusal(mismatched[0], cfg.training)
@@ -115,6 +119,7 @@ def _choose_auto(
 
 def _choose(
     cfg: config.WorkerConfig,
+    st: store.CheckpointStore,
     *,
     resume: str,
     attempt: int,
@@ -124,17 +129,16 @@ def _choose(
 ) -> Choice:
     if resume == contract.RESUME_AUTO:
         return _choose_auto(
-            cfg, attempt=attempt, job_uid=job_uid, rules=rules, generation=generation
+            cfg, st, attempt=attempt, job_uid=job_uid, rules=rules, generation=generation
         )
-    storage = catalog.LocalStorage(cfg.checkpoint.root)
-    candidate = selection.verify(storage, resume, config_hash=cfg.training.resume_hash())
+    candidate = selection.verify(st.storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == selection.RejectReason.CONFIG_HASH_MISMATCH:
         raise _config_refusal(candidate, cfg.training)
     if not candidate.ok:
         raise errors.CheckpointError(
             f"checkpoint {resume} is unusable: {candidate.reason}: {candidate.detail}"
         )
-    return Choice(_point(candidate))
+    return Choice(_point(st, candidate))
 
 
 def choose(
@@ -158,10 +162,13 @@ def choose(
     if dist_info.rank == 0:
         try:
             me = fence.Writer(attempt, generation, job_uid)
-            fence.take_over(catalog.LocalStorage(cfg.checkpoint.root), cfg.checkpoint.root, me)
+            st = store.open_store(cfg.checkpoint.root)
+            st.probe(me)  # an object store that ignores conditional writes: ConfigError
+            st.take_over(me)
             box[0] = (
                 _choose(
                     cfg,
+                    st,
                     resume=resume,
                     attempt=attempt,
                     job_uid=job_uid,
@@ -193,10 +200,11 @@ def read_into(
 ) -> tuple[dict[str, Any], reader.RangeReader]:
     """Load `point` into the state dict `make_state(saved top-level keys)` returns, in place
     (DCP reshards to this world size; Stateful entries get `load_state_dict`); collective."""
-    if not os.path.isdir(point.path):
+    remote = s3.is_remote(point.path)
+    if not remote and not os.path.isdir(point.path):
         raise errors.CheckpointError(f"checkpoint {point.path} vanished before loading")
     try:
-        storage = reader.RangeReader(point.path)
+        storage = reader.RangeReader(point.path, fs=s3.S3FileSystem() if remote else None)
         saved_keys = {fqn.split(".", 1)[0] for fqn in storage.read_metadata().state_dict_metadata}
         sd = make_state(saved_keys)
         if point.memory:  # this rank's own shards, saved without collectives

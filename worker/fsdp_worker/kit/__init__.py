@@ -50,7 +50,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint, memtier, resume, schedule, state
-from fsdp_worker.contract import config, errors
+from fsdp_worker.contract import config, errors, objstore
 from fsdp_worker.kit import environment
 from fsdp_worker.runtime import distributed
 from fsdp_worker.runtime.distributed import DistInfo
@@ -399,18 +399,20 @@ def main(
         if before_rendezvous is not None:
             before_rendezvous(settings)
         dist_info = distributed.init()
+        remote = objstore.is_uri(settings.cfg.checkpoint.root)  # evidence stays on claims
         recorder.use_device(dist_info.device)
         recorder.watch(
             hang_seconds=environment.int_env(contract.ENV_HANG_SECONDS, 0) or None,
             startup_seconds=environment.int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
-            evidence_root=settings.cfg.checkpoint.root,
+            evidence_root=None if remote else settings.cfg.checkpoint.root,
         )
         meters = metrics.Metrics()
         if dist_info.rank == 0:
             meters.serve(settings.metrics_port)
             recorder.sums_from(meters.sums)  # in its live record and its failure message
         meters.reached(contract.Milestone.RENDEZVOUS)
-        os.makedirs(settings.cfg.checkpoint.root, exist_ok=True)
+        if not remote:  # an object store's prefixes need no creating
+            os.makedirs(settings.cfg.checkpoint.root, exist_ok=True)
         run = Run(settings, dist_info, meters, stop)
         train(run)
         flight.enter(flight.Phase.DONE)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import pydantic
 
 from fsdp_worker import contract
-from fsdp_worker.contract import config, errors, interval
+from fsdp_worker.contract import config, errors, interval, store
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ def load_settings() -> Settings:
         cfg = cfg.model_copy(
             update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root})}
         )
+    try:
+        store.check_root(cfg.checkpoint.root)
+    except ValueError as exc:
+        raise errors.ConfigError(f"{exc} (from {contract.ENV_CHECKPOINT_ROOT})") from None
     raw_rules = os.environ.get(contract.ENV_RESUME_RULES)
     try:
         rules = contract.ResumeRules.parse(raw_rules) if raw_rules else None
