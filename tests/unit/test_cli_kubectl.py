@@ -243,15 +243,24 @@ WAITS = [
     ("wait a --for=condition=Complete", [[RUNNING], [DONE]], 0, 2.0, MET.format("a")),
     ("wait a --for=condition=complete=true", [[DONE]], 0, 0.0, MET.format("a")),
     ("wait a --for=condition=Complete --timeout=10s", [[RUNNING]], 1, 10.0, ""),
-    ("wait a --for=jsonpath={.status.phase}=Failed",
-     [[_job("a")], [_job("a")], [_job("a", "Failed")]], 0, 4.0, MET.format("a")),
-    ("wait -l team=nlp --for=jsonpath={.status.phase}=Running",
-     [[_job("a"), _job("b", "Queued")], [_job("a"), _job("b")]], 0, 2.0,
-     MET.format("a") + MET.format("b")),
+    (
+        "wait a --for=jsonpath={.status.phase}=Failed",
+        [[_job("a")], [_job("a")], [_job("a", "Failed")]],
+        0,
+        4.0,
+        MET.format("a"),
+    ),
+    (
+        "wait -l team=nlp --for=jsonpath={.status.phase}=Running",
+        [[_job("a"), _job("b", "Queued")], [_job("a"), _job("b")]],
+        0,
+        2.0,
+        MET.format("a") + MET.format("b"),
+    ),
     ("wait a --for=delete", [[_job("a")], []], 0, 2.0, "fsdpjob.fsdpoperator.io/a deleted\n"),
     ("wait nope --for=condition=Complete", [[_job("a")]], 1, 0.0, ""),
     ("wait -l team=none --for=delete", [[]], 1, 0.0, ""),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(
@@ -305,10 +314,10 @@ TEMPLATES = [
     ("{.items[1].status.ok}", "false"),
     ("{.items[1].metadata}", '{"name":"b"}'),
     ("{.items[0].status.missing}", ""),
-    ('{range .items[*]}[{.metadata.name}]{end}', "[a][b]"),
-    ('{range .nothing[*]}x{end}done', "done"),
+    ("{range .items[*]}[{.metadata.name}]{end}", "[a][b]"),
+    ("{range .nothing[*]}x{end}done", "done"),
     (".items[1].status.phase", "Failed"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("template", "printed"), TEMPLATES)
