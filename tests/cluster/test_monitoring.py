@@ -83,23 +83,34 @@ def _alerts(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _expected(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
-    """An alert as promtool reports it: the rule's labels and the series' own, annotations
-    with `$labels` filled in (the rules use no other template)."""
+    """An alert as promtool reports it: the series' labels, then the rule's over them, labels
+    and annotations with `$labels` filled in (the rules use no other template)."""
 
     def fill(text: str) -> str:
         return re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m: labels[m.group(1)], text)
 
     annotations = {k: fill(v) for k, v in rule.get("annotations", {}).items()}
-    return {"exp_labels": {**rule.get("labels", {}), **labels}, "exp_annotations": annotations}
+    own = {k: fill(v) for k, v in rule.get("labels", {}).items()}
+    return {"exp_labels": {**labels, **own}, "exp_annotations": annotations}
 
 
-JOB = {"job_namespace": "team-a", "job_name": "llm"}
-OTHER = {"job_namespace": "team-a", "job_name": "calm"}
+# As the operator's scrape labels them: `namespace` is the operator's, job_namespace the job's.
+JOB = {"namespace": "fsdp-system", "job_namespace": "team-a", "job_name": "llm"}
+OTHER = {"namespace": "fsdp-system", "job_namespace": "team-b", "job_name": "calm"}
+KEY = {"job_namespace": "team-a", "job_name": "llm"}  # what `by (job_namespace, job_name)` keeps
 
 
 def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
     inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
     return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+def _goodput(labels: dict[str, str], productive: str, wall: str) -> list[dict[str, str]]:
+    """The goodput totals a job's status keeps (productive and wall seconds), as series."""
+    return [
+        _series("fsdpjob_goodput_productive_seconds", labels, productive),
+        _series("fsdpjob_goodput_wall_seconds", labels, wall),
+    ]
 
 
 def _cases(alerts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -181,24 +192,42 @@ def _cases(alerts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 ),
                 _series("fsdpjob_job_failures_total", {**OTHER, "cause": "OOMKilled"}, "1x20"),
             ],
-            [JOB],
+            [KEY],
         ),
         # a running job at 50% goodput for 40 minutes; a finished one at 50% is left alone
         case(
             "FSDPJobLowGoodput",
             "40m",
             [
-                _series("fsdpjob_goodput_ratio", JOB, "0.5x60"),
+                *_goodput(JOB, "0+30x60", "0+60x60"),
                 running,
-                _series("fsdpjob_goodput_ratio", OTHER, "0.5x60"),
+                *_goodput(OTHER, "0+30x60", "0+60x60"),
                 finished,
             ],
             [JOB],
         ),
+        case("FSDPJobLowGoodput", "40m", [*_goodput(JOB, "0+57x60", "0+60x60"), running], []),
+        # day-10 collapse: 95% for 10 h, then 20% for 2 h. The lifetime ratio is still 0.825;
+        # the last 6 h are at 0.7
         case(
             "FSDPJobLowGoodput",
-            "40m",
-            [_series("fsdpjob_goodput_ratio", JOB, "0.95x60"), running],
+            "12h",
+            [
+                *_goodput(JOB, "0+57x600 34212+12x119", "0+60x720"),
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Running"}, "1x720"),
+            ],
+            [JOB],
+        ),
+        # preempted for 5 h, then 1 h at 95%: the lifetime ratio is 0.16, but a planned stop
+        # is not the job's goodput
+        case(
+            "FSDPJobLowGoodput",
+            "6h",
+            [
+                *_goodput(JOB, "0x300 57+57x59", "0+60x360"),
+                _series("fsdpjob_lost_seconds", {**JOB, "cause": "Preempted"}, "0+60x300 18000x59"),
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Running"}, "_x300 1x60"),
+            ],
             [],
         ),
         # llm sealed its last checkpoint at time 0; calm, finished, too; at 70 minutes only
@@ -228,6 +257,49 @@ def _cases(alerts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ],
             [],
         ),
+        # running 2 h 10 m and never sealed: told; one that sealed, or finished, is not
+        case(
+            "FSDPJobFirstCheckpointNeverSealed",
+            "130m",
+            [
+                # a restart between: the phase changes, the hours count on
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Running"}, "1x60 _x5 1x100"),
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Restarting"}, "_x60 1x5"),
+                _series("fsdpjob_job_phase", {**OTHER, "phase": "Running"}, "1x200"),
+                _series("fsdpjob_checkpoint_timestamp_seconds", OTHER, "_x30 1800x170"),
+                finished,
+            ],
+            [KEY],
+        ),
+        case(
+            "FSDPJobFirstCheckpointNeverSealed",
+            "110m",
+            [_series("fsdpjob_job_phase", {**JOB, "phase": "Running"}, "1x200")],
+            [],
+        ),
+        # Pending, then Queued by Kueue: 90 minutes waiting; the running one is not told
+        case(
+            "FSDPJobStuckQueued",
+            "90m",
+            [
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Pending"}, "1x20"),
+                _series("fsdpjob_job_phase", {**JOB, "phase": "Queued"}, "_x20 1x100"),
+                _series("fsdpjob_job_phase", {**OTHER, "phase": "Running"}, "1x120"),
+            ],
+            [KEY],
+        ),
+        case(
+            "FSDPJobStuckQueued",
+            "50m",
+            [_series("fsdpjob_job_phase", {**JOB, "phase": "Queued"}, "1x100")],
+            [],
+        ),
+        case(
+            "FSDPJobFailed",
+            "5m",
+            [_series("fsdpjob_job_phase", {**JOB, "phase": "Failed"}, "1x10"), finished],
+            [{**JOB, "phase": "Failed"}],
+        ),
     ]
 
 
@@ -243,6 +315,9 @@ def test_the_charts_alerts_pass_promtool_check_and_fire_when_they_should(
         "FSDPJobRestartStorm",
         "FSDPJobLowGoodput",
         "FSDPJobCheckpointTooOld",
+        "FSDPJobFirstCheckpointNeverSealed",
+        "FSDPJobStuckQueued",
+        "FSDPJobFailed",
     }
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(spec))
     _promtool("check", "rules", "rules.yaml", cwd=tmp_path)
@@ -264,7 +339,7 @@ def test_alert_thresholds_are_values() -> None:
     )
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     alerts = _alerts(rule["spec"])
-    assert "fsdpjob_goodput_ratio < 0.6" in alerts["FSDPJobLowGoodput"]["expr"]
+    assert ") < 0.6 and on" in alerts["FSDPJobLowGoodput"]["expr"]
     assert "> 7200" in alerts["FSDPJobCheckpointTooOld"]["expr"]
     refused = stack.helm_template(values=["metrics.prometheusRule.thresholds.goodputBelow=1.5"])
     assert refused.returncode != 0 and "goodputBelow" in refused.stderr

@@ -442,6 +442,10 @@ def test_wide_listing_adds_attempt_goodput_age_and_the_last_failure() -> None:
     assert "goodput" not in out.getvalue() and "OOMKilled" not in out.getvalue()
 
 
+OUTPUTS = {"table", "wide", "json", "yaml", "name", "jsonpath=", "custom-columns="}
+"""What `-o` offers, as kubectl users know the formats."""
+
+
 def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
     """What the shell would offer for `line` (argcomplete's protocol, as bash runs it)."""
     answer = tmp_path / "completions"
@@ -467,7 +471,7 @@ def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
 def test_the_shell_completes_commands_flags_and_outputs(tmp_path: Path) -> None:
     assert _complete("fsdpctl d", tmp_path) == ["describe"]
     assert set(_complete("fsdpctl ", tmp_path)) >= {"list", "describe", "why", "logs", "completion"}
-    assert set(_complete("fsdpctl list -o ", tmp_path)) == {"table", "wide", "json", "yaml"}
+    assert set(_complete("fsdpctl list -o ", tmp_path)) == OUTPUTS
     assert "--attempt" in _complete("fsdpctl logs x --", tmp_path)
     # job names come from the cluster; with none to ask, none (and no traceback)
     nowhere = tmp_path / "kubeconfig"
@@ -503,7 +507,7 @@ def test_kubectl_completes_the_plugin_through_its_completion_executable(
     fake_api: fakeapi.FakeAPI, tmp_path: Path
 ) -> None:
     assert _kubectl_complete("d") == ["describe"]
-    assert set(_kubectl_complete("list", "-o", "")) == {"table", "wide", "json", "yaml"}
+    assert set(_kubectl_complete("list", "-o", "")) == OUTPUTS
     jobs = [{"metadata": {"name": n, "namespace": "team"}} for n in ("train-7b", "eval")]
     fake_api[f"get /apis/{api.GROUP}/{api.VERSION}/namespaces/team/{api.PLURAL}"] << {"items": jobs}
     kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig")

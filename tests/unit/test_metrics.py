@@ -14,6 +14,8 @@ def _value(name: str, **labels: str) -> float | None:
 def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
     for series in (
         metrics.GOODPUT,
+        metrics.PRODUCTIVE,
+        metrics.WALL,
         metrics.LOST,
         metrics.CKPT_AGE,
         metrics.CKPT_TIME,
@@ -52,3 +54,16 @@ def test_each_job_has_one_phase_series_that_follows_it_and_goes_with_it() -> Non
     assert _value("fsdpjob_job_phase", **job, phase="Restarting") == 1
     metrics.forget("team-b", "llm")
     assert _value("fsdpjob_job_phase", **job, phase="Restarting") is None
+
+
+def test_goodput_totals_for_a_windowed_ratio_go_with_the_job() -> None:
+    """The low-goodput alert takes delta() of both totals: they must exist per job and leave
+    with it (a deleted job's last value would otherwise stay until the operator restarts)."""
+    job = {"job_namespace": "team-c", "job_name": "llm"}
+    metrics.PRODUCTIVE.labels("team-c", "llm").set(900.0)
+    metrics.WALL.labels("team-c", "llm").set(1000.0)
+    assert _value("fsdpjob_goodput_productive_seconds", **job) == 900.0
+    assert _value("fsdpjob_goodput_wall_seconds", **job) == 1000.0
+    metrics.forget("team-c", "llm")
+    assert _value("fsdpjob_goodput_productive_seconds", **job) is None
+    assert _value("fsdpjob_goodput_wall_seconds", **job) is None

@@ -1,9 +1,11 @@
 """`fsdpctl`: what happened to my training job, and what it cost.
 
-Read-only views over FSDPJob status and Events (`list`, `describe`), over the evidence the
-operator keeps of failed attempts (`why`, `logs`), plus `suspend`/`resume`. This module parses
-the command line (parser.py) and dispatches; views.py and why.py render the status, read once
-through the operator's models (documents.py); complete.py answers kubectl's completion.
+Read-only views over FSDPJob status and Events (`get`/`list`, `describe`), over the evidence
+the operator keeps of failed attempts (`why`, `logs`), `wait`, plus `suspend`/`resume`; flags
+and output formats as kubectl users type them. This module parses the command line (parser.py)
+and dispatches; views.py and why.py render the status, read once through the operator's models
+(documents.py); printers.py writes `-o` formats for scripts; complete.py answers kubectl's
+completion.
 Talks to the API only through kube.py's client loader; makes no decisions.
 """
 
@@ -25,10 +27,11 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 from rich.text import Text
 
-from fsdp_operator.cli import cluster, parser
+from fsdp_operator.cli import cluster, jsonpath, parser, printers, wait
 from fsdp_operator.cli.complete import kubectl_complete_main as kubectl_complete_main
 from fsdp_operator.cli.views import describe as describe
 from fsdp_operator.cli.views import list_jobs as list_jobs
+from fsdp_operator.cli.views import print_jobs as print_jobs
 from fsdp_operator.cli.why import logs as logs
 from fsdp_operator.cli.why import why as why
 from fsdp_operator.io import kube
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
     command_line = parser.build(prog)
     argcomplete.autocomplete(command_line)  # answers the shell's completion request, then exits
     args = command_line.parse_args(argv)
+    args.command = parser.ALIASES.get(args.command, args.command)
     if args.command == "version":
         print(_version())
         return 0
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None, *, prog: str = "fsdpctl") -> int:
         print(f"{prog}: no usable kubeconfig: {exc}", file=sys.stderr)
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         print(f"{prog}: cannot reach the API server: {exc}", file=sys.stderr)
+    except jsonpath.TemplateError as exc:
+        print(f"{prog}: a JSONPath template: {exc}", file=sys.stderr)
     except pydantic.ValidationError as exc:  # a status the API server's schema would refuse
         print(f"{prog}: a document does not read as its model says: {exc}", file=sys.stderr)
     return 1
@@ -102,12 +108,9 @@ def _run(args: argparse.Namespace) -> int:
     console = Console()
     namespace = args.namespace or cluster.context_namespace(args.kubeconfig, args.context)
     if args.command == "list":
-        scope = None if args.all_namespaces else namespace
-        if args.output in ("json", "yaml"):
-            _dump({"items": cluster.jobs(custom, scope)}, args.output)
-            return 0
-        list_jobs(custom, scope, console, wide=args.output == "wide")
-        return 0
+        return get(custom, None if args.all_namespaces else namespace, args, console)
+    if args.command == "wait":
+        return wait.wait(custom, None if args.all_namespaces else namespace, args)
     if args.command == "describe":
         if args.output != "table":
             job = cluster.job_or_none(custom, namespace, args.name)
@@ -123,6 +126,55 @@ def _run(args: argparse.Namespace) -> int:
         core = kubernetes.client.CoreV1Api(client)
         return logs(custom, core, namespace, args.name, args.attempt, args.rank, console)
     return _suspend_or_resume(custom, namespace, args, console)
+
+
+def get(custom: Any, scope: str | None, args: argparse.Namespace, console: Console) -> int:
+    """`get`/`list`: the jobs in scope (those named, those the selector picks), in the -o
+    format; then, with --watch, each change. 1 when a named job does not exist."""
+    listed = cluster.job_list(custom, scope, args.selector)
+    found = [j for j in listed["items"] if not args.names or j["metadata"]["name"] in args.names]
+    for missing in sorted(set(args.names) - {j["metadata"]["name"] for j in found}):
+        print(f'Error from server (NotFound): {api.PLURAL} "{missing}" not found', file=sys.stderr)
+    _print(found, args, console, header=True)
+    if args.watch:
+        since = (listed.get("metadata") or {}).get("resourceVersion")
+        watch_jobs(custom, scope, args, console, since=since)
+    return 1 if len(found) < len(set(args.names)) else 0
+
+
+def watch_jobs(
+    custom: Any,
+    scope: str | None,
+    args: argparse.Namespace,
+    console: Console,
+    *,
+    since: str | None,
+    timeout_seconds: int | None = None,
+) -> None:
+    """`get --watch`: one row (or document) for each change after the list, until interrupted."""
+    events = cluster.watch(
+        custom, scope, selector=args.selector, since=since, timeout_seconds=timeout_seconds
+    )
+    for _, job in events:
+        if not args.names or job["metadata"]["name"] in args.names:
+            _print([job], args, console, header=False)
+
+
+def _print(
+    jobs: list[dict[str, Any]], args: argparse.Namespace, console: Console, *, header: bool
+) -> None:
+    """The jobs in the -o format: a table, or text for scripts (one job asked for by name
+    prints as the object itself, as kubectl prints it)."""
+    output: printers.Output = args.output
+    if output.is_table:
+        print_jobs(jobs, console, wide=output.format is printers.Format.WIDE, header=header)
+        return
+    if output.format is printers.Format.CUSTOM_COLUMNS:
+        sys.stdout.write(printers.custom_columns(jobs, output.template, header=header))
+        return
+    single = len(args.names) == 1 or not header
+    sys.stdout.write(printers.text(jobs, output, single=single))
+    sys.stdout.flush()
 
 
 def _suspend_or_resume(

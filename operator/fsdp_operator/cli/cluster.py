@@ -8,25 +8,56 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
+import kubernetes.watch
 from kubernetes.client.exceptions import ApiException
 
 from fsdp_operator.types import api
 
 
-def jobs(custom: Any, namespace: str | None) -> list[dict[str, Any]]:
-    """Every FSDPJob in `namespace` (None: in every namespace)."""
+def jobs(custom: Any, namespace: str | None, selector: str | None = None) -> list[dict[str, Any]]:
+    """Every FSDPJob in `namespace` (None: in every namespace) whose labels match `selector`."""
+    return list(job_list(custom, namespace, selector)["items"])
+
+
+def _list_call(custom: Any, namespace: str | None) -> tuple[Any, tuple[str, ...]]:
+    """The client's list method for the scope, and its positional arguments."""
     if namespace:
-        resp = custom.list_namespaced_custom_object(
-            api.GROUP, api.VERSION, namespace, api.PLURAL, _preload_content=False
-        )
-    else:
-        resp = custom.list_cluster_custom_object(
-            api.GROUP, api.VERSION, api.PLURAL, _preload_content=False
-        )
-    return list(json.loads(resp.data)["items"])
+        return custom.list_namespaced_custom_object, (api.GROUP, api.VERSION, namespace, api.PLURAL)
+    return custom.list_cluster_custom_object, (api.GROUP, api.VERSION, api.PLURAL)
+
+
+def job_list(custom: Any, namespace: str | None, selector: str | None = None) -> dict[str, Any]:
+    """The FSDPJob list as the API server sent it: items, and the resourceVersion a watch
+    starts from."""
+    call, positional = _list_call(custom, namespace)
+    extra = {"label_selector": selector} if selector else {}
+    resp = call(*positional, _preload_content=False, **extra)
+    return dict(json.loads(resp.data))
+
+
+def watch(
+    custom: Any,
+    namespace: str | None,
+    *,
+    selector: str | None,
+    since: str | None,
+    timeout_seconds: int | None = None,
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each change to the FSDPJobs in scope after resourceVersion `since`: (ADDED|MODIFIED|
+    DELETED, the object). Without a timeout it runs until interrupted (the client reconnects
+    when the server closes the stream)."""
+    call, positional = _list_call(custom, namespace)
+    extra: dict[str, Any] = {"label_selector": selector} if selector else {}
+    if since:
+        extra["resource_version"] = since
+    if timeout_seconds is not None:
+        extra["timeout_seconds"] = timeout_seconds
+    for event in kubernetes.watch.Watch().stream(call, *positional, **extra):
+        yield str(event["type"]), dict(event["object"])
 
 
 def job(custom: Any, namespace: str, name: str) -> dict[str, Any]:

@@ -11,38 +11,44 @@ from typing import Any
 
 import kubernetes
 
-from fsdp_operator.cli import cluster
+from fsdp_operator.cli import cluster, printers, wait
 from fsdp_operator.io import kube
+from fsdp_operator.types import api
+
+ALIASES = {"get": "list"}
+"""Verbs spelled as kubectl spells them, and the verb they are."""
+
+_KINDS = (f"{api.KIND.lower()}/", f"{api.PLURAL}/", f"{api.KIND.lower()}.{api.GROUP}/")
 
 
 def build(prog: str) -> argparse.ArgumentParser:
+    """The whole command line. kubectl's global flags (-n, -A, --context, --kubeconfig) are on
+    the top parser and on every command, so they go before the verb or anywhere after it."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "-n",
-        "--namespace",
-        default=None,
-        help="default: the kubeconfig context's namespace, else 'default'",
-    )
-    parser.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or ~/.kube/config")
-    parser.add_argument("--context", default=None, help="default: the current context")
+    _global_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
-    listing = sub.add_parser("list", help="every FSDPJob with phase, step, checkpoint and restarts")
-    listing.add_argument("-A", "--all-namespaces", action="store_true")
-    listing.add_argument(
-        "-o", "--output", choices=("table", "wide", "json", "yaml"), default="table"
+
+    def command(verb: str, **kwargs: Any) -> argparse.ArgumentParser:
+        made = sub.add_parser(verb, **kwargs)
+        _global_flags(made, top=False)
+        return made
+
+    _listing(
+        command("list", aliases=["get"], help="FSDPJobs with phase, step, checkpoint, restarts")
     )
-    describing = sub.add_parser("describe", help="one job: failures, their cost, its Events")
+    describing = command("describe", help="one job: failures, their cost, its Events")
     _job_name(describing)
     describing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     for verb in ("suspend", "resume"):
-        _job_name(sub.add_parser(verb, help=f"{verb} a job (its pods save first)"))
-    _job_name(sub.add_parser("why", help="each failed attempt: cause, where, diagnosis"))
-    logs_p = sub.add_parser("logs", help="the last log lines a failed attempt's pods left")
+        _job_name(command(verb, help=f"{verb} a job (its pods save first)"))
+    _job_name(command("why", help="each failed attempt: cause, where, diagnosis"))
+    logs_p = command("logs", help="the last log lines a failed attempt's pods left")
     _job_name(logs_p)
     logs_p.add_argument("--attempt", type=int, help="default: the newest with evidence kept")
     logs_p.add_argument("--rank", type=int, help="global rank: only the pod that ran it")
-    sub.add_parser("version", help="this fsdpctl, the API it reads and the worker contract")
-    completing = sub.add_parser(
+    _waiting(command("wait", help="block until jobs meet a condition (as kubectl wait)"))
+    command("version", help="this fsdpctl, the API it reads and the worker contract")
+    completing = command(
         "completion",
         help="the shell code that completes commands, flags and job names",
         description='e.g. in ~/.bashrc: eval "$(fsdpctl completion bash)"',
@@ -51,9 +57,86 @@ def build(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
+def _global_flags(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """kubectl's global flags. On a command they default to SUPPRESS, so a flag given before
+    the verb is not overwritten by the command's default."""
+    unset: Any = argparse.SUPPRESS
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        default=None if top else unset,
+        help="default: the kubeconfig context's namespace, else 'default'",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=None if top else unset,
+        help="default: $KUBECONFIG or ~/.kube/config",
+    )
+    parser.add_argument(
+        "--context", default=None if top else unset, help="default: the current context"
+    )
+    parser.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        default=False if top else unset,
+        help="every namespace (get, wait)",
+    )
+
+
+def _listing(listing: argparse.ArgumentParser) -> None:
+    """`get`/`list`: names to pick, a label selector, -o, --watch."""
+    names = listing.add_argument("names", nargs="*", type=job_ref, help="default: every job")
+    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
+    _selector(listing)
+    output = listing.add_argument(
+        "-o",
+        "--output",
+        type=printers.parse,
+        default=printers.Output(printers.Format.TABLE),
+        metavar="FORMAT",
+        help="table, wide, name, json, yaml, jsonpath=TEMPLATE, " "custom-columns=HEADER:PATH,...",
+    )
+    output.completer = printers.complete_output  # type: ignore[attr-defined]
+    listing.add_argument(
+        "-w", "--watch", action="store_true", help="after the list, print each change"
+    )
+
+
+def _waiting(waiting: argparse.ArgumentParser) -> None:
+    """`wait`: names or a selector, --for, --timeout."""
+    names = waiting.add_argument("names", nargs="*", type=job_ref, help="or -l")
+    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
+    _selector(waiting)
+    waiting.add_argument(
+        "--for",
+        dest="wait_for",
+        type=wait.parse_for,
+        required=True,
+        help="condition=TYPE[=STATUS], jsonpath='{PATH}'[=VALUE] or delete",
+    )
+    waiting.add_argument(
+        "--timeout", type=wait.parse_timeout, default=30.0, help="e.g. 30s (default), 5m, 1h"
+    )
+
+
+def _selector(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-l", "--selector", default=None, help="label selector, e.g. team=nlp,tier!=dev"
+    )
+
+
+def job_ref(value: str) -> str:
+    """A job as kubectl users name it: `NAME`, `fsdpjob/NAME`, `fsdpjobs/NAME`."""
+    for kind in _KINDS:
+        if value.startswith(kind):
+            return value[len(kind) :]
+    return value
+
+
 def _job_name(parser: argparse.ArgumentParser) -> None:
     """The job-name argument; the shell completes it from the namespace's FSDPJobs."""
-    name = parser.add_argument("name")
+    name = parser.add_argument("name", type=job_ref)
     name.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
 
 

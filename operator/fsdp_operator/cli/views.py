@@ -108,14 +108,33 @@ def _list_row(job: dict[str, Any], now: float, *, wide: bool) -> list[str | Text
     return row
 
 
-def list_jobs(custom: Any, namespace: str | None, console: Console, *, wide: bool = False) -> None:
+def list_jobs(
+    custom: Any,
+    namespace: str | None,
+    console: Console,
+    *,
+    wide: bool = False,
+    selector: str | None = None,
+) -> None:
+    print_jobs(cluster.jobs(custom, namespace, selector), console, wide=wide)
+
+
+def print_jobs(
+    jobs: list[dict[str, Any]], console: Console, *, wide: bool = False, header: bool = True
+) -> None:
+    """The jobs as a table; `header=False` for the rows `get --watch` adds one change at a
+    time."""
     now = datetime.datetime.now(datetime.UTC).timestamp()
     columns, folded = _LIST_COLUMNS, ("namespace", "name", "reason", "last failure")
     if wide:  # more than 80 columns: what `kubectl get -o wide` users look for next
         columns += _WIDE_COLUMNS
-    listing = table("FSDPJobs", columns, wide=folded)
-    listing.caption = "ckpt: newest sealed step (its age); restarts: total (application/infra)"
-    for job in cluster.jobs(custom, namespace):
+    listing = table("FSDPJobs" if header else "", columns, wide=folded)
+    listing.show_header = header
+    if header:
+        listing.caption = "ckpt: newest sealed step (its age); restarts: total (application/infra)"
+    else:
+        listing.title = None
+    for job in jobs:
         listing.add_row(*_list_row(job, now, wide=wide))
     console.print(listing)
 

@@ -60,6 +60,12 @@ RESUME = prom.Histogram(
 # Prometheus gives every scraped target, and would turn ours into exported_namespace/_job.
 JOB = ["job_namespace", "job_name"]
 GOODPUT = prom.Gauge("fsdpjob_goodput_ratio", "Share of wall time on steps that count", JOB)
+# Totals, not counters: productive seconds fall back when a failure turns steps into steps redone.
+# The low-goodput alert takes delta() of both over a window, so a collapse shows within hours.
+PRODUCTIVE = prom.Gauge(
+    "fsdpjob_goodput_productive_seconds", "Wall time on steps that count, since first launch", JOB
+)
+WALL = prom.Gauge("fsdpjob_goodput_wall_seconds", "Wall time since the first launch", JOB)
 LOST = prom.Gauge(
     "fsdpjob_lost_seconds", "Wall time that did not advance training, by cause", [*JOB, "cause"]
 )
@@ -166,7 +172,7 @@ def forget(namespace: str, name: str) -> None:
     with _lock:
         causes = _causes.pop((namespace, name), set())
         failed = _failed.pop((namespace, name), set())
-    for gauge in (CKPT_AGE, CKPT_TIME, GOODPUT, CHECKPOINT_INTERVAL):
+    for gauge in (CKPT_AGE, CKPT_TIME, GOODPUT, PRODUCTIVE, WALL, CHECKPOINT_INTERVAL):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
     for series, seen in ((LOST, causes), (JOB_FAILURES, failed)):

@@ -52,6 +52,8 @@ def _record_cost(job: names.JobRef, decision: decide.Decision) -> None:
     goodput = s.goodput
     if goodput is not None:
         metrics.GOODPUT.labels(job.namespace, job.name).set(goodput.fraction)
+        metrics.PRODUCTIVE.labels(job.namespace, job.name).set(goodput.productive_seconds)
+        metrics.WALL.labels(job.namespace, job.name).set(goodput.wall_seconds)
         metrics.set_lost(job.namespace, job.name, goodput.lost_seconds)
     if s.checkpoint_interval is not None:
         interval = s.checkpoint_interval.steps
