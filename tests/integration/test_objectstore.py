@@ -2,11 +2,8 @@
 names a bucket of the local cluster's S3 server (versitygw, localcluster/objectstore.py),
 its keys in a Secret, crashes once and resumes from its newest checkpoint in the bucket. No
 claim is mounted, and the operator never reads the bucket: the pods choose their resume point
-(RESUME_AUTO) and report it.
-
-WORKER SIDE: this scenario needs the worker's object-store backend (branch h-s3w: the S3
-storage, its commit protocol and probe). Until that is merged the worker's config refuses an
-s3:// root, and the test skips saying so; the operator side (spec, pods, status) is in place.
+(RESUME_AUTO) and report it; the worker seals and fences each step by conditional writes
+(docs/contract.md, "Object-store commit protocol").
 """
 
 from __future__ import annotations
@@ -14,7 +11,6 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 
-import pydantic
 import pytest
 
 from localcluster import objectstore, poll
@@ -23,24 +19,6 @@ from tests.integration import harness
 pytestmark = pytest.mark.cluster
 
 SECRET = "s3-keys"
-
-
-def _worker_reads_object_stores() -> bool:
-    """Whether the worker merged here accepts an s3:// checkpoint root (its backend landed)."""
-    from fsdp_worker.contract import config
-
-    try:
-        config.CheckpointConfig.model_validate({"root": "s3://bucket/prefix"})
-    except pydantic.ValidationError:
-        return False
-    return True
-
-
-needs_worker_side = pytest.mark.skipif(
-    not _worker_reads_object_stores(),
-    reason="the worker's object-store backend (branch h-s3w, issue 45) is not merged: its config"
-    " refuses an s3:// checkpoint root",
-)
 
 
 def store_job(name: str, store: objectstore.ObjectStore, *, bucket: str, **spec: object) -> dict:
@@ -66,7 +44,6 @@ def keys_under(store: objectstore.ObjectStore, bucket: str, prefix: str) -> list
     return [e.text or "" for e in ET.fromstring(reply.body).findall("s3:Contents/s3:Key", ns)]
 
 
-@needs_worker_side
 def test_a_job_on_an_object_store_crashes_and_resumes_from_the_bucket(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:

@@ -32,18 +32,28 @@ def env_of(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {var["name"]: var for var in container(pod)["env"]}
 
 
-def test_the_workers_root_is_the_buckets_uri() -> None:
+def test_the_workers_root_is_the_buckets_uri_and_its_config_reads_as_the_worker_reads_it() -> None:
+    """The job's own prefix reaches the worker as FSDP_CHECKPOINT_ROOT, which overrides the
+    config's root; the config stays one the worker's own model parses (a URI in its path
+    field would be refused, and the job would fail at start with ConfigError)."""
+    from fsdp_worker.kit import environment
+
     env = env_of(builders.typical_pod(store_spec()))
     worker_config = json.loads(env[contract.ENV_CONFIG]["value"])
-    assert worker_config["checkpoint"]["root"] == "s3://team-ckpt/llama/run-1"
     assert "objectStore" not in worker_config["checkpoint"]  # the operator's, not the worker's
     job_root = env[contract.ENV_CHECKPOINT_ROOT]["value"]
     assert job_root == f"s3://team-ckpt/llama/run-1/{builders.TYPICAL_JOB.name}"
+    plain = {k: v["value"] for k, v in env.items() if "value" in v}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in plain.items():
+            mp.setenv(key, value)
+        settings = environment.load_settings()
+    assert settings.cfg.checkpoint.root == job_root
 
 
 def test_without_a_prefix_the_root_is_the_bucket() -> None:
     spec = store_spec(prefix="")
-    assert spec.checkpoint.worker_config().root == "s3://team-ckpt"
+    assert spec.checkpoint.location == "s3://team-ckpt"
 
 
 def test_endpoint_region_and_keys_arrive_as_the_aws_variables() -> None:

@@ -224,12 +224,12 @@ class CheckpointSpec(config.CheckpointConfig):
 
     def worker_config(self) -> config.CheckpointConfig:
         exclude = {"claim_name", "completion", "object_store"}
-        own = config.CheckpointConfig.model_validate(
+        # An object store's URI reaches the worker as FSDP_CHECKPOINT_ROOT (the job's own
+        # prefix), which overrides this root: the config's root stays a path, as its model
+        # (the worker's too) requires.
+        return config.CheckpointConfig.model_validate(
             self.model_dump(by_alias=True, exclude=exclude)
         )
-        # The URI is the operator's own rendering of objectStore (validated there), and the
-        # worker's config reads it as its root: no re-validation against a path pattern.
-        return own.model_copy(update={"root": self.location})
 
 
 MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
