@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from bench import fleet_clock
+from bench.fleet_clock import Pod
 from localcluster import images, kubeclient, kwok, nodes, poll
 
 JOB_LABEL = "fsdp.bench/baseline"
@@ -57,14 +58,6 @@ def job_doc(name: str, *, pods: int, gpus_per_pod: int) -> dict[str, Any]:
     }
 
 
-@dataclasses.dataclass
-class Pod:
-    job: str
-    added: float | None = None
-    running: float | None = None
-    failed: float | None = None
-
-
 class PodClock:
     """When each pod of the namespace was first seen ADDED, Running and Failed."""
 
@@ -79,16 +72,8 @@ class PodClock:
     def _pod(self, kind: str, obj: dict[str, Any], now: float) -> None:
         meta = obj["metadata"]
         with self._lock:
-            pod = self.pods.setdefault(
-                meta["name"], Pod((meta.get("labels") or {}).get(JOB_LABEL, ""))
-            )
-            if kind == "ADDED" and pod.added is None:
-                pod.added = now
-            phase = (obj.get("status") or {}).get("phase")
-            if phase == "Running" and pod.running is None:
-                pod.running = now
-            elif phase == "Failed" and pod.failed is None:
-                pod.failed = now
+            job = (meta.get("labels") or {}).get(JOB_LABEL, "")
+            self.pods.setdefault(meta["name"], Pod(job, None)).saw(kind, obj, now)
 
     def first_of(self, job: str) -> str:
         """The name of one of the job's pods (the one to fail)."""

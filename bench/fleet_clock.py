@@ -87,6 +87,16 @@ class Pod:
     running: float | None = None
     failed: float | None = None
 
+    def saw(self, kind: str, obj: dict[str, Any], now: float) -> None:
+        """The first time it was seen ADDED, Running and Failed."""
+        if kind == "ADDED" and self.added is None:
+            self.added = now
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Running" and self.running is None:
+            self.running = now
+        elif phase == "Failed" and self.failed is None:
+            self.failed = now
+
 
 class Clock:
     """What the watches saw in one namespace: pods by name, each job's first Running per attempt."""
@@ -113,14 +123,7 @@ class Clock:
         labels = meta.get("labels") or {}
         with self._lock:
             job, attempt = labels.get(names.Label.JOB.value, ""), names.parse_attempt(labels)
-            pod = self.pods.setdefault(meta["name"], Pod(job=job, attempt=attempt))
-            if kind == "ADDED" and pod.added is None:
-                pod.added = now
-            phase = (obj.get("status") or {}).get("phase")
-            if phase == "Running" and pod.running is None:
-                pod.running = now
-            elif phase == "Failed" and pod.failed is None:
-                pod.failed = now
+            self.pods.setdefault(meta["name"], Pod(job=job, attempt=attempt)).saw(kind, obj, now)
 
     def _job(self, kind: str, obj: dict[str, Any], now: float) -> None:
         status = obj.get("status") or {}
