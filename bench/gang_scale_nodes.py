@@ -110,13 +110,26 @@ class _Counted:
 
 
 def _count_connections() -> None:
-    serve = socketserver.ThreadingMixIn.process_request
+    """Wrap the transport's per-connection seam: lineserver's event loop (after) or
+    socketserver's thread per connection (an earlier tree, "before")."""
+    try:
+        from fsdp_worker.keeper import lineserver
+    except ImportError:
+        serve = socketserver.ThreadingMixIn.process_request
 
-    def counted(self: Any, request: Any, client_address: Any) -> None:
+        def counted(self: Any, request: Any, client_address: Any) -> None:
+            _Counted.connections += 1
+            serve(self, request, client_address)
+
+        socketserver.ThreadingMixIn.process_request = counted  # type: ignore[method-assign]
+        return
+    connection = lineserver.LineServer._connection
+
+    async def counted_async(self: Any, reader: Any, writer: Any) -> None:
         _Counted.connections += 1
-        serve(self, request, client_address)
+        await connection(self, reader, writer)
 
-    socketserver.ThreadingMixIn.process_request = counted  # type: ignore[method-assign]
+    lineserver.LineServer._connection = counted_async  # type: ignore[method-assign]
 
 
 def _usage() -> dict[str, float]:
