@@ -90,6 +90,8 @@ class LineServer:
         peer = _peer(writer.get_extra_info("peername"))
         if not self._slots.acquire(blocking=False):
             self.refuse_busy(peer)
+            with contextlib.suppress(OSError):
+                writer.write_eof()  # the peer reads an end, as socketserver's shutdown_request
             writer.close()
             return
         try:
