@@ -132,8 +132,8 @@ class Coordinator(lineserver.LineServer):
             if misplaced is not None:
                 st.refusals[misplaced.reason] += 1
                 log.info("keeper port: refused %s", misplaced)
-                answer = st.answer(quiet=not keeper_asks)
-                return {**answer, "refused": str(misplaced), "reason": misplaced.reason}, None
+                state = st.answer(quiet=not keeper_asks)
+                return {**state, "refused": str(misplaced), "reason": misplaced.reason}, None
             key = st.key()
             answer = self._handle(doc)
             if st.key() != key:
