@@ -1,11 +1,13 @@
 """The simulated nodes of bench/gang_scale.py: the real keepers (fsdp_worker.keeper.gang.Keeper)
 and coordinator over real sockets on 127.0.0.1, with a rank stand-in in place of torchrun.
 
-Two processes per gang, as the measurement needs: node rank 0's keeper and the coordinator it
-serves alone in one (`--node-zero`: its CPU and peak memory are the coordinator's figures, as a
-pod's would be), every other node's keeper as a thread of the other (`--nodes N`), which injects
-the failures, times the restarts and prints one JSON line. Imports the keeper from PYTHONPATH,
-so that the orchestrator runs the same scenario against an earlier tree ("before").
+Node rank 0's keeper and the coordinator it serves run alone in one process (`--part N port 0
+1`: its CPU, peak memory and connections are the coordinator's figures, as a pod's would be);
+every other node's keeper is a thread of one of several processes of PER_PROCESS keepers each
+(3,000 threads of 1,023 keepers on one GIL timed the harness, not the keepers). This process
+injects the failures over their stdin, times the restarts and prints one JSON line. Imports the
+keeper from PYTHONPATH, so that the orchestrator runs the same scenario against an earlier tree
+("before").
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from fsdp_worker.keeper import gang, launchers
 STACK_BYTES = 256 * 1024
 """Thread stacks in the bench's processes: 2,000 keeper threads at the 8 MiB default reserve
 16 GiB of address space for stacks that use a few KiB."""
+PER_PROCESS = 256
+"""Simulated keepers per process, node 0's aside (alone in its own)."""
 RESTARTS = 1000  # in-place restarts allowed: the bench never runs out
 SETTLED_SECONDS = 75.0
 """A restart not complete by then is reported as not restarted (past DOWN_TIMEOUT_SECONDS
@@ -110,13 +114,26 @@ class _Counted:
 
 
 def _count_connections() -> None:
-    serve = socketserver.ThreadingMixIn.process_request
+    """Wrap the transport's per-connection seam: lineserver's event loop (after) or
+    socketserver's thread per connection (an earlier tree, "before")."""
+    try:
+        from fsdp_worker.keeper import lineserver
+    except ImportError:
+        serve = socketserver.ThreadingMixIn.process_request
 
-    def counted(self: Any, request: Any, client_address: Any) -> None:
+        def counted(self: Any, request: Any, client_address: Any) -> None:
+            _Counted.connections += 1
+            serve(self, request, client_address)
+
+        socketserver.ThreadingMixIn.process_request = counted  # type: ignore[method-assign]
+        return
+    connection = lineserver.LineServer._connection
+
+    async def counted_async(self: Any, reader: Any, writer: Any) -> None:
         _Counted.connections += 1
-        serve(self, request, client_address)
+        await connection(self, reader, writer)
 
-    socketserver.ThreadingMixIn.process_request = counted  # type: ignore[method-assign]
+    lineserver.LineServer._connection = counted_async  # type: ignore[method-assign]
 
 
 def _usage() -> dict[str, float]:
@@ -124,64 +141,102 @@ def _usage() -> dict[str, float]:
     return {"cpu_s": ru.ru_utime + ru.ru_stime, "peak_mb": ru.ru_maxrss / 1024}
 
 
-def node_zero(nodes: int, base_port: int) -> None:
-    """Node rank 0's keeper and its coordinator; on each stdin line, one JSON line of figures."""
-    _count_connections()
+def part(nodes: int, base_port: int, first: int, last: int) -> None:
+    """Nodes first..last-1's keepers in this process (node 0's alone: its coordinator's CPU,
+    memory and connections are this process's); answers the orchestrator's stdin commands,
+    one JSON line each: `stats`, `started G` (node -> when it started generation G), `fail N`
+    (node N's ranks exit 1 now, as a crashed rank's torchrun would)."""
+    if first == 0:
+        _count_connections()
     started: dict[tuple[int, int], float] = {}
-    _keeper(0, nodes, base_port, started)
+    keepers = {n: _keeper(n, nodes, base_port, started) for n in range(first, last)}
     print(json.dumps({"ready": True}), flush=True)
-    for _ in sys.stdin:
-        doc: dict[str, Any] = {"connections": _Counted.connections, **_usage()}
-        doc["started"] = {str(g): t for (_, g), t in started.items()}
+    peak = threading.active_count()
+    for line in sys.stdin:
+        what, _, arg = line.strip().partition(" ")
+        peak = max(peak, threading.active_count())
+        doc: dict[str, Any] = {}
+        if what == "stats":
+            doc = {"connections": _Counted.connections, "threads": peak, **_usage()}
+        elif what == "started":
+            doc = {str(n): t for (n, g), t in list(started.items()) if g == int(arg)}
+        elif what == "fail":
+            doc = {"t": time.time()}
+            keepers[int(arg)].launchers.current.end(1)
         print(json.dumps(doc), flush=True)
     os._exit(0)
 
 
+class Part:
+    """One process of simulated nodes (`part`), driven over its stdin and stdout."""
+
+    def __init__(self, nodes: int, base_port: int, first: int, last: int) -> None:
+        self.first, self.last = first, last
+        argv = [__file__, "--part", *(str(x) for x in (nodes, base_port, first, last))]
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def ready(self) -> None:
+        assert self.proc.stdout is not None
+        json.loads(self.proc.stdout.readline())
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        doc: dict[str, Any] = json.loads(self.proc.stdout.readline())
+        return doc
+
+
 class Gang:
-    """One gang of `nodes` simulated nodes: node 0 in a child process, the rest here."""
+    """One gang of `nodes` simulated nodes: node 0 in a process of its own, the others in
+    processes of at most PER_PROCESS keepers each (a thousand keeper threads on one GIL timed
+    the harness, not the keepers)."""
 
     def __init__(self, nodes: int, base_port: int) -> None:
         self.nodes = nodes
-        self.zero = subprocess.Popen(
-            [sys.executable, __file__, "--node-zero", str(nodes), str(base_port)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.zero.stdout is not None
-        json.loads(self.zero.stdout.readline())
-        self.started: dict[tuple[int, int], float] = {}
-        self.keepers = [_keeper(n, nodes, base_port, self.started) for n in range(1, nodes)]
-        self.peak_threads = threading.active_count()
+        bounds = [(0, 1)] + [(i, min(i + PER_PROCESS, nodes)) for i in range(1, nodes, PER_PROCESS)]
+        self.parts = [Part(nodes, base_port, lo, hi) for lo, hi in bounds if lo < hi]
+        self.parts[0].ready()  # the coordinator listens before the others ask
+        for p in self.parts[1:]:
+            p.ready()
 
     def stats(self) -> dict[str, Any]:
-        assert self.zero.stdin is not None and self.zero.stdout is not None
-        self.zero.stdin.write("\n")
-        self.zero.stdin.flush()
-        doc: dict[str, Any] = json.loads(self.zero.stdout.readline())
-        return doc
+        """Node 0's process: the coordinator's connections, CPU and memory."""
+        return self.parts[0].ask("stats")
+
+    def simulation(self) -> dict[str, Any]:
+        """The other processes' peak memory (the largest) and threads (in all)."""
+        rows = [p.ask("stats") for p in self.parts[1:]]
+        return {
+            "simulation_processes": len(rows),
+            "simulation_peak_mb": round(max((r["peak_mb"] for r in rows), default=0.0), 1),
+            "simulation_threads": sum(r["threads"] for r in rows),
+        }
+
+    def started(self, generation: int) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for p in self.parts:
+            out.update({int(n): t for n, t in p.ask(f"started {generation}").items()})
+        return out
 
     def all_started(self, generation: int, deadline: float) -> float | None:
-        """When the last node started `generation` (node 0's time from its process)."""
-        others = [(n, generation) for n in range(1, self.nodes)]
+        """When the last node, node 0 included, started `generation`."""
         while time.time() < deadline:
-            self.peak_threads = max(self.peak_threads, threading.active_count())
-            if all(k in self.started for k in others):
-                zero = self.stats()["started"].get(str(generation))
-                if zero is not None:
-                    return max(float(zero), *(self.started[k] for k in others))
-            time.sleep(0.02)
+            started = self.started(generation)
+            if len(started) >= self.nodes:
+                return max(started.values())
+            time.sleep(0.05)
         return None
 
     def fail(self, node: int) -> float:
-        """Node `node`'s ranks exit 1 now, as a crashed rank's torchrun would."""
-        keeper = self.keepers[node - 1]
-        now = time.time()
-        keeper.launchers.current.end(1)
-        return now
+        part = next(p for p in self.parts if p.first <= node < p.last)
+        return float(part.ask(f"fail {node}")["t"])
 
     def close(self) -> None:
-        self.zero.kill()
+        for p in self.parts:
+            p.proc.kill()
 
 
 def scenario(nodes: int, *, repeats: int, base_port: int, steady_s: float) -> dict[str, Any]:
@@ -206,8 +261,7 @@ def scenario(nodes: int, *, repeats: int, base_port: int, steady_s: float) -> di
         end = g.stats()
         row["coordinator_cpu_s_total"] = round(end["cpu_s"], 2)
         row["coordinator_peak_mb"] = round(end["peak_mb"], 1)
-        row["simulation_peak_mb"] = round(_usage()["peak_mb"], 1)
-        row["simulation_threads"] = g.peak_threads
+        row.update(g.simulation())
         return row
     finally:
         g.close()
@@ -223,11 +277,8 @@ def _failures(g: Gang, repeats: int) -> dict[str, Any]:
         done = g.all_started(generation, t0 + SETTLED_SECONDS)
         after = g.stats()
         if done is None:
-            reached = sum(1 for n in range(1, g.nodes) if (n, generation) in g.started)
-            return {
-                "restarted_s": restart,
-                "not_restarted": f"{reached} of {g.nodes - 1} nodes but 0",
-            }
+            reached = len(g.started(generation))
+            return {"restarted_s": restart, "not_restarted": f"{reached} of {g.nodes} nodes"}
         restart.append(round(done - t0, 3))
         msgs.append(after["connections"] - before["connections"])
         cpu.append(after["cpu_s"] - before["cpu_s"])
@@ -244,8 +295,9 @@ def _failures(g: Gang, repeats: int) -> dict[str, Any]:
 
 def main() -> None:
     threading.stack_size(STACK_BYTES)
-    if sys.argv[1] == "--node-zero":
-        node_zero(int(sys.argv[2]), int(sys.argv[3]))
+    if sys.argv[1] == "--part":
+        logging.disable(logging.WARNING)
+        part(*(int(x) for x in sys.argv[2:6]))
         return
     logging.disable(logging.WARNING)  # a thousand keepers' "restarting in place", on one stderr
     nodes, repeats, base_port, steady_s = (

@@ -200,9 +200,11 @@ class Keeper:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
         answer = self._report({"op": Op.DOWN, "generation": generation, "node": self.gang.node})
-        if answer is None or answer.get("final") or not self._all_down(generation):
+        if answer is None or answer.get("final"):
             return None
-        answer = self._ask({"op": Op.STATE})
+        # the answer that showed every node down names the generation to start: no `state`
+        # after it (a thousand keepers asking at once, each ask a chance to time out)
+        answer = self._all_down_answer(generation)
         if answer is None or answer.get("final") or self._fenced(answer):
             return None
         return int(answer["generation"]), list(answer.get("failures", []))
@@ -380,18 +382,22 @@ class Keeper:
         self.launchers.kill(self.proc)
 
     def _all_down(self, generation: int) -> bool:
-        """Wait for every node's keeper to report `generation`'s ranks down. This node's own
-        report is said again at each poll (a set: one lost on a busy network costs nothing)."""
+        return self._all_down_answer(generation) is not None
+
+    def _all_down_answer(self, generation: int) -> dict[str, Any] | None:
+        """Wait for every node's keeper to report `generation`'s ranks down: the answer that
+        said so, or None. This node's own report is said again at each poll (a set: one lost
+        on a busy network costs nothing)."""
         report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             asked = time.monotonic()
             answer = self._ask_held(report)
             down = (answer or {}).get("down", {}).get(str(generation), [])
-            if set(range(self.gang.nodes)) <= set(down):  # membership: not a count of ids
-                return True
+            if answer is not None and set(range(self.gang.nodes)) <= set(down):  # members
+                return answer
             _pace(asked, POLL_SECONDS / 2)
-        return False
+        return None
 
     def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """`doc` held by the coordinator until there is news for this keeper (the generation
