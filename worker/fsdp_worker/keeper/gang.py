@@ -13,7 +13,6 @@ kubelet's own, is the package's docstring (keeper/__init__.py). No torch is impo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import secrets
@@ -29,18 +28,11 @@ from fsdp_worker import contract
 from fsdp_worker.contract import gangwire
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
 from fsdp_worker.contract.keeper import Op, ask
-from fsdp_worker.keeper import launchers, ranks, standby, torchrun_argv, watch
+from fsdp_worker.keeper import launchers, ranks, takeover, watch
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
+from fsdp_worker.keeper.watch import LOST_AFTER_SECONDS, POLL_SECONDS
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
-
-POLL_SECONDS = 0.2
-"""How often a keeper asks the coordinator for the gang's generation while its ranks run."""
-LOST_AFTER_SECONDS = 10.0
-"""Unanswered asks for this long: the coordinator is gone (node 0's pod), not slow."""
-STANDBY_ASK_SECONDS = 0.5
-"""A waiting spare's ask of node rank 0's coordinator: short, so that a `promote` (node 0
-frozen: its asks hang to their timeout) is taken up at once."""
 
 
 class Keeper:
@@ -268,101 +260,10 @@ class Keeper:
         return holder is not None and holder != self.gang.spare
 
     def _stand_by(self) -> tuple[int, list[dict[str, Any]]] | None:
-        """A spare's wait: the image is started and the imports warmed (the page cache holds
-        torch), until the coordinator names the node this spare now is, after the operator's
-        `replace`. Returns the generation to start and the failures before it. Meanwhile the
-        keeper answers rank 0's readiness probe itself (standby.answering_probe)."""
-        with standby.answering_probe():
-            return self._stand_by_until_given()
-
-    def _stand_by_until_given(self) -> tuple[int, list[dict[str, Any]]] | None:
-        if self.launchers.enabled:
-            self._keep_warm(now=True)  # its imports done before the takeover
-        else:
-            threading.Thread(target=standby.warm_imports, daemon=True).start()
-        log.info("spare %s: standing by for a lost node", self.gang.spare)
-        while not self.stopping:
-            if self.promoted is not None:
-                return self._become_node_zero(self.promoted)
-            if self.follow is not None:  # node rank 0's coordinator and store, where now
-                (coordinator, master), self.follow = self.follow, None
-                self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
-                self.argv = torchrun_argv.with_endpoint(self.argv, master)
-            answer = self._ask({"op": Op.STATE}, quiet=True, timeout=STANDBY_ASK_SECONDS) or {}
-            holders = answer.get("holders") or {}
-            node = next((int(n) for n, s in holders.items() if s == self.gang.spare), None)
-            if node is None:
-                time.sleep(POLL_SECONDS)
-                continue
-            self.gang = dataclasses.replace(self.gang, node=node)
-            self.argv = torchrun_argv.with_node_rank(self.argv, node)
-            self.met = True
-            log.warning("spare %s takes node %d's place", self.gang.spare, node)
-            if not self._all_down(int(answer["generation"]) - 1):
-                return None
-            answer = self._ask({"op": Op.STATE}) or {}
-            if answer.get("final") or "generation" not in answer:
-                return None
-            return int(answer["generation"]), list(answer.get("failures", []))
-        return None
-
-    def _become_node_zero(self, master: str) -> tuple[int, list[dict[str, Any]]] | None:
-        """The operator's `promote`: node rank 0 was lost and this spare takes its place, its
-        ranks hosting the store at `master` and its keeper the gang's coordinator, which waits
-        for the other nodes' keepers to rejoin. Returns the generation to start."""
-        assert self.coordinator is not None
-        self.gang = dataclasses.replace(
-            self.gang, node=0, coordinator=f"127.0.0.1:{self.coordinator.server_address[1]}"
-        )
-        self.argv = torchrun_argv.with_endpoint(torchrun_argv.with_node_rank(self.argv, 0), master)
-        self.met = True
-        log.warning(
-            "spare %s takes node 0's place: the gang's coordinator, its store at %s",
-            self.gang.spare,
-            master,
-        )
-        return self._gathered()
-
-    def _gathered(self) -> tuple[int, list[dict[str, Any]]] | None:
-        """Wait while node rank 0's successor gathers the other nodes' keepers; the generation
-        they all start, or None when one never came (the coordinator gave up: `final`)."""
-        deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS + LOST_AFTER_SECONDS
-        while time.monotonic() < deadline and not self.stopping:
-            answer = self._ask({"op": Op.STATE}, quiet=True)
-            if answer is not None and answer.get("final"):
-                return None
-            if answer is not None and not answer.get("gathering") and "generation" in answer:
-                return int(answer["generation"]), list(answer.get("failures", []))
-            time.sleep(POLL_SECONDS / 2)
-        return None
+        return takeover.stand_by(self)
 
     def _rejoin(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
-        """The operator's `follow`: node rank 0 was lost and a spare took its place. Go to the
-        new coordinator with what the old one last said, and start the generation it names."""
-        assert self.follow is not None
-        (coordinator, master), self.follow = self.follow, None
-        self.gang = dataclasses.replace(self.gang, coordinator=coordinator)
-        self.argv = torchrun_argv.with_endpoint(self.argv, master)
-        seen, self.seen = self.seen, {}
-        ran = max(generation, int(seen.get("generation", 0)))
-        log.warning(
-            "node rank 0 was lost: node %d follows its successor's coordinator %s "
-            "(store %s) from generation %d",
-            self.gang.node,
-            coordinator,
-            master,
-            ran,
-        )
-        doc = {
-            "op": Op.REJOIN,
-            "node": self.gang.node,
-            "generation": ran,
-            "failures": seen.get("failures", []),
-            "holders": seen.get("holders", {}),
-        }
-        if self._ask(doc) is None:
-            return None
-        return self._gathered()
+        return takeover.rejoin(self, generation)
 
     def _moved_on(self, generation: int) -> bool | None:
         """Whether the gang moved past `generation`; None when a spare holds this node now."""

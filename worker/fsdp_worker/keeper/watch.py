@@ -20,6 +20,13 @@ from fsdp_worker.keeper.coordinator import HOLD_SECONDS
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
 
+POLL_SECONDS = 0.2
+"""How often a keeper asks the coordinator for the gang's generation while its ranks run."""
+LOST_AFTER_SECONDS = 10.0
+"""Unanswered asks for this long: the coordinator is gone (node 0's pod), not slow."""
+STANDBY_ASK_SECONDS = 0.5
+"""A waiting spare's ask of node rank 0's coordinator: short, so that a `promote` (node 0
+frozen: its asks hang to their timeout) is taken up at once."""
 ASK_SECONDS = HOLD_SECONDS + 2.0
 """A held ask's timeout: the hold and the 2 s an answered ask had."""
 
