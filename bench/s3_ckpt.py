@@ -2,8 +2,11 @@
 bytes by the same client (boto3, multipart, 8 threads per transfer), same run.
 
 One process, CPU: a state dict of `--mb` MiB in 8 tensors, saved with the worker's writer
-(layout.BandedWriter over checkpointing/s3.py, 4 bands) and loaded with reader.RangeReader;
-the raw baseline uploads and downloads the same byte count as the same number of objects.
+(layout.BandedWriter over checkpointing/s3.py, 4 bands) and loaded with reader.RangeReader
+(ranged GETs straight into the tensors, checkpointing/ranged.py), and again with every file
+downloaded whole then parsed (`WholeFiles`, the way loads went before ranged.py, less its
+two-file read-ahead); the raw baseline uploads and downloads the same byte count as the same
+number of objects.
 Also the async save's blocking ratio (time the caller waits / time of the whole save) with the
 worker's ThreadStager. Writes bench/results/s3_ckpt.json.
 
@@ -60,7 +63,20 @@ def save(fs: s3.S3FileSystem, uri: str, sd: dict[str, Any], *, asynchronous: boo
     return blocked
 
 
-def load(fs: s3.S3FileSystem, uri: str, sd: dict[str, Any]) -> None:
+class WholeFiles:
+    """The S3 file system without ranged reads: reader.RangeReader then opens each file,
+    which downloads it whole into memory, and parses it there."""
+
+    def __init__(self, fs: s3.S3FileSystem) -> None:
+        self._fs = fs
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "read_into":
+            raise AttributeError(name)
+        return getattr(self._fs, name)
+
+
+def load(fs: s3.S3FileSystem | WholeFiles, uri: str, sd: dict[str, Any]) -> None:
     target = {k: torch.empty_like(v) for k, v in sd.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -91,6 +107,9 @@ def one_rep(s3srv: S3Server, fs: s3.S3FileSystem, sd: dict[str, Any], rep: int) 
     t0 = time.perf_counter()
     load(fs, uri, sd)
     loaded = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    load(WholeFiles(fs), uri, sd)
+    loaded_whole = time.perf_counter() - t0
     put, get = raw(fs, s3srv.bucket, sizes)
     t0 = time.perf_counter()
     blocked = save(fs, f"s3://{s3srv.bucket}/async/{rep}", sd, asynchronous=True)
@@ -100,6 +119,7 @@ def one_rep(s3srv: S3Server, fs: s3.S3FileSystem, sd: dict[str, Any], rep: int) 
         "mib": round(mib, 1),
         "save_mib_s": mib / saved,
         "load_mib_s": mib / loaded,
+        "load_whole_files_mib_s": mib / loaded_whole,
         "raw_put_mib_s": mib / put,
         "raw_get_mib_s": mib / get,
         "async_blocking_ratio": blocked / whole,
@@ -124,11 +144,14 @@ def main() -> None:
         "median": {k: round(v, 3) for k, v in med.items()},
         "save_vs_raw_put": round(med["save_mib_s"] / med["raw_put_mib_s"], 3),
         "load_vs_raw_get": round(med["load_mib_s"] / med["raw_get_mib_s"], 3),
+        "load_whole_files_vs_raw_get": round(
+            med["load_whole_files_mib_s"] / med["raw_get_mib_s"], 3
+        ),
         "reps": reps,
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: out[k] for k in ("median", "save_vs_raw_put", "load_vs_raw_get")}))
+    print(json.dumps({k: out[k] for k in out if k not in ("machine", "command", "reps")}))
 
 
 if __name__ == "__main__":

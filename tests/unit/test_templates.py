@@ -174,6 +174,18 @@ def test_worker_config_env_is_the_spec_training_and_checkpoint() -> None:
 # --- security --------------------------------------------------------------------------------
 
 
+def test_checkpoint_export_reaches_the_worker_only_when_asked() -> None:
+    """spec.checkpoint.export is the worker's checkpoint.export; unset, the document is what a
+    worker before the field parses (no `export` key)."""
+    plain = json.loads(env(pod())[contract.ENV_CONFIG])
+    assert "export" not in plain["checkpoint"]
+    spec = make_spec(checkpoint__export={"format": "safetensors"})
+    seen = wconfig.WorkerConfig.parse(env(pod(spec))[contract.ENV_CONFIG])
+    assert seen.checkpoint.export == wconfig.ExportConfig(format=wconfig.ExportFormat.SAFETENSORS)
+    with pytest.raises(pydantic.ValidationError, match="export.format"):
+        make_spec(checkpoint__export={"format": "pickle"})
+
+
 def test_restricted_security_context_and_no_credentials() -> None:
     p = pod()
     sc = p["spec"]["securityContext"]

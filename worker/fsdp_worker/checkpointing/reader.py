@@ -36,6 +36,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future
 
+from fsdp_worker.checkpointing import ranged
+
 
 @dataclass(frozen=True)
 class StoredLayout:
@@ -184,6 +186,29 @@ def row_range(
     return offsets[0] * row_bytes, lengths[0] * row_bytes
 
 
+def located(
+    layout: StoredLayout | None, req: ReadItem, sinfo: _StorageInfo
+) -> tuple[StoredLayout, int, int] | None:
+    """(layout, absolute position in the file, byte count) of what `req` reads from the item
+    `sinfo` stored with `layout`, or None when that is not one run of bytes."""
+    span = (
+        None
+        if layout is None
+        else row_range(layout, tuple(req.storage_offsets), tuple(req.lengths))
+    )
+    if layout is None or span is None:
+        return None
+    start, nbytes = span
+    return layout, int(sinfo.offset) + layout.data_offset + start, nbytes
+
+
+def locate_in_head(
+    head: bytes, req: ReadItem, sinfo: _StorageInfo
+) -> tuple[StoredLayout, int, int] | None:
+    """`located` from the item's first bytes only (`head_layout`)."""
+    return located(head_layout(head), req, sinfo)
+
+
 def read_exactly(stream: IO[bytes], position: int, out: torch.Tensor) -> None:
     """Fill the contiguous CPU tensor `out` with the bytes at `position`."""
     if out.numel() == 0:
@@ -263,9 +288,8 @@ class RangeReader(FileSystemReader):
                 item
             )
         rest: list[ReadItem] = []
-        ahead = getattr(self.fs, "prefetch", None)  # s3.S3FileSystem: download ahead
-        if ahead is not None:
-            ahead([str(self.fs.concat_path(self.path, name)) for name in per_file])
+        if hasattr(self.fs, "read_into"):  # an object store: ranged GETs, no files opened
+            rest, per_file = self._read_remote(per_file, planner), {}
         for relative_path, reqs in per_file.items():
             reqs.sort(key=lambda r: int(self.storage_data[r.storage_index].offset))
             path = self.fs.concat_path(self.path, relative_path)
@@ -277,6 +301,19 @@ class RangeReader(FileSystemReader):
         done: Future[None] = Future()
         done.set_result(None)
         return done
+
+    def _read_remote(
+        self, per_file: dict[str, list[ReadItem]], planner: LoadPlanner
+    ) -> list[ReadItem]:
+        """Read the plan with ranged GETs (checkpointing/ranged.py); return what it left."""
+        load = ranged.RangedLoad(
+            self.fs, str(self.path), self.storage_data, locate=locate_in_head, head_bytes=HEAD_BYTES
+        )
+        rest = load.run(per_file, planner)
+        self.ranged_bytes += sum(load.files_read.values())
+        for name, nbytes in load.files_read.items():
+            self.files_read[name] = self.files_read.get(name, 0) + nbytes
+        return rest
 
     def _whole(self, req: ReadItem) -> bool:
         """Does `req` read its stored item whole (rows and all)?"""
@@ -334,15 +371,7 @@ class RangeReader(FileSystemReader):
         if layout is None:
             self.full_parses += 1
             layout = stored_layout(stream, sinfo)
-        span = (
-            None
-            if layout is None
-            else row_range(layout, tuple(req.storage_offsets), tuple(req.lengths))
-        )
-        if layout is None or span is None:
-            return None
-        start, nbytes = span
-        return layout, int(sinfo.offset) + layout.data_offset + start, nbytes
+        return located(layout, req, sinfo)
 
     def _read_located(
         self,

@@ -4,12 +4,14 @@ A file DCP writes is a buffer in memory until it is closed, then one upload (mul
 concurrent above 16 MiB, s3transfer), with its sha256 as object metadata so that the manifest
 needs no second read. Inside `deferred_closes` (layout.BandedWriter) an upload runs in the
 background while the next file is filled, and the block waits for all of them: a rank's files
-are in the store when DCP's write returns, as fsync makes them durable on a claim. A file
-opened for reading is downloaded whole (concurrent ranged GETs) into memory, then read with
-seeks as the ranged reader does on a local file; a load's files are fetched ahead, two at a
-time (`prefetch`). `rename` (DCP's `.metadata` write) is a
-server-side copy within the writer's own prefix; the seal is never a rename
-(contract/s3store.py). This module must not choose checkpoints or seal them.
+are in the store when DCP's write returns, as fsync makes them durable on a claim. Loads
+do not open files: reader.RangeReader hands its plan to checkpointing/ranged.py, which reads
+each item with ranged GETs (`read_range`, `read_into`) on this file system's pool (`gets`)
+straight into the tensors. A file opened for reading (DCP's `.metadata`, and the files of
+items the ranged path leaves to DCP's reader) is downloaded whole (concurrent ranged GETs).
+`rename` (DCP's `.metadata` write) is a server-side copy within the writer's own prefix; the
+seal is never a rename (contract/s3store.py). This module must not choose checkpoints or seal
+them.
 """
 
 from __future__ import annotations
@@ -64,8 +66,7 @@ class S3FileSystem(FileSystemBase):
         self._pool: cf.ThreadPoolExecutor | None = None
         self._pending: list[cf.Future[None]] = []
         self._lock = threading.Lock()
-        self._reads: cf.ThreadPoolExecutor | None = None
-        self._ahead: dict[str, cf.Future[bytes]] = {}
+        self._gets: cf.ThreadPoolExecutor | None = None
 
     @staticmethod
     def _split(path: str | os.PathLike[str]) -> tuple[str, str]:
@@ -117,19 +118,41 @@ class S3FileSystem(FileSystemBase):
             finally:
                 stream.close()
             return
-        with self._lock:
-            ahead = self._ahead.pop(str(path), None)
-        yield io.BytesIO(ahead.result() if ahead is not None else self.download(str(path)))
+        yield io.BytesIO(self.download(str(path)))
 
-    def prefetch(self, uris: list[str]) -> None:
-        """Start downloading `uris` (two at a time) for the reads that follow: the next file
-        arrives while this one is parsed (reader.RangeReader asks for a plan's files)."""
+    def gets(self) -> cf.ThreadPoolExecutor:
+        """The pool ranged reads run on: as many GETs at once as one multipart transfer."""
         with self._lock:
-            if self._reads is None:
-                self._reads = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-get")
-            for uri in uris:
-                if uri not in self._ahead:
-                    self._ahead[uri] = self._reads.submit(self.download, uri)
+            if self._gets is None:
+                self._gets = cf.ThreadPoolExecutor(
+                    max_workers=MULTIPART.max_concurrency, thread_name_prefix="s3-get"
+                )
+            return self._gets
+
+    def _get(self, uri: str, start: int, nbytes: int) -> Any:
+        bucket, key = self._split(uri)
+        span = f"bytes={start}-{start + nbytes - 1}"
+        return self.s3.get_object(Bucket=bucket, Key=key, Range=span)["Body"]
+
+    def read_range(self, uri: str, start: int, nbytes: int) -> bytes:
+        """`nbytes` bytes of the object from `start` (fewer only at its end)."""
+        if nbytes <= 0:
+            return b""
+        with contextlib.closing(self._get(uri, start, nbytes)) as body:
+            return bytes(body.read())
+
+    def read_into(self, uri: str, start: int, out: memoryview) -> None:
+        """Fill `out` with the object's bytes from `start`: one ranged GET, read straight
+        into `out` (no intermediate buffer)."""
+        if not len(out):
+            return
+        with contextlib.closing(self._get(uri, start, len(out))) as body:
+            got = 0
+            while got < len(out):
+                n = body.readinto(out[got:])
+                if not n:
+                    raise OSError(f"{uri}: short read at {start + got}, wanted {len(out)} bytes")
+                got += n
 
     def download(self, uri: str) -> bytes:
         bucket, key = self._split(uri)
@@ -171,8 +194,8 @@ class S3FileSystem(FileSystemBase):
         self.s3.delete_object(Bucket=bucket, Key=key)
 
     def close(self) -> None:
-        """Stop read-ahead (the client's pool closes with the process)."""
+        """Stop the ranged reads' pool (the client's connections close with the process)."""
         with self._lock:
-            reads, self._reads, self._ahead = self._reads, None, {}
-        if reads is not None:
-            reads.shutdown(wait=False, cancel_futures=True)
+            gets, self._gets = self._gets, None
+        if gets is not None:
+            gets.shutdown(wait=False, cancel_futures=True)

@@ -433,6 +433,23 @@ class MemoryTierConfig(_Model):
         return value
 
 
+class ExportFormat(enum.StrEnum):
+    SAFETENSORS = "safetensors"
+
+
+class ExportConfig(_Model):
+    """`checkpoint.export`: the trained model, written once more on success in a form usable
+    without this project (checkpointing/export.py)."""
+
+    format: ExportFormat = Field(
+        ExportFormat.SAFETENSORS,
+        description="safetensors: the model's full (unsharded) parameters and buffers, by their "
+        "names in the model, in one Hugging Face safetensors file at "
+        "<checkpoint root>/export/model.safetensors; export/COMPLETE.json is created last, "
+        "only if absent.",
+    )
+
+
 class CheckpointConfig(_Model):
     """`spec.checkpoint` of an FSDPJob."""
 
@@ -479,6 +496,12 @@ class CheckpointConfig(_Model):
         "checkpoints keep the job from starting (condition Conflict) rather than being resumed "
         "or overwritten by accident.",
     )
+    export: ExportConfig | None = Field(
+        None,
+        description="When training completes, also write the model in a form usable without "
+        "this project, beside the checkpoints (the claim's or the object store's). Rank 0 "
+        "gathers the full model into its memory to write it. Unset: no export.",
+    )
 
 
 class WorkerConfig(_Model):
@@ -495,6 +518,8 @@ class WorkerConfig(_Model):
         return cls.model_validate_json(raw)
 
     def to_json(self) -> str:
-        # Without a memory tier the document stays what a worker before it parses.
-        unset = {"checkpoint": {"memory"}} if self.checkpoint.memory is None else None
+        # Without a memory tier or an export the document stays what a worker before them
+        # parses.
+        optional = {"memory": self.checkpoint.memory, "export": self.checkpoint.export}
+        unset = {"checkpoint": {name for name, value in optional.items() if value is None}}
         return self.model_dump_json(by_alias=True, exclude=unset)

@@ -49,7 +49,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.stateful import Stateful
 
 from fsdp_worker import contract
-from fsdp_worker.checkpointing import checkpoint, memtier, resume, schedule, state
+from fsdp_worker.checkpointing import checkpoint, export, memtier, resume, schedule, state
 from fsdp_worker.contract import config, errors, objstore
 from fsdp_worker.kit import environment
 from fsdp_worker.runtime import distributed
@@ -342,6 +342,15 @@ class Run:
         if final:
             self.manager.wait()
         flight.enter(flight.Phase.DATA)  # until the first block's forward, unless told
+
+    def export(self, model: nn.Module) -> None:
+        """On success, the model in the form `checkpoint.export` names (none when unset),
+        under <root>/export/ (checkpointing/export.py); collective."""
+        if self.config.checkpoint.export is None:
+            return
+        root, step = self.config.checkpoint.root, self.current_step or 0
+        with flight.during(flight.Phase.SAVE):
+            export.export(model, root=root, step=step)
 
     @property
     def current_step(self) -> int | None:

@@ -77,6 +77,7 @@ def _train(run: kit.Run) -> None:
         ),
     )
     trainer.run(loop)
+    run.export(st.model)
 
 
 def main() -> int:
