@@ -43,6 +43,10 @@ class Termination:
     sealed_step: int | None = None  # a COMPLETED report's newest sealed step
 
 
+SCHEDULER_MESSAGE_LIMIT = 1024
+"""Characters of a pod's PodScheduled message kept (a large cluster's lists every node kind)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PodView:
     """One worker pod, reduced to what decisions need."""
@@ -59,6 +63,7 @@ class PodView:
     finished: float | None = None  # container finishedAt
     disrupted: bool = False  # DisruptionTarget condition (eviction, preemption, taint)
     unschedulable: bool = False  # PodScheduled=False reason Unschedulable
+    scheduler_message: str = ""  # PodScheduled=False's message: the scheduler's own reason
     image_error: str = ""  # waiting reason such as ErrImagePull, InvalidImageName
     ip: str | None = None
     ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
