@@ -178,7 +178,8 @@ class Condition(_Model):
 
     type: str = Field(
         description="Progressing (Pending, Running or Restarting), Suspended, Complete, Failed, "
-        "Conflict (objects or checkpoints the job will not adopt block it) or ReconcileError "
+        "Conflict (objects or checkpoints the job will not adopt block it), PodsScheduled "
+        "(False: the scheduler's own reason why pods wait for a node) or ReconcileError "
         "(the operator's last pass over the job failed)."
     )
     status: str = Field(description='"True" or "False".')
