@@ -140,3 +140,40 @@ def test_pods_kueue_still_gates_are_queued_not_unschedulable() -> None:
     gated = {**stuck(""), "gated": True, "unschedulable": False}
     d = decide.decide(pending_for(10, r2=gated, r3=gated))
     assert condition(d, scheduling.PODS_SCHEDULED) is None
+
+
+def on_nodes(claim: ob.ClaimView | None, status: st.FSDPJobStatus | None = None) -> ob.Observed:
+    """Attempt 1's pods placed and waiting to start (ContainerCreating), with the claim read."""
+    waiting = {f"r{r}": {"phase": ob.PodPhase.PENDING} for r in range(4)}
+    status = status or running_status(phase=st.Phase.PENDING, attempt_started=NOW - 10)
+    return observe(status=status, pods=pods(**waiting), progress=None, claim=claim)
+
+
+def test_a_claim_not_read_write_many_under_a_multi_node_gang_is_named() -> None:
+    rwo = ob.ClaimView("ckpt", found=True, access_modes=("ReadWriteOnce",))
+    d = decide.decide(on_nodes(rwo))
+    cond = condition(d, scheduling.CLAIM_SHARED)
+    assert cond is not None and (cond.status, cond.reason) == ("False", "NotReadWriteMany")
+    assert 'checkpoint.claimName "ckpt" is ReadWriteOnce' in cond.message
+    assert "ReadWriteMany claim" in cond.message
+    assert [e.reason for e in d.events].count("VolumeClaimNotShared") == 1
+    again = decide.decide(on_nodes(rwo, status=d.status))
+    assert "VolumeClaimNotShared" not in [e.reason for e in again.events]
+    assert again.status == d.status
+    rwx = ob.ClaimView("ckpt", found=True, access_modes=("ReadWriteMany",))
+    fixed = condition(decide.decide(on_nodes(rwx, status=d.status)), scheduling.CLAIM_SHARED)
+    assert fixed is not None and fixed.status == "True"
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        None,  # not read: no pod waits on a node, no claim, one pod, or the read was refused
+        ob.ClaimView("ckpt", found=True, access_modes=("ReadWriteMany",)),
+        ob.ClaimView("ckpt", found=False),  # the scheduler says so (PodsScheduled)
+    ],
+)
+def test_a_shared_unread_or_missing_claim_adds_no_claim_condition(
+    claim: ob.ClaimView | None,
+) -> None:
+    assert condition(decide.decide(on_nodes(claim)), scheduling.CLAIM_SHARED) is None

@@ -102,6 +102,16 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     )
 
 
+def claim_view(name: str, claim: Mapping[str, Any] | None) -> observed.ClaimView | None:
+    """A claim as kube.get_claim read it (None: there is none); None where it was unreadable."""
+    if claim is None:
+        return observed.ClaimView(name=name, found=False)
+    if not claim:
+        return None
+    modes = (claim.get("spec") or {}).get("accessModes") or []
+    return observed.ClaimView(name=name, found=True, access_modes=tuple(str(m) for m in modes))
+
+
 def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[kubetypes.Toleration]) -> bool:
     for tol in tolerations:
         if tol.operator == "Exists" and not tol.key:

@@ -5,7 +5,9 @@ Insufficient nvidia.com/gpu", 'persistentvolumeclaim "ckpt" not found') reaches 
 PodsScheduled condition and a Warning Event as soon as it is seen, before the pending timeout
 (detect.py) restarts the job smaller. A claim that does not exist is the spec's problem, not
 the cluster's: no smaller gang would schedule, so at the timeout the job fails (InvalidSpec)
-instead of shrinking. Pure: the draft in, the draft changed; no I/O, no clock reads, no kopf.
+instead of shrinking. A checkpoint claim that is not ReadWriteMany under a multi-pod gang is
+named too (claim_shared). Pure: the draft in, the draft changed; no I/O, no clock reads, no
+kopf.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from fsdp_operator.policy import conditions, decision
 from fsdp_operator.types import observed
 
 PODS_SCHEDULED = "PodsScheduled"  # condition: whether the scheduler placed the attempt's pods
+CLAIM_SHARED = "VolumeClaimShared"  # condition: whether every pod's node can mount the claim
 _CLAIM_MISSING = re.compile(r'persistentvolumeclaim "([^"]+)" not found', re.IGNORECASE)
 _CLAIM_UNBOUND = re.compile(r"unbound immediate persistentvolumeclaims", re.IGNORECASE)
 
@@ -96,4 +99,32 @@ def report(d: decision.Draft, obs: observed.Observed, pods: Sequence[observed.Po
     if old is None or old.message != msg or old.status != "False":
         conditions.set_condition(
             d, obs, kind=PODS_SCHEDULED, true=False, reason=kind.value, msg=msg
+        )
+
+
+def claim_shared(d: decision.Draft, obs: observed.Observed) -> None:
+    """Say in VolumeClaimShared (and once in a Warning Event) that checkpoint.claimName is not
+    ReadWriteMany while a multi-pod gang waits on its nodes: the kubelets cannot attach it on
+    all of them (Multi-Attach), and the pods stay ContainerCreating, which no timeout sees.
+    The claim is read only then (run/gather.py); a single-node cluster, where a ReadWriteOnce
+    claim serves every pod, never gets here: its pods run."""
+    claim = obs.claim
+    old = next((c for c in d.status.conditions if c.type == CLAIM_SHARED), None)
+    if claim is not None and claim.shared and old is not None and old.status == "False":
+        msg = f'checkpoint.claimName "{claim.name}" is ReadWriteMany'
+        conditions.set_condition(
+            d, obs, kind=CLAIM_SHARED, true=True, reason="ReadWriteMany", msg=msg
+        )
+    if claim is None or not claim.found or claim.shared:
+        return
+    modes = ", ".join(claim.access_modes) or "no access modes"
+    msg = (
+        f'checkpoint.claimName "{claim.name}" is {modes}: pods on different nodes cannot all '
+        "mount it (the kubelet reports Multi-Attach and they stay ContainerCreating); give "
+        "the job a ReadWriteMany claim"
+    )
+    if old is None or old.status != "False":
+        d.emit("VolumeClaimNotShared", msg, warning=True)
+        conditions.set_condition(
+            d, obs, kind=CLAIM_SHARED, true=False, reason="NotReadWriteMany", msg=msg
         )

@@ -165,6 +165,21 @@ class InPlaceRecord:
 
 
 @dataclasses.dataclass(frozen=True)
+class ClaimView:
+    """spec.checkpoint.claimName's PersistentVolumeClaim, read while the attempt's pods wait
+    on their nodes (a volume that cannot be attached to all of them keeps them there)."""
+
+    name: str
+    found: bool
+    access_modes: tuple[str, ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        """Whether pods on different nodes can all mount it."""
+        return "ReadWriteMany" in self.access_modes
+
+
+@dataclasses.dataclass(frozen=True)
 class Progress:
     """Rank 0's metrics endpoint, as last scraped (this attempt's process)."""
 
@@ -274,6 +289,7 @@ class Observed:
     admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
     gang: GangHealth | None = None  # asked only in a hang's grace for a restart in place
     resume_rules: contract.ResumeRules | None = None  # the status's resumeRules, parsed
+    claim: ClaimView | None = None  # checkpoint.claimName's, read only while pods wait on nodes
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)
