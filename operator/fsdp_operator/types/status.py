@@ -179,7 +179,9 @@ class Condition(_Model):
     type: str = Field(
         description="Progressing (Pending, Running or Restarting), Suspended, Complete, Failed, "
         "Conflict (objects or checkpoints the job will not adopt block it), PodsScheduled "
-        "(False: the scheduler's own reason why pods wait for a node) or ReconcileError "
+        "(False: the scheduler's own reason why pods wait for a node), VolumeClaimShared (False: "
+        "checkpoint.claimName is not ReadWriteMany under a gang on several nodes) or "
+        "ReconcileError "
         "(the operator's last pass over the job failed)."
     )
     status: str = Field(description='"True" or "False".')
