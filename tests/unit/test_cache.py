@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fsdp_operator.io import cache, kube, observe
+from fsdp_operator.types import observed as ob
 from tests import builders
 
 
@@ -158,3 +159,20 @@ def test_requests_are_counted_by_verb_and_resource(
 ) -> None:
     params = {"plural": "fsdpjobs", "namespace": "team-a", "name": "llama"}
     assert kube.request_kind(path, method, params) == want
+
+
+def test_a_slim_unschedulable_pod_keeps_the_schedulers_reason() -> None:
+    why = (
+        '0/3 nodes are available: persistentvolumeclaim "ckpt" not found. preemption: ' + "x" * 2000
+    )
+    pending = _live(builders.typical_pod(), phase="Pending")
+    pending["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}
+    ]
+    pending["spec"].pop("nodeName")
+    view = observe.pod_view(cache.slim_pod(pending))
+    assert view == observe.pod_view(pending)
+    assert view is not None and view.unschedulable
+    assert view.scheduler_message == why[: ob.SCHEDULER_MESSAGE_LIMIT]
+    scheduled = observe.pod_view(cache.slim_pod(_live(builders.typical_pod())))
+    assert scheduled is not None and scheduled.scheduler_message == ""

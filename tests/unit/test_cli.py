@@ -85,6 +85,23 @@ def test_describe_says_what_the_attempt_loads_even_when_its_pods_choose() -> Non
         "checkpoints: newest sealed step 40 (/ckpt/tiny/step-40); attempt 3 loads the checkpoint"
         " its pods choose (the operator cannot read them)"
     ) in out.getvalue()
+    assert "done=-  eta=-" in out.getvalue()  # no step reported yet
+
+
+def test_describe_says_how_far_the_job_is_and_when_it_should_finish() -> None:
+    job = {
+        "metadata": {"name": "tiny", "namespace": "demo"},
+        "status": {
+            "phase": "Running",
+            "attempt": 2,
+            "step": 650,
+            "progress": {"percent": 65.0, "estimatedSecondsRemaining": 3725},
+        },
+    }
+    answers = Answers(job, [])
+    out = io.StringIO()
+    cli.describe(answers, answers, "demo", "tiny", Console(file=out, width=400, color_system=None))
+    assert "step=650  done=65.0%  eta=1h02m" in out.getvalue()
 
 
 class Evidence:
@@ -423,10 +440,11 @@ class _Listing:
         return types.SimpleNamespace(data=json.dumps({"items": self.items}))
 
 
-def test_wide_listing_adds_attempt_goodput_age_and_the_last_failure() -> None:
+def test_wide_listing_adds_attempt_goodput_progress_age_and_the_last_failure() -> None:
     job = _busy_job()
     job["status"].update(
         goodput={"since": _at(1), "fraction": 0.874},
+        progress={"percent": 65.0, "estimatedSecondsRemaining": 700},
         lastFailure={"cause": "OOMKilled", "rank": 3, "node": "gpu-node-7", "time": _at(9)},
         started=status.rfc3339(time.time() - 3725),  # RFC 3339, as the status says it
         lastCheckpoint={"step": 1000, "worldSize": 64, "time": status.rfc3339(time.time() - 95)},
@@ -434,7 +452,8 @@ def test_wide_listing_adds_attempt_goodput_age_and_the_last_failure() -> None:
     out = io.StringIO()
     cli.list_jobs(_Listing(job), None, Console(file=out, width=200, color_system=None), wide=True)
     text = out.getvalue()
-    _headers_intact(text, ("attempt", "goodput", "age", "last failure", "87%"))
+    _headers_intact(text, ("attempt", "goodput", "done", "eta", "age", "last failure", "87%"))
+    assert "65.0%" in text and "11m40s" in text
     assert "1h02m" in text and "1000 (1m35s)" in text  # ages from RFC 3339 times
     assert "OOMKilled pod 3 (gpu-node-7)" in text
     out = io.StringIO()

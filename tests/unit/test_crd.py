@@ -245,3 +245,50 @@ def test_an_optional_tier_stays_unset_unless_asked() -> None:
     assert "default" not in ckpt["properties"]["memory"]
     assert "memory" not in ckpt["default"] and ckpt["default"]["intervalSteps"] == 500
     assert "x-fsdp-unset-by-default" not in json.dumps(crd.build())
+
+
+def _column_value(obj: dict[str, Any], path: str) -> Any:
+    for key in path.strip(".").split("."):
+        obj = obj.get(key) if isinstance(obj, dict) else None  # type: ignore[assignment]
+    return obj
+
+
+def test_kubectl_get_shows_progress_and_wide_adds_attempt_goodput_queue_message() -> None:
+    columns = crd.build()["spec"]["versions"][0]["additionalPrinterColumns"]
+    by_name = {c["name"]: c for c in columns}
+    default = [c["name"] for c in columns if not c.get("priority")]
+    wide = [c["name"] for c in columns if c.get("priority") == 1]
+    assert default == [
+        "Phase",
+        "Reason",
+        "World",
+        "Step",
+        "Progress",
+        "Checkpoint",
+        "Restarts",
+        "Age",
+    ]
+    assert wide == ["Attempt", "Goodput", "Remaining", "Queue", "Message"]
+    # Each column reads a field a job's status really carries, with the column's type.
+    job = status.FSDPJobStatus(
+        phase=status.Phase.RUNNING,
+        attempt=3,
+        step=650,
+        message="attempt 3",
+        queue=status.QueueStatus(name="team-a", pod_group="g"),
+        goodput=status.Goodput(since=0.0, fraction=0.93),
+        progress=status.Progress(percent=65.0, estimated_seconds_remaining=700),
+    )
+    obj = {"status": job.model_dump(mode="json", by_alias=True)}
+    seen = {n: _column_value(obj, by_name[n]["jsonPath"]) for n in [*wide, "Progress"]}
+    assert seen == {
+        "Attempt": 3,
+        "Goodput": 0.93,
+        "Remaining": 700,
+        "Queue": "team-a",
+        "Message": "attempt 3",
+        "Progress": 65.0,
+    }
+    kinds = {"integer": int, "number": float, "string": str}
+    for name, value in seen.items():
+        assert isinstance(value, kinds[by_name[name]["type"]]), name

@@ -12,8 +12,8 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator.io import kube, metrics
-from fsdp_operator.types import api, names
+from fsdp_operator.io import kube, metrics, observe
+from fsdp_operator.types import api, names, observed
 from tests import fakeapi
 
 PODS = "/api/v1/namespaces/ns/pods"
@@ -135,6 +135,25 @@ def test_get_job_raises_what_is_not_a_404(fake_api: fakeapi.FakeAPI, api_client:
     fake_api[f"get {JOB}"] << fakeapi.status(403, "forbidden")
     with pytest.raises(ApiException, match="403"):
         kube.Kube(api_client).get_job("ns", "job")
+
+
+CLAIM = "/api/v1/namespaces/ns/persistentvolumeclaims/ckpt"
+RWO = {"metadata": {"name": "ckpt"}, "spec": {"accessModes": ["ReadWriteOnce"]}}
+
+
+@pytest.mark.parametrize(
+    ("answer", "view"),
+    [
+        pytest.param(RWO, observed.ClaimView("ckpt", True, ("ReadWriteOnce",)), id="found"),
+        pytest.param(fakeapi.status(404, "not found"), observed.ClaimView("ckpt", False), id="404"),
+        pytest.param(fakeapi.status(403, "forbidden"), None, id="403-is-not-known"),
+    ],
+)
+def test_a_claim_reads_as_its_access_modes_missing_or_not_known(
+    fake_api: fakeapi.FakeAPI, api_client: Any, answer: Any, view: observed.ClaimView | None
+) -> None:
+    fake_api[f"get {CLAIM}"] << answer
+    assert observe.claim_view("ckpt", kube.Kube(api_client).get_claim("ns", "ckpt")) == view
 
 
 def test_patch_status_sends_one_merge_patch_and_returns_the_resource_version(

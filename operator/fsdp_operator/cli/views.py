@@ -64,7 +64,20 @@ _LIST_COLUMNS: tuple[str, ...] = (
     "restarts",
     "reason",
 )
-_WIDE_COLUMNS = ("attempt", "goodput", "age", "last failure")
+_WIDE_COLUMNS = ("attempt", "goodput", "done", "eta", "age", "last failure")
+
+
+def _duration(seconds: int | None) -> str:
+    """A time to go, as _age writes a time gone: `1h02m`, `11m40s`."""
+    return "-" if seconds is None else _age(0.0, float(seconds))
+
+
+def _progress(s: status.FSDPJobStatus) -> tuple[str, str]:
+    """status.progress as `65.0%` and its estimate to the last step (`-`: not known yet)."""
+    p = s.progress
+    if p is None:
+        return "-", "-"
+    return fmt(p.percent, "%"), _duration(p.estimated_seconds_remaining)
 
 
 def _last_failure(s: status.FSDPJobStatus) -> str:
@@ -102,6 +115,7 @@ def _list_row(job: dict[str, Any], now: float, *, wide: bool) -> list[str | Text
         row += [
             fmt(s.attempt),
             "-" if fraction is None else f"{100 * fraction:.0f}%",
+            *_progress(s),
             _age(s.started, now),
             Text(_last_failure(s)),
         ]
@@ -143,6 +157,8 @@ def describe(custom: Any, core: Any, namespace: str, name: str, console: Console
     s = documents.job_status(cluster.job(custom, namespace, name))
     head = Text(f"{namespace}/{name}", style="bold")
     head.append(f"  phase={s.phase}  attempt={s.attempt}  world={s.world_size}  step={s.step}")
+    done, eta = _progress(s)
+    head.append(f"  done={done}  eta={eta}")
     console.print(head)
     console.print(Text(_checkpoints_line(s)))
     if sp := s.spares:

@@ -80,6 +80,11 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                     if c.get("type") == "TerminationTarget"
                     else {}
                 )
+                | (  # the scheduler's own reason (observe.pod_view)
+                    {"message": str(c.get("message") or "")[: observed.SCHEDULER_MESSAGE_LIMIT]}
+                    if c.get("type") == "PodScheduled" and c.get("status") == "False"
+                    else {}
+                )
                 for c in status.get("conditions") or []
                 if c.get("type") in _POD_CONDITIONS
             ],

@@ -170,6 +170,19 @@ class Kube:
                 return None
             raise
 
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The PersistentVolumeClaim `name`, or None where there is none (404). {} where the
+        operator may not read it (403, a chart older than the rule): not known, not missing."""
+        try:
+            return _read(self.core.read_namespaced_persistent_volume_claim, name, namespace)
+        except ApiException as exc:
+            if _ok_statuses(exc, 403):
+                log.warning(
+                    "cannot read PersistentVolumeClaim %s/%s: %s", namespace, name, exc.reason
+                )
+                return {}
+            raise
+
     def delete_workload(self, namespace: str, name: str) -> None:
         """Delete Kueue's Workload `name`: a pod group the job left (resized, suspended, failed)
         releases its quota, and Kueue lets its pods go. Gone already, or no Kueue: nothing."""

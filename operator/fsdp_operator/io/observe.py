@@ -53,6 +53,14 @@ def _condition(obj: Mapping[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
+def _scheduler_message(scheduled: Mapping[str, Any]) -> str:
+    """Why the scheduler has not placed the pod, in its words ("0/3 nodes are available: 3
+    Insufficient nvidia.com/gpu", 'persistentvolumeclaim "x" not found'); "" once placed."""
+    if scheduled.get("status") != "False":
+        return ""
+    return str(scheduled.get("message") or "")[: observed.SCHEDULER_MESSAGE_LIMIT]
+
+
 def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     """None for pods without the operator's attempt/rank labels (not ours to judge)."""
     meta = pod.get("metadata", {})
@@ -84,6 +92,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         finished=ts(term.get("finishedAt")),
         disrupted=_condition(pod, "DisruptionTarget").get("status") == "True",
         unschedulable=scheduled.get("reason") == "Unschedulable",
+        scheduler_message=_scheduler_message(scheduled),
         image_error=_waiting_reason(pod),
         ip=pod.get("status", {}).get("podIP"),
         ready=None if not ready else ready.get("status") == "True",
@@ -91,6 +100,16 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         gated=any(g.get("name") == queueing.ADMISSION_GATE for g in gates),
         queue_evicted=queueing.eviction_words(_condition(pod, queueing.TERMINATION_TARGET)),
     )
+
+
+def claim_view(name: str, claim: Mapping[str, Any] | None) -> observed.ClaimView | None:
+    """A claim as kube.get_claim read it (None: there is none); None where it was unreadable."""
+    if claim is None:
+        return observed.ClaimView(name=name, found=False)
+    if not claim:
+        return None
+    modes = (claim.get("spec") or {}).get("accessModes") or []
+    return observed.ClaimView(name=name, found=True, access_modes=tuple(str(m) for m in modes))
 
 
 def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[kubetypes.Toleration]) -> bool:

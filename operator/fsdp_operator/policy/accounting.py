@@ -8,14 +8,14 @@ sizes a gang's live window from them) and the milestones the operator sees on po
 hang baseline is the moment every pod ran). Everything else is `account`, called once after
 the policies as a function of the status before the pass, the status the policies made and
 what was observed: the timelines an attempt's end and the next launch start, the attempt whose
-time to resume became known, and goodput.
+time to resume became known, goodput, and progress (percent and time to finish).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import decision, goodput
+from fsdp_operator.policy import decision, goodput, progress
 from fsdp_operator.types import observed, status
 
 GOODPUT_REFRESH_SECONDS = 30.0  # goodput alone changes every pass: write it at most this often
@@ -175,6 +175,7 @@ def account(
     _timelines(before, after, obs)
     books = _resumed(before, after)
     after.goodput = _goodput(before, after, obs)
+    after.progress = _progress(before, after, obs)
     return books
 
 
@@ -240,6 +241,17 @@ def _goodput(
     if not unchanged or stale or after.phase in status.TERMINAL_PHASES:
         kept = fresh
     return kept
+
+
+def _progress(
+    before: status.FSDPJobStatus, after: status.FSDPJobStatus, obs: observed.Observed
+) -> status.Progress | None:
+    """Progress moves with the clock (its estimate reads goodput): refreshed with any other
+    change, goodput's refresh included, and kept as it was in a pass that changed nothing."""
+    quiet = after.model_dump(exclude={"progress"}) == before.model_dump(exclude={"progress"})
+    if quiet and before.progress is not None:
+        return before.progress
+    return progress.progress(after, steps=obs.spec.training.steps, now=obs.now)
 
 
 def _resumed_message(entry: status.HistoryEntry) -> str:

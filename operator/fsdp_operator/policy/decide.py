@@ -23,6 +23,7 @@ from fsdp_operator.policy import (
     inplace,
     launch,
     restarts,
+    scheduling,
     spares,
     track,
 )
@@ -109,6 +110,8 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
             # met the name are being deleted again by this operator: not a failure).
             return d
     launch.queued(d, obs, pods)
+    scheduling.report(d, obs, pods)  # the scheduler's reason, before any timeout acts on it
+    scheduling.claim_shared(d, obs)
     evicted = next((p for p in pods if p.queue_evicted), None)
     if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
         msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "

@@ -3,14 +3,15 @@
 Order matters and is the policy: someone else's eviction or deletion first, then a lost node
 (its pods' own exits are symptoms), then the first failed pod by cause (a pod that failed only
 because a peer did is a symptom, never the cause while another has one), then pods that
-vanished, then pods stuck Pending, then a hang. No I/O, no clock reads, no kopf.
+vanished, then pods stuck Pending (their scheduler's reason with them: scheduling.py), then a
+hang. No I/O, no clock reads, no kopf.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import explain
+from fsdp_operator.policy import explain, scheduling
 from fsdp_operator.types import api, observed, status
 from fsdp_worker import contract
 
@@ -254,11 +255,18 @@ def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> stat
         if pod.image_error:
             msg = f"pod {pod.name}: {pod.image_error} for over {timeout}s"
             return _failure(status.Cause.IMAGE_PULL, pod, at=started + timeout, message=msg)
-    stuck = [p for p in pending if p.unschedulable or not p.node]
-    if stuck:
-        msg = f"{len(stuck)} pod(s) unschedulable for over {timeout}s"
-        return _failure(status.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
-    return None
+    stuck = scheduling.stuck(pending)
+    if not stuck:
+        return None
+    said = scheduling.reason(stuck)
+    msg = f"{len(stuck)} pod(s) unschedulable for over {timeout}s" + (f"; {said}" if said else "")
+    blocker = scheduling.blocker(stuck)
+    kind = scheduling.problem(blocker.scheduler_message) if blocker else None
+    if blocker is not None and kind is scheduling.Problem.CLAIM_NOT_FOUND:
+        # the spec's problem: a smaller gang names the same claim (no shrinking)
+        msg += scheduling.advice(kind)
+        return _failure(status.Cause.INVALID_SPEC, blocker, at=started + timeout, message=msg)
+    return _failure(status.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
 
 
 def _progress_baseline(s: status.FSDPJobStatus) -> float | None:

@@ -11,7 +11,12 @@ import dataclasses
 from fsdp_operator.types import api, observed, status
 
 PERMANENT_CAUSES = frozenset(
-    {status.Cause.CONFIG_ERROR, status.Cause.NON_RETRYABLE, status.Cause.IMAGE_PULL}
+    {
+        status.Cause.CONFIG_ERROR,
+        status.Cause.NON_RETRYABLE,
+        status.Cause.IMAGE_PULL,
+        status.Cause.INVALID_SPEC,  # a claim the spec names does not exist (scheduling.py)
+    }
 )
 
 

@@ -118,18 +118,40 @@ def schema_of(model: type[Any], *, default_objects: bool = False) -> dict[str, A
 
 
 def _printer_columns() -> list[dict[str, Any]]:
+    """`kubectl get` columns. Progress is in the default view (priority 0): how far a job is
+    is the first question about it, and one number fits beside Step. As in kubectl's own wide
+    views (a Deployment's CONTAINERS, IMAGES), `-o wide` (priority 1) adds after Age what
+    explains a job: its attempt, goodput, time to finish, Kueue queue and message (last: long)."""
     cols = [
-        ("Phase", "string", ".status.phase", "Lifecycle phase"),
-        ("Reason", "string", ".status.reason", "Why it is in its phase, in one word"),
-        ("World", "integer", ".status.worldSize", "Ranks in the current attempt"),
-        ("Step", "integer", ".status.step", "Last completed training step"),
-        ("Checkpoint", "integer", ".status.lastCheckpoint.step", "Newest complete checkpoint"),
-        ("Restarts", "integer", ".status.restarts.total", "Restarts, all budgets"),
-        ("Age", "date", ".metadata.creationTimestamp", ""),
+        ("Phase", "string", ".status.phase", "Lifecycle phase", 0),
+        ("Reason", "string", ".status.reason", "Why it is in its phase, in one word", 0),
+        ("World", "integer", ".status.worldSize", "Ranks in the current attempt", 0),
+        ("Step", "integer", ".status.step", "Last completed training step", 0),
+        ("Progress", "number", ".status.progress.percent", "Percent of training.steps done", 0),
+        ("Checkpoint", "integer", ".status.lastCheckpoint.step", "Newest complete checkpoint", 0),
+        ("Restarts", "integer", ".status.restarts.total", "Restarts, all budgets", 0),
+        ("Age", "date", ".metadata.creationTimestamp", "", 0),
+        ("Attempt", "integer", ".status.attempt", "The current (or last) attempt", 1),
+        ("Goodput", "number", ".status.goodput.fraction", "Productive share of wall time", 1),
+        (
+            "Remaining",
+            "integer",
+            ".status.progress.estimatedSecondsRemaining",
+            "Estimated wall seconds to the last step",
+            1,
+        ),
+        ("Queue", "string", ".status.queue.name", "Kueue LocalQueue the job waits in", 1),
+        ("Message", "string", ".status.message", "Details of the phase", 1),
     ]
     return [
-        {"name": n, "type": t, "jsonPath": p, **({"description": d} if d else {})}
-        for n, t, p, d in cols
+        {
+            "name": n,
+            "type": t,
+            "jsonPath": p,
+            **({"description": d} if d else {}),
+            **({"priority": priority} if priority else {}),
+        }
+        for n, t, p, d, priority in cols
     ]
 
 
@@ -300,6 +322,7 @@ def reference() -> str:
     """docs/api.md: every field of spec and status with its type, meaning and limits."""
     version = build()["spec"]["versions"][0]
     root = version["schema"]["openAPIV3Schema"]
+    columns = version["additionalPrinterColumns"]
     lines = [
         f"# {api.KIND} API reference ({api.GROUP}/{api.VERSION})",
         "",
@@ -310,9 +333,8 @@ def reference() -> str:
         "the operator does with each field.",
         "",
         f"Short names: {', '.join(api.SHORT_NAMES)}. Columns of `kubectl get "
-        f"{api.PLURAL}`: "
-        + ", ".join(c["name"] for c in version["additionalPrinterColumns"])
-        + ".",
+        f"{api.PLURAL}`: {', '.join(c['name'] for c in columns if not c.get('priority'))}; "
+        f"`-o wide` adds {', '.join(c['name'] for c in columns if c.get('priority'))}.",
     ]
     for part in ("spec", "status"):
         rows: list[str] = []

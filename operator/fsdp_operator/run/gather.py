@@ -119,6 +119,7 @@ class Gatherer:
             admission=self._admission(job, job_status, workers),
             spares=[p for p in pods if p.spare is not None],
             resume_rules=reports.resume_rules(job_status.resume_rules),
+            claim=self._claim(job, spec, _current(workers, job_status)),
         )
         return _with_gang(obs, keepers.Asker(self.gang_client, job.uid, job_status.attempt))
 
@@ -163,6 +164,17 @@ class Gatherer:
             return None
         return queueing.admission_of(self.kube.get_workload(job.namespace, q.pod_group))
 
+    def _claim(
+        self, job: names.JobRef, spec: api.FSDPJobSpec, pods: list[observed.PodView]
+    ) -> observed.ClaimView | None:
+        """checkpoint.claimName's claim, read (one GET) only while pods of a multi-pod gang
+        wait on their nodes: a claim not ReadWriteMany cannot be attached on all of them."""
+        name = spec.checkpoint.claim_name
+        waiting = [p for p in pods if p.node and p.phase is observed.PodPhase.PENDING]
+        if name is None or len(pods) < 2 or not waiting:
+            return None
+        return observe.claim_view(name, self.kube.get_claim(job.namespace, name))
+
     def _owned_pods(
         self,
         job: names.JobRef,
@@ -192,6 +204,11 @@ class Gatherer:
                     conflicts.append(observe.conflict(found, job))
         pods = [v for p in ours if (v := observe.pod_view(p)) is not None]
         return pods, conflicts
+
+
+def _current(pods: list[observed.PodView], s: status.FSDPJobStatus) -> list[observed.PodView]:
+    """The current attempt's pods."""
+    return [p for p in pods if p.attempt == s.attempt]
 
 
 def _nodes(job: names.JobRef, spec: api.FSDPJobSpec, view: cache.View) -> observed.NodeIndex:

@@ -135,7 +135,10 @@ class FailurePolicy(SpecModel):
         "Lets a job with a slow start keep a short deadline between steps.",
     )
     pending_timeout_seconds: int = Field(
-        120, ge=1, le=86_400, description="Pods Pending this long: shrink, or fail on image errors."
+        120,
+        ge=1,
+        le=86_400,
+        description="Pods Pending this long: shrink; fail on image errors or a missing claim.",
     )
     in_place_restarts: int = Field(
         0,

@@ -43,6 +43,10 @@ class Termination:
     sealed_step: int | None = None  # a COMPLETED report's newest sealed step
 
 
+SCHEDULER_MESSAGE_LIMIT = 1024
+"""Characters of a pod's PodScheduled message kept (a large cluster's lists every node kind)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class PodView:
     """One worker pod, reduced to what decisions need."""
@@ -59,6 +63,7 @@ class PodView:
     finished: float | None = None  # container finishedAt
     disrupted: bool = False  # DisruptionTarget condition (eviction, preemption, taint)
     unschedulable: bool = False  # PodScheduled=False reason Unschedulable
+    scheduler_message: str = ""  # PodScheduled=False's message: the scheduler's own reason
     image_error: str = ""  # waiting reason such as ErrImagePull, InvalidImageName
     ip: str | None = None
     ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
@@ -157,6 +162,21 @@ class InPlaceRecord:
     taken_over: bool = False  # a spare took the failed node's place (the operator's replace)
     pod: str = ""  # then the pod it replaced (lost or frozen),
     node_name: str | None = None  # and that pod's node
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimView:
+    """spec.checkpoint.claimName's PersistentVolumeClaim, read while the attempt's pods wait
+    on their nodes (a volume that cannot be attached to all of them keeps them there)."""
+
+    name: str
+    found: bool
+    access_modes: tuple[str, ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        """Whether pods on different nodes can all mount it."""
+        return "ReadWriteMany" in self.access_modes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,6 +289,7 @@ class Observed:
     admission: queueing.Admission | None = None  # Kueue's Workload of a queued attempt
     gang: GangHealth | None = None  # asked only in a hang's grace for a restart in place
     resume_rules: contract.ResumeRules | None = None  # the status's resumeRules, parsed
+    claim: ClaimView | None = None  # checkpoint.claimName's, read only while pods wait on nodes
     # Last, and keyword-only: a field named like the status module hides it from the
     # annotations after it.
     status: status.FSDPJobStatus = dataclasses.field(kw_only=True)

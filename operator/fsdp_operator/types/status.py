@@ -24,7 +24,7 @@ from fsdp_operator.types.status_base import (
     rfc3339,
     unix_seconds,
 )
-from fsdp_operator.types.status_goodput import Goodput, Reliability
+from fsdp_operator.types.status_goodput import Goodput, Progress, Reliability
 from fsdp_operator.types.status_history import (
     HISTORY_LIMIT,
     IN_PLACE_LIMIT,
@@ -60,6 +60,7 @@ __all__ = [
     "InPlaceRestart",
     "MemoryTier",
     "Phase",
+    "Progress",
     "QueueStatus",
     "Reliability",
     "Restarts",
@@ -177,7 +178,10 @@ class Condition(_Model):
 
     type: str = Field(
         description="Progressing (Pending, Running or Restarting), Suspended, Complete, Failed, "
-        "Conflict (objects or checkpoints the job will not adopt block it) or ReconcileError "
+        "Conflict (objects or checkpoints the job will not adopt block it), PodsScheduled "
+        "(False: the scheduler's own reason why pods wait for a node), VolumeClaimShared (False: "
+        "checkpoint.claimName is not ReadWriteMany under a gang on several nodes) or "
+        "ReconcileError "
         "(the operator's last pass over the job failed)."
     )
     status: str = Field(description='"True" or "False".')
@@ -309,6 +313,10 @@ class FSDPJobStatus(_Model):
         None,
         description="Where the job's wall time went since its first launch: productive steps, "
         "and time lost by cause.",
+    )
+    progress: Progress | None = Field(
+        None,
+        description="How far the job is and when it should finish (null: no step known yet).",
     )
     reliability: Reliability = Field(
         default_factory=Reliability,

@@ -1,6 +1,6 @@
-"""Where an FSDPJob's time went (`Goodput`) and its failure record (`Reliability`, what
-`checkpoint.intervalSteps: auto` chooses from), as its status keeps them beyond the history's
-limit.
+"""Where an FSDPJob's time went (`Goodput`), how far it is and when it should finish
+(`Progress`), and its failure record (`Reliability`, what `checkpoint.intervalSteps: auto`
+chooses from), as its status keeps them beyond the history's limit.
 
 A part of status.py, which re-exports every name (`status.Goodput`). Pure data: no I/O, no
 clock reads, no kopf.
@@ -38,6 +38,26 @@ class Goodput(_Model):
     )
     folded_redone_seconds: float = Field(
         0.0, description="redoneSeconds of attempts no longer in history, kept as a total."
+    )
+
+
+class Progress(_Model):
+    """How far the job is, and when it should finish at the pace it has kept lately
+    (policy/progress.py)."""
+
+    percent: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="step / training.steps, in percent to one decimal; null: no step known yet.",
+    )
+    estimated_seconds_remaining: int | None = Field(
+        None,
+        ge=0,
+        description="Steps left x the current attempt's seconds per step / the goodput of the "
+        "last hour's attempts (restarts and saves slow it; a first start does not): wall "
+        "seconds to the last step. Null until a step time and a goodput are measured, and once "
+        "the job failed or is suspended; 0 once it succeeded.",
     )
 
 
