@@ -176,7 +176,7 @@ class Capabilities(SpecModel):
                 raise ValueError(
                     f"capabilities.add={cap!r} is not allowed: a team's container may add"
                     " NET_BIND_SERVICE, or IPC_LOCK and SYS_NICE where spec.runtimeProfile grants"
-                    ' them (Pod Security "restricted" drops every other capability)"
+                    ' them (Pod Security "restricted" drops every other capability)'
                 )
         return caps
 
