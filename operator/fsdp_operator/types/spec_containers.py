@@ -120,9 +120,12 @@ def checked(value: str, *, field: str, pattern: str, allowed: str, max_length: i
     return value
 
 
-def _pattern(pattern: str, max_length: int, description: str) -> Any:  # a FieldInfo
+def _pattern(
+    pattern: str, max_length: int, description: str, *, optional: bool = False
+) -> Any:  # a FieldInfo
     """A string field the CRD checks by pattern and the model by `checked`."""
     return Field(
+        None if optional else ...,
         description=description,
         json_schema_extra={"pattern": pattern, "maxLength": max_length},
     )
@@ -186,7 +189,9 @@ class ContainerSecurity(SpecModel):
 
     run_as_user: int | None = _id_field("uid of this container; not 0.")
     run_as_group: int | None = _id_field("Its primary gid; not 0.")
-    run_as_non_root: bool | None = Field(None, json_schema_extra=_NOT_ROOT)
+    run_as_non_root: bool | None = Field(
+        None, description="Only true (the pod's is true).", json_schema_extra=_NOT_ROOT
+    )
     privileged: bool | None = Field(
         None,
         description="Only false.",
@@ -293,7 +298,9 @@ class EnvSource(SpecModel):
     """A ConfigMap or Secret (in the job's namespace) whose keys become variables."""
 
     name: str = _pattern(NAME_PATTERN, 253, "The object's name.")
-    optional: bool | None = None
+    optional: bool | None = Field(
+        None, description="true: the pod starts without it (and its variables)."
+    )
 
     @pydantic.field_validator("name")
     @classmethod
@@ -361,9 +368,11 @@ class PodClaim(SpecModel):
     `resources.claims[].name` names it."""
 
     name: str = _pattern(DNS_LABEL_PATTERN, 63, "The claim's name in the pod.")
-    resource_claim_name: str | None = _pattern(NAME_PATTERN, 253, "A ResourceClaim to share.")
+    resource_claim_name: str | None = _pattern(
+        NAME_PATTERN, 253, "A ResourceClaim to share.", optional=True
+    )
     resource_claim_template_name: str | None = _pattern(
-        NAME_PATTERN, 253, "A ResourceClaimTemplate: a claim of its own per pod."
+        NAME_PATTERN, 253, "A ResourceClaimTemplate: a claim of its own per pod.", optional=True
     )
 
     model_config = pydantic.ConfigDict(
@@ -400,19 +409,31 @@ class Container(SpecModel):
     image: str = _pattern(IMAGE_PATTERN, 512, "Its image (a runtime profile's registries apply).")
     image_pull_policy: str | None = Field(
         None,
+        description="Always, IfNotPresent or Never (unset: the kubelet's default).",
         json_schema_extra={"enum": ["Always", "IfNotPresent", "Never"]},
     )
     command: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, max_length=64
+        default_factory=list,
+        max_length=64,
+        description="Its entrypoint (no shell unless it names one); every $ is literal: "
+        "Kubernetes' $(VAR) expansion is escaped.",
     )
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list, max_length=256)
-    working_dir: str | None = Field(None, max_length=1024, pattern=r"^/")
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, max_length=256, description="Its arguments, literal as command."
+    )
+    working_dir: str | None = Field(
+        None, max_length=1024, pattern=r"^/", description="An absolute directory to start in."
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=128,
         description="Variables, as the worker's env (no FSDP_*, no $( in values).",
     )
-    env_from: list[EnvFrom] = Field(default_factory=list, max_length=16)
+    env_from: list[EnvFrom] = Field(
+        default_factory=list,
+        max_length=16,
+        description="ConfigMaps and Secrets whose keys become its variables.",
+    )
     resources: kubetypes.ResourceRequirements = Field(
         default_factory=kubetypes.ResourceRequirements,
         description="Its own requests and limits (not under rdma/ or hugepages-, the "
