@@ -23,6 +23,7 @@ from fsdp_operator.policy import (
     inplace,
     launch,
     restarts,
+    sidecars,
     spares,
     track,
 )
@@ -109,6 +110,7 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
             # met the name are being deleted again by this operator: not a failure).
             return d
     launch.queued(d, obs, pods)
+    sidecars.told(d, obs)  # never a rank's failure: detect reads only the worker container
     evicted = next((p for p in pods if p.queue_evicted), None)
     if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
         msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "
