@@ -30,9 +30,12 @@ ROOTS = (
     "io.k8s.api.core.v1.Affinity",
     "io.k8s.api.core.v1.Toleration",
     "io.k8s.api.core.v1.EnvVar",
+    "io.k8s.api.core.v1.EnvFromSource",
     "io.k8s.api.core.v1.ResourceRequirements",
     "io.k8s.api.core.v1.Volume",
     "io.k8s.api.core.v1.VolumeMount",
+    "io.k8s.api.core.v1.TopologySpreadConstraint",
+    "io.k8s.api.core.v1.PodResourceClaim",
 )
 # Pod Security "restricted": the only volume sources a restricted pod may use.
 RESTRICTED_VOLUME_SOURCES = (

@@ -30,6 +30,7 @@ class Case:
     # names PROFILE (gpu-ib): run in a namespace the profile lists unless `listed` is False
     profile: bool = False
     listed: bool = True
+    value: str = ""  # the refused value, which the operator's refusal must name too
 
 
 BASE: dict[str, Any] = {
@@ -106,6 +107,11 @@ def _term(expr: dict[str, Any]) -> dict[str, Any]:
             }
         }
     }
+
+
+def _init(**container: Any) -> Callable[[dict[str, Any]], None]:
+    """One init container (a sidecar with restartPolicy Always) with `container`'s fields."""
+    return _set(f"{TPL}.initContainers", [{"name": "side", "image": "busybox:1", **container}])
 
 
 def _memory(size: str) -> Callable[[dict[str, Any]], None]:
@@ -429,6 +435,100 @@ CASES: list[Case] = [
         OP,
         f"{TPL}.env[0].name",
         lambda d: (_store(region="eu-west-1")(d), _env({"name": "AWS_REGION", "value": "x"})(d)),
+    ),
+    # --- the team's own pod parts (sidecars, ids, envFrom, claims, pull secrets) -------------
+    Case(
+        "sidecar-privileged",
+        A,
+        f"{TPL}.initContainers[0].securityContext",
+        _init(restartPolicy="Always", securityContext={"privileged": True}),
+        value="privileged=true",
+    ),
+    Case(
+        "sidecar-hostpath-volume",
+        A,
+        f"{TPL}.volumes[0].hostPath",
+        lambda d: (
+            _volume({"name": "host", "hostPath": {"path": "/var/log"}})(d),
+            _init(restartPolicy="Always", volumeMounts=[{"name": "host", "mountPath": "/h"}])(d),
+        ),
+    ),
+    Case(
+        "init-net-admin",  # istio-init's
+        A,
+        f"{TPL}.initContainers[0].securityContext.capabilities.add",
+        _init(securityContext={"capabilities": {"add": ["NET_ADMIN", "NET_RAW"]}}),
+        value="NET_ADMIN",
+    ),
+    Case(
+        "sidecar-ipc-lock-without-profile",
+        A,
+        f"{TPL}.initContainers",
+        _init(restartPolicy="Always", securityContext={"capabilities": {"add": ["IPC_LOCK"]}}),
+        value="IPC_LOCK",
+    ),
+    Case(
+        "run-as-root",
+        A,
+        f"{TPL}.securityContext.runAsUser",
+        _set(f"{TPL}.securityContext", {"runAsUser": 0}),
+        value="runAsUser=0",
+    ),
+    Case(
+        "sidecar-run-as-root",
+        A,
+        f"{TPL}.initContainers[0].securityContext.runAsUser",
+        _init(restartPolicy="Always", securityContext={"runAsUser": 0}),
+        value="runAsUser=0",
+    ),
+    Case(
+        "run-as-non-root-false",
+        A,
+        f"{TPL}.securityContext",
+        _set(f"{TPL}.securityContext", {"runAsNonRoot": False}),
+        value="runAsNonRoot=false",
+    ),
+    Case(
+        "host-network-in-security-context",
+        A,
+        f"{TPL}.securityContext.hostNetwork",
+        _set(f"{TPL}.securityContext", {"hostNetwork": True}),
+    ),
+    Case(
+        "sidecar-named-worker",
+        A,
+        f"{TPL}.initContainers[0]",
+        _init(name="worker", restartPolicy="Always"),
+        value="'worker'",
+    ),
+    Case(
+        "claim-undeclared",
+        OP,
+        "spec.resources.claims",
+        _set("resources", {"claims": [{"name": "gpus"}]}),
+        value="'gpus'",
+    ),
+    Case(
+        "envfrom-name-illegal",
+        A,
+        f"{TPL}.envFrom[0].configMapRef.name",
+        _set(f"{TPL}.envFrom", [{"configMapRef": {"name": "team_env!"}}]),
+        value="'team_env!'",
+    ),
+    Case(
+        "pull-secret-empty-name",
+        A,
+        f"{TPL}.imagePullSecrets[0].name",
+        _set(f"{TPL}.imagePullSecrets", [{"name": ""}]),
+        value="name=''",
+    ),
+    Case(
+        "profile-sidecar-registry-not-listed",
+        A,
+        f"spec.{TPL}.initContainers[0].image",
+        _init(image="docker.io/evil/shipper:1", restartPolicy="Always"),
+        profile=True,
+        value="docker.io/evil/shipper:1",
     ),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
     Case(

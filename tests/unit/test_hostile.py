@@ -44,6 +44,7 @@ def test_operator_check_refuses_naming_the_field(case: hs.Case) -> None:
     error = _check(case)
     assert error, f"{case.id} was accepted"
     assert case.field in error, error
+    assert case.value in error, error
 
 
 @pytest.mark.parametrize("case", [c for c in hs.CASES if c.dry_run_only], ids=lambda c: c.id)
@@ -55,3 +56,36 @@ def test_the_profile_cases_start_from_a_spec_the_profile_allows() -> None:
     assert (
         _check(hs.Case("profile-base", hs.Where.ADMISSION, "", lambda d: None, profile=True)) == ""
     )
+
+
+def test_a_team_pod_with_every_part_allowed_is_fine() -> None:
+    """The restricted parts a team may set, together, pass (the hostile cases refuse the rest)."""
+
+    def allowed(doc: dict[str, object]) -> None:
+        pod = doc["template"]["spec"]  # type: ignore[index]
+        pod.update(  # type: ignore[union-attr]
+            {
+                "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 3000},
+                "envFrom": [{"configMapRef": {"name": "team-env"}, "prefix": "TEAM_"}],
+                "imagePullSecrets": [{"name": "team-registry"}],
+                "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "eight-gpus"}],
+                "topologySpreadConstraints": [
+                    {"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}
+                ],
+                "initContainers": [
+                    {
+                        "name": "log-shipper",
+                        "image": "fluent/fluent-bit:3",
+                        "restartPolicy": "Always",
+                        "securityContext": {
+                            "runAsUser": 4000,
+                            "readOnlyRootFilesystem": False,
+                            "capabilities": {"add": ["NET_BIND_SERVICE"]},
+                        },
+                    }
+                ],
+            }
+        )
+        doc["resources"] = {"claims": [{"name": "gpus"}]}
+
+    assert _check(hs.Case("team-pod", hs.Where.ADMISSION, "", allowed)) == ""

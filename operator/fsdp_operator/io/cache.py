@@ -58,6 +58,12 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 {"name": _shared(c.get("name")), "resources": {"requests": _requests_of(c)}}
                 for c in spec.get("containers") or []
             ],
+            # the team's init containers: which are sidecars (observe._sidecars)
+            **(
+                {"initContainers": [_init_of(c) for c in inits]}
+                if (inits := spec.get("initContainers"))
+                else {}
+            ),
             # Kueue's admission gate: the pod is queued (queueing.py)
             **(
                 {"schedulingGates": [{"name": _shared(g.get("name"))} for g in gates]}
@@ -93,8 +99,33 @@ def slim_pod(body: Mapping[str, Any]) -> dict[str, Any]:
                 for cs in status.get("containerStatuses") or []
                 if (state := {k: v for k, v in (cs.get("state") or {}).items() if k in _STATES})
             ],
+            **(
+                {"initContainerStatuses": [_init_status(cs) for cs in init_statuses]}
+                if (init_statuses := status.get("initContainerStatuses"))
+                else {}
+            ),
         },
     }
+
+
+def _init_of(container: Mapping[str, Any]) -> dict[str, Any]:
+    kept = {"name": _shared(container.get("name"))}
+    if container.get("restartPolicy"):
+        kept["restartPolicy"] = _shared(container["restartPolicy"])
+    return kept
+
+
+def _init_status(cs: Mapping[str, Any]) -> dict[str, Any]:
+    """An init container's or sidecar's state (a failure, an image error) and its restarts."""
+    state = {k: v for k, v in (cs.get("state") or {}).items() if k in _STATES}
+    kept: dict[str, Any] = {"name": _shared(cs.get("name")), "state": state}
+    if cs.get("restartCount"):
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        kept["restartCount"] = cs["restartCount"]
+        kept["lastState"] = {
+            "terminated": {k: last[k] for k in ("reason", "exitCode") if k in last}
+        }
+    return kept
 
 
 def _shared(value: Any) -> Any:

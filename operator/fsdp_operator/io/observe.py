@@ -38,8 +38,54 @@ def _terminated(pod: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def _statuses(pod: Mapping[str, Any], key: str) -> list[dict[str, Any]]:
+    return list(pod.get("status", {}).get(key) or [])
+
+
+def _sidecars(pod: Mapping[str, Any]) -> tuple[observed.SidecarView, ...]:
+    """The team's sidecars that restarted. Only the worker container's state decides a rank's
+    failure (_terminated): a sidecar restarts in place (restartPolicy Always) and the pod's
+    phase ignores it, so its crash, OOM kill or exit is told here and judged nowhere."""
+    sidecars = {
+        c.get("name")
+        for c in pod.get("spec", {}).get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    }
+    views = []
+    for cs in _statuses(pod, "initContainerStatuses"):
+        if cs.get("name") not in sidecars or not cs.get("restartCount"):
+            continue
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        views.append(
+            observed.SidecarView(
+                name=str(cs["name"]),
+                restarts=int(cs["restartCount"]),
+                reason=str(last.get("reason", "")),
+                exit_code=last.get("exitCode"),
+            )
+        )
+    return tuple(views)
+
+
+def _init_failed(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain init container that failed (the worker never started): what the failed pod is
+    blamed on, in place of a worker's termination it never had."""
+    for cs in _statuses(pod, "initContainerStatuses"):
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term and term.get("exitCode"):
+            how = f"{term.get('reason') or 'Error'} (exit {term['exitCode']})"
+            return {
+                "reason": f"Init:{term.get('reason') or 'Error'}",
+                "message": f"init container {cs.get('name')} failed: {how}; the worker never"
+                " started",
+                "finishedAt": term.get("finishedAt"),
+            }
+    return {}
+
+
 def _waiting_reason(pod: Mapping[str, Any]) -> str:
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
+    statuses = _statuses(pod, "initContainerStatuses") + _statuses(pod, "containerStatuses")
+    for cs in statuses:
         reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason", "")
         if reason in IMAGE_ERRORS:
             return str(reason)
@@ -69,8 +115,8 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
     spare = names.parse_spare(meta.get("labels")) if rank is None else None
     if attempt is None or (rank is None and spare is None):
         return None
-    term = _terminated(pod)
     phase = pod.get("status", {}).get("phase", "Pending")
+    term = _terminated(pod) or (_init_failed(pod) if phase == "Failed" else {})
     scheduled = _condition(pod, "PodScheduled")
     ready = _condition(pod, "Ready")
     gates = pod.get("spec", {}).get("schedulingGates") or []
@@ -99,6 +145,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         ready_changed=ts(ready.get("lastTransitionTime")),
         gated=any(g.get("name") == queueing.ADMISSION_GATE for g in gates),
         queue_evicted=queueing.eviction_words(_condition(pod, queueing.TERMINATION_TARGET)),
+        sidecars=_sidecars(pod),
     )
 
 

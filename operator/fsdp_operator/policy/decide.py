@@ -24,6 +24,7 @@ from fsdp_operator.policy import (
     launch,
     restarts,
     scheduling,
+    sidecars,
     spares,
     track,
 )
@@ -112,6 +113,7 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
     launch.queued(d, obs, pods)
     scheduling.report(d, obs, pods)  # the scheduler's reason, before any timeout acts on it
     scheduling.claim_shared(d, obs)
+    sidecars.told(d, obs)  # never a rank's failure: detect reads only the worker container
     evicted = next((p for p in pods if p.queue_evicted), None)
     if evicted is not None:  # Kueue preempted the group: not a failure; requeue, resume
         msg = f"Kueue evicted pod group {s.queue.pod_group if s.queue else '?'} "

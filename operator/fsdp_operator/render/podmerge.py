@@ -114,6 +114,24 @@ def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
             )
 
 
+def check_init_mounts(spec: api.FSDPJobSpec) -> None:
+    """An init container or sidecar mounts only template.spec.volumes (the operator's own,
+    the gang key's among them, are the worker's), at an absolute path without '..'."""
+    declared = sorted(volume.name for volume in spec.template.spec.volumes)
+    for index, container in enumerate(spec.template.spec.init_containers):
+        for at, mount in enumerate(container.volume_mounts):
+            field = f"template.spec.initContainers[{index}].volumeMounts[{at}]"
+            if mount.name not in declared:
+                raise TemplateError(
+                    f"{field}.name={mount.name!r} is not one of template.spec.volumes {declared}"
+                )
+            path = mount.mountPath
+            if not path.startswith("/") or ".." in path.split("/"):
+                raise TemplateError(
+                    f"{field}.mountPath={path!r} must be an absolute path without '..'"
+                )
+
+
 def _within(path: str, root: str) -> bool:
     root = posixpath.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")

@@ -254,13 +254,8 @@ def worker_pod(
         # handler, and torchrun has none while in rendezvous, so a pod deleted then hung until
         # its grace period ran out (seen on real kubelets). The sandbox's pause is init here.
         "shareProcessNamespace": True,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": RUN_AS_ID,
-            "runAsGroup": RUN_AS_ID,
-            "fsGroup": RUN_AS_ID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(spec),
+        **_init_containers(spec),
         "containers": [worker_container.render(slot)],
         "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None)
         + podmerge.gang_key_volumes(spec, name=names.gang_key_name(job.name, attempt=slot.attempt)),
@@ -277,10 +272,40 @@ def worker_pod(
         "priorityClassName": overrides.priority_class_name,
         "schedulerName": overrides.scheduler_name,
         "runtimeClassName": profile.runtime_class_name if profile else None,
-        "imagePullSecrets": [{"name": n} for n in profile.image_pull_secrets] if profile else [],
+        "imagePullSecrets": _pull_secrets(spec, profile),
+        "topologySpreadConstraints": [c.to_api() for c in overrides.topology_spread_constraints],
+        "resourceClaims": [
+            c.model_dump(by_alias=True, exclude_none=True) for c in overrides.resource_claims
+        ],
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
+
+
+def _pod_security(spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """Pod Security "restricted": non-root, RuntimeDefault seccomp; uid, gid and fsGroup 1000
+    unless the template sets its own (never 0: the model refuses it), with its groups."""
+    own = spec.template.spec.security_context
+    ids = {"runAsUser": RUN_AS_ID, "runAsGroup": RUN_AS_ID, "fsGroup": RUN_AS_ID}
+    ids.update(own.to_api() if own is not None else {})
+    ids.pop("runAsNonRoot", None)
+    return {"runAsNonRoot": True, **ids, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _init_containers(spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """The team's init containers and sidecars; none: no key (the goldens stay as they were)."""
+    podmerge.check_init_mounts(spec)
+    rendered = worker_container.init_containers(spec)
+    return {"initContainers": rendered} if rendered else {}
+
+
+def _pull_secrets(
+    spec: api.FSDPJobSpec, profile: api.RuntimeProfileSpec | None
+) -> list[dict[str, str]]:
+    """The runtime profile's pull secrets, then the team's own (each once)."""
+    given = [*(profile.image_pull_secrets if profile else [])]
+    given += [s.name for s in spec.template.spec.image_pull_secrets]
+    return [{"name": n} for n in dict.fromkeys(given)]
 
 
 def _identity(spec: api.FSDPJobSpec) -> dict[str, Any]:

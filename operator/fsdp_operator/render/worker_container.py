@@ -126,28 +126,88 @@ def render(slot: templates.Slot) -> dict[str, Any]:
         "env": _env(slot),
         "ports": ports() + _gang_port(spec),
         "resources": resources,
+        **_env_from(spec),
         "volumeMounts": podmerge.volume_mounts(spec),
         "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {
-                "drop": ["ALL"],
-                **({"add": sorted(caps)} if (caps := spec.template.spec.capabilities) else {}),
-            },
-            "readOnlyRootFilesystem": True,  # writes go to /tmp, /dev/shm and the volumes
-        },
+        "securityContext": restricted_context([str(c) for c in spec.template.spec.capabilities]),
         **probe,
     }
+
+
+def restricted_context(caps: list[str], *, read_only_root: bool = True) -> dict[str, Any]:
+    """A container's security context under Pod Security "restricted" (the pod's says
+    non-root and RuntimeDefault seccomp): no escalation, every capability dropped but `caps`,
+    a read-only root (the worker writes to /tmp, /dev/shm and the volumes)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], **({"add": sorted(caps)} if caps else {})},
+        "readOnlyRootFilesystem": read_only_root,
+    }
+
+
+def _env_from(spec: api.FSDPJobSpec) -> dict[str, Any]:
+    """template.spec.envFrom on the worker container (its env wins over their keys)."""
+    sources = spec.template.spec.env_from
+    return (
+        {"envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in sources]}
+        if sources
+        else {}
+    )
+
+
+def init_containers(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
+    """The team's init containers and native sidecars (restartPolicy Always), in order: the
+    worker's restricted context unless they set the fields the model allows; every `$` of
+    their strings escaped, as the worker's."""
+    return [_init_container(c) for c in spec.template.spec.init_containers]
+
+
+def _init_container(c: api.Container) -> dict[str, Any]:
+    own = c.security_context
+    context = restricted_context(
+        c.added_capabilities,
+        read_only_root=own is None or own.read_only_root_filesystem is not False,
+    )
+    if own is not None:
+        ids = {"runAsUser": own.run_as_user, "runAsGroup": own.run_as_group}
+        context.update({k: v for k, v in ids.items() if v is not None})
+        if own.run_as_non_root:
+            context["runAsNonRoot"] = True
+    fields: dict[str, Any] = {
+        "name": c.name,
+        "image": c.image,
+        "imagePullPolicy": c.image_pull_policy,
+        "command": [escape(a) for a in c.command] or None,
+        "args": [escape(a) for a in c.args] or None,
+        "workingDir": c.working_dir,
+        "env": [_escaped(v.to_api()) for v in c.env] or None,
+        "envFrom": [s.model_dump(by_alias=True, exclude_none=True) for s in c.env_from] or None,
+        "resources": _quantities(c.resources.to_api()) or None,
+        "volumeMounts": [m.to_api() for m in c.volume_mounts] or None,
+        "restartPolicy": c.restart_policy,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": context,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
+
+
+def _escaped(var: dict[str, Any]) -> dict[str, Any]:
+    return {**var, "value": escape(var["value"])} if "value" in var else var
+
+
+def _quantities(resources: dict[str, Any]) -> dict[str, Any]:
+    """`nvidia.com/gpu: 8` in YAML is a number: the pod takes quantities as strings."""
+    for part in ("requests", "limits"):
+        if isinstance(resources.get(part), dict):
+            resources[part] = {k: str(v) for k, v in resources[part].items()}
+    return resources
 
 
 def _resources(slot: templates.Slot) -> dict[str, Any]:
     """The job's resources, plus its profile's (RDMA devices, hugepages) in requests and limits
     (extended resources and hugepages need both, and equal); a job asking less gets less."""
-    resources = slot.spec.resources.to_api()
-    for part in ("requests", "limits"):  # `nvidia.com/gpu: 8` in YAML is a number: a quantity
-        if isinstance(resources.get(part), dict):
-            resources[part] = {k: str(v) for k, v in resources[part].items()}
+    resources = _quantities(slot.spec.resources.to_api())
     granted = slot.profile.resources if slot.profile else {}
     asked = {**resources.get("requests", {}), **resources.get("limits", {})}
     amounts = {k: str(asked.get(k, v)) for k, v in granted.items()}  # the job may ask less

@@ -18,7 +18,16 @@ from typing import Annotated
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes, spec_profile, spec_storage
+from fsdp_operator.types import (
+    kubetypes,
+    spec_containers,
+    spec_profile,
+    spec_rules,
+    spec_storage,
+)
+from fsdp_operator.types.spec_containers import (
+    Container as Container,
+)
 from fsdp_operator.types.spec_pod import (
     Capability as Capability,
 )
@@ -76,7 +85,7 @@ SINGULAR = "fsdpjob"
 SHORT_NAMES = ["fsdpj"]
 CATEGORIES = ["training"]
 
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
+IMAGE_PATTERN = spec_rules.IMAGE_PATTERN
 
 
 class Backoff(SpecModel):
@@ -362,6 +371,15 @@ _SPEC_RULES = rules(
         fieldPath=".template.spec.capabilities",
     ),
     cel(
+        "has(self.runtimeProfile) || !has(self.template.spec.initContainers) ||"
+        " self.template.spec.initContainers.all(c, !has(c.securityContext) ||"
+        " !has(c.securityContext.capabilities) || !has(c.securityContext.capabilities.add) ||"
+        " c.securityContext.capabilities.add.all(a, a == 'NET_BIND_SERVICE'))",
+        "template.spec.initContainers[].securityContext.capabilities.add: beyond"
+        " NET_BIND_SERVICE needs spec.runtimeProfile granting it",
+        fieldPath=".template.spec.initContainers",
+    ),
+    cel(
         "has(self.runtimeProfile) || !has(self.resources) || "
         + " && ".join(
             f"(!has(self.resources.{part}) || self.resources.{part}.all(k, "
@@ -500,7 +518,10 @@ class FSDPJobSpec(SpecModel):
             )
         if self.runtime_profile is None and (
             refused := spec_profile.resource_refusal(self, granted={})
+            or spec_containers.refusal(self)
         ):
+            raise ValueError(refused)
+        if refused := spec_containers.refusal(self, granted=[str(c) for c in Capability]):
             raise ValueError(refused)
         self._env_left_to_the_store()
         return self

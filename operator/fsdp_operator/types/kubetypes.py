@@ -221,6 +221,31 @@ class EnvVar(KubeModel):
     valueFrom: EnvVarSource | None = None
 
 
+class ConfigMapEnvSource(KubeModel):
+    """ConfigMapEnvSource selects a ConfigMap to populate the environment variables with.
+    (io.k8s.api.core.v1.ConfigMapEnvSource)"""
+
+    name: str | None = None
+    optional: bool | None = None
+
+
+class SecretEnvSource(KubeModel):
+    """SecretEnvSource selects a Secret to populate the environment variables with.
+    (io.k8s.api.core.v1.SecretEnvSource)"""
+
+    name: str | None = None
+    optional: bool | None = None
+
+
+class EnvFromSource(KubeModel):
+    """EnvFromSource represents the source of a set of ConfigMaps or Secrets
+    (io.k8s.api.core.v1.EnvFromSource)"""
+
+    configMapRef: ConfigMapEnvSource | None = None
+    prefix: str | None = None
+    secretRef: SecretEnvSource | None = None
+
+
 class ResourceClaim(KubeModel):
     """ResourceClaim references one entry in PodSpec.ResourceClaims.
     (io.k8s.api.core.v1.ResourceClaim)"""
@@ -493,3 +518,27 @@ class VolumeMount(KubeModel):
     readOnly: bool | None = None
     recursiveReadOnly: str | None = None
     subPath: str | None = None
+
+
+class TopologySpreadConstraint(KubeModel):
+    """TopologySpreadConstraint specifies how to spread matching pods among the given topology.
+    (io.k8s.api.core.v1.TopologySpreadConstraint)"""
+
+    maxSkew: int
+    topologyKey: str
+    whenUnsatisfiable: str
+    labelSelector: LabelSelector | None = None
+    matchLabelKeys: list[str] | None = None
+    minDomains: int | None = None
+    nodeAffinityPolicy: str | None = None
+    nodeTaintsPolicy: str | None = None
+
+
+class PodResourceClaim(KubeModel):
+    """PodResourceClaim references exactly one ResourceClaim, either directly or by naming a
+    ResourceClaimTemplate which is then turned into a ResourceClaim for the pod.
+    (io.k8s.api.core.v1.PodResourceClaim)"""
+
+    name: str
+    resourceClaimName: str | None = None
+    resourceClaimTemplateName: str | None = None

@@ -48,6 +48,17 @@ SCHEDULER_MESSAGE_LIMIT = 1024
 
 
 @dataclasses.dataclass(frozen=True)
+class SidecarView:
+    """A team's native sidecar (restartPolicy Always) of a worker pod: never a rank, so its
+    restarts are told, not judged (policy/sidecars.py)."""
+
+    name: str
+    restarts: int = 0
+    reason: str = ""  # its last termination's: OOMKilled, Error, Completed
+    exit_code: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class PodView:
     """One worker pod, reduced to what decisions need."""
 
@@ -72,6 +83,7 @@ class PodView:
     queue_evicted: str = ""  # Kueue's TerminationTarget (preemption): its reason and message
     spare: int | None = None  # a warm spare's number (rank -1 until it takes a node's place)
     termination: Termination = dataclasses.field(default_factory=Termination)  # `message`'s
+    sidecars: tuple[SidecarView, ...] = ()  # the team's sidecars that restarted (never ranks)
 
 
 class ConflictKind(enum.StrEnum):

@@ -10,12 +10,24 @@ these models as api.<Name>. No I/O, no clock, no kopf.
 from __future__ import annotations
 
 import enum
-from typing import Annotated, Any
+from typing import Annotated
 
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes
+from fsdp_operator.types import kubetypes, spec_containers
+from fsdp_operator.types.spec_containers import (
+    ENV_NAME_PATTERN as ENV_NAME_PATTERN,
+)
+from fsdp_operator.types.spec_containers import (
+    NO_VAR_EXPANSION as NO_VAR_EXPANSION,
+)
+from fsdp_operator.types.spec_containers import (
+    RESERVED_ENV_PREFIX as RESERVED_ENV_PREFIX,
+)
+from fsdp_operator.types.spec_containers import (
+    EnvVar as EnvVar,
+)
 from fsdp_operator.types.spec_rules import (
     DNS_LABEL_PATTERN,
     KEYS_RULE,
@@ -27,10 +39,7 @@ from fsdp_operator.types.spec_rules import (
 )
 
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-NO_VAR_EXPANSION = "!self.contains('$(')"
-RESERVED_ENV_PREFIX = "FSDP_"  # the worker reads this prefix (FSDP_WORKER_CONFIG_FILE, ...)
 RESERVED_VOLUME_PREFIX = "fsdp-"  # the operator's own volumes
-ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Annotations that loosen a container's confinement: Pod Security "baseline" forbids them.
 CONFINEMENT_ANNOTATIONS = (
     "container.apparmor.security.beta.kubernetes.io/",
@@ -67,69 +76,13 @@ _TOLERATION_RULES = (
 )
 
 
-def _reserved_name(
-    *, pattern: str, max_length: int, prefix: str, description: str
-) -> Any:  # a FieldInfo
-    """A name field that may not start with the operator's `prefix`: CEL at admission."""
-    message = f"names starting with {prefix} are reserved for the operator"
-    rule = cel(f"!self.startsWith('{prefix}')", message)
-    return Field(
-        pattern=pattern,
-        max_length=max_length,
-        description=description,
-        json_schema_extra=rules(rule),
-    )
-
-
-def _refuse_reserved(name: str, *, kind: str, prefix: str) -> str:
-    """The same rule in the operator's check (the model also reads specs the CRD never saw)."""
-    if name.startswith(prefix):
-        raise ValueError(
-            f"{kind} name {name!r}: names starting with {prefix!r} are reserved for the"
-            " operator; choose another name"
-        )
-    return name
-
-
-class EnvVar(kubetypes.EnvVar):
-    """A worker env var: Kubernetes' EnvVar without `$(VAR)` expansion or the operator's names."""
-
-    name: str = _reserved_name(
-        pattern=ENV_NAME_PATTERN,
-        max_length=128,
-        prefix=RESERVED_ENV_PREFIX,
-        description=f"Variable name; names starting with {RESERVED_ENV_PREFIX} are reserved.",
-    )
-    value: str | None = Field(
-        None,
-        max_length=4096,
-        description="The value, as written: it must not contain '$(' (Kubernetes would expand "
-        "it). Or set valueFrom.",
-        json_schema_extra=rules(
-            cel(NO_VAR_EXPANSION, "value must not contain '$(' (variable expansion)")
-        ),
-    )
-
-    @pydantic.field_validator("name")
-    @classmethod
-    def _not_reserved(cls, name: str) -> str:
-        return _refuse_reserved(name, kind="env", prefix=RESERVED_ENV_PREFIX)
-
-    @pydantic.field_validator("value")
-    @classmethod
-    def _no_expansion(cls, value: str | None) -> str | None:
-        if value is not None and "$(" in value:
-            raise ValueError(f"env value {value!r} must not contain '$(' (variable expansion)")
-        return value
-
-
 _ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _VOLUME_SOURCES) + " <= 1"
 
 
 class Volume(kubetypes.Volume):
     """A pod volume of one of the sources Pod Security "restricted" allows (no hostPath, ...)."""
 
-    name: str = _reserved_name(
+    name: str = spec_containers.reserved_name(
         pattern=DNS_LABEL_PATTERN,
         max_length=63,
         prefix=RESERVED_VOLUME_PREFIX,
@@ -143,7 +96,7 @@ class Volume(kubetypes.Volume):
     @pydantic.field_validator("name")
     @classmethod
     def _not_reserved(cls, name: str) -> str:
-        return _refuse_reserved(name, kind="volume", prefix=RESERVED_VOLUME_PREFIX)
+        return spec_containers.refuse_reserved(name, kind="volume", prefix=RESERVED_VOLUME_PREFIX)
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> Volume:
@@ -172,7 +125,8 @@ class Capability(enum.StrEnum):
 class PodOverrides(SpecModel):
     """`spec.template.spec`: the pod fields a user may set, as Kubernetes types them.
 
-    Anything else in the pod is the operator's (security context, command, ports, hostname).
+    Anything else in the pod is the operator's (seccomp, the worker's command, ports,
+    hostname).
     """
 
     node_selector: dict[str, LabelValue] = Field(
@@ -232,6 +186,51 @@ class PodOverrides(SpecModel):
         max_length=253,
         description="Scheduler that places the worker pods; unset: the cluster's default.",
     )
+    env_from: list[spec_containers.EnvFrom] = Field(
+        default_factory=list,
+        max_length=16,
+        description="ConfigMaps and Secrets whose keys become variables of the worker "
+        "container; its env, and the operator's own variables, win over a key of the same name.",
+    )
+    init_containers: list[spec_containers.Container] = Field(
+        default_factory=list,
+        max_length=16,
+        description="The team's init containers (run to completion before the worker) and "
+        "native sidecars (restartPolicy: Always: run beside it). Neither is a rank: a "
+        "sidecar's crash or exit is not a rank failure (a SidecarRestarted Event and condition "
+        "say it). Held to the worker's restricted security context.",
+    )
+    topology_spread_constraints: list[kubetypes.TopologySpreadConstraint] = Field(
+        default_factory=list,
+        max_length=8,
+        description="How the worker pods spread over zones, racks or NVLink domains (the "
+        "operator's one-pod-per-node rule stays).",
+        json_schema_extra=rules(
+            cel(
+                "self.all(c, c.maxSkew >= 1 && c.whenUnsatisfiable in"
+                " ['DoNotSchedule', 'ScheduleAnyway'])",
+                "topologySpreadConstraints[]: maxSkew >= 1, whenUnsatisfiable DoNotSchedule or"
+                " ScheduleAnyway",
+            )
+        ),
+    )
+    resource_claims: list[spec_containers.PodClaim] = Field(
+        default_factory=list,
+        max_length=16,
+        description="DRA ResourceClaims of every worker pod (GPUs, a compute domain); "
+        "spec.resources.claims and a container's resources.claims name them.",
+    )
+    image_pull_secrets: list[spec_containers.PullSecret] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets of the job's namespace to pull the images with (a team's own "
+        "registry), beside those of spec.runtimeProfile.",
+    )
+    security_context: spec_containers.PodSecurity | None = Field(
+        None,
+        description="uid, gid, fsGroup and supplemental groups of the pod (default 1000); "
+        "never 0. Seccomp and runAsNonRoot stay the operator's.",
+    )
     capabilities: list[Capability] = Field(
         default_factory=list,
         max_length=len(Capability),
@@ -249,6 +248,17 @@ class PodOverrides(SpecModel):
                 " the pods that keep nodes and the cluster running"
             )
         return name
+
+    @pydantic.model_validator(mode="after")
+    def _containers(self) -> PodOverrides:
+        names = [c.name for c in self.init_containers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"initContainers: name {twice[0]!r} is used twice; names are unique")
+        claims = {c.name for c in self.resource_claims}
+        if len(claims) < len(self.resource_claims):
+            raise ValueError("resourceClaims: every claim needs a name of its own")
+        return self
 
     @pydantic.field_validator("node_selector")
     @classmethod

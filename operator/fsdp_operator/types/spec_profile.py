@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes
+from fsdp_operator.types import kubetypes, spec_containers
 from fsdp_operator.types.spec_pod import Capability, EnvVar
 from fsdp_operator.types.spec_rules import (
     DNS_LABEL_PATTERN,
@@ -157,13 +157,20 @@ class RuntimeProfileSpec(SpecModel):
                 f"spec.template.spec.capabilities: {extra[0]} is not granted by runtime profile"
                 f" {name!r} (it grants {[str(c) for c in self.capabilities]})"
             )
-        if self.image_registries and not any(
-            spec.image.startswith(r + "/") for r in self.image_registries
-        ):
-            return (
-                f"spec.image={spec.image!r} is not from a registry runtime profile {name!r}"
-                f" allows {self.image_registries}"
-            )
+        images = [("spec.image", spec.image)] + [
+            (f"spec.template.spec.initContainers[{i}].image", c.image)
+            for i, c in enumerate(spec.template.spec.init_containers)
+        ]
+        for field, image in images:
+            if self.image_registries and not any(
+                image.startswith(r + "/") for r in self.image_registries
+            ):
+                return (
+                    f"{field}={image!r} is not from a registry runtime profile {name!r}"
+                    f" allows {self.image_registries}"
+                )
+        if refused := spec_containers.refusal(spec, granted=[str(c) for c in self.capabilities]):
+            return refused
         wanted = spec.template.spec.priority_class_name
         if self.priority_class_names and wanted and wanted not in self.priority_class_names:
             return (
