@@ -51,7 +51,17 @@ def test_examples_apply_and_show_printer_columns(
         crd.kubectl("apply", "-n", kube_namespace, "-f", str(path))
     out = crd.kubectl("get", "fsdpjobs", "-n", kube_namespace).stdout
     header = out.splitlines()[0].split()
-    assert header == ["NAME", "PHASE", "REASON", "WORLD", "STEP", "CHECKPOINT", "RESTARTS", "AGE"]
+    assert header == [
+        *("NAME", "PHASE", "REASON", "WORLD", "STEP", "PROGRESS", "CHECKPOINT", "RESTARTS", "AGE")
+    ]
+    wide = crd.kubectl("get", "fsdpjobs", "-n", kube_namespace, "-o", "wide").stdout
+    assert wide.splitlines()[0].split()[-5:] == [
+        "ATTEMPT",
+        "GOODPUT",
+        "REMAINING",
+        "QUEUE",
+        "MESSAGE",
+    ]
     assert {"tiny-cpu", "llama-1b"} <= {line.split()[0] for line in out.splitlines()[1:]}
     # the short name and the category work too
     assert "tiny-cpu" in crd.kubectl("get", "fsdpj", "-n", kube_namespace).stdout
