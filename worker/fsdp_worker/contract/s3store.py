@@ -3,7 +3,8 @@
 objstore.py has the layout, FENCE.json, the read view and the probe; this module changes the
 root: takeover, seal, set aside and retention, each a compare-and-swap of FENCE.json on the
 ETag held since the takeover, so a superseded writer fails at the store. Torch-free; it must
-not choose checkpoints or write shards.
+not choose checkpoints, and DCP writes the real worker's shards (`write_file` is for a writer
+without DCP: the stand-in).
 """
 
 from __future__ import annotations
