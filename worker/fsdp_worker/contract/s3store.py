@@ -3,7 +3,8 @@
 objstore.py has the layout, FENCE.json, the read view and the probe; this module changes the
 root: takeover, seal, set aside and retention, each a compare-and-swap of FENCE.json on the
 ETag held since the takeover, so a superseded writer fails at the store. Torch-free; it must
-not choose checkpoints or write shards.
+not choose checkpoints, and DCP writes the real worker's shards (`write_file` is for a writer
+without DCP: the stand-in).
 """
 
 from __future__ import annotations
@@ -236,6 +237,13 @@ class S3Store:
             if m and "/" in rest:
                 out.append((int(m.group(1)), rest.partition("/")[0]))
         return sorted(set(out))
+
+    def write_file(self, me: fence.Writer, step: int, name: str, data: bytes) -> None:
+        """A small object of `me`'s save of `step` (a writer without DCP, such as the stand-in),
+        its sha256 in the metadata the manifest reads."""
+        key = self.loc.key(catalog.step_dir_name(step), writer_name(me), name)
+        meta = {SHA256_META: hashlib.sha256(data).hexdigest()}
+        self.s3.put_object(Bucket=self.loc.bucket, Key=key, Body=data, Metadata=meta)
 
     def manifest(self, me: fence.Writer, step: int, *, checksums: bool) -> dict[str, Any]:
         """The files of `me`'s save of `step`, with sizes (and sha256 from the writer's object

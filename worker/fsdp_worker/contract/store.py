@@ -11,7 +11,9 @@ and a scheme in `open_store`, nothing else. Torch-free; it must not choose check
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import posixpath
 import shutil
 from collections.abc import Sequence
@@ -37,6 +39,7 @@ class CheckpointStore(Protocol):
     def remove_abandoned(self, me: fence.Writer) -> None: ...
     def partial(self, me: fence.Writer, step: int) -> str: ...
     def clear_partial(self, me: fence.Writer, step: int) -> None: ...
+    def write_file(self, me: fence.Writer, step: int, name: str, data: bytes) -> None: ...
     def manifest(
         self, me: fence.Writer, step: int, *, checksums: bool
     ) -> dict[str, catalog.FileEntry]: ...
@@ -82,6 +85,18 @@ class LocalStore:
 
     def clear_partial(self, me: fence.Writer, step: int) -> None:
         shutil.rmtree(self._storage.resolve(self.partial(me, step)), ignore_errors=True)
+
+    def write_file(self, me: fence.Writer, step: int, name: str, data: bytes) -> None:
+        """A small file of `me`'s save of `step`, durable on return (a writer without DCP, such
+        as the stand-in). The partial is made, never its parents: the writer directory above it
+        is the fence, and a superseded writer must not bring it back (FileNotFoundError)."""
+        path = self._storage.resolve(posixpath.join(self.partial(me, step), name))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(os.path.dirname(path))
+        with open(path, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
 
     def manifest(
         self, me: fence.Writer, step: int, *, checksums: bool

@@ -2,8 +2,9 @@
 
 Run under torchrun exactly like `fsdp_worker` (`-m fsdp_worker.train.standin`): it reads the same
 environment and config, advances one "step" every STANDIN_STEP_SECONDS, serves rank 0's
-progress metrics, writes checkpoints the real way (per-rank files in a partial directory, a
-barrier on the shared volume, then rank 0 renames and writes the marker through the catalog),
+progress metrics, writes checkpoints the real way through the real worker's storage seam
+(contract/store.py: per-rank files in the writer's partial save, a barrier on them, then rank 0
+seals: on the claim a rename, on an `s3://` root the create-only marker and the fence's CAS),
 saves on SIGTERM, resumes from the checkpoint the operator names (or, with ``auto``, the one
 the catalog chooses under FSDP_RESUME_RULES), and writes the JSON
 termination message on failure. It must never be used to train anything.
@@ -42,8 +43,18 @@ from typing import Any
 import prometheus_client as prom
 
 from fsdp_worker import contract
-from fsdp_worker.contract import catalog, config, fence, interval, selection
+from fsdp_worker.contract import (
+    catalog,
+    config,
+    fence,
+    interval,
+    objstore,
+    s3store,
+    selection,
+    store,
+)
 from fsdp_worker.telemetry import metrics
+from fsdp_worker.train import standin_scratch
 
 log = logging.getLogger("fsdp_worker.train.standin")
 BARRIER_TIMEOUT = 60.0
@@ -90,14 +101,18 @@ class StandIn:
         self.world = _env_int("WORLD_SIZE", 1)
         self.attempt = _env_int(contract.ENV_ATTEMPT, 1)
         self.root = os.environ.get(contract.ENV_CHECKPOINT_ROOT) or cfg.checkpoint.root
-        self.storage = catalog.LocalStorage(self.root)
+        # The same seam as the real worker (contract/store.py): the claim, or an s3:// root.
+        self.store = store.open_store(self.root)
+        self.where = self.store.root if objstore.is_uri(self.root) else "."  # selection's root
+        self.scratch = self._scratch()
         self.hash = cfg.training.resume_hash()
         self.job_uid = os.environ.get(contract.ENV_JOB_UID) or None
         self.generation = _env_int(contract.ENV_GENERATION, 0)
         self.quarantined: list[int] = []  # steps rank 0 set aside under auto
         self.writer = fence.Writer(self.attempt, self.generation, self.job_uid)
         if self.rank == 0:  # before choosing: no earlier attempt changes the root after this
-            fence.take_over(self.storage, ".", self.writer)
+            self.store.probe(self.writer)  # an object store that ignores conditional writes
+            self.store.take_over(self.writer)
         self.step, self.resumed_from = self._resume()
         self.saved: int | None = None  # the step of this rank's last save
         self.step_time = float(os.environ.get("STANDIN_STEP_SECONDS", "0.2"))
@@ -114,7 +129,7 @@ class StandIn:
         if where == contract.RESUME_AUTO:
             return self._resume_auto()
         name = posixpath.basename(where.rstrip("/"))
-        cand = selection.verify(self.storage, name, config_hash=self.hash)
+        cand = selection.verify(self.store.storage, name, config_hash=self.hash)
         if not cand.ok or cand.marker is None:
             raise RuntimeError(f"resume checkpoint {where} rejected: {cand.reason} {cand.detail}")
         return cand.marker.step, cand.marker.step
@@ -130,10 +145,10 @@ class StandIn:
             rules, attempt=self.attempt, job_uid=self.job_uid, other_jobs=other_jobs
         )
         chosen, rejected = selection.select(
-            self.storage, ".", config_hash=self.hash, lineage=lineage
+            self.store.storage, self.where, config_hash=self.hash, lineage=lineage
         )
         if self.rank == 0:  # sets aside what failed verification, as the real worker does
-            moved = fence.quarantine_corrupt(self.storage, ".", rejected, me=self.writer)
+            moved = store.quarantine_corrupt(self.store, rejected, me=self.writer)
             self.quarantined.extend(moved)
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
@@ -143,25 +158,33 @@ class StandIn:
             raise _Refused(refusal)
         return 0, None
 
+    def _scratch(self) -> standin_scratch.Scratch:
+        """Where the ranks leave each other notes: the claim's root, or the bucket's prefix."""
+        if isinstance(self.store, s3store.S3Store):
+            return standin_scratch.BucketScratch(self.store.s3, self.store.loc)
+        assert isinstance(self.store, store.LocalStore)
+        return standin_scratch.ClaimScratch(self.store.storage)
+
+    def _shards(self, step: int) -> int:
+        """How many ranks' shards of `step` are in this writer's partial save."""
+        return len(self.store.manifest(self.writer, step, checksums=False))
+
     def save(self, step: int) -> None:
-        partial = self.writer.partial(step)
-        mine = self.storage.resolve(posixpath.join(partial, f"rank-{self.rank}.bin"))
-        self._make_partial(os.path.dirname(mine))
-        with open(mine, "wb") as fh:
-            fh.write(json.dumps({"step": step, "rank": self.rank}).encode().ljust(64))
-            fh.flush()
-            os.fsync(fh.fileno())
+        data = json.dumps({"step": step, "rank": self.rank}).encode().ljust(64)
+        if isinstance(self.store, store.LocalStore):
+            self._make_partial(self.store.storage.resolve(self.store.partial(self.writer, step)))
+        self.store.write_file(self.writer, step, f"rank-{self.rank}.bin", data)
         self.saved = step
         if self.rank != 0:
             return
         deadline = time.monotonic() + BARRIER_TIMEOUT
-        while len(self.storage.list_files(partial)) < self.world:
+        while self._shards(step) < self.world:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"checkpoint step {step}: not every rank wrote its shard")
-            if _stop_requested and not self.storage.exists(self._stop_name()):
+            if _stop_requested and not self.scratch.exists(self._stop_name()):
                 # A rank behind that got SIGTERM first waits to be told which step to save, as
                 # this one waits for its shard: this step (a collective save would be joined).
-                self.storage.write_atomic(self._stop_name(), str(step).encode())
+                self.scratch.write_atomic(self._stop_name(), str(step).encode())
             time.sleep(0.02)
         marker = catalog.Marker(
             step=step,
@@ -174,13 +197,11 @@ class StandIn:
             torch_version="standin",
             config_hash=self.hash,
             job_uid=self.job_uid,
-            files=catalog.build_manifest(self.storage, partial, checksums=True),
+            files=self.store.manifest(self.writer, step, checksums=True),
         )
-        fence.publish(self.storage, ".", self.writer, marker=marker)
+        self.store.publish(self.writer, marker=marker)
         log.info("checkpoint step %d complete", step)
-        stop = self.storage.resolve(self._stop_name())
-        if os.path.exists(stop):  # every rank has read it: each wrote its shard after
-            os.unlink(stop)
+        self.scratch.remove(self._stop_name())  # every rank has read it: each wrote its shard after
 
     def _make_partial(self, path: str) -> None:
         """The save's own directory, never its parents: the writer directory holding it is the
@@ -194,9 +215,9 @@ class StandIn:
             except FileExistsError:
                 return
             except FileNotFoundError:
-                gone = self.rank == 0 or fence.newer_writer(self.storage, ".", self.writer)
+                gone = self.rank == 0 or self.store.newer_writer(self.writer)
                 if gone or time.monotonic() > deadline:
-                    raise fence.refusal(self.storage, ".", self.writer, "saving") from None
+                    raise self.store.refusal(self.writer, "saving") from None
                 time.sleep(0.02)
 
     def _stop_name(self) -> str:
@@ -210,14 +231,14 @@ class StandIn:
         its step on the shared volume; the others wait for it, as they would in a collective."""
         name = self._stop_name()
         if self.rank == 0:
-            self.storage.write_atomic(name, str(self.step).encode())
+            self.scratch.write_atomic(name, str(self.step).encode())
             return self.step
         deadline = time.monotonic() + BARRIER_TIMEOUT
-        while not self.storage.exists(name):
+        while not self.scratch.exists(name):
             if time.monotonic() > deadline:
                 raise RuntimeError("SIGTERM: rank 0 never said which step to save")
             time.sleep(0.02)
-        return int(self.storage.read_bytes(name))
+        return int(self.scratch.read_bytes(name))
 
     def _meets_late(self) -> bool:
         """Whether this attempt's gang meets only after STANDIN_MEET_SECONDS."""
@@ -229,7 +250,7 @@ class StandIn:
         if self.rank == 0:
             self._serve()
             return
-        while self._meets_late() and not self.storage.exists(MET_FILE.format(attempt=self.attempt)):
+        while self._meets_late() and not self.scratch.exists(MET_FILE.format(attempt=self.attempt)):
             _leave_if_stopped()
             time.sleep(0.1)
 
@@ -241,7 +262,7 @@ class StandIn:
             while time.monotonic() < until:
                 _leave_if_stopped()
                 time.sleep(0.1)
-            self.storage.write_atomic(MET_FILE.format(attempt=self.attempt), b"met")
+            self.scratch.write_atomic(MET_FILE.format(attempt=self.attempt), b"met")
         metrics.serve(_env_int(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT))
 
     def _sums(self) -> dict[str, object]:
