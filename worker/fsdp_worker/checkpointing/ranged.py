@@ -119,14 +119,7 @@ class RangedLoad:
         if found is None:
             return None
         layout, position, nbytes = found
-        target = planner.resolve_tensor(req).detach()
-        if tuple(target.shape) != tuple(req.lengths):
-            raise RuntimeError(
-                f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {req.lengths}"
-            )
-        direct = target.is_cpu and target.dtype == layout.dtype and target.is_contiguous()
-        out = target if direct else torch.empty(tuple(req.lengths), dtype=layout.dtype)
-        assert out.numel() * out.element_size() == nbytes
+        target, out, _ = landing(planner, req, layout.dtype, nbytes)
         parts = self._fill(pool, req, as_bytes(out) if nbytes else memoryview(b""), position, head)
         return _Landing(req, target, out, parts, nbytes)
 
@@ -159,3 +152,20 @@ class RangedLoad:
         name = self._info[landing.req.storage_index].relative_path
         self.files_read[name] = self.files_read.get(name, 0) + landing.nbytes
         return landing.nbytes
+
+
+def landing(
+    planner: LoadPlanner, req: ReadItem, dtype: torch.dtype, nbytes: int
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Where a read item's bytes land: (the planner's tensor, the buffer the bytes go into,
+    whether that buffer is the tensor itself). A staging buffer only when the stored dtype or
+    the device differs, or the tensor is not contiguous (then copied in after the read)."""
+    target = planner.resolve_tensor(req).detach()
+    if tuple(target.shape) != tuple(req.lengths):
+        raise RuntimeError(
+            f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {req.lengths}"
+        )
+    direct = target.is_cpu and target.dtype == dtype and target.is_contiguous()
+    out = target if direct else torch.empty(tuple(req.lengths), dtype=dtype)
+    assert out.numel() * out.element_size() == nbytes
+    return target, out, direct

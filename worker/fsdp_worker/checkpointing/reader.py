@@ -382,14 +382,7 @@ class RangeReader(FileSystemReader):
         nbytes: int,
         planner: LoadPlanner,
     ) -> None:
-        target = planner.resolve_tensor(req).detach()
-        if tuple(target.shape) != tuple(req.lengths):
-            raise RuntimeError(
-                f"req {req.storage_index} mismatch sizes {tuple(target.shape)} vs {req.lengths}"
-            )
-        direct = target.is_cpu and target.dtype == layout.dtype and target.is_contiguous()
-        out = target if direct else torch.empty(tuple(req.lengths), dtype=layout.dtype)
-        assert out.numel() * out.element_size() == nbytes
+        target, out, direct = ranged.landing(planner, req, layout.dtype, nbytes)
         read_exactly(stream, position, out)
         if not direct:
             target.copy_(out)
