@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 VPY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements/dev-overrides.txt | sha256sum | cut -c1-12)
 export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
@@ -13,11 +13,15 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# uv, not pip, resolves the venv: it holds the operator's and the worker's packages together,
+# whose python-dateutil bounds disagree (requirements/dev-overrides.txt says why); pip's resolver
+# backtracked through every botocore release for more than 15 minutes before giving up.
+$(STAMP): pyproject.toml requirements/dev-overrides.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
 	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[operator,worker,dev]'
+	$(VPY) -m pip install -q --upgrade pip 'uv>=0.9'
+	$(VENV)/bin/uv pip install -q --python $(VPY) --override requirements/dev-overrides.txt \
+		-e '.[operator,worker,dev]'
 	rm -f $(VENV)/.installed-*; touch $@
 
 # Debian packages for the nodes and image builds (one target: two apt-gets cannot overlap).
