@@ -149,6 +149,7 @@ def test_cli_cluster_outlives_up_and_down_stops_it(tmp_path: Path) -> None:
         "scheduler",
         "cluster-dns",
         "storage-provisioner",
+        "s3",  # the object store for checkpoints (versitygw, localcluster/objectstore.py)
     }
     poll.until("all stopped", lambda: not any(running(p["pid"]) for p in started), timeout=5)
     assert cli("status").returncode == 1
