@@ -14,6 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,8 @@ def _story(jobs: stack.Jobs, name: str) -> str:
             f"status: {json.dumps(jobs.status(name))[:3000]}",
             f"events: {jobs.events(name)[-20:]}",
             f"pods: {pods}",
-            f"operator log:\n{log.stdout[-8000:]}{log.stderr[-500:]}",
+            jobs.pods_report(name, log_lines=40),  # what a pod that does not end was doing
+            f"operator log:\n{log.stdout[-6000:]}{log.stderr[-500:]}",
         ]
     )
 
@@ -314,6 +316,11 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         for name in proofs
     }
     assert done["survivor"]["step"] == STEPS and done["survivor"]["restarts"]["total"] >= 2
+    for name in proofs:  # succeeded, but a pod did not end: the CI log says why (a warning)
+        if "StragglersDeleted" in jobs.events(name):
+            warnings.warn(
+                f"{name}: pods did not exit:\n{jobs.evidence(name)[-4000:]}", stacklevel=1
+            )
     _check_checkpoints(ckpt / "survivor", global_batch=16)
     assert all(s["restarts"]["total"] >= 2 for s in done.values()), done
     # The operator reads no claim (the chart's default): the kit's rank 0 reports what it

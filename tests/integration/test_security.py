@@ -546,7 +546,8 @@ def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_
     crash is restarted in place, its keepers speaking across the policy, and it succeeds. The
     operator runs on the host here: node traffic, which the policy leaves alone."""
     name = harness.unique("guarded")
-    # the crash comes after the probes (about 12 s in); the metrics probe retries across it
+    # the crash comes about 12 s into training, near the probes: the metrics probe retries
+    # across the restart in place (its port is down while the ranks start again)
     env = {"STANDIN_FAIL_AT_STEP": 60, "STANDIN_FAIL_RANK": 1}
     failure_policy = {"inPlaceRestarts": 1, "progressDeadlineSeconds": 20}
     jobs.apply(
@@ -562,12 +563,20 @@ def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_
     policy = jobs.cluster.get_json("networkpolicy", names.network_policy_name(name), "-n", jobs.ns)
     assert policy["metadata"]["ownerReferences"][0]["uid"] == jobs.get(name)["metadata"]["uid"]
     ip = rank0["status"]["podIP"]
+    # rank 0 serves its metrics port once the gang has met (a torch import and a rendezvous
+    # after its pod runs: tens of seconds on a loaded node); the operator's scrape says when
+    poll.until(
+        "the operator scraping a step from rank 0's metrics port",
+        lambda: (jobs.status(name).get("step") or 0) > 0,
+        timeout=180,
+        diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{operator.log_tail()}",
+    )
     elsewhere = harness.unique("elsewhere")
     jobs.cluster.kubectl("create", "namespace", elsewhere)
     probes = {
         "keeper": _connect("keeper", ip, names.GANG_PORT),
         "store": _connect("store", ip, names.RENDEZVOUS_PORT),
-        "metrics": _connect("metrics", ip, names.METRICS_PORT, tries=10),
+        "metrics": _connect("metrics", ip, names.METRICS_PORT, tries=30),
     }
     try:
         for ns in (jobs.ns, elsewhere):  # all at once: the job's namespace and another

@@ -66,6 +66,9 @@ class Collect:
     hang: bool  # compare the ranks' stall records (the others only keep logs)
     drop: tuple[int, ...] = ()  # older attempts whose evidence goes (the newest few are kept)
     unreadable: tuple[int, ...] = ()  # pods on a node that is gone or none: no log to ask for
+    told: status.Failure | None = None
+    """Set where the logs are kept for what is not the job's failure (stragglers of a job that
+    succeeded): the ConfigMap says this, and the status is left as it is."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,11 @@ SYMPTOM_GRACE_SECONDS = 10.0
 """When every Failed pod failed only because a peer did and others still run, the verdict waits
 this long from the first exit for a pod with a cause of its own (the killed rank's pod ends a
 moment after its peers saw it go)."""
+EXIT_GRACE_SECONDS = 90.0
+"""How long a gang's other pods may run on once one exited 0. The keepers hold an exit barrier
+of up to 60 s (the worker's gangstate.DOWN_TIMEOUT_SECONDS) so the pods end together; past
+this, those still running did not get there (seen under load: node rank 1's pod ran on for
+minutes after rank 0 sealed the last step and exited, and the job never finished)."""
 HANG_EVIDENCE_GRACE_SECONDS = 2.0
 """Past the progress deadline, a hang is declared this much later: ranks print their evidence
 at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
@@ -383,7 +388,46 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
 
 
-_CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _hung)
+def _ended_well_since(pods: list[observed.PodView]) -> float | None:
+    """When the first pod of the attempt exited 0, while others still run; else None."""
+    ended = [p.finished for p in pods if p.phase is observed.PodPhase.SUCCEEDED and p.finished]
+    if not ended or not _others_running(pods):
+        return None
+    return min(ended)
+
+
+def stragglers(obs: observed.Observed) -> list[observed.PodView]:
+    """Rank 0's pod exited 0 (its trainer returned: the last checkpoint written and sealed,
+    which needs every rank) EXIT_GRACE_SECONDS ago or more, and these pods still run: training
+    is over and they did not end. The job has succeeded; they are deleted (decide)."""
+    pods = obs.attempt_pods(obs.status.attempt)
+    since = _ended_well_since(pods)
+    rank0 = next((p for p in pods if p.rank == 0), None)
+    if since is None or rank0 is None or rank0.phase is not observed.PodPhase.SUCCEEDED:
+        return []
+    if obs.now - since < EXIT_GRACE_SECONDS:
+        return []
+    return [p for p in pods if p.phase is not observed.PodPhase.SUCCEEDED]
+
+
+def _stalled_exit(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
+    """A pod exited 0 while rank 0's runs on, past EXIT_GRACE_SECONDS: the gang did not end
+    together and rank 0 has not finished (hang judges only a gang whose pods all run)."""
+    since = _ended_well_since(pods)
+    rank0 = next((p for p in pods if p.rank == 0), None)
+    if since is None or rank0 is None or rank0.phase is observed.PodPhase.SUCCEEDED:
+        return None
+    if obs.now - since < EXIT_GRACE_SECONDS:
+        return None
+    done = ", ".join(p.name for p in pods if p.phase is observed.PodPhase.SUCCEEDED)
+    msg = (
+        f"pod {done} exited 0 but rank 0's pod {rank0.name} still runs "
+        f"{obs.now - since:.0f}s later (the gang ends together)"
+    )
+    return _failure(status.Cause.HANG, rank0, at=since, message=msg)
+
+
+_CHECKS = (_evicted, _node_lost, _crashed, _vanished, _stuck_pending, _stalled_exit, _hung)
 
 
 def detect(obs: observed.Observed) -> status.Failure | None:
@@ -421,6 +465,9 @@ def next_deadline(obs: observed.Observed) -> float | None:
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
+    ended = _ended_well_since(pods)
+    if ended is not None:  # stragglers, or a stalled exit, are judged then
+        times.append(ended + EXIT_GRACE_SECONDS)
     since = pending_since(s)
     if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
         times.append(since + fp.pending_timeout_seconds)

@@ -203,7 +203,9 @@ class Reconciler:
         keepers took it and before the write is repeated by the next pass, whose word they
         refuse (the spare already holds the place): the gang is then recreated, as when
         refused now."""
-        if d.collect is not None and d.status.last_failure is not None:
+        if d.collect is not None and d.collect.told is not None:  # not the job's failure
+            evidence.collect_and_keep(self.kube, job, d.collect, d.collect.told, self._writers)
+        elif d.collect is not None and d.status.last_failure is not None:
             better = evidence.collect_and_keep(
                 self.kube, job, d.collect, d.status.last_failure, self._writers
             )
