@@ -546,12 +546,15 @@ def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_
     crash is restarted in place, its keepers speaking across the policy, and it succeeds. The
     operator runs on the host here: node traffic, which the policy leaves alone."""
     name = harness.unique("guarded")
-    # the crash comes about 12 s into training, near the probes: the metrics probe retries
-    # across the restart in place (its port is down while the ranks start again)
-    env = {"STANDIN_FAIL_AT_STEP": 60, "STANDIN_FAIL_RANK": 1}
+    # the crash comes about 60 s into training, after the probes (they start once a step is
+    # seen and take tens of seconds on a loaded node); the job ends about 30 s after it. Were
+    # a probe late, the metrics probe retries across the restart in place (its port is down
+    # while the ranks start again), not past the job's end (seen: a job of 24 s was over
+    # before the probe pods ran).
+    env = {"STANDIN_FAIL_AT_STEP": 300, "STANDIN_FAIL_RANK": 1}
     failure_policy = {"inPlaceRestarts": 1, "progressDeadlineSeconds": 20}
     jobs.apply(
-        harness.job_doc(name, env=env, training={"steps": 120}, failurePolicy=failure_policy)
+        harness.job_doc(name, env=env, training={"steps": 450}, failurePolicy=failure_policy)
     )
     rank0 = poll.until(
         "rank 0 running with an address",
@@ -593,7 +596,7 @@ def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_
         "the job succeeds after its crash, restarted in place",
         lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
         timeout=180,
-        diagnosis=lambda: f"{jobs.status(name)}\n{operator.log_tail()}",
+        diagnosis=lambda: f"{jobs.diagnosis(name)}\n{operator.log_tail()}",
     )
     assert done["attempt"] == 1 and done["restarts"]["application"] == 1, done["history"]
     assert "RestartedInPlace" in jobs.events(name)
