@@ -22,11 +22,11 @@ from fsdp_operator.policy import (
     finish,
     inplace,
     launch,
+    lingering,
     restarts,
     scheduling,
     sidecars,
     spares,
-    stragglers,
     track,
 )
 from fsdp_operator.types import observed, status
@@ -129,10 +129,10 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
     if detect.succeeded(now_seen):
         track.completion_report(d, obs, pods)
         return finish.finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
-    late = detect.stragglers(now_seen)
+    late = detect.lingering(now_seen)
     if late:  # rank 0 ended well long ago: training is over, these did not end with it
         track.completion_report(d, obs, pods)
-        return stragglers.succeeded_without(d, obs, late)
+        return lingering.succeeded_without(d, obs, late)
     finish.delete_stale(d, obs)
     spares.keep(d, obs)
     if pods and all(p.phase is observed.PodPhase.RUNNING for p in pods) and s.pods_created:

@@ -67,8 +67,8 @@ class Collect:
     drop: tuple[int, ...] = ()  # older attempts whose evidence goes (the newest few are kept)
     unreadable: tuple[int, ...] = ()  # pods on a node that is gone or none: no log to ask for
     told: status.Failure | None = None
-    """Set where the logs are kept for what is not the job's failure (stragglers of a job that
-    succeeded): the ConfigMap says this, and the status is left as it is."""
+    """Set where the logs are kept for what is not the job's failure (pods that did not exit
+    once rank 0's ended well): the ConfigMap says this, and the status is left as it is."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -396,7 +396,7 @@ def _ended_well_since(pods: list[observed.PodView]) -> float | None:
     return min(ended)
 
 
-def stragglers(obs: observed.Observed) -> list[observed.PodView]:
+def lingering(obs: observed.Observed) -> list[observed.PodView]:
     """Rank 0's pod exited 0 (its trainer returned: the last checkpoint written and sealed,
     which needs every rank) EXIT_GRACE_SECONDS ago or more, and these pods still run: training
     is over and they did not end. The job has succeeded; they are deleted (decide)."""
@@ -466,7 +466,7 @@ def next_deadline(obs: observed.Observed) -> float | None:
     if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
     ended = _ended_well_since(pods)
-    if ended is not None:  # stragglers, or a stalled exit, are judged then
+    if ended is not None:  # pods that did not exit, or a stalled exit, are judged then
         times.append(ended + EXIT_GRACE_SECONDS)
     since = pending_since(s)
     if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):

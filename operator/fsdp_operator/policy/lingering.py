@@ -38,7 +38,7 @@ def succeeded_without(
     if wanted is not None:  # their log tails first, in the attempt's ConfigMap
         d.collect = dataclasses.replace(wanted, hang=False, drop=(), told=told)
         why += f"; their last log lines are kept: fsdpctl logs <job> --attempt {s.attempt}"
-    d.emit("StragglersDeleted", why, warning=True)
+    d.emit("PodsDidNotExit", why, warning=True)
     d.delete += [decision.PodDelete(p.name, force=decision.node_gone(obs, p)) for p in late]
     msg = f"rank 0's pod of attempt {s.attempt} exited 0; {len(late)} pods did not exit"
     return finish.finish(d, obs, None, msg)
