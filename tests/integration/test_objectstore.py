@@ -13,6 +13,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from fsdp_operator.types import names
+from fsdp_worker.contract import objstore
+from localcluster import faults as lf
 from localcluster import objectstore, poll
 from tests.integration import harness
 
@@ -44,31 +47,77 @@ def keys_under(store: objectstore.ObjectStore, bucket: str, prefix: str) -> list
     return [e.text or "" for e in ET.fromstring(reply.body).findall("s3:Contents/s3:Key", ns)]
 
 
-def test_a_job_on_an_object_store_crashes_and_resumes_from_the_bucket(
+def fence_of(store: objectstore.ObjectStore, bucket: str, name: str) -> objstore.FenceDoc:
+    """The job's FENCE.json: the writer that holds its root and the steps it sealed."""
+    reply = store.request("GET", f"/{bucket}/runs/{name}/{objstore.FENCE_NAME}")
+    assert reply.status == 200, reply
+    return objstore.FenceDoc.from_json(reply.body)
+
+
+def test_a_job_on_an_object_store_survives_a_crash_and_a_lost_node_from_the_bucket(
     jobs: harness.Jobs, operator: harness.Operator
 ) -> None:
+    """One job, two faults (a cluster and a job shared, to keep the suite short): its rank
+    crashes at step 12 and it resumes from step 10 in the bucket; then the node of its rank 1
+    is lost (kubelet stopped, its pods frozen) and it resumes elsewhere from the newest step
+    FENCE.json lists, written by the attempt before; it succeeds with its last step sealed in
+    the bucket and the last attempt holding the fence."""
     store = operator.cluster.object_store
     bucket = jobs.ns  # t-<hex>: a valid bucket name of this test's own
     store.create_bucket(bucket)
     secret = json.dumps(store.secret(SECRET))
     jobs.cluster.kubectl("apply", "-n", jobs.ns, "-f", "-", input=secret)
     name = harness.unique("s3crash")
-    doc = store_job(name, store, bucket=bucket, env={"STANDIN_FAIL_AT_STEP": 12})
+    doc = store_job(
+        name, store, bucket=bucket, env={"STANDIN_FAIL_AT_STEP": 12}, training={"steps": 120}
+    )
     jobs.apply(doc)
-    done = poll.until(
-        "job on S3 to succeed after one crash",
-        lambda: (s := jobs.status(name)).get("phase") in ("Succeeded", "Failed") and s,
+    story = lambda: jobs.diagnosis(name)  # noqa: E731
+    poll.until(
+        "attempt 2 after the crash, past step 30",
+        lambda: (s := jobs.status(name)).get("attempt") == 2 and (s.get("step") or 0) >= 30,
         timeout=180,
-        diagnosis=lambda: f"{jobs.status(name)}\n{jobs.events(name)}\n{jobs.pods_report(name)}",
+        diagnosis=story,
+    )
+    gang = [p for p in jobs.running_pods(name, 2) if p["metadata"]["name"].endswith("-1")]
+    assert gang, story()
+    lost = gang[0]["spec"]["nodeName"]
+    faults = lf.Faults.for_cluster(operator.cluster.state_dir)
+    faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
+    try:
+        poll.until(
+            "attempt 3 after the lost node",
+            lambda: jobs.status(name).get("attempt") == 3,
+            timeout=120,
+            diagnosis=story,
+        )
+        sealed_before = fence_of(store, bucket, name).steps
+    finally:
+        faults.restore_node(lost)
+    done = poll.until(
+        "job on S3 to succeed after a crash and a lost node",
+        lambda: (s := jobs.status(name)).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=240,
+        diagnosis=story,
     )
     assert done["phase"] == "Succeeded", done
-    assert done["attempt"] == 2 and done["restarts"]["application"] == 1
+    assert done["attempt"] == 3 and done["restarts"]["application"] == 1, done["restarts"]
+    assert done["history"][1]["cause"] == "NodeLost" and done["lastFailure"]["node"] == lost
     assert done["history"][1].get("resumedFromStep") == 10, done["history"]
+    # from the newest step sealed when the node went (the lost node's frozen rank seals none)
+    resumed = done["history"][2].get("resumedFromStep")
+    assert resumed is not None and resumed >= max(sealed_before, default=30) >= 30, (
+        resumed,
+        sorted(sealed_before),
+    )
     root = f"s3://{bucket}/runs/{name}"
-    assert done["lastCheckpoint"]["step"] == 40
-    assert done["lastCheckpoint"]["path"] == f"{root}/step-40", done["lastCheckpoint"]
+    assert done["lastCheckpoint"]["step"] == 120
+    assert done["lastCheckpoint"]["path"] == f"{root}/step-120", done["lastCheckpoint"]
+    fence = fence_of(store, bucket, name)
+    assert fence.writer is not None and fence.writer.attempt == 3, fence
+    assert 120 in fence.steps, fence
     # no claim in the pods: the checkpoints are the bucket's
     for pod in jobs.pods(name):
         assert not [v for v in pod["spec"]["volumes"] if v.get("persistentVolumeClaim")]
-    assert keys_under(store, bucket, f"runs/{name}/step-40/"), "step 40 lives in the bucket"
+    assert keys_under(store, bucket, f"runs/{name}/"), "the job's steps live in the bucket"
     assert not jobs.ckpt_dir(name).exists(), "nothing of the job's on the namespace's claim"
