@@ -30,8 +30,14 @@ _NOTES_COMMAND = re.compile(r"^\s+(kubectl|helm|fsdpctl|echo) ")
 REGISTRY_PLACEHOLDERS = ("registry.corp/ml", "registry.example.com/ml", "registry.example/ml")
 STORAGE_CLASS_PLACEHOLDER = "STORAGE_CLASS"
 # helm install/upgrade flags with no meaning to `helm template` (their values, if any, too)
-_INSTALL_ONLY = {"--install": 0, "--reuse-values": 0, "--wait": 0, "--atomic": 0,
-                 "--create-namespace": 0, "--timeout": 1}  # fmt: skip
+_INSTALL_ONLY = {
+    "--install": 0,
+    "--reuse-values": 0,
+    "--wait": 0,
+    "--atomic": 0,
+    "--create-namespace": 0,
+    "--timeout": 1,
+}
 
 
 class Kind(enum.StrEnum):
@@ -198,6 +204,35 @@ def apply_argv(command: Command, *, namespace: str, dry_run: bool = True) -> lis
         else:
             out.append(word)
     return [*out, "-n", namespace, *(["--dry-run=server"] if dry_run else [])]
+
+
+def apply_input(
+    command: Command, *, namespace: str, registry: str, storage_class: str, dry_run: bool = True
+) -> tuple[list[str], str | None]:
+    """The argv and stdin of an apply with the example files' placeholders filled like the
+    doc's own text: the files (a directory: its *.yaml) go in on stdin, substituted. A command
+    reading stdin gets its heredoc or echo body; one piped into gets None (the caller runs
+    `piped_from`)."""
+    named = files_named(command.words)
+    argv = apply_argv(command, namespace=namespace, dry_run=dry_run)
+    if not named:
+        return argv, command.stdin
+    paths = [ROOT / name for name in named]
+    files = [f for p in paths for f in (sorted(p.glob("*.yaml")) if p.is_dir() else [p])]
+    text = "\n---\n".join(f.read_text() for f in files)
+    kept = _drop_file_flags(argv, {str(p) for p in paths})
+    return [*kept, "-f", "-"], substitute(text, registry=registry, storage_class=storage_class)
+
+
+def _drop_file_flags(argv: list[str], resolved: set[str]) -> list[str]:
+    """argv without each `-f PATH` / `--filename PATH` pair whose PATH is in `resolved`."""
+    out: list[str] = []
+    for i, word in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else ""
+        if word in resolved or (word in ("-f", "--filename") and following in resolved):
+            continue
+        out.append(word)
+    return out
 
 
 def helm_template_argv(words: tuple[str, ...]) -> list[str] | None:

@@ -168,3 +168,18 @@ def test_the_fsdpctl_commands_are_those_test_cli_docs_parses() -> None:
     ours = sorted(c.doc for c in COMMANDS if c.kind is Kind.FSDPCTL)
     theirs = sorted(doc for doc, _ in test_cli_docs.COMMANDS)
     assert ours == theirs
+
+
+def test_apply_input_sends_example_files_substituted_on_stdin() -> None:
+    command = _one("kubectl -n team-a apply -f examples/pvc-ckpt.yaml")
+    argv, stdin = guide.apply_input(command, namespace="t1", registry=REGISTRY, storage_class=CLASS)
+    assert argv == ["apply", "-n", "t1", "--dry-run=server", "-f", "-"]
+    assert stdin is not None and f"storageClassName: {CLASS}" in stdin
+    crds = _one("kubectl apply --server-side -f charts/fsdp-operator/crds/")
+    argv, stdin = guide.apply_input(crds, namespace="t1", registry=REGISTRY, storage_class=CLASS)
+    assert argv[:2] == ["apply", "--server-side"] and argv[-2:] == ["-f", "-"]
+    assert stdin is not None and stdin.count("kind: CustomResourceDefinition") == 2
+    heredoc = _one("kubectl apply -f - <<'EOF'\nkind: A\nEOF")
+    assert guide.apply_input(heredoc, namespace="t1", registry=REGISTRY, storage_class=CLASS)[
+        1
+    ] == ("kind: A\n")
