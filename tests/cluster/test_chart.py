@@ -7,7 +7,9 @@ the PodSecurity admission plugin) but not persisted.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -39,7 +41,7 @@ def _dry_run(cluster: controlplane.Cluster, ns: str, docs: list[dict]) -> str:
 def test_worker_pods_meet_pod_security_restricted(cluster: controlplane.Cluster) -> None:
     ns = "restricted-workers"
     _restricted_namespace(cluster, ns)
-    cluster.kubectl("create", "priorityclass", "training-high", "--value=1000")  # the example's
+    cluster.kubectl("apply", "-f", str(stack.ROOT / "examples" / "priorityclass.yaml"))
     doc = yaml.safe_load((stack.ROOT / "examples" / "llama-1b-h100.yaml").read_text())
     spec = api.FSDPJobSpec.model_validate(doc["spec"])
     job = names.JobRef(name="llama-1b", namespace=ns, uid="0123456789abcdef")
@@ -366,3 +368,113 @@ def test_each_runtime_profile_gets_its_own_binding_and_the_rest_the_default() ->
     assert not _by_kind(off, "FSDPRuntimeProfile")
     restricted = next(d for d in off if d["metadata"]["name"] == "fsdp-operator-restricted-pods")
     assert "IPC_LOCK" not in json.dumps(restricted["spec"])
+
+
+# --- the values a platform team reaches for: names, identity, env, volumes, as a subchart ---
+
+
+def test_name_overrides_rename_every_object_and_keep_the_operators_own_references() -> None:
+    """fullnameOverride names every object (and the Lease, the ServiceAccount the policies
+    trust); nameOverride the name label, which the jobs' NetworkPolicies select on."""
+    docs = stack.render_chart(
+        release="rel", values=["fullnameOverride=fsdp", "nameOverride=trainer-op"]
+    )
+    for doc in docs:
+        where = f'{doc["kind"]}/{doc["metadata"]["name"]}'
+        assert doc["metadata"]["name"].startswith("fsdp"), where
+        assert doc["metadata"]["labels"]["app.kubernetes.io/name"] == "trainer-op", where
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == "rel", where
+    for where, text in _strings(docs):
+        if not where.endswith("app.kubernetes.io/instance"):
+            assert text != "rel" and "rel-" not in text and ":rel'" not in text, (where, text)
+    assert "system:serviceaccount:fsdp-system:fsdp'" in json.dumps(docs)  # whom policies trust
+    deployment = _by_kind(docs, "Deployment")[0]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "fsdp"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["FSDPOP_LEASE_NAME"] == "fsdp"
+    assert env["FSDPOP_OPERATOR_POD_LABELS"] == (
+        "app.kubernetes.io/name=trainer-op,app.kubernetes.io/instance=rel"
+    )
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    # unset, the names are the release's, as before the overrides existed
+    plain = stack.render_chart(release="rel")
+    assert {d["metadata"]["name"] for d in plain} >= {"rel", "rel-metrics", "rel-restricted"}
+
+
+def _strings(node: object, where: str = "") -> list[tuple[str, str]]:
+    """(path, text) of every string in rendered objects, for names that must not leak."""
+    if isinstance(node, dict):
+        return [s for key, value in node.items() for s in _strings(value, f"{where}.{key}")]
+    if isinstance(node, list):
+        return [s for i, value in enumerate(node) for s in _strings(value, f"{where}[{i}]")]
+    return [(where, node)] if isinstance(node, str) else []
+
+
+def test_service_account_annotations_env_and_volumes_reach_the_operator() -> None:
+    docs = stack.render_chart(
+        values=["serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:aws:iam::1:role/op"],
+        json_values=[
+            'extraEnv=[{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]',
+            'extraVolumes=[{"name": "corp-ca", "configMap": {"name": "corp-ca"}}]',
+            'extraVolumeMounts=[{"name": "corp-ca", "mountPath": "/etc/ssl/corp", '
+            '"readOnly": true}]',
+        ],
+    )
+    (account,) = _by_kind(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/op"
+    }
+    pod = _by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert any(e["name"] == "FSDPOP_LEASE_NAME" for e in container["env"])  # the chart's stay
+    assert container["volumeMounts"][-1] == {
+        "name": "corp-ca",
+        "mountPath": "/etc/ssl/corp",
+        "readOnly": True,
+    }
+    assert {"name": "corp-ca", "configMap": {"name": "corp-ca"}} in pod["volumes"]
+    assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+    plain = _by_kind(stack.render_chart(), "ServiceAccount")[0]
+    assert "annotations" not in plain["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ('extraEnv=[{"value": "x"}]', "name"),
+        ('extraVolumeMounts=[{"name": "ca"}]', "mountPath"),
+        ('serviceAccount={"annotation": {}}', "annotation"),
+        ('fullnameOverride="Not_A_Name"', "fullnameOverride"),
+    ],
+)
+def test_invalid_extra_values_fail_naming_the_field(value: str, words: str) -> None:
+    done = stack.helm_template(json_values=[value])
+    assert done.returncode != 0, f"{value} was accepted"
+    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
+    assert words in done.stderr, done.stderr
+
+
+def test_the_chart_works_as_a_subchart_with_global_values(tmp_path: Path) -> None:
+    """Helm hands every subchart its parent's `global` (helm/helm#10392): the schema must
+    accept it, or the parent chart fails to render."""
+    parent = tmp_path / "platform"
+    (parent / "charts").mkdir(parents=True)
+    shutil.copytree(CHART, parent / "charts" / "fsdp-operator", symlinks=False)
+    (parent / "Chart.yaml").write_text(
+        "apiVersion: v2\nname: platform\nversion: 0.0.1\n"
+        "dependencies: [{name: fsdp-operator, version: '>=0.0.0-0'}]\n"
+    )
+    (parent / "values.yaml").write_text(
+        "global: {imageRegistry: registry.corp}\nfsdp-operator: {replicas: 3}\n"
+    )
+    done = subprocess.run(
+        [str(stack.helm()), "template", "p", str(parent), "--kube-version", stack.KUBE_VERSION],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    assert _by_kind(docs, "Deployment")[0]["spec"]["replicas"] == 3

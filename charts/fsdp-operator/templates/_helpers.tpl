@@ -1,6 +1,22 @@
+{{- /*
+The app.kubernetes.io/name label: the chart's name unless nameOverride says otherwise.
+*/ -}}
+{{- define "fsdp-operator.name" -}}
+{{ .Values.nameOverride | default .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- /*
+The base of every object's name (the Deployment, ServiceAccount, Lease, roles, policies, and
+"<fullname>-..."): the release name unless fullnameOverride says otherwise. Not Helm's usual
+"<release>-<chart>": a release named fsdp-operator keeps the names it has always had.
+*/ -}}
+{{- define "fsdp-operator.fullname" -}}
+{{ .Values.fullnameOverride | default .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- /* The labels every object of the release carries (Kubernetes' recommended labels). */ -}}
 {{- define "fsdp-operator.selectorLabels" -}}
-app.kubernetes.io/name: fsdp-operator
+app.kubernetes.io/name: {{ include "fsdp-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
