@@ -18,6 +18,8 @@ from fsdp_operator.types import status as st
 from localcluster import controlplane, poll
 from localcluster import faults as lf
 from localcluster import kueue as lk
+from tests import install_guide
+from tests.cluster import test_install_guide as guide_test
 from tests.integration import harness
 
 # The module's first test also waits for Kueue's build, which `make test` starts beside pytest
@@ -288,3 +290,16 @@ def test_a_job_shrunk_after_a_lost_node_is_readmitted_at_its_new_size(
         )
     finally:
         faults.restore_node(lost)
+
+
+@pytest.mark.parametrize("command", guide_test.KUEUE_APPLIES, ids=str)
+def test_the_install_guides_kueue_objects_are_admitted_by_kueue(
+    kueue: lk.Kueue, command: install_guide.Command
+) -> None:
+    """docs/install.md's Kueue objects, as a user copies them, pass a server-side dry run with
+    Kueue's CRDs and webhooks live (tests/cluster/test_install_guide.py runs the rest)."""
+    cluster = kueue.cluster
+    cluster.kubectl("create", "namespace", guide_test.NAMESPACE, check=False)  # the guide's tenant
+    argv, stdin = guide_test.apply_argv(command)
+    done = cluster.kubectl(*argv, input=stdin, check=False)
+    assert done.returncode == 0, f"{command}\n{done.stderr}"
