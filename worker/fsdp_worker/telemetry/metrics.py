@@ -22,7 +22,6 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from fsdp_worker import contract
 from fsdp_worker.contract import interval
-from fsdp_worker.telemetry import pace
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +154,18 @@ class Metrics:
             if value is not None:
                 self.interval_input.labels(input=key.value).set(value)
 
-    def paced(self, verdict: pace.Verdict) -> None:
-        """A window's verdict: the slowest ranks' series replace the last window's."""
+    def paced(
+        self, *, shown: Iterable[tuple[str, float, float]], slow_rank: int, slowdown: float
+    ) -> None:
+        """A window's verdict (pace.Verdict): `shown`, (rank label, compute, wait) of the slowest
+        ranks and the median, replaces the last window's series."""
         self.rank_compute.clear()
         self.rank_wait.clear()
-        for rank, compute, wait in verdict.shown():
+        for rank, compute, wait in shown:
             self.rank_compute.labels(rank=rank).set(compute)
             self.rank_wait.labels(rank=rank).set(wait)
-        self.slow_rank.set(verdict.slow_rank)
-        self.slowdown.set(verdict.slowdown)
+        self.slow_rank.set(slow_rank)
+        self.slowdown.set(slowdown)
 
     def serve(self, port: int) -> None:
         if port <= 0:

@@ -14,7 +14,7 @@ GC pause or a slow save (saves are outside the step anyway) never names one. A n
 named until it falls below `clear_ratio`, so a rank near the threshold does not flap.
 
 This module must not read the clock of another rank or act on a slow rank: it measures and
-reports (metrics.Metrics.paced); the operator decides what the user sees.
+reports (Verdict.export; metrics.py stays torch-free); the operator decides what the user sees.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from fsdp_worker import contract
-from fsdp_worker.telemetry import flight
+from fsdp_worker.telemetry import flight, metrics
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class Verdict:
         rows = [(str(r), self.computes[r], self.waits[r]) for r in order]
         median = (statistics.median(self.computes), statistics.median(self.waits))
         return [*rows, (contract.RANK_MEDIAN, *median)]
+
+    def export(self, meters: metrics.Metrics) -> None:
+        meters.paced(shown=self.shown(), slow_rank=self.slow_rank, slowdown=self.slowdown)
 
     def summary(self) -> dict[str, object]:
         return {

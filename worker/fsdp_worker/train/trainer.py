@@ -122,7 +122,7 @@ def _paced(loop: Loop, *, saving: float) -> None:
         return
     verdict = loop.pace.end(loop.st.step, excluded=saving)
     if verdict is not None and loop.dist.rank == 0:
-        loop.meters.paced(verdict)
+        verdict.export(loop.meters)
         log.info("pace %s", json.dumps(verdict.summary()))
 
 
