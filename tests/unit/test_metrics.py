@@ -22,6 +22,7 @@ def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
         metrics.CHECKPOINT_INTERVAL,
         metrics.JOB_FAILURES,
         metrics.JOB_PHASE,
+        metrics.SLOW_RANK_SLOWDOWN,
     ):
         names = set(series._labelnames)
         assert {"job_namespace", "job_name"} <= names and not names & {"namespace", "job"}
@@ -67,3 +68,14 @@ def test_goodput_totals_for_a_windowed_ratio_go_with_the_job() -> None:
     metrics.forget("team-c", "llm")
     assert _value("fsdpjob_goodput_productive_seconds", **job) is None
     assert _value("fsdpjob_goodput_wall_seconds", **job) is None
+
+
+def test_a_slow_ranks_slowdown_is_a_series_while_it_is_named() -> None:
+    job = {"job_namespace": "team-c", "job_name": "slow"}
+    metrics.set_slow_rank("team-c", "slow", 2.04)
+    assert _value("fsdpjob_slow_rank_slowdown", **job) == 2.04
+    metrics.set_slow_rank("team-c", "slow", None)  # cleared: no series, no alert
+    assert _value("fsdpjob_slow_rank_slowdown", **job) is None
+    metrics.set_slow_rank("team-c", "slow", 1.5)
+    metrics.forget("team-c", "slow")
+    assert _value("fsdpjob_slow_rank_slowdown", **job) is None

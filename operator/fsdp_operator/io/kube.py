@@ -483,4 +483,4 @@ def contract_samples(text: str) -> scrape.Scrape:
     )
 
 
-_CONTRACT_PREFIXES = ("fsdp_train_", "fsdp_checkpoint_", "fsdp_worker_")
+_CONTRACT_PREFIXES = ("fsdp_train_", "fsdp_checkpoint_", "fsdp_worker_", "fsdp_slow_rank")

@@ -72,6 +72,11 @@ LOST = prom.Gauge(
 CHECKPOINT_INTERVAL = prom.Gauge(
     "fsdpjob_checkpoint_interval_steps", "Steps between checkpoints the workers use now", JOB
 )
+SLOW_RANK_SLOWDOWN = prom.Gauge(
+    "fsdpjob_slow_rank_slowdown",
+    "The rank rank 0 names slow: its compute per step over the other ranks' median (absent: none)",
+    JOB,
+)
 CKPT_AGE = prom.Gauge(
     "fsdpjob_checkpoint_age_seconds",
     "Age of the newest complete checkpoint at the job's last pass (see the timestamp)",
@@ -160,6 +165,15 @@ def set_lost(namespace: str, name: str, lost_seconds: Mapping[str, float]) -> No
         LOST.labels(namespace, name, cause).set(lost_seconds.get(cause, 0.0))
 
 
+def set_slow_rank(namespace: str, name: str, slowdown: float | None) -> None:
+    """The named slow rank's slowdown; the series goes when none is named (None)."""
+    if slowdown is not None:
+        SLOW_RANK_SLOWDOWN.labels(namespace, name).set(slowdown)
+        return
+    with contextlib.suppress(KeyError):
+        SLOW_RANK_SLOWDOWN.remove(namespace, name)
+
+
 def count_failure(namespace: str, name: str, cause: str) -> None:
     """One more failure of this job: which job is in a restart storm can be asked."""
     with _lock:
@@ -172,7 +186,8 @@ def forget(namespace: str, name: str) -> None:
     with _lock:
         causes = _causes.pop((namespace, name), set())
         failed = _failed.pop((namespace, name), set())
-    for gauge in (CKPT_AGE, CKPT_TIME, GOODPUT, PRODUCTIVE, WALL, CHECKPOINT_INTERVAL):
+    gauges = (CKPT_AGE, CKPT_TIME, GOODPUT, PRODUCTIVE, WALL, CHECKPOINT_INTERVAL)
+    for gauge in (*gauges, SLOW_RANK_SLOWDOWN):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)
     for series, seen in ((LOST, causes), (JOB_FAILURES, failed)):

@@ -321,6 +321,7 @@ def progress_of(samples: scrape.Scrape) -> observed.Progress:
             sealed_step=in_memory if in_memory is not None and in_memory > 0 else None,
         )
     sealed = whole(contract.METRIC_CKPT_STEP)
+    slow = whole(contract.METRIC_SLOW_RANK)
     quarantined = sorted(
         int(step)
         for step, value in samples.by_label(contract.METRIC_QUARANTINED, "step").items()
@@ -341,4 +342,6 @@ def progress_of(samples: scrape.Scrape) -> observed.Progress:
         blocked_seconds=num(contract.METRIC_CKPT_BLOCKED),
         interval=interval,
         memory=memory,
+        slow_rank=slow if slow is not None and slow >= 0 else None,
+        slowdown=num(contract.METRIC_SLOW_RANK_SLOWDOWN),
     )

@@ -113,7 +113,7 @@ def _key_facts(p: observed.Progress | None) -> object:
     if p is None:
         return None
     generations = tuple(r.generation for r in p.restarts_in_place)
-    return p.step, tuple(sorted(p.milestones.items())), p.interval, generations
+    return p.step, tuple(sorted(p.milestones.items())), p.interval, generations, p.slow_rank
 
 
 class Prober:

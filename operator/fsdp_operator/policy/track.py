@@ -1,6 +1,7 @@
 """Keep what happened before anything is decided: the newest checkpoint (and the corrupt ones to
 set aside), rank 0's step, the checkpoint pods that chose their own say they loaded, rank 0's
-report (restarts in place, its own figures) and whether its progress can be read at all.
+report (restarts in place, its own figures, the rank it names slow: slowness.py) and whether
+its progress can be read at all.
 
 Every later policy reads the status this leaves: a step seen now is progress when a failure is
 judged in the same pass. Pure: the draft in, the draft changed.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import accounting, conditions, decision, inplace
+from fsdp_operator.policy import accounting, conditions, decision, inplace, slowness
 from fsdp_operator.types import observed, status
 from fsdp_worker import contract
 from fsdp_worker.contract import catalog
@@ -34,6 +35,7 @@ def track(d: decision.Draft, obs: observed.Observed) -> None:
         s.memory_tier = prog.memory or s.memory_tier  # checkpoint.memory's interval and save
         _quarantined_by_pods(d, prog, obs.checkpoint_dir)
     conditions.progress_observed(d, obs)
+    slowness.judge(d, obs)
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
     if ck is not None and ours and (s.step is None or ck.step > s.step):
         s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it

@@ -55,6 +55,8 @@ def _record_cost(job: names.JobRef, decision: decide.Decision) -> None:
         metrics.PRODUCTIVE.labels(job.namespace, job.name).set(goodput.productive_seconds)
         metrics.WALL.labels(job.namespace, job.name).set(goodput.wall_seconds)
         metrics.set_lost(job.namespace, job.name, goodput.lost_seconds)
+    slow = s.slow_rank
+    metrics.set_slow_rank(job.namespace, job.name, slow.slowdown if slow is not None else None)
     if s.checkpoint_interval is not None:
         interval = s.checkpoint_interval.steps
         metrics.CHECKPOINT_INTERVAL.labels(job.namespace, job.name).set(interval)

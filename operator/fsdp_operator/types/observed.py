@@ -209,6 +209,8 @@ class Progress:
     generation: int = 0  # restarts in place before this process (fsdp_worker.keeper.gang)
     resumed_from_memory: bool = False  # resumed_from came from the memory tier
     restarts_in_place: tuple[InPlaceRecord, ...] = ()  # their failure records, by generation
+    slow_rank: int | None = None  # the global rank rank 0 names slow (None: none, or not told)
+    slowdown: float | None = None  # the slowest rank's compute over the others' median
 
 
 BLIND_AFTER = 3

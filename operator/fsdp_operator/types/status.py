@@ -64,6 +64,7 @@ __all__ = [
     "QueueStatus",
     "Reliability",
     "Restarts",
+    "SlowRank",
     "Spares",
     "Time",
     "Timeline",
@@ -171,6 +172,21 @@ class MemoryTier(_Model):
 
 
 CheckpointInterval = interval.Choice  # the interval the workers use now, and (auto) its inputs
+
+
+class SlowRank(_Model):
+    """The rank that holds the gang back, as rank 0 names it (telemetry/pace.py in the worker):
+    its compute per step, over a window of steps, is at least 1.3 times the other ranks'
+    median. Reported only: the gang still runs at its pace."""
+
+    rank: int = Field(description="The slow rank's global rank.")
+    pod: str = Field("", description="Its pod (empty: not seen this pass).")
+    node: str = Field("", description="The node its pod runs on (empty: not known).")
+    slowdown: float = Field(
+        description="Its compute per step over the other ranks' median (2.0: half speed)."
+    )
+    since: Time = Field(description="When the operator first saw it named.")
+    attempt: int = Field(description="The attempt it was named in (a new attempt clears it).")
 
 
 class Condition(_Model):
@@ -334,6 +350,11 @@ class FSDPJobStatus(_Model):
         None,
         description="checkpoint.memory's interval and last save, as rank 0 reports them (null: "
         "no memory tier, or not reported yet).",
+    )
+    slow_rank: SlowRank | None = Field(
+        None,
+        description="The rank rank 0 names slow now, with its pod, node and slowdown (null: "
+        "none; the SlowRank and SlowRankCleared Events say when it changed).",
     )
     excluded_nodes: list[ExcludedNode] = Field(
         default_factory=list,

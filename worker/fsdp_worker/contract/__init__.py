@@ -267,6 +267,14 @@ METRIC_MEMORY_INTERVAL = "fsdp_checkpoint_memory_interval_steps"
 METRIC_MEMORY_SAVE_SECONDS = "fsdp_checkpoint_memory_save_seconds"
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)
+# Stragglers (telemetry/pace.py), set every PACE_WINDOW_STEPS steps: per-rank compute and wait
+# seconds per step, label rank=<the slowest few ranks' numbers, and "median">; the rank named
+# slow (-1: none) and the slowest rank's compute over the median of the others'.
+METRIC_RANK_COMPUTE = "fsdp_rank_step_compute_seconds"
+METRIC_RANK_WAIT = "fsdp_rank_step_wait_seconds"
+METRIC_SLOW_RANK = "fsdp_slow_rank"
+METRIC_SLOW_RANK_SLOWDOWN = "fsdp_slow_rank_slowdown"
+RANK_MEDIAN = "median"  # the label value of the gang's median in METRIC_RANK_COMPUTE/_WAIT
 
 
 class Milestone(enum.StrEnum):

@@ -10,6 +10,7 @@ in production, where every hook is a no-op. This module must not change behaviou
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -91,3 +92,24 @@ def kill_self_if(name: str, step: int) -> None:
     """SIGKILL this process (no cleanup, no finally blocks) at the named point."""
     if at_step(name, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_down(*, rank: int, compute: float) -> None:
+    """`slow_rank=<rank>:<factor>`: this rank's step compute takes `factor` times as long, as on
+    a node throttled to 1/factor of its CPU (cgroup cpu.max): the process is off the CPU for
+    (factor - 1) x the compute it did, outside any collective, so its peers wait for it."""
+    rank_text, _, factor = FAULTS.get("slow_rank", "").partition(":")
+    if rank_text == str(rank) and factor:
+        time.sleep(max(0.0, (float(factor) - 1.0) * compute))
+
+
+def jitter(*, rank: int, step: int) -> None:
+    """`jitter=<seconds>`: every rank's compute of every step is up to that much longer, at
+    random; `pause_at=<rank>:<step>:<seconds>`: one step of one rank is that much longer (a GC
+    pause). Neither is a slow rank."""
+    most = number("jitter")
+    if most:
+        time.sleep(random.Random(rank * 100_003 + step).uniform(0.0, most))  # noqa: S311 (a test's jitter)
+    parts = FAULTS.get("pause_at", "").split(":")
+    if len(parts) == 3 and parts[:2] == [str(rank), str(step)]:
+        time.sleep(float(parts[2]))

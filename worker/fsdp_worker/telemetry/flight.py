@@ -112,6 +112,10 @@ class Recorder:
         self.last_step_at = time.monotonic()
         self.collective: dict[str, Any] | None = None
         self.collectives = 0
+        # Seconds the training thread spent inside blocking collectives (FSDP's all-gathers and
+        # reduce-scatters, the step's all-reduce): what it waited for its peers, for pace.py.
+        self.collective_seconds = 0.0
+        self.thread = threading.get_ident()
         self.memory: dict[str, int | None] = {}
         self._memory_at = 0.0
         self._limit = _cgroup_limit()
@@ -349,6 +353,11 @@ def start(*, rank: int, local_rank: int, attempt: int) -> Recorder:
     return _current
 
 
+def collective_seconds() -> float:
+    """The training thread's seconds in blocking collectives so far (0 without a recorder)."""
+    return _current.collective_seconds if _current is not None else 0.0
+
+
 def finish(*, clear: bool) -> None:
     global _current
     if _current is not None:
@@ -384,7 +393,10 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         rec.collectives += 1
         rec._collective(name, "entered")
+        began = time.monotonic()
         result = fn(*args, **kwargs)
+        if not kwargs.get("async_op") and threading.get_ident() == rec.thread:
+            rec.collective_seconds += time.monotonic() - began  # a save's thread is not the step
         # An async op has only been issued; FSDP waits for it in the next phase it records.
         rec._collective(name, "issued" if kwargs.get("async_op") else "completed")
         return result

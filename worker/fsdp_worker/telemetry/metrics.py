@@ -3,7 +3,7 @@
 The operator scrapes step and last-step time for `status.step` and hang detection, and the
 milestones, step and save seconds and checkpoint interval for time to resume and goodput. Every
 rank keeps the gauges; only rank 0 serves them. This module must not compute anything; it
-records what it is given (and the time of a milestone).
+records what it is given (and the time of a milestone); pace.py judges the stragglers.
 """
 
 from __future__ import annotations
@@ -113,6 +113,17 @@ class Metrics:
         self.resumed_from_memory = gauge(
             contract.METRIC_RESUMED_FROM_MEMORY, "1: this process resumed from the memory tier."
         )
+        self.rank_compute = gauge(
+            contract.METRIC_RANK_COMPUTE, "Local compute per step: slowest ranks.", ("rank",)
+        )
+        self.rank_wait = gauge(
+            contract.METRIC_RANK_WAIT, "Seconds blocked in collectives per step.", ("rank",)
+        )
+        self.slow_rank = gauge(contract.METRIC_SLOW_RANK, "The rank named slow; -1: none.")
+        self.slow_rank.set(-1)
+        self.slowdown = gauge(
+            contract.METRIC_SLOW_RANK_SLOWDOWN, "Slowest rank's compute over the others' median."
+        )
         restarts_in_place(self.registry)
         self.milestones: dict[str, float] = {}  # what `reached` set: for the final message too
 
@@ -142,6 +153,19 @@ class Metrics:
         for key, value in inputs.items():
             if value is not None:
                 self.interval_input.labels(input=key.value).set(value)
+
+    def paced(
+        self, *, shown: Iterable[tuple[str, float, float]], slow_rank: int, slowdown: float
+    ) -> None:
+        """A window's verdict (pace.Verdict): `shown`, (rank label, compute, wait) of the slowest
+        ranks and the median, replaces the last window's series."""
+        self.rank_compute.clear()
+        self.rank_wait.clear()
+        for rank, compute, wait in shown:
+            self.rank_compute.labels(rank=rank).set(compute)
+            self.rank_wait.labels(rank=rank).set(wait)
+        self.slow_rank.set(slow_rank)
+        self.slowdown.set(slowdown)
 
     def serve(self, port: int) -> None:
         if port <= 0:

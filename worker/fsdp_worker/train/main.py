@@ -17,7 +17,7 @@ from fsdp_worker import kit
 from fsdp_worker.checkpointing import resume, state
 from fsdp_worker.contract import config
 from fsdp_worker.runtime import distributed
-from fsdp_worker.telemetry import flight
+from fsdp_worker.telemetry import flight, pace
 from fsdp_worker.train import data, ledger, model, optim, parallelize, trainer
 
 log = logging.getLogger("fsdp_worker")
@@ -68,6 +68,7 @@ def _train(run: kit.Run) -> None:
         meters=run.meters,
         dist=di,
         stop_requested=run.stop_requested,
+        pace=pace.Pace(world_size=di.world_size, device=di.device),
         save_memory=lambda step, claimed, steps_run, step_seconds: run.save_memory_if_due(
             step,
             samples=st.samples,

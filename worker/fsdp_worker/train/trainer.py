@@ -25,7 +25,7 @@ from fsdp_worker.checkpointing import checkpoint, schedule, state
 from fsdp_worker.contract import config, errors
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
-from fsdp_worker.telemetry import flight, metrics
+from fsdp_worker.telemetry import flight, metrics, pace
 from fsdp_worker.train import data, ledger
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ class Loop:
     # The memory tier (kit.Run.save_memory_if_due): (step, the claim saved it, steps run, their
     # seconds) -> seconds blocked
     save_memory: Callable[[int, bool, int, float], float] | None = None
+    pace: pace.Pace | None = None  # per-rank compute and wait; rank 0 names a slow rank
     steps_run: int = 0  # this process's totals, for goodput (metrics) and the schedule
     step_seconds: float = 0.0
     blocked_seconds: float = 0.0  # training waited on checkpoint saves
@@ -99,11 +100,30 @@ def _one_step(loop: Loop) -> tuple[float, bool]:
     # One collective per step carries both the loss and every rank's stop request, so all
     # ranks stop after the same step.
     flag = 1.0 if loop.stop_requested() else 0.0
+    _slow_faults(loop)
     packed = torch.stack([local, torch.tensor(flag, device=loop.dist.device)])
     flight.enter(flight.Phase.SYNC)
     faults.stall_if("sync", rank=loop.dist.rank, step=loop.st.step)
     dist.all_reduce(packed)
     return float(packed[0]), bool(packed[1] > 0)
+
+
+def _slow_faults(loop: Loop) -> None:
+    """The tests' slow rank and jittery steps (faults.py), inside the step's local compute."""
+    if faults.FAULTS and loop.pace is not None:
+        faults.jitter(rank=loop.dist.rank, step=loop.st.step)
+        faults.slow_down(rank=loop.dist.rank, compute=loop.pace.compute_so_far())
+
+
+def _paced(loop: Loop, *, saving: float) -> None:
+    """The step is done for the straggler measure (less `saving`, seconds blocked on an async
+    save still copying: a slow save is not a slow rank); at a window's end rank 0 reports."""
+    if loop.pace is None:
+        return
+    verdict = loop.pace.end(loop.st.step, excluded=saving)
+    if verdict is not None and loop.dist.rank == 0:
+        verdict.export(loop.meters)
+        log.info("pace %s", json.dumps(verdict.summary()))
 
 
 def _report(loop: Loop, *, loss: float, seconds: float) -> None:
@@ -146,8 +166,11 @@ def run(loop: Loop) -> None:
     loop.st.model.train()
     while loop.st.step < loop.cfg.steps:
         started, blocked = time.monotonic(), loop.blocked_seconds
+        if loop.pace is not None:
+            loop.pace.begin()
         loss, stop = _one_step(loop)
         waited = loop.blocked_seconds - blocked
+        _paced(loop, saving=waited)
         _report(loop, loss=loss, seconds=time.monotonic() - started - waited)
         loop.ckpt.poll()
         step = loop.st.step
