@@ -192,6 +192,28 @@ def test_hang_after_progress_deadline() -> None:
 
 
 @pytest.mark.parametrize(
+    ("step", "quiet", "hung"),
+    [
+        pytest.param(99, 23, True, id="mid-run-past-the-deadline"),
+        pytest.param(100, 23, False, id="at-the-last-step-the-save-and-exit-get-the-exit-grace"),
+        pytest.param(100, 89, False, id="still-within-the-exit-grace"),
+        pytest.param(100, 91, True, id="past-the-exit-grace-a-hang"),
+    ],
+)
+def test_after_the_last_step_no_step_comes_so_the_exit_grace_applies(
+    step: int, quiet: float, hung: bool
+) -> None:
+    """Seen on a loaded node: rank 0 at the final step, the last save and the keepers' exit
+    barrier took 29 s; at a 20 s deadline the finished gang was judged hung and recreated."""
+    policy = {**make_spec().failure_policy.model_dump(by_alias=True), "progressDeadlineSeconds": 20}
+    training = {"globalBatchSize": 8, "microBatchSize": 1, "steps": 100}
+    spec = make_spec(failurePolicy=policy, training=training)
+    status = running_status(step=step, last_progress_time=NOW - quiet)
+    d = decide.decide(observe(spec=spec, status=status, progress=None, scrape=SCRAPED))
+    assert (d.failure is not None and d.failure.cause is st.Cause.HANG) == hung, d.failure
+
+
+@pytest.mark.parametrize(
     ("ready", "hung"),
     [
         pytest.param(None, False, id="no-probe-result-yet"),

@@ -306,7 +306,14 @@ def hang_window(
     node, NCCL's init at scale) does not end every attempt the same way (seen in the goodput
     soak: 11 attempts in a row, 12 s each)."""
     if s.last_progress_time is not None:
-        return spec.failure_policy.progress_deadline_seconds + hang_grace(spec, gang)
+        window = spec.failure_policy.progress_deadline_seconds + hang_grace(spec, gang)
+        if s.step is not None and s.step >= spec.training.steps:
+            # Past the last step only the final save and the exit remain, and no step comes to
+            # show progress: they get the exit's grace (seen on a loaded node: the final save
+            # and the keepers' exit barrier took 29 s, judged a hang at a 20 s deadline and
+            # the finished gang recreated).
+            window = max(window, EXIT_GRACE_SECONDS)
+        return window
     deadline = float(spec.failure_policy.startup_deadline)
     window = deadline + hang_grace(spec, gang)
     missed = 0
