@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from fsdp_operator.cli import documents, views
 from fsdp_operator.policy import decide
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
@@ -111,3 +112,11 @@ def test_a_finished_job_shows_no_slow_rank() -> None:
     status = running_status(phase=st.Phase.SUCCEEDED, slow_rank=_shown(2), finished=NOW - 5)
     d = _pass(None, ob.Progress(step=55, slow_rank=2, slowdown=2.0), status=status)
     assert d.status.slow_rank is None
+
+
+def test_fsdpctl_describe_shows_the_slow_rank_as_written() -> None:
+    d = _pass(None, ob.Progress(step=55, slow_rank=1, slowdown=1.97))
+    doc = d.status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    described = views.cost_lines(documents.job_status({"status": doc}))  # as fsdpctl reads it
+    assert "slow rank: 1 (pod job-a1-1 on node node-1) computes 1.97x the others" in described
+    assert not [line for line in views.cost_lines(running_status()) if "slow rank" in line]

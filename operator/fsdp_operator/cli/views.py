@@ -310,6 +310,9 @@ def cost_lines(s: status.FSDPJobStatus) -> list[str]:
             f"memory tier: every {mt.interval_steps} steps, last save "
             f"{_sig(mt.save_seconds)}, sealed step {'-' if sealed is None else sealed}"
         )
+    if slow := s.slow_rank:  # the whole gang runs at its pace
+        where = f" (pod {slow.pod or '?'} on node {slow.node or '?'})"
+        lines.append(f"slow rank: {slow.rank}{where} computes {slow.slowdown:.2f}x the others")
     return lines
 
 
