@@ -234,7 +234,11 @@ def test_the_memory_limit_fits_the_measured_restart_peak() -> None:
     ],
 )
 def test_an_invalid_value_fails_naming_the_field(value: str, words: str) -> None:
-    done = stack.helm_template(values=[value])
+    _refused_naming(stack.helm_template(values=[value]), value, words)
+
+
+def _refused_naming(done: subprocess.CompletedProcess[str], value: str, words: str) -> None:
+    """helm refused `value` by the chart's schema, naming `words`."""
     assert done.returncode != 0, f"{value} was accepted"
     assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
     assert words in done.stderr, done.stderr
@@ -451,10 +455,7 @@ def test_service_account_annotations_env_and_volumes_reach_the_operator() -> Non
     ],
 )
 def test_invalid_extra_values_fail_naming_the_field(value: str, words: str) -> None:
-    done = stack.helm_template(json_values=[value])
-    assert done.returncode != 0, f"{value} was accepted"
-    assert "values don't meet the specifications of the schema" in done.stderr, done.stderr
-    assert words in done.stderr, done.stderr
+    _refused_naming(stack.helm_template(json_values=[value]), value, words)
 
 
 def test_the_chart_works_as_a_subchart_with_global_values(tmp_path: Path) -> None:
