@@ -79,3 +79,12 @@ def test_a_slow_ranks_slowdown_is_a_series_while_it_is_named() -> None:
     metrics.set_slow_rank("team-c", "slow", 1.5)
     metrics.forget("team-c", "slow")
     assert _value("fsdpjob_slow_rank_slowdown", **job) is None
+
+
+def test_the_operators_time_histograms_reach_hours() -> None:
+    """A restart that waits for quota or for a node takes hours; the buckets say how many
+    (every operator histogram shares them; the unlabelled ones show before any observation)."""
+    page = prom.generate_latest(prom.REGISTRY).decode()
+    for name in ("fsdpjob_recovery_seconds", "fsdpjob_evidence_seconds"):
+        for bound in ("600.0", "3600.0", "14400.0"):
+            assert f'{name}_bucket{{le="{bound}"}}' in page, (name, bound)

@@ -14,7 +14,9 @@ import prometheus_client as prom
 
 from fsdp_operator.types import status
 
-_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120, 300, 600)
+# To hours: a restart that waits for quota (Kueue) or for a node to come back takes that long,
+# and a histogram that stops at 600 s says only "more than 10 minutes" (issue 47).
+_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 20, 30, 45, 60, 120, 300, 600, 1800, 3600, 7200, 14400)
 
 JOBS = prom.Gauge("fsdpjob_jobs", "FSDPJobs by phase", ["phase"])
 FAILURES = prom.Counter("fsdpjob_failures_total", "Failures detected, by cause", ["cause"])
