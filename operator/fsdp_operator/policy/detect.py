@@ -408,24 +408,31 @@ def lingering(obs: observed.Observed) -> list[observed.PodView]:
     which needs every rank) EXIT_GRACE_SECONDS ago or more, and these pods still run: training
     is over and they did not end. The job has succeeded; they are deleted (decide)."""
     pods = obs.attempt_pods(obs.status.attempt)
-    since = _ended_well_since(pods)
-    rank0 = next((p for p in pods if p.rank == 0), None)
-    if since is None or rank0 is None or rank0.phase is not observed.PodPhase.SUCCEEDED:
-        return []
-    if obs.now - since < EXIT_GRACE_SECONDS:
+    ended = _past_exit_grace(obs, pods)
+    if ended is None or ended[0].phase is not observed.PodPhase.SUCCEEDED:
         return []
     return [p for p in pods if p.phase is not observed.PodPhase.SUCCEEDED]
+
+
+def _past_exit_grace(
+    obs: observed.Observed, pods: list[observed.PodView]
+) -> tuple[observed.PodView, float] | None:
+    """Rank 0's pod and when the first pod exited 0, once EXIT_GRACE_SECONDS have passed since
+    with others still running; else None."""
+    since = _ended_well_since(pods)
+    rank0 = next((p for p in pods if p.rank == 0), None)
+    if since is None or rank0 is None or obs.now - since < EXIT_GRACE_SECONDS:
+        return None
+    return rank0, since
 
 
 def _stalled_exit(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     """A pod exited 0 while rank 0's runs on, past EXIT_GRACE_SECONDS: the gang did not end
     together and rank 0 has not finished (hang judges only a gang whose pods all run)."""
-    since = _ended_well_since(pods)
-    rank0 = next((p for p in pods if p.rank == 0), None)
-    if since is None or rank0 is None or rank0.phase is observed.PodPhase.SUCCEEDED:
+    ended = _past_exit_grace(obs, pods)
+    if ended is None or ended[0].phase is observed.PodPhase.SUCCEEDED:
         return None
-    if obs.now - since < EXIT_GRACE_SECONDS:
-        return None
+    rank0, since = ended
     done = ", ".join(p.name for p in pods if p.phase is observed.PodPhase.SUCCEEDED)
     msg = (
         f"pod {done} exited 0 but rank 0's pod {rank0.name} still runs "
