@@ -391,3 +391,68 @@ def test_the_dashboard_is_grafana_json_with_a_query_per_panel() -> None:
     for panel in panels:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
         assert panel["datasource"]["uid"] == "${datasource}"
+
+
+def _panel_expr(title: str) -> str:
+    """A dashboard panel's query with its template variables set to KEY's job."""
+    dashboard = json.loads((stack.ROOT / "charts/fsdp-operator/files/dashboard.json").read_text())
+    (expr,) = [t["expr"] for p in dashboard["panels"] if p["title"] == title for t in p["targets"]]
+    return (
+        str(expr)
+        .replace("$job_namespace", KEY["job_namespace"])
+        .replace("$job_name", KEY["job_name"])
+    )
+
+
+def _step_rate_case(expr: str) -> dict[str, Any]:
+    """Rank 0 of a job 100,000 steps in, one step a second, restarted in place at minute 10:
+    its new process counts steps run from 0 again and its step gauge goes back to the sealed
+    step (20 steps). Five minutes on, the gang still runs one step a second."""
+    run = "0+60x10 60+60x10"  # a new process: the counter starts again (a reset)
+    step = "100000+60x10 99980+60x10"  # the gauge steps back to the resume point
+    return {
+        "interval": "1m",
+        "input_series": [
+            _series("fsdp_train_steps_run_total", {**KEY, "rank": "0"}, run),
+            _series("fsdp_train_step", {**KEY, "rank": "0"}, step),
+        ],
+        "promql_expr_test": [
+            {
+                "expr": expr,
+                "eval_time": "13m",
+                "exp_samples": [{"labels": _labels({**KEY, "rank": "0"}), "value": 1}],
+            }
+        ],
+    }
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+
+
+def test_the_step_rate_panel_does_not_spike_when_a_restart_in_place_steps_back(
+    tmp_path: Path,
+) -> None:
+    """The dashboard's step rate across a restart in place, evaluated by promtool: one step a
+    second before and after. The same case run on rate() of the step gauge (what the panel
+    used to query) fails: the gauge stepping back from 100,000 reads as a counter reset, a
+    spike of hundreds of steps a second, so the case can tell the two apart."""
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": []}))
+
+    def promtool_test(expr: str) -> subprocess.CompletedProcess[str]:
+        doc = {"rule_files": ["rules.yaml"], "tests": [_step_rate_case(expr)]}
+        (tmp_path / "panel_test.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        return subprocess.run(
+            ["promtool", "test", "rules", "panel_test.yaml"],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+        )
+
+    panel = _panel_expr("Step rate")
+    assert "fsdp_train_steps_run_total" in panel
+    done = promtool_test(panel)
+    assert done.returncode == 0, f"{panel}:\n{done.stdout}\n{done.stderr}"
+    gauge = panel.replace("fsdp_train_steps_run_total", "fsdp_train_step")
+    spiked = promtool_test(gauge)
+    assert spiked.returncode != 0, f"the gauge's rate should spike:\n{spiked.stdout}"

@@ -658,7 +658,8 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
     """Debian's Prometheus, configured from the chart's PodMonitors and PrometheusRule (as
     prometheus-operator would be), scrapes the operator and the jobs it finds among the
     cluster's pods (harness.prometheus: Debian's build lacks Kubernetes SD): every dashboard
-    panel's query returns series for a running job that restarted once, every alert's
+    panel's query returns series for a running job that restarted in place and then was
+    recreated (tests/cluster/test_monitoring.py shows the step rate does not spike), every alert's
     metrics are there, and the restart-storm alert fires for a job whose every attempt
     crashes."""
     docs = stack.render_chart(
@@ -686,8 +687,12 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
     prom.start()
     jobs = stack.Jobs(e2e.kube, namespace)
     try:
-        # trains until the test deletes it: its series must still be there for every query
-        jobs.apply(_job(e2e, "steady", training={"steps": 100 * STEPS}))
+        # trains until the test deletes it: its series must still be there for every query.
+        # Its first crash restarts in place (new processes in the same pods: rank 0's counters
+        # start again and its step goes back), its second recreates the gang (attempt 2).
+        steady = _job(e2e, "steady", training={"steps": 100 * STEPS})
+        steady["spec"]["failurePolicy"]["inPlaceRestarts"] = 1
+        jobs.apply(steady)
         storm = _job(
             e2e,
             "storm",
@@ -703,7 +708,17 @@ def test_prometheus_reads_the_charts_monitors_alerts_and_dashboard(
         jobs.apply(storm)
         first = _running(jobs, "steady", 1)
         ckpt = e2e.claims[namespace, "ckpt"] / "steady"
-        _wait(jobs, "steady", "a checkpoint of attempt 1", lambda: _sealed(ckpt, attempt=1))
+        sealed = _wait(
+            jobs, "steady", "a checkpoint of attempt 1", lambda: _sealed(ckpt, attempt=1)
+        )
+        e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)
+        _wait(
+            jobs,
+            "steady",
+            "a restart in place, then a checkpoint sealed after it",
+            lambda: "RestartedInPlace" in jobs.events("steady")
+            and (_sealed(ckpt, attempt=1) or 0) > sealed + STEPS // 10,
+        )
         e2e.faults.kill_rank(namespace, first[1]["metadata"]["name"], rank=2)
         _wait(
             jobs,
