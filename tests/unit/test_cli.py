@@ -488,7 +488,7 @@ def _complete(line: str, tmp_path: Path, **env: str) -> list[str]:
 
 
 def test_the_shell_completes_commands_flags_and_outputs(tmp_path: Path) -> None:
-    assert _complete("fsdpctl d", tmp_path) == ["describe"]
+    assert _complete("fsdpctl de", tmp_path) == ["describe", "delete"]
     assert set(_complete("fsdpctl ", tmp_path)) >= {"list", "describe", "why", "logs", "completion"}
     assert set(_complete("fsdpctl list -o ", tmp_path)) == OUTPUTS
     assert "--attempt" in _complete("fsdpctl logs x --", tmp_path)
@@ -525,7 +525,7 @@ def _kubectl_complete(*words: str) -> list[str]:
 def test_kubectl_completes_the_plugin_through_its_completion_executable(
     fake_api: fakeapi.FakeAPI, tmp_path: Path
 ) -> None:
-    assert _kubectl_complete("d") == ["describe"]
+    assert _kubectl_complete("des") == ["describe"]
     assert set(_kubectl_complete("list", "-o", "")) == OUTPUTS
     jobs = [{"metadata": {"name": n, "namespace": "team"}} for n in ("train-7b", "eval")]
     fake_api[f"get /apis/{api.GROUP}/{api.VERSION}/namespaces/team/{api.PLURAL}"] << {"items": jobs}

@@ -90,6 +90,11 @@ HABITS = [
         },
     ),
     ("wait x --for=delete", {"wait_for": wait.WaitFor(wait.Kind.DELETE), "timeout": 30.0}),
+    ("delete x y -n team", {"command": "delete", "names": ["x", "y"], "wait": True}),
+    ("delete fsdpjob/x --wait=false", {"names": ["x"], "wait": False}),
+    ("delete -l team=nlp --timeout=2m", {"selector": "team=nlp", "timeout": 120.0}),
+    ("events x -n team", {"command": "events", "name": "x", "watch": False}),
+    ("events fsdpjob/x -w -o yaml", {"name": "x", "watch": True, "output": "yaml"}),
     (
         "wait x --for jsonpath={.status.queue}",
         {"wait_for": wait.WaitFor(wait.Kind.JSONPATH, "{.status.queue}")},
@@ -112,6 +117,7 @@ REFUSED = [
     ("wait x", "the following arguments are required: --for"),
     ("wait x --for=delete --timeout=soon", "--timeout 'soon': a duration such as 30s"),
     ("describe x --user dev", "unrecognized arguments: --user dev"),
+    ("delete x --wait=soon", "--wait: 'soon': allowed are true and false"),
 ]
 
 
@@ -199,6 +205,105 @@ def test_get_watch_prints_each_change_after_the_list(
     assert capsys.readouterr().out == "Restarting Succeeded "
     watched = fake_api.requests[-1].params
     assert watched.get("watch") in ("true", "True") and watched.get("resourceVersion") == "41"
+
+
+# --- delete and events ---------------------------------------------------------------------------
+def test_delete_deletes_each_job_named_then_waits_until_it_is_gone(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_api[f"delete {JOBS}/a"] << {"kind": "Status", "status": "Success"}
+    fake_api[f"delete {JOBS}/nope"] << fakeapi.status(404, 'fsdpjobs "nope" not found')
+    fake_api.answer(f"get {JOBS}", _listed(_job("a")), _listed())  # gone at the second poll
+    assert _run(fake_api, tmp_path, "delete a nope -n team --timeout=10s") == 1  # nope: 1
+    said = capsys.readouterr()
+    assert said.out == f'fsdpjob.{api.GROUP} "a" deleted\n'
+    assert 'Error from server (NotFound): fsdpjobs "nope" not found' in said.err
+    deletes = [r for r in fake_api.requests if r.method.value.lower() == "delete"]
+    assert [r.url.path for r in deletes] == [f"{JOBS}/a", f"{JOBS}/nope"]
+    assert deletes[0].params.get("propagationPolicy") == "Background"
+    assert len([r for r in fake_api.requests if r.method.value.lower() == "get"]) == 2
+
+
+def test_delete_by_selector_without_waiting(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_api[f"get {JOBS}"] << _listed(_job("b"), _job("a"))
+    for name in ("a", "b"):
+        fake_api[f"delete {JOBS}/{name}"] << {"kind": "Status", "status": "Success"}
+    assert _run(fake_api, tmp_path, "delete -l team=nlp -n team --wait=false") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f'fsdpjob.{api.GROUP} "a" deleted',
+        f'fsdpjob.{api.GROUP} "b" deleted',
+    ]
+    assert fake_api.requests[0].params.get("labelSelector") == "team=nlp"
+
+
+def test_delete_with_neither_name_nor_selector_deletes_nothing(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _run(fake_api, tmp_path, "delete -n team") == 1
+    assert "name a job, or select jobs with -l" in capsys.readouterr().err
+    assert not fake_api.requests
+
+
+EVENTS = "/api/v1/namespaces/team/events"
+
+
+def _event(reason: str, at: str, message: str, count: int = 1) -> dict[str, Any]:
+    about = {"kind": api.KIND, "name": "a", "namespace": "team"}
+    return {
+        "metadata": {"name": f"a.{reason}", "namespace": "team"},
+        "involvedObject": about,
+        "reason": reason,
+        "type": "Warning" if reason == "FailureDetected" else "Normal",
+        "message": message,
+        "firstTimestamp": at,
+        "lastTimestamp": at,
+        "count": count,
+    }
+
+
+def test_events_lists_every_event_about_the_job_oldest_first(
+    fake_api: fakeapi.FakeAPI,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # a terminal wide enough that no message folds
+    listed = {
+        "kind": "EventList",
+        "metadata": {"resourceVersion": "7"},
+        "items": [
+            _event("TrainingResumed", "2026-12-06T10:02:00Z", "attempt 2 trains from step 40"),
+            _event("FailureDetected", "2026-12-06T10:01:00Z", "rank 2 exited 137", count=2),
+        ],
+    }
+    fake_api[f"get {EVENTS}"] << listed
+    assert _run(fake_api, tmp_path, "events a -n team") == 0
+    out = capsys.readouterr().out
+    assert out.index("FailureDetected") < out.index("TrainingResumed"), out
+    assert "rank 2 exited 137" in out and "attempt 2 trains from step 40" in out
+    selector = fake_api.requests[0].params.get("fieldSelector")
+    assert selector == f"involvedObject.name=a,involvedObject.kind={api.KIND}"
+    assert _run(fake_api, tmp_path, "events a -n team -o json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [e["reason"] for e in doc["items"]] == ["FailureDetected", "TrainingResumed"]
+
+
+def test_events_watch_prints_each_new_event_after_the_list(
+    fake_api: fakeapi.FakeAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    new = _event("RestartedInPlace", "2026-12-06T10:03:00Z", "generation 1 restarts in place")
+    listed = {"kind": "EventList", "metadata": {"resourceVersion": "7"}, "items": []}
+    stream = (json.dumps({"type": "ADDED", "object": new}) + "\n").encode()
+    fake_api.answer(f"get {EVENTS}", listed, kmock.Response(payload=stream))
+    kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig")
+    args = parser.build("fsdpctl").parse_args(["events", "a", "-w"])
+    core = cli.kubernetes.client.CoreV1Api(cli.kube.load_client(str(kubeconfig)))
+    assert cli.events(core, "team", args, cli.Console(), timeout_seconds=5) == 0
+    assert "generation 1 restarts in place" in capsys.readouterr().out
+    watched = fake_api.requests[-1].params
+    assert watched.get("watch") in ("true", "True") and watched.get("resourceVersion") == "7"
 
 
 # --- wait ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """`fsdpctl`: what happened to my training job, and what it cost.
 
 Read-only views over FSDPJob status and Events (`get`/`list`, `describe`), over the evidence
-the operator keeps of failed attempts (`why`, `logs`), `wait`, plus `suspend`/`resume`; flags
+the operator keeps of failed attempts (`why`, `logs`), `events`, `wait`, plus `suspend`/`resume`
+and `delete`; flags
 and output formats as kubectl users type them. This module parses the command line (parser.py)
 and dispatches; views.py and why.py render the status, read once through the operator's models
 (documents.py); printers.py writes `-o` formats for scripts; complete.py answers kubectl's
@@ -29,6 +30,8 @@ from rich.text import Text
 
 from fsdp_operator.cli import cluster, jsonpath, parser, printers, wait
 from fsdp_operator.cli.complete import kubectl_complete_main as kubectl_complete_main
+from fsdp_operator.cli.delete_jobs import delete as delete
+from fsdp_operator.cli.job_events import events as events
 from fsdp_operator.cli.views import describe as describe
 from fsdp_operator.cli.views import list_jobs as list_jobs
 from fsdp_operator.cli.views import print_jobs as print_jobs
@@ -120,6 +123,10 @@ def _run(args: argparse.Namespace) -> int:
             return 0
         describe(custom, kubernetes.client.CoreV1Api(client), namespace, args.name, console)
         return 0
+    if args.command == "delete":
+        return delete(custom, namespace, args)
+    if args.command == "events":
+        return events(kubernetes.client.CoreV1Api(client), namespace, args, console)
     if args.command == "why":
         return why(custom, namespace, args.name, console)
     if args.command == "logs":

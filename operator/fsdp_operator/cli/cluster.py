@@ -81,10 +81,42 @@ def job_or_none(custom: Any, namespace: str, name: str) -> dict[str, Any] | None
 
 def events(core: Any, namespace: str, name: str) -> list[dict[str, Any]]:
     """The Events about the job, oldest first."""
+    return sorted(event_list(core, namespace, name)["items"], key=event_time)
+
+
+def event_list(core: Any, namespace: str, name: str) -> dict[str, Any]:
+    """The Events about the job as the API server sent them (items, and the resourceVersion a
+    watch starts from)."""
     resp = core.list_namespaced_event(
-        namespace, field_selector=f"involvedObject.name={name}", _preload_content=False
+        namespace, field_selector=_about(name), _preload_content=False
     )
-    return sorted(json.loads(resp.data)["items"], key=lambda e: e.get("firstTimestamp") or "")
+    return dict(json.loads(resp.data))
+
+
+def event_time(event: dict[str, Any]) -> str:
+    """When an Event last happened (a repeated one counts its newest), as the API writes it."""
+    return str(
+        event.get("lastTimestamp") or event.get("firstTimestamp") or event.get("eventTime") or ""
+    )
+
+
+def watch_events(
+    core: Any, namespace: str, name: str, *, since: str | None, timeout_seconds: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Each Event about the job added or repeated after resourceVersion `since`."""
+    extra: dict[str, Any] = {"field_selector": _about(name)}
+    if since:
+        extra["resource_version"] = since
+    if timeout_seconds is not None:
+        extra["timeout_seconds"] = timeout_seconds
+    for change in kubernetes.watch.Watch().stream(core.list_namespaced_event, namespace, **extra):
+        if change["type"] in ("ADDED", "MODIFIED"):
+            yield dict(change["object"])
+
+
+def _about(name: str) -> str:
+    """The field selector of the Events about one FSDPJob (not a pod of the same name)."""
+    return f"involvedObject.name={name},involvedObject.kind={api.KIND}"
 
 
 def config_map_data(core: Any, namespace: str, name: str) -> dict[str, str]:

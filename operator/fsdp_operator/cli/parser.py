@@ -47,6 +47,11 @@ def build(prog: str) -> argparse.ArgumentParser:
     logs_p.add_argument("--attempt", type=int, help="default: the newest with evidence kept")
     logs_p.add_argument("--rank", type=int, help="global rank: only the pod that ran it")
     _waiting(command("wait", help="block until jobs meet a condition (as kubectl wait)"))
+    _deleting(command("delete", help="delete jobs; their pods go with them (as kubectl delete)"))
+    eventing = command("events", help="the job's Events, oldest first (as kubectl events --for)")
+    _job_name(eventing)
+    eventing.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    eventing.add_argument("-w", "--watch", action="store_true", help="then each new Event")
     command("version", help="this fsdpctl, the API it reads and the worker contract")
     completing = command(
         "completion",
@@ -118,6 +123,32 @@ def _waiting(waiting: argparse.ArgumentParser) -> None:
     waiting.add_argument(
         "--timeout", type=wait.parse_timeout, default=30.0, help="e.g. 30s (default), 5m, 1h"
     )
+
+
+def _deleting(deleting: argparse.ArgumentParser) -> None:
+    """`delete`: names or a selector; waits until they are gone unless --wait=false."""
+    names = deleting.add_argument("names", nargs="*", type=job_ref, help="or -l")
+    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
+    _selector(deleting)
+    deleting.add_argument(
+        "--wait",
+        type=_switch,
+        nargs="?",
+        const=True,
+        default=True,
+        metavar="true|false",
+        help="wait until each job is gone (default true, as kubectl)",
+    )
+    deleting.add_argument(
+        "--timeout", type=wait.parse_timeout, default=60.0, help="of the wait, e.g. 60s (default)"
+    )
+
+
+def _switch(value: str) -> bool:
+    """A kubectl boolean flag's value: true or false."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise argparse.ArgumentTypeError(f"{value!r}: allowed are true and false")
 
 
 def _selector(parser: argparse.ArgumentParser) -> None:

@@ -115,6 +115,8 @@ def wait(
     namespace: str | None,
     args: argparse.Namespace,
     clock: Clock | None = None,
+    *,
+    say: bool = True,
 ) -> int:
     """Polls the jobs `args` names (or selects) until each meets `args.wait_for`: 0 then, 1
     when one does not exist (and the wait is not for its deletion) or the timeout passes."""
@@ -131,7 +133,7 @@ def wait(
                 f'Error from server (NotFound): {api.PLURAL} "{missing}" not found', file=sys.stderr
             )
             return 1
-        pending = _report(pending, jobs, args.wait_for)
+        pending = _report(pending, jobs, args.wait_for, say=say)
         if not pending:
             return 0
         if clock.now() >= deadline:
@@ -157,8 +159,11 @@ def _missing(pending: list[str], jobs: dict[str, Any], wait_for: WaitFor) -> str
     return next((n for n in pending if n not in jobs), None)
 
 
-def _report(pending: list[str], jobs: dict[str, Any], wait_for: WaitFor) -> list[str]:
-    """Prints the jobs that now meet the condition, as kubectl does; returns the others."""
+def _report(
+    pending: list[str], jobs: dict[str, Any], wait_for: WaitFor, *, say: bool = True
+) -> list[str]:
+    """Prints the jobs that now meet the condition, as kubectl does (unless not to `say`);
+    returns the others."""
     still = []
     for job_name in pending:
         job = jobs.get(job_name)
@@ -166,5 +171,6 @@ def _report(pending: list[str], jobs: dict[str, Any], wait_for: WaitFor) -> list
             still.append(job_name)
             continue
         said = "deleted" if wait_for.kind is Kind.DELETE else "condition met"
-        print(f"{printers.name({'metadata': {'name': job_name}})} {said}")
+        if say:
+            print(f"{printers.name({'metadata': {'name': job_name}})} {said}")
     return still
