@@ -507,7 +507,8 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     Then a kubelet restart or upgrade that takes a minute: its Lease is silent for 60 s (lost by
     the Lease rule after 2.25 s here), its node NotReady after 8 s, while its pods train on.
     Lease silence alone is not a loss: rank 0 is scraped every second and keeps stepping, so
-    the job is not restarted; NotReady is judged after nodeLossGraceSeconds (90 s here)."""
+    the job is not restarted; NotReady is judged after nodeLossGraceSeconds (90 s here). The
+    node is said to be suspect (status.suspectNodes, a NodeSuspect Event) and cleared after."""
     name = harness.unique("stall")
     doc = harness.job_doc(name, training={"steps": 2000})
     doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 90
@@ -529,6 +530,7 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     )
     assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
     assert not s.get("restarts", {}).get("total"), why(s)
+    assert "NodeSuspect" not in jobs.events(name), why(s)  # no node renewed: none judged
     _every_node_ready(operator)
 
     node = victim["spec"]["nodeName"]
@@ -542,6 +544,14 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
     assert (s.get("step") or 0) >= before + 100, why(s)  # it trained all along (0.2 s a step)
     assert "FailureDetected" not in jobs.events(name), why(s)
+    # said, not acted on: the node is suspect while paused, and cleared once it renews
+    assert s.get("suspectNodes") == [node] and "NodeSuspect" in jobs.events(name), why(s)
+    poll.until(
+        f"NodeSuspectCleared for {node}",
+        lambda: "NodeSuspectCleared" in jobs.events(name),
+        timeout=60,
+        diagnosis=lambda: why(jobs.status(name)),
+    )
     jobs.patch(name, {"suspend": True})
     _every_node_ready(operator)
 

@@ -313,6 +313,8 @@ def cost_lines(s: status.FSDPJobStatus) -> list[str]:
     if slow := s.slow_rank:  # the whole gang runs at its pace
         where = f" (pod {slow.pod or '?'} on node {slow.node or '?'})"
         lines.append(f"slow rank: {slow.rank}{where} computes {slow.slowdown:.2f}x the others")
+    if s.suspect_nodes:  # a kubelet silent under a gang that trains on
+        lines.append(f"suspect nodes (Lease silent, job training): {', '.join(s.suspect_nodes)}")
     return lines
 
 

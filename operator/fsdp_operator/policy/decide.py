@@ -27,6 +27,7 @@ from fsdp_operator.policy import (
     scheduling,
     sidecars,
     spares,
+    suspicion,
     track,
 )
 from fsdp_operator.types import observed, status
@@ -70,6 +71,7 @@ def _decide(obs: observed.Observed, tun: restarts.Tunables) -> decision.Draft:
     s.conditions = [c for c in s.conditions if c.type != conditions.RECONCILE_ERROR]
     track.track(d, obs)
     if s.phase in status.TERMINAL_PHASES:
+        suspicion.forget(d)
         return finish.finished(d, obs)
     accounting.pod_milestones(d, obs)  # detect's hang baseline reads them in this pass
     if obs.validated_generation is not None:
@@ -122,10 +124,13 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
         return finish.planned_stop(d, obs, status.Cause.PREEMPTED, msg)
     now_seen = dataclasses.replace(obs, status=s)  # progress tracked in this pass counts
     found = detect.detect(now_seen)
+    if found is not None:
+        suspicion.forget(d)  # the failure's own Events say what became of the node
     if found is not None and spares.take_over(d, obs, found, tun):
         return d
     if found is not None:
         return failure.on_failure(d, obs, found, tun)
+    suspicion.judge(d, obs)  # a silent Lease under a gang that trains: said, not acted on
     if detect.succeeded(now_seen):
         track.completion_report(d, obs, pods)
         return finish.finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")

@@ -356,6 +356,13 @@ class FSDPJobStatus(_Model):
         description="The rank rank 0 names slow now, with its pod, node and slowdown (null: "
         "none; the SlowRank and SlowRankCleared Events say when it changed).",
     )
+    suspect_nodes: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Nodes under the current attempt whose kubelet stopped renewing its Lease "
+        "while the job trains on (a kubelet paused or restarting): not lost, watched. The "
+        "NodeSuspect and NodeSuspectCleared Events say when each came and went.",
+    )
     excluded_nodes: list[ExcludedNode] = Field(
         default_factory=list,
         max_length=64,
