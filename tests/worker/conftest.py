@@ -7,8 +7,11 @@ pruned when other sessions start, which would delete a checkpoint mid-test on a 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +37,32 @@ def tmp_path(worker_tmp: Path, request: pytest.FixtureRequest) -> Path:
     path = worker_tmp / re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name)[:80]
     path.mkdir()
     return path
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(tmp_path: Path) -> Iterator[None]:
+    """Every process a test started in its directory ends with the test. A test that kills a
+    keeper leaves the keeper's warm launcher and its rank running (in a pod the container's end
+    takes them): seen in CI, one ran on for minutes beside the tests that followed."""
+    yield
+    for pid in _running_in(tmp_path):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _running_in(directory: Path) -> list[int]:
+    """This user's processes whose working directory is `directory` or below it."""
+    inside = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if cwd == str(directory) or cwd.startswith(f"{directory}/"):
+            inside.append(int(entry))
+    return inside
 
 
 @pytest.fixture(scope="session")
