@@ -38,11 +38,13 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "hack" / "krew-plugin"
 LOCK = ROOT / "requirements" / "cli.lock"
-# krew's os/arch -> the wheel platform tags pip may pick for it (newest first).
+# krew's os/arch -> the wheel platform tags pip may pick for it (pip expands a macOS tag to
+# older versions, never a manylinux one): glibc 2.28 or macOS 11 at least.
 PLATFORM_TAGS = {
-    "linux-amd64": ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"],
-    "linux-arm64": ["manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"],
-    "darwin-amd64": ["macosx_10_12_x86_64"],
+    "linux-amd64": [f"manylinux{v}_x86_64" for v in ("_2_28", "_2_17", "2014", "_2_5", "1")],
+    "linux-arm64": [f"manylinux{v}_aarch64" for v in ("_2_28", "_2_17", "2014")],
+    # pip takes a macOS tag as "this version or older": macOS 11 and later
+    "darwin-amd64": ["macosx_11_0_x86_64"],
     "darwin-arm64": ["macosx_11_0_arm64"],
 }
 PYTHONS = ("3.11", "3.12", "3.13", "3.14")
