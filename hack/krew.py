@@ -67,21 +67,8 @@ def project_version() -> str:
 
 def project_wheel(out: Path) -> Path:
     """fsdp-operator's wheel (fsdpctl and the CLI) from this tree, with the venv's setuptools."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(out),
-            str(ROOT),
-        ],
-        check=True,
-    )
+    pip = (sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation")
+    subprocess.run([*pip, "-w", str(out), str(ROOT)], check=True)
     return next(out.glob("fsdp_operator-*.whl"))
 
 
@@ -89,30 +76,9 @@ def download(*, platform: str, python: str, dest: Path, wheelhouse: Path | None)
     """The wheels requirements/cli.lock pins for one platform and Python, hashes checked."""
     where = ["--no-index", "--find-links", str(wheelhouse)] if wheelhouse else []
     tags = [arg for tag in PLATFORM_TAGS[platform] for arg in ("--platform", tag)]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--require-hashes",
-            "--only-binary",
-            ":all:",
-            "--implementation",
-            "cp",
-            "--python-version",
-            python,
-            *tags,
-            *where,
-            "-r",
-            str(LOCK),
-            "-d",
-            str(dest),
-        ],
-        check=True,
-    )
+    pip = (sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes")
+    wanted = ("--only-binary", ":all:", "--implementation", "cp", "--python-version", python)
+    subprocess.run([*pip, *wanted, *tags, *where, "-r", str(LOCK), "-d", str(dest)], check=True)
     return sorted(dest.glob("*.whl"))
 
 
