@@ -9,7 +9,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
 .PHONY: kwok-bin versitygw-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
-.PHONY: bench-gang-scale
+.PHONY: bench-gang-scale krew-bin release-artifacts
 
 venv: $(STAMP)
 
@@ -43,6 +43,11 @@ kwok-bin:
 versitygw-bin:
 	bash localcluster/build-versitygw.sh >/dev/null
 
+# krew (kubectl's plugin manager) from its Go module into the cache:
+# tests/cluster/test_release_artifacts.py installs the release's kubectl-fsdp archive with it.
+krew-bin:
+	bash localcluster/build-krew.sh >/dev/null
+
 # Kueue (the queueing controller, localcluster/kueue.py) with its CRDs and webhook manifests,
 # from its Go module into the cache; tests/integration/test_kueue.py needs it.
 kueue-bin:
@@ -66,10 +71,26 @@ typecheck: venv
 # after changing a dependency; tests/unit/test_locks.py fails until the locks agree.
 LOCK_ARGS := --generate-hashes --no-header --no-annotate --quiet --python-version 3.11 \
 	--python-platform x86_64-manylinux_2_28
+# fsdpctl's lock (what the krew archives of hack/krew.py vendor) is for every platform krew
+# serves, constrained by the operator's, so the CLI ships the versions the operator image runs
+# (tests/unit/test_locks.py checks).
+CLI_LOCK_ARGS := --generate-hashes --no-header --no-annotate --quiet --python-version 3.11 \
+	-c requirements/operator.lock
 lock: venv
 	mkdir -p requirements
 	$(VENV)/bin/uv pip compile pyproject.toml --extra operator $(LOCK_ARGS) -o requirements/operator.lock
 	$(VENV)/bin/uv pip compile pyproject.toml --extra worker $(LOCK_ARGS) -o requirements/worker.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra cli --universal $(CLI_LOCK_ARGS) -o requirements/cli.lock
+
+# What the release workflow attaches, built here into dist/: the fsdp-operator wheel (fsdpctl),
+# the fsdp-kit wheel (the trainer kit for a team's own image) and kubectl-fsdp's krew archives
+# with their manifest fsdp.yaml (hack/krew.py; its wheels from PyPI, checked against
+# requirements/cli.lock's hashes).
+release-artifacts: venv
+	mkdir -p dist
+	$(VPY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	$(VPY) -m hack.kit build --out dist
+	$(VPY) -m hack.krew build --out dist
 
 # The project's images, built here with podman from a Debian base (docs/images.md); the
 # cluster tests load them into every node's containerd, by digest.
@@ -91,7 +112,7 @@ images: venv packages
 # tests/unit/test_release.py checks that these two lists name every test directory.
 CPU_LOG := .test-unit-worker.log
 CLUSTER_TESTS := tests/cluster tests/integration tests/e2e
-test: cluster-bin packages venv images kwok-bin versitygw-bin lint typecheck
+test: cluster-bin packages venv images kwok-bin versitygw-bin krew-bin lint typecheck
 	nice -n 10 bash localcluster/build-kueue.sh >/dev/null 2>&1 & kueue=$$!; \
 	nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/worker \
 		>$(CPU_LOG) 2>&1 & cpu=$$!; trap 'kill $$cpu $$kueue 2>/dev/null' INT TERM; \

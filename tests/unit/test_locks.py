@@ -33,8 +33,9 @@ def _lock(image: str) -> dict[str, tuple[str, int]]:
     return pins
 
 
-@pytest.mark.parametrize("image", ["operator", "worker"])
+@pytest.mark.parametrize("image", ["operator", "worker", "cli"])
 def test_each_image_lock_pins_what_pyproject_asks_for_with_hashes(image: str) -> None:
+    """cli is not an image: the krew archives of kubectl-fsdp vendor it (hack/krew.py)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     wanted = [Requirement(r) for r in project["dependencies"]]
     wanted += [Requirement(r) for r in project["optional-dependencies"][image]]
@@ -53,6 +54,13 @@ def test_each_image_lock_pins_what_pyproject_asks_for_with_hashes(image: str) ->
 
 def test_the_operator_image_gets_no_torch_and_the_worker_no_kubernetes_client() -> None:
     assert "torch" not in _lock("operator") and "kubernetes" not in _lock("worker")
+
+
+def test_the_cli_ships_the_versions_the_operator_image_runs() -> None:
+    """fsdpctl's lock (every platform, for krew) is constrained by the operator's: a package both
+    use is one version, the one the operator image is tested with."""
+    operator, cli = _lock("operator"), _lock("cli")
+    assert {n: v for n, (v, _) in cli.items()} == {n: operator[n][0] for n in cli}
 
 
 def test_both_images_install_their_lock_with_hashes_required() -> None:
