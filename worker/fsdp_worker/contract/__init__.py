@@ -238,8 +238,11 @@ METRIC_PEAK_MEMORY = "fsdp_train_peak_memory_bytes"
 METRIC_CKPT_STEP = "fsdp_checkpoint_last_complete_step"
 # gauge: the step this process resumed from, -1 when it started fresh (set before training)
 METRIC_RESUMED_FROM = "fsdp_worker_resumed_from_step"
-# gauge, label step: 1 for each step this process set aside under `auto` (failed verification)
+# gauge, label step: 1 for each step this process set aside under `auto` (failed verification),
+# the newest QUARANTINED_SERIES of them: a label value per step, so bounded (the operator keeps
+# the full list in status.quarantined, and the markers stay on storage)
 METRIC_QUARANTINED = "fsdp_checkpoint_quarantined"
+QUARANTINED_SERIES = 8
 METRIC_CKPT_SAVE_SECONDS = "fsdp_checkpoint_save_seconds"  # label kind="blocking"|"total"
 METRIC_CKPT_BYTES = "fsdp_checkpoint_bytes"
 # Time to resume and goodput, the worker's side (this process only; rank 0's view):

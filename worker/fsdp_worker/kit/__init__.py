@@ -168,7 +168,8 @@ class Run:
             rules=s.rules,
             generation=s.generation,
         )
-        for step in choice.quarantined:  # the operator reads them from rank 0's metrics
+        newest = sorted(choice.quarantined)[-contract.QUARANTINED_SERIES :]
+        for step in newest:  # the operator reads them from rank 0's metrics
             self.meters.quarantined.labels(step=str(step)).set(1)
         self.memory = memtier.open_tier(
             s.cfg.checkpoint, identity=self.identity, dist_info=self.dist, meters=self.meters

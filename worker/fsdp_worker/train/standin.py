@@ -358,7 +358,7 @@ class StandIn:
         sealed = gauge(contract.METRIC_CKPT_STEP, "step of the newest complete checkpoint")
         resumed = gauge(contract.METRIC_RESUMED_FROM, "step this process resumed from")
         quarantined = gauge(contract.METRIC_QUARANTINED, "steps set aside at resume", ("step",))
-        for step in self.quarantined:
+        for step in sorted(self.quarantined)[-contract.QUARANTINED_SERIES :]:
             quarantined.labels(step=str(step)).set(1)
         metrics.restarts_in_place()
 
