@@ -371,7 +371,7 @@ def test_the_dashboard_is_grafana_json_with_a_query_per_panel() -> None:
     dashboard = json.loads(board["data"]["fsdp-operator.json"])
     assert dashboard["uid"] == "fsdp-operator"
     variables = {v["name"] for v in dashboard["templating"]["list"]}
-    assert variables == {"datasource", "job_namespace", "job_name"}
+    assert variables == {"datasource", "cluster", "job_namespace", "job_name"}
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
     titles = {p["title"] for p in panels}
     for wanted in (
@@ -388,8 +388,13 @@ def test_the_dashboard_is_grafana_json_with_a_query_per_panel() -> None:
         "Reconcile errors",
     ):
         assert wanted in titles, wanted
+    for wanted in ("Queue wait (Kueue)", "GPU utilization (DCGM)", "GPU memory used (DCGM)"):
+        assert wanted in titles, wanted
     for panel in panels:
         assert panel["targets"] and all(t["expr"] for t in panel["targets"]), panel["title"]
+        # one Grafana for several clusters: every query follows the cluster variable
+        for target in panel["targets"]:
+            assert 'cluster=~"$cluster"' in target["expr"], (panel["title"], target["expr"])
         assert panel["datasource"]["uid"] == "${datasource}"
 
 
@@ -399,6 +404,7 @@ def _panel_expr(title: str) -> str:
     (expr,) = [t["expr"] for p in dashboard["panels"] if p["title"] == title for t in p["targets"]]
     return (
         str(expr)
+        .replace("$cluster", ".*")
         .replace("$job_namespace", KEY["job_namespace"])
         .replace("$job_name", KEY["job_name"])
     )

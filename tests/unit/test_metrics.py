@@ -23,6 +23,7 @@ def test_per_job_series_do_not_collide_with_prometheus_target_labels() -> None:
         metrics.JOB_FAILURES,
         metrics.JOB_PHASE,
         metrics.SLOW_RANK_SLOWDOWN,
+        metrics.QUEUE_WAIT,
     ):
         names = set(series._labelnames)
         assert {"job_namespace", "job_name"} <= names and not names & {"namespace", "job"}
@@ -88,3 +89,18 @@ def test_the_operators_time_histograms_reach_hours() -> None:
     for name in ("fsdpjob_recovery_seconds", "fsdpjob_evidence_seconds"):
         for bound in ("600.0", "3600.0", "14400.0"):
             assert f'{name}_bucket{{le="{bound}"}}' in page, (name, bound)
+
+
+def test_queue_wait_is_the_attempts_wait_for_admission() -> None:
+    """fsdpjob_queue_wait_seconds (the dashboard's Queue wait panel): measured once admitted,
+    so far while Queued, 0 without a queue."""
+    from fsdp_operator.run import recording
+    from fsdp_operator.types import status as st
+    from tests.builders import NOW, running_status
+
+    queue = st.QueueStatus(name="lq", pod_group="pg")
+    assert recording.queue_wait(running_status(), NOW) == 0.0
+    waiting = running_status(phase=st.Phase.QUEUED, attempt_started=NOW - 30, queue=queue)
+    assert recording.queue_wait(waiting, NOW) == 30.0
+    admitted = queue.model_copy(update={"queued_seconds": 42.5, "admitted": NOW - 5})
+    assert recording.queue_wait(running_status(queue=admitted), NOW) == 42.5

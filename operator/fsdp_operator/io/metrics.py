@@ -167,6 +167,14 @@ def set_lost(namespace: str, name: str, lost_seconds: Mapping[str, float]) -> No
         LOST.labels(namespace, name, cause).set(lost_seconds.get(cause, 0.0))
 
 
+QUEUE_WAIT = prom.Gauge(
+    "fsdpjob_queue_wait_seconds",
+    "How long the current attempt waited, or has waited so far, for Kueue to admit its pods "
+    "(0: the job names no queue)",
+    JOB,
+)
+
+
 def set_slow_rank(namespace: str, name: str, slowdown: float | None) -> None:
     """The named slow rank's slowdown; the series goes when none is named (None)."""
     if slowdown is not None:
@@ -188,7 +196,7 @@ def forget(namespace: str, name: str) -> None:
     with _lock:
         causes = _causes.pop((namespace, name), set())
         failed = _failed.pop((namespace, name), set())
-    gauges = (CKPT_AGE, CKPT_TIME, GOODPUT, PRODUCTIVE, WALL, CHECKPOINT_INTERVAL)
+    gauges = (CKPT_AGE, CKPT_TIME, GOODPUT, PRODUCTIVE, WALL, CHECKPOINT_INTERVAL, QUEUE_WAIT)
     for gauge in (*gauges, SLOW_RANK_SLOWDOWN):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)

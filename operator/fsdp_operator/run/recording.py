@@ -33,7 +33,20 @@ def record(*, job: names.JobRef, obs: observed.Observed, decision: decide.Decisi
         age = max(0.0, obs.now - checkpoint.time)
         metrics.CKPT_AGE.labels(job.namespace, job.name).set(age)
         metrics.CKPT_TIME.labels(job.namespace, job.name).set(checkpoint.time)
+    metrics.QUEUE_WAIT.labels(job.namespace, job.name).set(queue_wait(s, obs.now))
     _record_cost(job, decision)
+
+
+def queue_wait(s: status.FSDPJobStatus, now: float) -> float:
+    """The current attempt's wait for Kueue's admission: as measured once admitted, so far
+    while Queued, 0 for a job that names no queue."""
+    if s.queue is None:
+        return 0.0
+    if s.queue.queued_seconds is not None:
+        return s.queue.queued_seconds
+    if s.phase is status.Phase.QUEUED and s.attempt_started is not None:
+        return max(0.0, now - s.attempt_started)
+    return 0.0
 
 
 def _record_cost(job: names.JobRef, decision: decide.Decision) -> None:
