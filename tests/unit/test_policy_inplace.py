@@ -19,7 +19,7 @@ from fsdp_operator.types import api
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_checkpoint
 from tests.builders import (
     NOW,
     SCRAPED,
@@ -202,7 +202,9 @@ def test_a_gang_whose_keepers_cannot_restart_in_place_is_not_waited_for(
 
 def _memory_spec(**memory: Any) -> api.FSDPJobSpec:
     spec = in_place_spec()
-    ckpt = spec.checkpoint.model_copy(update={"memory": config.MemoryTierConfig(**memory)})
+    ckpt = spec.checkpoint.model_copy(
+        update={"memory": config_checkpoint.MemoryTierConfig(**memory)}
+    )
     return spec.model_copy(update={"checkpoint": ckpt})
 
 

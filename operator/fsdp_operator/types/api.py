@@ -75,7 +75,7 @@ from fsdp_operator.types.spec_rules import NAME_PATTERN, SpecModel, cel, rules
 from fsdp_operator.types.spec_storage import (
     ObjectStore as ObjectStore,
 )
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config, config_base
 
 GROUP = "fsdpoperator.io"
 VERSION = "v1alpha1"
@@ -407,4 +407,4 @@ class FSDPJobSpec(SpecModel):
         return sorted((r for r in sizes if passes % (r * self.nproc_per_node) == 0), reverse=True)
 
 
-quantity = config.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too
+quantity = config_base.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too

@@ -15,16 +15,16 @@ from pydantic import Field
 from fsdp_operator.types import spec_storage
 from fsdp_operator.types.spec_rules import NAME_PATTERN, cel, rules
 from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_base, config_checkpoint
 
 
-class CheckpointSpec(config.CheckpointConfig):
+class CheckpointSpec(config_checkpoint.CheckpointConfig):
     """`spec.checkpoint`: the worker's checkpoint config plus where the checkpoints live (a
     claim mounted at root, or an object store) and what proves a checkpoint complete."""
 
     # Redeclared so the spec's root stays a path whatever the worker's config accepts: a
     # bucket is named by objectStore, whose fields the operator validates and renders.
-    root: config.SafePath = Field(
+    root: config_base.SafePath = Field(
         "/ckpt",
         description="Checkpoint directory on a shared volume (claimName's, or one the user "
         "mounts). Not used with objectStore, whose URI is the worker's root.",
@@ -77,11 +77,11 @@ class CheckpointSpec(config.CheckpointConfig):
         """The checkpoint root as the worker pods see it: the object store's URI, else root."""
         return self.object_store.uri if self.object_store is not None else self.root
 
-    def worker_config(self) -> config.CheckpointConfig:
+    def worker_config(self) -> config_checkpoint.CheckpointConfig:
         exclude = {"claim_name", "completion", "object_store"}
         # An object store's URI reaches the worker as FSDP_CHECKPOINT_ROOT (the job's own
         # prefix), which overrides this root: the config's root stays a path, as its model
         # (the worker's too) requires.
-        return config.CheckpointConfig.model_validate(
+        return config_checkpoint.CheckpointConfig.model_validate(
             self.model_dump(by_alias=True, exclude=exclude)
         )
