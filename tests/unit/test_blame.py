@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from fsdp_operator.policy import detect
+from fsdp_operator.policy import deadlines, detect
 from fsdp_operator.types import api, observed, status
 from fsdp_worker import contract
 from tests import builders
@@ -102,7 +102,7 @@ def test_symptoms_alone_wait_for_the_pods_still_running_then_blame_the_earliest(
     """The survivor's pod ended on "peer gone" and the killed rank's pod still runs: no verdict
     for SYMPTOM_GRACE_SECONDS (its cause may come), and the loop is woken when that ends."""
     pods = [pod(0, SYMPTOMS["peer-gone"], finished=100.0), pod(1, "", finished=None, phase=RUNNING)]
-    grace = detect.SYMPTOM_GRACE_SECONDS
+    grace = deadlines.SYMPTOM_GRACE_SECONDS
     assert verdict(pods, now=100.0 + grace - 0.5) is None
     spec = api.FSDPJobSpec(replicas=2, image="worker")
     obs = observed.Observed(
@@ -112,7 +112,7 @@ def test_symptoms_alone_wait_for_the_pods_still_running_then_blame_the_earliest(
         now=101.0,
         pods=pods,
     )
-    assert detect.next_deadline(obs) == 100.0 + grace
+    assert deadlines.next_deadline(obs) == 100.0 + grace
     late = verdict(pods, now=100.0 + grace)
     assert late is not None and late.pod == "job-a1-0" and late.cause is status.Cause.CRASH
     # Every pod ended with symptoms only: the earliest is blamed at once, the rest listed.

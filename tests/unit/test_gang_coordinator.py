@@ -1,5 +1,5 @@
 """The in-place gang's coordinator tells how long each node's keeper has been quiet; the
-operator reads from that whether a restart in place can still come (detect.asks_the_gang)."""
+operator reads from that whether a restart in place can still come (deadlines.asks_the_gang)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from fsdp_operator.io import kube, observe
 from fsdp_operator.types import api, scrape
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
-from fsdp_worker.contract import config, interval
+from fsdp_worker.contract import config_checkpoint, interval
 from fsdp_worker.telemetry import metrics
 
 HOUR = 3600.0
@@ -61,7 +61,7 @@ def test_bad_bounds_are_refused_with_both_values() -> None:
     with pytest.raises(ValueError, match="floor=50 ceiling=10"):
         interval.choose(save_seconds=1, step_seconds=1, mtbf_seconds=HOUR, floor=50, ceiling=10)
     with pytest.raises(ValueError, match=r"maxSteps \(10\) must be >= minSteps \(50\)"):
-        config.AutoIntervalConfig.model_validate({"minSteps": 50, "maxSteps": 10})
+        config_checkpoint.AutoIntervalConfig.model_validate({"minSteps": 50, "maxSteps": 10})
 
 
 @pytest.mark.parametrize(("save", "mtbf"), [(1.0, HOUR), (10.0, 6 * HOUR), (60.0, 2 * HOUR)])
@@ -160,13 +160,13 @@ def test_the_reliability_env_round_trips() -> None:
 )
 def test_interval_steps_is_a_number_or_auto(value: object, ok: bool) -> None:
     if ok:
-        config.CheckpointConfig.model_validate({"intervalSteps": value})
+        config_checkpoint.CheckpointConfig.model_validate({"intervalSteps": value})
         return
     with pytest.raises(
         ValueError,
         match=r"intervalSteps\n.*whole number of steps 1\.\.100000000 " r"or 'auto', got",
     ):
-        config.CheckpointConfig.model_validate({"intervalSteps": value})
+        config_checkpoint.CheckpointConfig.model_validate({"intervalSteps": value})
 
 
 def _scraped(m: metrics.Metrics) -> scrape.Scrape:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fsdp_operator.policy import conditions, decide, detect
+from fsdp_operator.policy import conditions, deadlines, decide
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from tests.builders import (
@@ -140,7 +140,7 @@ def test_a_silent_lease_under_a_job_that_trains_on_is_no_loss_until_not_ready_pa
     # are late by three steps' worth (at least LIVE_WINDOW_SECONDS).
     stepped = running_status(last_progress_time=NOW - 2.0, step=51)
     assert decide.decide(observe(nodes=views, status=stepped, progress=None)).failure is None
-    late = running_status(last_progress_time=NOW - detect.LIVE_WINDOW_SECONDS - 0.1, step=51)
+    late = running_status(last_progress_time=NOW - deadlines.LIVE_WINDOW_SECONDS - 0.1, step=51)
     d = decide.decide(observe(nodes=views, status=late, progress=None))
     assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
     down = nodes(down={2: NOW - 31})

@@ -6,7 +6,7 @@ No cluster and no clock: each row is an observation and the decision a user woul
 
 from __future__ import annotations
 
-from fsdp_operator.policy import decide, decision, detect
+from fsdp_operator.policy import deadlines, decide, decision
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from tests.builders import (
@@ -81,7 +81,7 @@ def test_pods_left_running_after_rank_0_ended_well_are_deleted_as_the_job_succee
     """Seen under load: node rank 1's pod ran on for minutes after rank 0's sealed the last step
     and exited 0; the job waited for it for ever. Within the exit barrier's grace the gang may
     still be ending together; past it, training is over and the pods left running go."""
-    grace = detect.EXIT_GRACE_SECONDS
+    grace = deadlines.EXIT_GRACE_SECONDS
     early = decide.decide(observe(pods=pods(**_ended([0, 1], NOW - grace + 5))))
     assert early.status.phase is st.Phase.RUNNING and not early.delete and early.failure is None
     assert early.requeue_after is not None and early.requeue_after <= 5.1  # woken at the grace
@@ -100,7 +100,7 @@ def test_pods_left_running_after_rank_0_ended_well_are_deleted_as_the_job_succee
 def test_a_pod_that_ended_well_while_rank_0_runs_on_is_a_hang_past_the_grace() -> None:
     """The gang ends together: rank 0 still running long after a peer returned is stuck, not
     finishing (a hang verdict otherwise waits for every pod to run)."""
-    grace = detect.EXIT_GRACE_SECONDS
+    grace = deadlines.EXIT_GRACE_SECONDS
     early = decide.decide(observe(pods=pods(**_ended([2], NOW - grace + 5))))
     assert early.failure is None and early.status.phase is st.Phase.RUNNING
     late = decide.decide(observe(pods=pods(**_ended([2], NOW - grace - 1))))

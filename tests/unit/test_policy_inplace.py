@@ -14,12 +14,12 @@ import pydantic
 import pytest
 
 from fsdp_operator.io import reports
-from fsdp_operator.policy import decide, decision, detect
+from fsdp_operator.policy import deadlines, decide, decision
 from fsdp_operator.types import api
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_checkpoint
 from tests.builders import (
     NOW,
     SCRAPED,
@@ -136,13 +136,13 @@ def test_with_restarts_in_place_the_operators_hang_waits_for_the_ranks_own() -> 
     """A rank past its own deadline ends itself (class Hang) and the gang restarts in place;
     the operator's deadline comes IN_PLACE_HANG_GRACE_SECONDS later, for a gang that cannot."""
     deadline = make_spec().failure_policy.progress_deadline_seconds
-    late = NOW - deadline - detect.HANG_EVIDENCE_GRACE_SECONDS - 1
+    late = NOW - deadline - deadlines.HANG_EVIDENCE_GRACE_SECONDS - 1
     stale = running_status(last_progress_time=late)
     plain = decide.decide(observe(status=stale, progress=None, scrape=SCRAPED))
     assert plain.failure is not None and plain.failure.cause is st.Cause.HANG
     d = decide.decide(observe(spec=in_place_spec(), status=stale, progress=None, scrape=SCRAPED))
     assert d.status.phase is st.Phase.RUNNING and d.launch is None
-    wake = late + deadline + detect.hang_grace(in_place_spec()) + 0.05
+    wake = late + deadline + deadlines.hang_grace(in_place_spec()) + 0.05
     assert d.requeue_after == pytest.approx(wake - NOW)
     record = in_place_record(0, **{"class": contract.FailureClass.HANG.value, "step": 50})
     hung = decide.decide(observe(spec=in_place_spec(), progress=in_place_progress(1, record)))
@@ -178,7 +178,7 @@ def test_a_gang_whose_keepers_cannot_restart_in_place_is_not_waited_for(
     0's whole coordinator does), and the hang is declared without the in-place grace."""
     spec = in_place_spec()
     deadline = spec.failure_policy.progress_deadline_seconds
-    late = NOW - deadline - detect.HANG_EVIDENCE_GRACE_SECONDS - 1
+    late = NOW - deadline - deadlines.HANG_EVIDENCE_GRACE_SECONDS - 1
     stale = running_status(last_progress_time=late)
     obs = observe(
         spec=spec,
@@ -188,21 +188,23 @@ def test_a_gang_whose_keepers_cannot_restart_in_place_is_not_waited_for(
         pods=pods(r0={"ip": "10.0.0.5"}),
         gang=gang,
     )
-    assert detect.asks_the_gang(obs) == "10.0.0.5"
+    assert deadlines.asks_the_gang(obs) == "10.0.0.5"
     d = decide.decide(obs)
     assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
     if hung:
         assert d.failure is not None and why in d.failure.message, d.failure.message
     # before the deadline's grace, and past the in-place one, nobody asks
     early = dataclasses.replace(obs, status=running_status(last_progress_time=NOW - deadline))
-    assert detect.asks_the_gang(early) is None
+    assert deadlines.asks_the_gang(early) is None
     over = dataclasses.replace(obs, status=running_status(last_progress_time=NOW - 200))
-    assert detect.asks_the_gang(over) is None
+    assert deadlines.asks_the_gang(over) is None
 
 
 def _memory_spec(**memory: Any) -> api.FSDPJobSpec:
     spec = in_place_spec()
-    ckpt = spec.checkpoint.model_copy(update={"memory": config.MemoryTierConfig(**memory)})
+    ckpt = spec.checkpoint.model_copy(
+        update={"memory": config_checkpoint.MemoryTierConfig(**memory)}
+    )
     return spec.model_copy(update={"checkpoint": ckpt})
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from fsdp_operator.policy import decide, decision, detect, launch, spares
+from fsdp_operator.policy import deadlines, decide, decision, launch, spares
 from fsdp_operator.types import api
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
@@ -197,7 +197,7 @@ def _frozen_obs(quiet: dict[str, float], spare_node: str = "node-5") -> ob.Obser
     """Past a hang's deadline and its evidence grace, the coordinator answered with `quiet`."""
     spec = _spare_spec()
     late = NOW - spec.failure_policy.progress_deadline_seconds
-    late -= detect.HANG_EVIDENCE_GRACE_SECONDS + 1
+    late -= deadlines.HANG_EVIDENCE_GRACE_SECONDS + 1
     return observe(
         spec=spec,
         status=_spare_status(last_progress_time=late),

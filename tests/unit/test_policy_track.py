@@ -13,7 +13,7 @@ import pytest
 
 from fsdp_operator.io import kube
 from fsdp_operator.io import observe as observe_mod
-from fsdp_operator.policy import decide, decision, detect
+from fsdp_operator.policy import deadlines, decide, decision
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
 from fsdp_worker import contract
@@ -35,7 +35,7 @@ def test_healthy_run_records_step_and_checkpoint_and_polls() -> None:
     # No poll: the next look is at the hang deadline, past the grace in which the ranks print
     # their evidence (progress wakes it earlier, probe.py).
     deadline = make_spec().failure_policy.progress_deadline_seconds
-    grace = detect.HANG_EVIDENCE_GRACE_SECONDS
+    grace = deadlines.HANG_EVIDENCE_GRACE_SECONDS
     assert d.requeue_after == pytest.approx(deadline + grace + 0.05)
     assert deadline + grace < decide.RESYNC_SECONDS
 

@@ -21,6 +21,7 @@ from fsdp_operator.render import templates
 from fsdp_operator.types import api, names
 from fsdp_worker import contract
 from fsdp_worker.contract import config as wconfig
+from fsdp_worker.contract import config_checkpoint
 from tests import builders
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -181,7 +182,9 @@ def test_checkpoint_export_reaches_the_worker_only_when_asked() -> None:
     assert "export" not in plain["checkpoint"]
     spec = make_spec(checkpoint__export={"format": "safetensors"})
     seen = wconfig.WorkerConfig.parse(env(pod(spec))[contract.ENV_CONFIG])
-    assert seen.checkpoint.export == wconfig.ExportConfig(format=wconfig.ExportFormat.SAFETENSORS)
+    assert seen.checkpoint.export == config_checkpoint.ExportConfig(
+        format=config_checkpoint.ExportFormat.SAFETENSORS
+    )
     with pytest.raises(pydantic.ValidationError, match="export.format"):
         make_spec(checkpoint__export={"format": "pickle"})
 

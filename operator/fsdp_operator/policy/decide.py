@@ -16,6 +16,7 @@ import dataclasses
 from fsdp_operator.policy import (
     accounting,
     conditions,
+    deadlines,
     decision,
     detect,
     failure,
@@ -73,7 +74,7 @@ def _decide(obs: observed.Observed, tun: restarts.Tunables) -> decision.Draft:
     if s.phase in status.TERMINAL_PHASES:
         suspicion.forget(d)
         return finish.finished(d, obs)
-    accounting.pod_milestones(d, obs)  # detect's hang baseline reads them in this pass
+    accounting.pod_milestones(d, obs)  # the hang baseline (deadlines.py) reads them in this pass
     if obs.validated_generation is not None:
         s.validated_generation = obs.validated_generation
     conditions.conflicts(d, obs)
@@ -93,7 +94,7 @@ def _decide(obs: observed.Observed, tun: restarts.Tunables) -> decision.Draft:
         conditions.set_phase(d, obs, status.Phase.PENDING, "Resumed", "spec.suspend cleared")
         d.emit("Resumed", "spec.suspend cleared; starting from the newest checkpoint")
         return launch.launch(d, obs, tun, cause=None)
-    accounting.final_sums(d, obs)  # detect's live window reads them in this pass
+    accounting.final_sums(d, obs)  # the live window (deadlines.py) reads them in this pass
     if s.attempt == 0 or (s.phase is status.Phase.RESTARTING and s.next_attempt_at is not None):
         if s.attempt == 0:
             conditions.set_phase(d, obs, status.Phase.PENDING, "Created", "")
@@ -134,7 +135,7 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
     if detect.succeeded(now_seen):
         track.completion_report(d, obs, pods)
         return finish.finish(d, obs, None, f"all {s.replicas} pods of attempt {s.attempt} exited 0")
-    late = detect.lingering(now_seen)
+    late = deadlines.lingering(now_seen)
     if late:  # rank 0 ended well long ago: training is over, these did not end with it
         track.completion_report(d, obs, pods)
         return lingering.succeeded_without(d, obs, late)
@@ -145,7 +146,7 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
         if resized is not None:
             return resized
     d.again(RESYNC_SECONDS)
-    wake = detect.next_deadline(now_seen)
+    wake = deadlines.next_deadline(now_seen)
     if wake is not None:
         d.again(wake - obs.now + 0.05)  # a node's grace or a deadline ends before the next poll
     return d

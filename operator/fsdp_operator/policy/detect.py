@@ -4,39 +4,19 @@ Order matters and is the policy: someone else's eviction or deletion first, then
 (its pods' own exits are symptoms), then the first failed pod by cause (a pod that failed only
 because a peer did is a symptom, never the cause while another has one), then pods that
 vanished, then pods stuck Pending (their scheduler's reason with them: scheduling.py), then a
-hang. No I/O, no clock reads, no kopf.
+hang. How long each check waits (the hang window, the exit grace, the Pending clock) is
+deadlines.py's. No I/O, no clock reads, no kopf.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import explain, scheduling
-from fsdp_operator.types import api, observed, status
+from fsdp_operator.policy import deadlines, explain, scheduling
+from fsdp_operator.types import observed, status
 from fsdp_worker import contract
 
 _PERMANENT_CLASSES = {contract.FailureClass.CONFIG.value}
-IN_PLACE_HANG_GRACE_SECONDS = 15.0
-"""With failurePolicy.inPlaceRestarts, the operator's hang comes this much later still: a
-rank past its own deadline ends itself and its keeper restarts the gang in place (gang.py);
-only a gang that cannot (every process frozen, a keeper gone) is recreated. Past the deadline
-the operator asks the gang's coordinator (asks_the_gang): where a keeper has fallen silent, or
-the coordinator itself, the hang is declared without this grace."""
-LIVE_WINDOW_SECONDS = 3.0
-"""A node that stopped renewing its Lease is lost unless the job stepped within this long (or
-three of its steps): its gang trains on, so its kubelet is only paused or restarting."""
-SYMPTOM_GRACE_SECONDS = 10.0
-"""When every Failed pod failed only because a peer did and others still run, the verdict waits
-this long from the first exit for a pod with a cause of its own (the killed rank's pod ends a
-moment after its peers saw it go)."""
-EXIT_GRACE_SECONDS = 90.0
-"""How long a gang's other pods may run on once one exited 0. The keepers hold an exit barrier
-of up to 60 s (the worker's gangstate.DOWN_TIMEOUT_SECONDS) so the pods end together; past
-this, those still running did not get there (seen under load: node rank 1's pod ran on for
-minutes after rank 0 sealed the last step and exited, and the job never finished)."""
-HANG_EVIDENCE_GRACE_SECONDS = 2.0
-"""Past the progress deadline, a hang is declared this much later: ranks print their evidence
-at the deadline by their own clock (FSDP_HANG_SECONDS), and it is read before the teardown."""
 
 
 def classify(pod: observed.PodView, *, non_retryable: frozenset[int]) -> status.Cause:
@@ -179,25 +159,14 @@ def _trained_since(obs: observed.Observed, since: float) -> bool:
     collectives wait for the lost ranks), so the verdict comes as soon as the Lease is lost;
     a node NotReady past nodeLossGraceSeconds is lost whatever the job does."""
     seen = obs.status.last_progress_time
-    return seen is not None and seen > since and obs.now - seen <= _live_window(obs.status)
-
-
-def _live_window(s: status.FSDPJobStatus) -> float:
-    """How long after its last step seen a gang still counts as training: three of its steps
-    (rank 0's own figures), at least LIVE_WINDOW_SECONDS (rank 0 is scraped every second
-    while a node is suspect)."""
-    entry = s.history[-1] if s.history else None
-    steps = entry.steps_run if entry is not None else None
-    seconds = entry.train_seconds if entry is not None else None
-    per_step = seconds / steps if steps and seconds else 0.0
-    return max(LIVE_WINDOW_SECONDS, 3.0 * per_step)
+    return seen is not None and seen > since and obs.now - seen <= deadlines.live_window(obs.status)
 
 
 def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     """The first failing pod by cause, not by clock: a pod whose ranks failed only because a
     peer did is never blamed while one with a cause of its own exists. Only symptoms so far,
     and pods still running: their cause may be a moment behind (the killed rank's pod exits
-    after its peers noticed), so the verdict waits up to SYMPTOM_GRACE_SECONDS."""
+    after its peers noticed), so the verdict waits up to deadlines.SYMPTOM_GRACE_SECONDS."""
     failed = sorted(
         (p for p in pods if p.phase is observed.PodPhase.FAILED), key=lambda p: _blame_order(obs, p)
     )
@@ -207,8 +176,8 @@ def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fai
     at = min(p.finished if p.finished is not None else obs.now for p in failed)
     if (
         symptom(first) is not None
-        and _others_running(pods)
-        and obs.now - at < SYMPTOM_GRACE_SECONDS
+        and deadlines.others_running(pods)
+        and obs.now - at < deadlines.SYMPTOM_GRACE_SECONDS
     ):
         return None
     codes = frozenset(obs.spec.failure_policy.non_retryable_exit_codes)
@@ -221,10 +190,6 @@ def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fai
     return (
         failure.model_copy(update={"symptoms": said[: status.SYMPTOMS_LIMIT]}) if said else failure
     )
-
-
-def _others_running(pods: list[observed.PodView]) -> bool:
-    return any(p.phase in (observed.PodPhase.RUNNING, observed.PodPhase.PENDING) for p in pods)
 
 
 def _words(pod: observed.PodView) -> str:
@@ -242,16 +207,8 @@ def _vanished(obs: observed.Observed, pods: list[observed.PodView]) -> status.Fa
     return failure.model_copy(update={"rank": missing[0]})
 
 
-def pending_since(s: status.FSDPJobStatus) -> float | None:
-    """Since when the attempt's pods may be held Pending against them: their creation, or
-    under a Kueue queue their admission (time waiting in a queue is not a failure)."""
-    if s.queue is not None:
-        return s.queue.admitted
-    return s.attempt_started
-
-
 def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
-    started = pending_since(obs.status)
+    started = deadlines.pending_since(obs.status)
     timeout = obs.spec.failure_policy.pending_timeout_seconds
     if started is None or obs.now - started < timeout:
         return None
@@ -274,67 +231,16 @@ def _stuck_pending(obs: observed.Observed, pods: list[observed.PodView]) -> stat
     return _failure(status.Cause.UNSCHEDULABLE, stuck[0], at=started + timeout, message=msg)
 
 
-def _progress_baseline(s: status.FSDPJobStatus) -> float | None:
-    """Since when a step is due: the last progress, else the moment every pod ran (time spent
-    Pending, pulling a large image, is not a hang), else the attempt's launch."""
-    if s.last_progress_time is not None:
-        return s.last_progress_time
-    entry = s.history[-1] if s.history and s.history[-1].attempt == s.attempt else None
-    running = entry.timeline.running if entry is not None and entry.timeline else None
-    return running if running is not None else s.attempt_started
-
-
-def hang_grace(spec: api.FSDPJobSpec, gang: observed.GangHealth | None = None) -> float:
-    """Seconds past the progress deadline before the operator declares a hang: with restarts
-    in place, time for the keepers to restart the ranks, unless their coordinator said they
-    cannot (`gang`: a keeper silent, its pod frozen; the coordinator itself silent)."""
-    waits = spec.failure_policy.in_place_restarts and (gang is None or gang.restarting)
-    return HANG_EVIDENCE_GRACE_SECONDS + (IN_PLACE_HANG_GRACE_SECONDS if waits else 0.0)
-
-
-MAX_STARTUP_DOUBLINGS = 3
-"""A gang that did not meet in its deadline gets twice the time in the next attempt, up to 8x."""
-
-
-def hang_window(
-    spec: api.FSDPJobSpec, s: status.FSDPJobStatus, gang: observed.GangHealth | None = None
-) -> float:
-    """Seconds from the baseline to a hang verdict: the progress deadline and its grace; before
-    an attempt's first step the startup deadline (startupDeadlineSeconds, default the progress
-    deadline) and its grace, doubled for each attempt before it in a row whose gang never met
-    (RendezvousTimeout), so that a start slower than the deadline (a cold torch import on a busy
-    node, NCCL's init at scale) does not end every attempt the same way (seen in the goodput
-    soak: 11 attempts in a row, 12 s each)."""
-    if s.last_progress_time is not None:
-        window = spec.failure_policy.progress_deadline_seconds + hang_grace(spec, gang)
-        if s.step is not None and s.step >= spec.training.steps:
-            # Past the last step only the final save and the exit remain, and no step comes to
-            # show progress: they get the exit's grace (seen on a loaded node: the final save
-            # and the keepers' exit barrier took 29 s, judged a hang at a 20 s deadline and
-            # the finished gang recreated).
-            window = max(window, EXIT_GRACE_SECONDS)
-        return window
-    deadline = float(spec.failure_policy.startup_deadline)
-    window = deadline + hang_grace(spec, gang)
-    missed = 0
-    for entry in reversed([h for h in s.history if h.attempt < s.attempt]):
-        if entry.failure is None or entry.failure.cause is not status.Cause.RENDEZVOUS:
-            break
-        missed += 1
-    doublings: int = min(missed, MAX_STARTUP_DOUBLINGS)
-    return window + deadline * ((1 << doublings) - 1)
-
-
 def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
     if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
-    baseline = _progress_baseline(obs.status)
+    baseline = deadlines.progress_baseline(obs.status)
     deadline = obs.spec.failure_policy.progress_deadline_seconds
     if baseline is None:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
     scrape = obs.scrape
-    window = hang_window(obs.spec, obs.status, obs.gang)
+    window = deadlines.hang_window(obs.spec, obs.status, obs.gang)
     if (
         scrape is not None
         and scrape.blind
@@ -347,7 +253,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         # is no more: its probe has judged by the deadline that applies. (Its Ready condition
         # turns False at the pod's start, before it runs; a later change came after a True. The
         # second is for the node's clock against this one's.)
-        window = min(window, deadline + hang_grace(obs.spec, obs.gang))
+        window = min(window, deadline + deadlines.hang_grace(obs.spec, obs.gang))
     if obs.now - baseline < window:
         return None
     if scrape is None and rank0.ready is not False:
@@ -395,41 +301,10 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     return _failure(status.Cause.HANG, rank0, at=baseline, message=msg)
 
 
-def _ended_well_since(pods: list[observed.PodView]) -> float | None:
-    """When the first pod of the attempt exited 0, while others still run; else None."""
-    ended = [p.finished for p in pods if p.phase is observed.PodPhase.SUCCEEDED and p.finished]
-    if not ended or not _others_running(pods):
-        return None
-    return min(ended)
-
-
-def lingering(obs: observed.Observed) -> list[observed.PodView]:
-    """Rank 0's pod exited 0 (its trainer returned: the last checkpoint written and sealed,
-    which needs every rank) EXIT_GRACE_SECONDS ago or more, and these pods still run: training
-    is over and they did not end. The job has succeeded; they are deleted (decide)."""
-    pods = obs.attempt_pods(obs.status.attempt)
-    ended = _past_exit_grace(obs, pods)
-    if ended is None or ended[0].phase is not observed.PodPhase.SUCCEEDED:
-        return []
-    return [p for p in pods if p.phase is not observed.PodPhase.SUCCEEDED]
-
-
-def _past_exit_grace(
-    obs: observed.Observed, pods: list[observed.PodView]
-) -> tuple[observed.PodView, float] | None:
-    """Rank 0's pod and when the first pod exited 0, once EXIT_GRACE_SECONDS have passed since
-    with others still running; else None."""
-    since = _ended_well_since(pods)
-    rank0 = next((p for p in pods if p.rank == 0), None)
-    if since is None or rank0 is None or obs.now - since < EXIT_GRACE_SECONDS:
-        return None
-    return rank0, since
-
-
 def _stalled_exit(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:
-    """A pod exited 0 while rank 0's runs on, past EXIT_GRACE_SECONDS: the gang did not end
-    together and rank 0 has not finished (hang judges only a gang whose pods all run)."""
-    ended = _past_exit_grace(obs, pods)
+    """A pod exited 0 while rank 0's runs on, past deadlines.EXIT_GRACE_SECONDS: the gang did not
+    end together and rank 0 has not finished (hang judges only a gang whose pods all run)."""
+    ended = deadlines.past_exit_grace(obs, pods)
     if ended is None or ended[0].phase is observed.PodPhase.SUCCEEDED:
         return None
     rank0, since = ended
@@ -458,56 +333,3 @@ def succeeded(obs: observed.Observed) -> bool:
     pods = obs.attempt_pods(obs.status.attempt)
     expected = obs.status.replicas or 0
     return len(pods) == expected > 0 and all(p.phase is observed.PodPhase.SUCCEEDED for p in pods)
-
-
-def next_deadline(obs: observed.Observed) -> float | None:
-    """The earliest future moment a check above could fire, so the loop wakes right then."""
-    fp, s = obs.spec.failure_policy, obs.status
-    pods = obs.attempt_pods(s.attempt)
-    times: list[float] = []
-    for pod in pods:
-        node = obs.node(pod.node) if pod.node else None
-        if node is not None and not node.ready and node.not_ready_since is not None:
-            times.append(node.not_ready_since + fp.node_loss_grace_seconds)
-    seen = s.last_progress_time
-    if seen is not None and any(
-        (n := obs.node(p.node)) is not None and n.lease_silent_seconds is not None
-        for p in pods
-        if p.node
-    ):  # a silent Lease under a gang that trains: judged again when its steps would be late
-        times.append(seen + _live_window(s))
-    exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
-    if exits and _others_running(pods):  # a symptom-only verdict waits this long at most
-        times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
-    ended = _ended_well_since(pods)
-    if ended is not None:  # pods that did not exit, or a stalled exit, are judged then
-        times.append(ended + EXIT_GRACE_SECONDS)
-    since = pending_since(s)
-    if since is not None and any(p.phase is observed.PodPhase.PENDING for p in pods):
-        times.append(since + fp.pending_timeout_seconds)
-    baseline = _progress_baseline(s)
-    if baseline is not None and pods and all(p.phase is observed.PodPhase.RUNNING for p in pods):
-        times.append(baseline + hang_window(obs.spec, s))
-        if fp.in_place_restarts:  # when to ask the keepers whether they restart in place
-            times.append(baseline + hang_window(obs.spec, s, observed.GangHealth(False)))
-    future = [t for t in times if t > obs.now]
-    return min(future) if future else None
-
-
-def asks_the_gang(obs: observed.Observed) -> str | None:
-    """The coordinator's address (node rank 0's pod) when this pass should ask whether the
-    keepers can restart the gang in place: a hang's deadline and evidence grace have passed
-    and its in-place grace has not. None otherwise."""
-    if not obs.spec.failure_policy.in_place_restarts:
-        return None
-    pods = obs.attempt_pods(obs.status.attempt)
-    if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
-        return None
-    baseline = _progress_baseline(obs.status)
-    silent = observed.GangHealth(answered=False)
-    if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, silent):
-        return None
-    if obs.now - baseline >= hang_window(obs.spec, obs.status):
-        return None  # past the grace: the hang is declared whatever they say
-    node0 = next((p for p in pods if p.rank == 0), None)
-    return None if node0 is None or not node0.ip else node0.ip

@@ -10,8 +10,7 @@ from __future__ import annotations
 from fsdp_operator.policy import conditions, decision, goodput, restarts
 from fsdp_operator.types import observed, queueing, status
 from fsdp_worker import contract
-from fsdp_worker.contract import interval
-from fsdp_worker.contract.config import AUTO
+from fsdp_worker.contract import config_checkpoint, interval
 
 # Pods this operator created are expected in its watch this soon; only then are missing ones
 # created again (each early retry is GETs, 409s and a GET on a busy API server). 10 s was too
@@ -130,7 +129,7 @@ def resume_rules(obs: observed.Observed, s: status.FSDPJobStatus) -> contract.Re
 def _reliability(obs: observed.Observed, s: status.FSDPJobStatus) -> str:
     """FSDP_RELIABILITY for `intervalSteps: auto` ("" otherwise): the failure record and the
     last measured costs, so the new attempt's first interval is already the informed one."""
-    if obs.spec.checkpoint.interval_steps != AUTO:
+    if obs.spec.checkpoint.interval_steps != config_checkpoint.AUTO:
         return ""
     ci = s.checkpoint_interval
     return interval.Reliability(

@@ -3,7 +3,7 @@
 Rank 0's trainer returns only after the last checkpoint is written and sealed (the marker is
 written once every rank saved), so a pod still running long after rank 0's pod exited 0 is
 stuck in its exit, not training (seen under load: node rank 1's pod ran on for minutes and the
-job never finished). Past detect.EXIT_GRACE_SECONDS those pods are deleted as the job succeeds,
+job never finished). Past deadlines.EXIT_GRACE_SECONDS those pods are deleted as the job succeeds,
 their log tails kept first (as a failed attempt's are: evidence.py), and a Warning Event names
 them. Pure: the draft in, the draft changed.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import decision, detect, failure, finish
+from fsdp_operator.policy import deadlines, decision, failure, finish
 from fsdp_operator.types import observed, status
 
 
@@ -23,7 +23,7 @@ def succeeded_without(
     pods = ", ".join(p.name for p in late)
     first = min(late, key=lambda p: p.rank)
     why = (
-        f"{pods} still ran {detect.EXIT_GRACE_SECONDS:.0f}s after rank 0's pod exited 0: "
+        f"{pods} still ran {deadlines.EXIT_GRACE_SECONDS:.0f}s after rank 0's pod exited 0: "
         "training is over, so they are deleted"
     )
     told = status.Failure(

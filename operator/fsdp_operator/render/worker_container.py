@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fsdp_operator.render import podmerge
-from fsdp_operator.types import api, names
+from fsdp_operator.types import api, names, spec_trainer
 from fsdp_worker import contract
 from fsdp_worker.contract import config, keeper
 
@@ -38,8 +38,10 @@ def escape(value: str) -> str:
 
 def trainer_arg(arg: str) -> str:
     """A `spec.trainer.args` entry for the pod: its `$(NAME)` references (to the operator's
-    variables, api.Trainer checked) stay for Kubernetes to expand; everything else is escaped."""
-    return "".join(f"$({text})" if is_ref else escape(text) for text, is_ref in api.arg_parts(arg))
+    variables, spec_trainer.Trainer checked) stay for Kubernetes to expand; everything else is
+    escaped."""
+    parts = spec_trainer.arg_parts(arg)
+    return "".join(f"$({text})" if is_ref else escape(text) for text, is_ref in parts)
 
 
 def ports() -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsdp_operator.io import cache, checkpoints, gang, kube, observe, reports
-from fsdp_operator.policy import decide, detect
+from fsdp_operator.policy import deadlines, decide
 from fsdp_operator.run import keepers, settings, specs
 from fsdp_operator.types import api, names, observed, queueing, status
 
@@ -253,8 +253,8 @@ def _unparsed(
 
 def _with_gang(obs: observed.Observed, asker: keepers.Asker) -> observed.Observed:
     """The observation with the gang coordinator's answer, asked only when a hang's grace
-    depends on it (detect.asks_the_gang): a pass does not talk to keepers otherwise."""
-    coordinator = detect.asks_the_gang(obs)
+    depends on it (deadlines.asks_the_gang): a pass does not talk to keepers otherwise."""
+    coordinator = deadlines.asks_the_gang(obs)
     if coordinator is None:
         return obs
     return dataclasses.replace(obs, gang=keepers.gang_health(asker, coordinator))

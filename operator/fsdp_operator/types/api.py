@@ -7,23 +7,24 @@ rejects bad specs at admission). No I/O, no clock, no kopf.
 
 This module is the entry every caller imports (`api.<Name>`): the FSDPJob spec itself is here;
 its pod template (spec_pod.py), the FSDPRuntimeProfile (spec_profile.py) and what all spec
-models share (spec_rules.py) live beside it, their models re-exported here.
+models share (spec_rules.py) live beside it, their models re-exported here; its checkpoint
+(spec_checkpoint.py, spec_storage.py) and trainer (spec_trainer.py) parts too, read through
+the spec's fields.
 """
 
 from __future__ import annotations
-
-import re
-from typing import Annotated
 
 import pydantic
 from pydantic import Field
 
 from fsdp_operator.types import (
     kubetypes,
+    spec_checkpoint,
     spec_containers,
     spec_profile,
     spec_rules,
     spec_storage,
+    spec_trainer,
 )
 from fsdp_operator.types.spec_containers import (
     Container as Container,
@@ -74,8 +75,7 @@ from fsdp_operator.types.spec_rules import NAME_PATTERN, SpecModel, cel, rules
 from fsdp_operator.types.spec_storage import (
     ObjectStore as ObjectStore,
 )
-from fsdp_worker import contract
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config, config_base
 
 GROUP = "fsdpoperator.io"
 VERSION = "v1alpha1"
@@ -173,150 +173,6 @@ class FailurePolicy(SpecModel):
         if bad:
             raise ValueError(f"nonRetryableExitCodes {bad} must be within 1..255")
         return codes
-
-
-class CheckpointSpec(config.CheckpointConfig):
-    """`spec.checkpoint`: the worker's checkpoint config plus where the checkpoints live (a
-    claim mounted at root, or an object store) and what proves a checkpoint complete."""
-
-    # Redeclared so the spec's root stays a path whatever the worker's config accepts: a
-    # bucket is named by objectStore, whose fields the operator validates and renders.
-    root: config.SafePath = Field(
-        "/ckpt",
-        description="Checkpoint directory on a shared volume (claimName's, or one the user "
-        "mounts). Not used with objectStore, whose URI is the worker's root.",
-    )
-    completion: contract.Proof = Field(
-        contract.Proof.MARKER,
-        description="What proves a step-<N> checkpoint complete. Marker: the COMPLETE.json a "
-        "trainer keeping docs/contract.md writes last (manifest, lineage, config hash and data "
-        "cursor are checked). DCPMetadata: DCP's .metadata, as torchtitan writes its "
-        "checkpoints (only its presence is checked: no manifest, lineage or config check).",
-    )
-
-    claim_name: str | None = Field(
-        None,
-        pattern=NAME_PATTERN,
-        max_length=253,
-        description="PersistentVolumeClaim (RWX) mounted at root in every worker pod. Not "
-        "with objectStore.",
-    )
-    object_store: spec_storage.ObjectStore | None = Field(
-        None,
-        description="Checkpoints in an S3-API bucket instead of on a claim: the worker's root "
-        "is s3://<bucket>/<prefix>, and the pods choose their own resume point (the operator "
-        "never reads the bucket). Not with claimName. Immutable.",
-    )
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=rules(
-            cel(
-                "!has(self.objectStore) || !has(self.claimName)",
-                "set at most one of objectStore and claimName: checkpoints live in a bucket or"
-                " on a claim",
-                fieldPath=".objectStore",
-            )
-        )
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _one_place(self) -> CheckpointSpec:
-        if self.object_store is not None and self.claim_name is not None:
-            raise ValueError(
-                f"checkpoint.objectStore (bucket {self.object_store.bucket!r}) and"
-                f" checkpoint.claimName={self.claim_name!r} are both set: checkpoints live in a"
-                " bucket or on a claim; set at most one"
-            )
-        return self
-
-    @property
-    def location(self) -> str:
-        """The checkpoint root as the worker pods see it: the object store's URI, else root."""
-        return self.object_store.uri if self.object_store is not None else self.root
-
-    def worker_config(self) -> config.CheckpointConfig:
-        exclude = {"claim_name", "completion", "object_store"}
-        # An object store's URI reaches the worker as FSDP_CHECKPOINT_ROOT (the job's own
-        # prefix), which overrides this root: the config's root stays a path, as its model
-        # (the worker's too) requires.
-        return config.CheckpointConfig.model_validate(
-            self.model_dump(by_alias=True, exclude=exclude)
-        )
-
-
-MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-SCRIPT_PATTERN = r"^/[A-Za-z0-9._/+-]*[A-Za-z0-9_+-]$"
-_ARG_REFERENCE = re.compile(r"\(([A-Za-z_][A-Za-z0-9_]*)\)")
-
-
-def arg_parts(arg: str) -> list[tuple[str, bool]]:
-    """A trainer argument as Kubernetes reads it: literal text and `$(NAME)` references, as
-    (text, is_reference) pairs; `$$` is a literal `$`, as in a container's args."""
-    parts: list[tuple[str, bool]] = []
-    literal, i = "", 0
-    while i < len(arg):
-        ref = _ARG_REFERENCE.match(arg, i + 1) if arg[i] == "$" else None
-        if arg.startswith("$$", i):
-            literal, i = literal + "$", i + 2
-        elif ref is not None:
-            parts += [(literal, False), (ref.group(1), True)]
-            literal, i = "", ref.end()
-        else:
-            literal, i = literal + arg[i], i + 1
-    return [p for p in [*parts, (literal, False)] if p[0]]
-
-
-class Trainer(SpecModel):
-    """`spec.trainer`: the team's own training code, in `spec.image`, started by the operator's
-    torchrun (rendezvous, ranks, restarts and environment stay the operator's: see
-    docs/contract.md). Without it every rank runs the built-in trainer."""
-
-    module: str | None = Field(
-        None,
-        pattern=MODULE_PATTERN,
-        max_length=256,
-        description="Python module each rank runs (`torchrun -m <module>`), e.g. team.train.",
-    )
-    script: str | None = Field(
-        None,
-        pattern=SCRIPT_PATTERN,
-        max_length=1024,
-        description="Or an absolute path of a Python script in the image (`torchrun <script>`).",
-        json_schema_extra=rules(cel("!self.contains('/../')", "script must not contain /../")),
-    )
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list,
-        max_length=256,
-        description="Arguments after the module or script, passed as a list (no shell). "
-        "$(FSDP_CHECKPOINT_ROOT) and the other variables docs/contract.md lists for arguments "
-        "are expanded; every other $ reaches the trainer as written.",
-    )
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=rules(
-            cel("has(self.module) != has(self.script)", "set exactly one of module and script")
-        )
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _one_entry(self) -> Trainer:
-        if (self.module is None) == (self.script is None):
-            raise ValueError(
-                f"trainer: set exactly one of module and script (got module={self.module!r},"
-                f" script={self.script!r})"
-            )
-        if self.script is not None and "/../" in self.script:
-            raise ValueError(f"trainer.script {self.script!r} must not contain /../")
-        for index, arg in enumerate(self.args):
-            refs = [text for text, is_ref in arg_parts(arg) if is_ref]
-            unknown = [n for n in refs if n not in contract.ARG_VARIABLES]
-            if unknown:
-                raise ValueError(
-                    f"trainer.args[{index}]={arg!r} references $({unknown[0]}); arguments may"
-                    f" reference only {', '.join(contract.ARG_VARIABLES)} (write $$( for a"
-                    " literal $()"
-                )
-        return self
 
 
 _SPEC_RULES = rules(
@@ -434,7 +290,7 @@ class FSDPJobSpec(SpecModel):
         max_length=512,
         description="Worker image: the project's, or the team's own with spec.trainer.",
     )
-    trainer: Trainer | None = Field(
+    trainer: spec_trainer.Trainer | None = Field(
         None, description="The team's own training code; unset: the built-in trainer."
     )
     resources: kubetypes.ResourceRequirements = Field(
@@ -446,8 +302,8 @@ class FSDPJobSpec(SpecModel):
         description="The training run: model, data, batch sizes, optimizer and schedule. model, "
         "data, globalBatchSize and seed are immutable (checkpoints depend on them).",
     )
-    checkpoint: CheckpointSpec = Field(
-        default_factory=CheckpointSpec,
+    checkpoint: spec_checkpoint.CheckpointSpec = Field(
+        default_factory=spec_checkpoint.CheckpointSpec,
         description="Where checkpoints are written, how often, how many are kept, and what "
         "proves one complete.",
     )
@@ -551,4 +407,4 @@ class FSDPJobSpec(SpecModel):
         return sorted((r for r in sizes if passes % (r * self.nproc_per_node) == 0), reverse=True)
 
 
-quantity = config.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too
+quantity = config_base.quantity  # the worker's config holds it: checkpoint.memory.sizeLimit's too

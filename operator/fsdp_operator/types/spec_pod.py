@@ -15,7 +15,7 @@ from typing import Annotated
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes, spec_containers
+from fsdp_operator.types import kubetypes, spec_containers, spec_security
 from fsdp_operator.types.spec_containers import (
     ENV_NAME_PATTERN as ENV_NAME_PATTERN,
 )
@@ -226,7 +226,7 @@ class PodOverrides(SpecModel):
         description="Secrets of the job's namespace to pull the images with (a team's own "
         "registry), beside those of spec.runtimeProfile.",
     )
-    security_context: spec_containers.PodSecurity | None = Field(
+    security_context: spec_security.PodSecurity | None = Field(
         None,
         description="uid, gid, fsGroup and supplemental groups of the pod (default 1000); "
         "never 0. Seccomp and runAsNonRoot stay the operator's.",

@@ -28,7 +28,7 @@ from fsdp_operator.types.spec_rules import (
     check_keys,
     rules,
 )
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_base
 
 if TYPE_CHECKING:
     from fsdp_operator.types import api
@@ -193,7 +193,7 @@ def resource_refusal(
             return (
                 f"spec.resources: {key} comes only from a runtime profile, and {where}" " grants it"
             )
-        if config.quantity(value) > config.quantity(granted[key]):
+        if config_base.quantity(value) > config_base.quantity(granted[key]):
             return (
                 f"spec.resources: {key}={value} exceeds runtime profile {profile!r}'s"
                 f" {granted[key]}"

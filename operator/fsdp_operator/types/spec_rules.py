@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_base
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -23,7 +23,7 @@ QUALIFIED_NAME_PATTERN = (
 )
 
 
-class SpecModel(config._Model):
+class SpecModel(config_base.ConfigModel):
     """Spec models share the worker config's wire conventions (camelCase, extra=forbid)."""
 
 

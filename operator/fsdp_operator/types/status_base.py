@@ -14,7 +14,7 @@ from typing import Annotated
 
 import pydantic
 
-from fsdp_worker.contract import config
+from fsdp_worker.contract import config_base
 
 
 def parse_rfc3339(value: str) -> float:
@@ -51,7 +51,7 @@ Time = Annotated[
 ]
 
 
-class _Model(config._Model):
+class _Model(config_base.ConfigModel):
     """Status models are rebuilt each pass by decide(), so they are mutable copies."""
 
     model_config = pydantic.ConfigDict(frozen=False)

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
 
 from fsdp_worker.checkpointing import direct, layout, s3, state, writeback
-from fsdp_worker.contract import catalog, config, errors, fence, selection, store
+from fsdp_worker.contract import catalog, config_checkpoint, errors, fence, selection, store
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -115,7 +115,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        cfg: config.CheckpointConfig,
+        cfg: config_checkpoint.CheckpointConfig,
         *,
         identity: Identity,
         dist_info: DistInfo,

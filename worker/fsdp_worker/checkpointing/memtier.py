@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint
-from fsdp_worker.contract import catalog, config, errors, wire
+from fsdp_worker.contract import catalog, config_checkpoint, errors, wire
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -246,7 +246,7 @@ class MemoryTier:
 
 
 def open_tier(
-    cfg: config.CheckpointConfig,
+    cfg: config_checkpoint.CheckpointConfig,
     *,
     identity: checkpoint.Identity,
     dist_info: DistInfo,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from fsdp_worker.contract import config, interval
+from fsdp_worker.contract import config_checkpoint, interval
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
 
@@ -62,7 +62,7 @@ class Schedule:
     """Decides `due(step)`; told of each save with `saved(...)` (collective under auto)."""
 
     every: int | None  # fixed interval; None: auto
-    bounds: config.AutoIntervalConfig
+    bounds: config_checkpoint.AutoIntervalConfig
     reliability: interval.Reliability
     meters: metrics.Metrics
     dist: DistInfo | None = None
@@ -75,7 +75,7 @@ class Schedule:
     @classmethod
     def of(
         cls,
-        cfg: config.CheckpointConfig,
+        cfg: config_checkpoint.CheckpointConfig,
         *,
         start_step: int,
         reliability: interval.Reliability,
@@ -118,7 +118,7 @@ class Schedule:
     def _start(
         cls,
         steps: int | str,
-        bounds: config.AutoIntervalConfig,
+        bounds: config_checkpoint.AutoIntervalConfig,
         *,
         start_step: int,
         reliability: interval.Reliability,
@@ -126,7 +126,7 @@ class Schedule:
         dist_info: DistInfo | None,
         memory: bool = False,
     ) -> Schedule:
-        every = None if steps == config.AUTO else int(steps)
+        every = None if steps == config_checkpoint.AUTO else int(steps)
         sched = cls(every, bounds, reliability, meters, dist_info, memory)
         if every is not None:
             sched.choice = interval.Choice(steps=every, auto=False)

@@ -4,8 +4,9 @@ Torch-free: the operator imports it to build pods and to read failures. It must 
 torch or anything from the worker's training modules.
 
 This package is the only part of the worker the operator imports (pyproject.toml's import
-contracts): beside this module, the training config (config), the checkpoint catalog and its
-markers (catalog), the one writer of a checkpoint root (fence), the checkpoint interval
+contracts): beside this module, the training config (config; its checkpoint part in
+config_checkpoint, what both build on in config_base), the checkpoint catalog and its markers
+(catalog), the one writer of a checkpoint root (fence), the checkpoint interval
 (interval), the exit-code exceptions (errors), the keeper's wire (keeper), and how every env
 and JSON document is parsed and written from its pydantic model (wire).
 """

@@ -1,40 +1,29 @@
 """The training-config document: the one contract between an FSDPJob spec and its workers.
 
 The operator embeds `TrainingConfig` in the FSDPJob spec (the CRD's `spec.training` schema is
-generated from it) and hands `WorkerConfig` to every rank as one JSON document. Torch-free and
-numpy-free by design: the operator image imports this module. It must not read the clock, the
-environment or the disk.
+generated from it) and hands `WorkerConfig` to every rank as one JSON document: this training
+config and the checkpoint config (config_checkpoint.py), on the models config_base.py holds.
+Torch-free and numpy-free by design: the operator image imports this module. It must not read
+the clock, the environment or the disk.
 """
 
 from __future__ import annotations
 
-import decimal
 import enum
 import hashlib
 import json
-import re
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import pydantic
-import pydantic.alias_generators
 from pydantic import Field
 
-# Names a user may put in a config that later become paths or module references are restricted
-# to these shapes so that nothing can smuggle `$(VAR)` expansion, shell syntax or `..`.
+from fsdp_worker.contract.config_base import ConfigModel, SafePath, k8s_rules
+from fsdp_worker.contract.config_checkpoint import CheckpointConfig
+
+# Names a user may put in a config that later become module references are restricted to this
+# shape so that nothing can smuggle `$(VAR)` expansion, shell syntax or `..` (paths:
+# config_base.SafePath).
 FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
-SAFE_PATH_PATTERN = r"^/([A-Za-z0-9._-]+/?)*$"
-MAX_PATH_LENGTH = 255
-
-
-class _Model(pydantic.BaseModel):
-    """Base for config models: camelCase on the wire, unknown fields are errors."""
-
-    model_config = pydantic.ConfigDict(
-        alias_generator=pydantic.alias_generators.to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-    )
 
 
 class ModelPreset(enum.StrEnum):
@@ -62,45 +51,7 @@ class SchedulerKind(enum.StrEnum):
     COSINE = "cosine"
 
 
-def k8s_rules(*rules: tuple[str, ...]) -> dict[str, Any]:
-    """CEL rules (rule, message[, fieldPath]) for the generated CRD.
-
-    The Python validators below enforce the same rules for the operator and the worker.
-    """
-    out = []
-    for rule in rules:
-        doc = {"rule": rule[0], "message": rule[1]}
-        if len(rule) > 2:
-            doc["fieldPath"] = rule[2]
-        out.append(doc)
-    return {"x-kubernetes-validations": out}
-
-
-def _no_dotdot(value: str | None) -> str | None:
-    if value is not None and any(part == ".." for part in value.split("/")):
-        raise ValueError(f"path {value!r} must not contain '..'")
-    if value == "/":
-        raise ValueError("path must not be '/'")
-    return value
-
-
-SafePath = Annotated[
-    str,
-    Field(
-        pattern=SAFE_PATH_PATTERN,
-        max_length=MAX_PATH_LENGTH,
-        json_schema_extra=k8s_rules(
-            (
-                "!self.contains('/../') && !self.endsWith('/..') && self != '/'",
-                "must be an absolute path without '..' segments, and not '/'",
-            )
-        ),
-    ),
-    pydantic.AfterValidator(_no_dotdot),
-]
-
-
-class ModelConfig(_Model):
+class ModelConfig(ConfigModel):
     """Which transformer to train. `factory` replaces the built-in model entirely."""
 
     preset: ModelPreset = Field(ModelPreset.TINY, description="Built-in transformer size.")
@@ -139,7 +90,7 @@ class ModelConfig(_Model):
         return self
 
 
-class DataConfig(_Model):
+class DataConfig(ConfigModel):
     """Where tokens come from. The position is a global sample cursor, world-size free."""
 
     kind: DataKind = Field(DataKind.SYNTHETIC, description="synthetic or tokenFile.")
@@ -158,7 +109,7 @@ class DataConfig(_Model):
     )
 
 
-class OptimizerConfig(_Model):
+class OptimizerConfig(ConfigModel):
     """AdamW settings."""
 
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
@@ -171,7 +122,7 @@ class OptimizerConfig(_Model):
     grad_clip: float | None = Field(1.0, gt=0, le=1e6, description="Max global grad norm.")
 
 
-class SchedulerConfig(_Model):
+class SchedulerConfig(ConfigModel):
     """Learning-rate schedule: linear warmup then constant or cosine decay."""
 
     kind: SchedulerKind = Field(
@@ -187,7 +138,7 @@ class SchedulerConfig(_Model):
     )
 
 
-class PrecisionConfig(_Model):
+class PrecisionConfig(ConfigModel):
     """FSDP2 mixed precision: parameter dtype for compute, dtype of gradient reduction."""
 
     param: Precision = Field(
@@ -200,7 +151,7 @@ class PrecisionConfig(_Model):
     )
 
 
-class TrainingConfig(_Model):
+class TrainingConfig(ConfigModel):
     """`spec.training` of an FSDPJob: everything that defines the training run."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -276,235 +227,7 @@ class TrainingConfig(_Model):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-AUTO = "auto"
-MAX_INTERVAL_STEPS = 100_000_000
-# `intervalSteps`: a number of steps, or "auto". The CRD types it as Kubernetes' int-or-string.
-
-
-def _interval_steps(value: Any) -> int | str:
-    if value == AUTO:
-        return AUTO
-    number = value
-    if isinstance(value, str) and value.strip().isdigit():
-        number = int(value)
-    whole = isinstance(number, int) and not isinstance(number, bool)
-    if whole and 1 <= number <= MAX_INTERVAL_STEPS:
-        return int(number)
-    raise ValueError(
-        f"must be a whole number of steps 1..{MAX_INTERVAL_STEPS} or {AUTO!r}, got {value!r}"
-    )
-
-
-IntervalSteps = Annotated[
-    int | Literal["auto"],
-    pydantic.PlainValidator(_interval_steps),
-    pydantic.PlainSerializer(lambda v: v),
-    pydantic.WithJsonSchema(
-        {
-            "anyOf": [{"type": "integer"}, {"type": "string"}],
-            "x-kubernetes-int-or-string": True,
-            "minimum": 1,
-            "maximum": MAX_INTERVAL_STEPS,
-            "pattern": f"^{AUTO}$",
-            "description": "Save every N steps, or `auto`: the Young/Daly optimum from the "
-            "measured save cost and the job's own failure rate (see autoInterval).",
-        }
-    ),
-]
-
-
-class AutoIntervalConfig(_Model):
-    """`checkpoint.autoInterval`: bounds and prior of `intervalSteps: auto`."""
-
-    min_steps: int = Field(
-        10,
-        ge=1,
-        le=MAX_INTERVAL_STEPS,
-        description="Floor, and the first interval of a job with no measured save cost yet.",
-    )
-    max_steps: int = Field(100_000, ge=1, le=MAX_INTERVAL_STEPS, description="Ceiling.")
-    prior_mtbf_seconds: float = Field(
-        21600.0,
-        gt=0,
-        le=1e9,
-        description="Mean time between failures assumed before the job has seen any: one "
-        "failure-free prior period of this length joins the job's own uptime and failures.",
-    )
-
-    model_config = pydantic.ConfigDict(
-        json_schema_extra=k8s_rules(
-            ("self.minSteps <= self.maxSteps", "autoInterval.maxSteps must be >= minSteps")
-        )
-    )
-
-    @pydantic.model_validator(mode="after")
-    def _bounds(self) -> AutoIntervalConfig:
-        if self.max_steps < self.min_steps:
-            raise ValueError(
-                f"autoInterval.maxSteps ({self.max_steps}) must be >= minSteps ({self.min_steps})"
-            )
-        return self
-
-
-QUANTITY_PATTERN = (
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
-"""A Kubernetes resource quantity: `8`, `500m`, `4Gi`."""
-
-
-MEMORY_TIER_MIN = "16Mi"
-"""The smallest `checkpoint.memory.sizeLimit`: DCP's metadata and two saves of a small model."""
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[A-Za-z]*)$")
-_SUFFIX: dict[str, decimal.Decimal] = {
-    key: decimal.Decimal(value)
-    for key, value in {
-        "": "1",
-        "n": "1e-9",
-        "u": "1e-6",
-        "m": "1e-3",
-        "k": "1e3",
-        "M": "1e6",
-        "G": "1e9",
-        "T": "1e12",
-        "P": "1e15",
-        "E": "1e18",
-        "Ki": str(2**10),
-        "Mi": str(2**20),
-        "Gi": str(2**30),
-        "Ti": str(2**40),
-        "Pi": str(2**50),
-        "Ei": str(2**60),
-    }.items()
-}
-
-
-def quantity(value: str | int | float) -> float:
-    """A Kubernetes resource quantity (`8`, `500m`, `4Gi`, `1e3`) as a number."""
-    match = _QUANTITY.match(str(value))
-    if match is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    number, suffix = match.group(1), match.group(2)
-    if suffix in _SUFFIX:
-        return float(decimal.Decimal(number) * _SUFFIX[suffix])
-    if re.fullmatch(r"[eE][+-]?[0-9]+", suffix):  # a decimal exponent
-        return float(decimal.Decimal(number + suffix))
-    raise ValueError(f"not a quantity: {value!r} (unknown suffix {suffix!r})")
-
-
-class MemoryTierConfig(_Model):
-    """`checkpoint.memory`: a second checkpoint tier in the pods' memory (memtier.py)."""
-
-    interval_steps: IntervalSteps = Field(
-        "auto",
-        description="Save to memory every N steps, or `auto`: the Young/Daly optimum from the "
-        "measured memory save cost and every failure (a restart in place loads from memory); "
-        "the claim's own intervalSteps: auto then counts only the failures that recreate the "
-        "gang, the ones memory does not survive. The floor of auto here is 1 step.",
-    )
-    size_limit: str = Field(
-        "1Gi",
-        pattern=QUANTITY_PATTERN,
-        max_length=64,
-        description="Size of each worker pod's memory volume (an emptyDir, medium Memory, "
-        "mounted at /fsdp-memory). It holds the newest step of the pod's ranks and the one "
-        "being written: about twice their share of model and optimizer state. It counts "
-        "against the pod's memory. At least "
-        f"{MEMORY_TIER_MIN}: below that no save fits, and a failed memory save ends the rank.",
-        json_schema_extra=k8s_rules(
-            (
-                f"isQuantity(self) && quantity(self).compareTo(quantity('{MEMORY_TIER_MIN}')) >= 0",
-                f"checkpoint.memory.sizeLimit must be a quantity of at least {MEMORY_TIER_MIN}"
-                " (the memory tier holds two steps of each pod's share of the state)",
-            )
-        ),
-    )
-
-    @pydantic.field_validator("size_limit")
-    @classmethod
-    def _holds_a_save(cls, value: str) -> str:
-        size = quantity(value)
-        if size < quantity(MEMORY_TIER_MIN):
-            raise ValueError(
-                f"checkpoint.memory.sizeLimit={value!r} must be at least {MEMORY_TIER_MIN} "
-                "(the memory tier holds two steps of each pod's share of the state; a "
-                "failed memory save ends the rank)"
-            )
-        return value
-
-
-class ExportFormat(enum.StrEnum):
-    SAFETENSORS = "safetensors"
-
-
-class ExportConfig(_Model):
-    """`checkpoint.export`: the trained model, written once more on success in a form usable
-    without this project (checkpointing/export.py)."""
-
-    format: ExportFormat = Field(
-        ExportFormat.SAFETENSORS,
-        description="safetensors: the model's full (unsharded) parameters and buffers, by their "
-        "names in the model, in one Hugging Face safetensors file at "
-        "<checkpoint root>/export/model.safetensors; export/COMPLETE.json is created last, "
-        "only if absent.",
-    )
-
-
-class CheckpointConfig(_Model):
-    """`spec.checkpoint` of an FSDPJob."""
-
-    root: SafePath = Field("/ckpt", description="Checkpoint directory on a shared volume.")
-    interval_steps: IntervalSteps = Field(500)
-    auto_interval: AutoIntervalConfig = Field(default_factory=AutoIntervalConfig)
-    keep: int = Field(3, ge=1, le=1000, description="Complete checkpoints to retain.")
-    async_: bool = Field(
-        False,
-        alias="async",
-        description="Write checkpoints in the background while training goes on, one save at "
-        "a time. Off: training waits for each save to finish.",
-    )
-    bands_per_rank: int = Field(
-        4,
-        ge=1,
-        le=64,
-        description="Files per rank: each rank writes its shard of every large tensor as this "
-        "many runs of rows, one file each, so a load at another world size reads mostly its own "
-        "files. 1 is DCP's one file per rank.",
-    )
-    min_band_bytes: int = Field(
-        65536,
-        ge=0,
-        le=2**40,
-        description="Smallest run of rows worth a band; smaller tensor shards stay whole.",
-    )
-    direct_writes: bool = Field(
-        True,
-        description="Write checkpoint files with O_DIRECT, around the page cache, where the "
-        "file system allows it (else buffered). Durability is the same either way.",
-    )
-    memory: MemoryTierConfig | None = Field(
-        None,
-        description="A checkpoint tier in the pods' memory, for restarts in place "
-        "(failurePolicy.inPlaceRestarts > 0): a restart at the same world size loads from "
-        "memory when every rank holds the same sealed step, no older than the claim's newest. "
-        "Unset: no memory tier.",
-    )
-    resume_from_previous_jobs: bool = Field(
-        False,
-        description="Also resume from complete checkpoints that an earlier FSDPJob of the same "
-        "name (deleted, then created again) left in this job's checkpoint directory. Off: such "
-        "checkpoints keep the job from starting (condition Conflict) rather than being resumed "
-        "or overwritten by accident.",
-    )
-    export: ExportConfig | None = Field(
-        None,
-        description="When training completes, also write the model in a form usable without "
-        "this project, beside the checkpoints (the claim's or the object store's). Rank 0 "
-        "gathers the full model into its memory to write it. Unset: no export.",
-    )
-
-
-class WorkerConfig(_Model):
+class WorkerConfig(ConfigModel):
     """The document every rank reads (FSDP_WORKER_CONFIG): training plus checkpointing."""
 
     training: TrainingConfig = Field(default_factory=TrainingConfig)

@@ -22,7 +22,7 @@ import pydantic.dataclasses
 from pydantic import Field
 
 from fsdp_worker import contract
-from fsdp_worker.contract import config, wire
+from fsdp_worker.contract import config_base, wire
 
 
 def daly_interval_seconds(save_seconds: float, mtbf_seconds: float) -> float:
@@ -129,7 +129,7 @@ class Reliability:
             return cls()
 
 
-class Choice(config._Model):
+class Choice(config_base.ConfigModel):
     """The checkpoint interval in use, and (auto) the inputs it was chosen from."""
 
     steps: int = Field(description="Steps between checkpoints now.")

@@ -46,6 +46,7 @@ from fsdp_worker import contract
 from fsdp_worker.contract import (
     catalog,
     config,
+    config_checkpoint,
     fence,
     interval,
     objstore,
@@ -321,7 +322,7 @@ class StandIn:
 
     def _interval(self, steps_run: int) -> interval.Choice:
         ck = self.cfg.checkpoint
-        if ck.interval_steps != config.AUTO:
+        if ck.interval_steps != config_checkpoint.AUTO:
             return interval.Choice(steps=int(ck.interval_steps), auto=False)
         r = interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, ""))
         mtbf = interval.mtbf_estimate(
