@@ -15,7 +15,7 @@ import torch
 
 from fsdp_worker import kit
 from fsdp_worker.checkpointing import resume, state
-from fsdp_worker.contract import config
+from fsdp_worker.contract import batch, config
 from fsdp_worker.runtime import distributed
 from fsdp_worker.telemetry import flight, pace
 from fsdp_worker.train import data, ledger, model, optim, parallelize, trainer
@@ -44,13 +44,13 @@ def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state
 def _check_plan(settings: kit.Settings) -> None:
     """World size is known before rendezvous: refuse an impossible batch split early."""
     training = settings.cfg.training
-    data.make_plan(training, world_size=distributed.env_world_size(), rank=distributed.env_rank())
+    batch.make_plan(training, world_size=distributed.env_world_size(), rank=distributed.env_rank())
 
 
 def _train(run: kit.Run) -> None:
     tcfg, di = run.config.training, run.dist
     torch.manual_seed(tcfg.seed)
-    plan = data.make_plan(tcfg, world_size=di.world_size, rank=di.rank)
+    plan = batch.make_plan(tcfg, world_size=di.world_size, rank=di.rank)
     source = data.make_source(tcfg)
     run.tracked = st = _build_state(tcfg, di)
     point = run.choose()
