@@ -18,7 +18,7 @@ from fsdp_worker.checkpointing import resume, state
 from fsdp_worker.contract import batch, config
 from fsdp_worker.runtime import distributed
 from fsdp_worker.telemetry import flight, pace
-from fsdp_worker.train import data, ledger, model, optim, parallelize, trainer
+from fsdp_worker.train import data, ledger, model, optim, parallelize, preflight, trainer
 
 log = logging.getLogger("fsdp_worker")
 
@@ -39,12 +39,6 @@ def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state
     if di.rank == 0:
         log.info("ledger %s", json.dumps(planned))
     return state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
-
-
-def _check_plan(settings: kit.Settings) -> None:
-    """World size is known before rendezvous: refuse an impossible batch split early."""
-    training = settings.cfg.training
-    batch.make_plan(training, world_size=distributed.env_world_size(), rank=distributed.env_rank())
 
 
 def _train(run: kit.Run) -> None:
@@ -82,4 +76,4 @@ def _train(run: kit.Run) -> None:
 
 
 def main() -> int:
-    return kit.main(_train, before_rendezvous=_check_plan)
+    return kit.main(_train, before_rendezvous=preflight.check_plan)
