@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fsdp_worker.contract import config, errors
+from fsdp_worker.contract import batch, config, errors
 from fsdp_worker.train import data
 
 
@@ -18,7 +18,7 @@ def test_every_world_size_covers_the_same_global_batch_once(world: int) -> None:
     cursor = 36
     seen: list[int] = []
     for rank in range(world):
-        plan = data.make_plan(cfg, world_size=world, rank=rank)
+        plan = batch.make_plan(cfg, world_size=world, rank=rank)
         assert plan.micro_batch * plan.world_size * plan.accumulation == 12
         for a in range(plan.accumulation):
             seen.extend(plan.indices(cursor=cursor, accum_index=a))
@@ -28,7 +28,7 @@ def test_every_world_size_covers_the_same_global_batch_once(world: int) -> None:
 def test_an_impossible_world_size_is_a_config_error_naming_the_fields() -> None:
     cfg = config.TrainingConfig(global_batch_size=12, micro_batch_size=2)
     with pytest.raises(errors.ConfigError, match=r"globalBatchSize=12 .* worldSize=4"):
-        data.make_plan(cfg, world_size=4, rank=0)
+        batch.make_plan(cfg, world_size=4, rank=0)
 
 
 def test_synthetic_samples_depend_only_on_their_index() -> None:

@@ -1,95 +1,26 @@
-"""What the operator gave a rank: the training-config document and the environment
-(docs/contract.md, "What a rank is given"), read once into `Settings`.
+"""What the operator gave a rank, as the kit names it: `fsdp_worker.kit.environment`.
 
-Apart from the kit's run (kit/__init__.py: `Run` and `main`) because this is parsing at the
-edge: every malformed value becomes a ConfigError naming the variable or the field, before the
-gang forms. No torch here, and nothing is read after `load_settings` returns.
+The loader lives in contract/environment.py, torch-free, so that `python -m fsdp_worker` can
+refuse a bad config before it imports torch; this module only keeps the kit's name for it.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-
-import pydantic
-
-from fsdp_worker import contract
-from fsdp_worker.contract import config, errors, interval, store
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What the operator gave this rank (docs/contract.md, "What a rank is given")."""
-
-    cfg: config.WorkerConfig  # checkpoint.root already overridden by the environment
-    attempt: int
-    resume: str
-    metrics_port: int
-    job_uid: str | None = None
-    rules: contract.ResumeRules | None = None
-    reliability: interval.Reliability = field(default_factory=interval.Reliability)
-    generation: int = 0  # restarts in place before this process (gang.py)
-
-
-def _validation_message(exc: pydantic.ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(x) for x in err["loc"]) or "(document)"
-        parts.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
-    return "invalid training config: " + "; ".join(parts)
-
-
-def int_env(name: str, default: int) -> int:
-    raw = os.environ.get(name, "")
-    try:
-        return int(raw) if raw else default
-    except ValueError:
-        raise errors.ConfigError(f"environment {name}={raw!r} must be an integer") from None
-
-
-def int_env_or(name: str, default: int) -> int:
-    """An integer from the environment, the default when unset or malformed (for reports)."""
-    try:
-        return int_env(name, default)
-    except errors.ConfigError:
-        return default
-
-
-def load_settings() -> Settings:
-    """Config document (file path, else inline JSON) plus the operator's environment."""
-    path = os.environ.get(contract.ENV_CONFIG_FILE)
-    try:
-        if path:
-            with open(path, "rb") as f:
-                raw: bytes | str = f.read()
-        else:
-            raw = os.environ.get(contract.ENV_CONFIG) or "{}"
-        cfg = config.WorkerConfig.parse(raw)
-    except OSError as exc:
-        raise errors.ConfigError(f"{contract.ENV_CONFIG_FILE}={path!r}: {exc}") from exc
-    except pydantic.ValidationError as exc:
-        raise errors.ConfigError(_validation_message(exc)) from exc
-    root = os.environ.get(contract.ENV_CHECKPOINT_ROOT)
-    if root:  # the operator names the job's own directory under checkpoint.root
-        cfg = cfg.model_copy(
-            update={"checkpoint": cfg.checkpoint.model_copy(update={"root": root})}
-        )
-    try:
-        store.check_root(cfg.checkpoint.root)
-    except ValueError as exc:
-        raise errors.ConfigError(f"{exc} (from {contract.ENV_CHECKPOINT_ROOT})") from None
-    raw_rules = os.environ.get(contract.ENV_RESUME_RULES)
-    try:
-        rules = contract.ResumeRules.parse(raw_rules) if raw_rules else None
-    except ValueError as exc:
-        raise errors.ConfigError(str(exc)) from None
-    return Settings(
-        cfg=cfg,
-        attempt=int_env(contract.ENV_ATTEMPT, 1),
-        resume=os.environ.get(contract.ENV_RESUME, ""),
-        metrics_port=int_env(contract.ENV_METRICS_PORT, contract.DEFAULT_METRICS_PORT),
-        job_uid=os.environ.get(contract.ENV_JOB_UID) or None,
-        rules=rules,
-        reliability=interval.Reliability.parse(os.environ.get(contract.ENV_RELIABILITY, "")),
-        generation=int_env(contract.ENV_GENERATION, 0),
-    )
+from fsdp_worker.contract.environment import (
+    Settings as Settings,
+)
+from fsdp_worker.contract.environment import (
+    env_rank as env_rank,
+)
+from fsdp_worker.contract.environment import (
+    env_world_size as env_world_size,
+)
+from fsdp_worker.contract.environment import (
+    int_env as int_env,
+)
+from fsdp_worker.contract.environment import (
+    int_env_or as int_env_or,
+)
+from fsdp_worker.contract.environment import (
+    load_settings as load_settings,
+)

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from fsdp_worker.contract import environment
+
 # Long enough for a slow checkpoint on a shared volume; a dead peer still surfaces as an error.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 
@@ -32,13 +34,9 @@ class DistInfo:
     ckpt_group: dist.ProcessGroup
 
 
-def env_world_size() -> int:
-    """WORLD_SIZE as torchrun sets it (1 when run without torchrun)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+# Read before the gang forms, torch-free (contract/environment.py): kept here for the kit.
+env_world_size = environment.env_world_size
+env_rank = environment.env_rank
 
 
 def init() -> DistInfo:

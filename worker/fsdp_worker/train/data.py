@@ -3,19 +3,19 @@
 Sample `i` of the stream is a pure function of `i` (and the seed or file). A step consumes
 global samples [cursor, cursor + globalBatch); pass `a` of rank `r` of world `W` with micro
 batch `m` takes samples cursor + (a*W + r)*m ... + m - 1, so every world size consumes exactly
-the same global batch per step. This module must not know about models or process groups.
+the same global batch per step (the plan: contract/batch.py). This module must not know about
+models or process groups.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from fsdp_worker.contract import config, errors
+from fsdp_worker.contract import batch, config, errors
 
 
 class Source(Protocol):
@@ -76,40 +76,8 @@ def make_source(cfg: config.TrainingConfig) -> Source:
     )
 
 
-@dataclass(frozen=True)
-class Plan:
-    """How one rank walks a global batch: micro x world x accumulation = global."""
-
-    global_batch: int
-    micro_batch: int
-    world_size: int
-    rank: int
-
-    @property
-    def accumulation(self) -> int:
-        return self.global_batch // (self.micro_batch * self.world_size)
-
-    def indices(self, *, cursor: int, accum_index: int) -> range:
-        first = cursor + (accum_index * self.world_size + self.rank) * self.micro_batch
-        return range(first, first + self.micro_batch)
-
-
-def make_plan(cfg: config.TrainingConfig, *, world_size: int, rank: int) -> Plan:
-    """ConfigError (naming the fields) when the global batch cannot be kept exact."""
-    try:
-        cfg.accumulation_steps(world_size)
-    except ValueError as exc:
-        raise errors.ConfigError(f"training.globalBatchSize: {exc}") from exc
-    return Plan(
-        global_batch=cfg.global_batch_size,
-        micro_batch=cfg.micro_batch_size,
-        world_size=world_size,
-        rank=rank,
-    )
-
-
 def micro_batch(
-    source: Source, *, plan: Plan, cursor: int, accum_index: int
+    source: Source, *, plan: batch.Plan, cursor: int, accum_index: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and targets, [micro, seq_len] each."""
     rows = torch.stack(

@@ -15,10 +15,10 @@ import torch
 
 from fsdp_worker import kit
 from fsdp_worker.checkpointing import resume, state
-from fsdp_worker.contract import config
+from fsdp_worker.contract import batch, config
 from fsdp_worker.runtime import distributed
 from fsdp_worker.telemetry import flight, pace
-from fsdp_worker.train import data, ledger, model, optim, parallelize, trainer
+from fsdp_worker.train import data, ledger, model, optim, parallelize, preflight, trainer
 
 log = logging.getLogger("fsdp_worker")
 
@@ -41,16 +41,10 @@ def _build_state(tcfg: config.TrainingConfig, di: distributed.DistInfo) -> state
     return state.TrainState(net, opt, optim.build_scheduler(opt, cfg=tcfg))
 
 
-def _check_plan(settings: kit.Settings) -> None:
-    """World size is known before rendezvous: refuse an impossible batch split early."""
-    training = settings.cfg.training
-    data.make_plan(training, world_size=distributed.env_world_size(), rank=distributed.env_rank())
-
-
 def _train(run: kit.Run) -> None:
     tcfg, di = run.config.training, run.dist
     torch.manual_seed(tcfg.seed)
-    plan = data.make_plan(tcfg, world_size=di.world_size, rank=di.rank)
+    plan = batch.make_plan(tcfg, world_size=di.world_size, rank=di.rank)
     source = data.make_source(tcfg)
     run.tracked = st = _build_state(tcfg, di)
     point = run.choose()
@@ -82,4 +76,4 @@ def _train(run: kit.Run) -> None:
 
 
 def main() -> int:
-    return kit.main(_train, before_rendezvous=_check_plan)
+    return kit.main(_train, before_rendezvous=preflight.check_plan)

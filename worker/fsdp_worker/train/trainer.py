@@ -22,7 +22,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from fsdp_worker import contract
 from fsdp_worker.checkpointing import checkpoint, schedule, state
-from fsdp_worker.contract import config, errors
+from fsdp_worker.contract import batch, config, errors
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import flight, metrics, pace
@@ -38,7 +38,7 @@ class Loop:
     schedule: schedule.Schedule
     st: state.TrainState
     source: data.Source
-    plan: data.Plan
+    plan: batch.Plan
     ckpt: checkpoint.CheckpointManager
     meters: metrics.Metrics
     dist: DistInfo
