@@ -22,6 +22,8 @@ import subprocess
 from pathlib import Path
 
 BRIDGE = "fsdplc0"
+BRIDGE_MAC = "02:fd:70:00:00:01"
+"""The bridge's own MAC (locally administered): fixed, so that pods joining never change it."""
 POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
 """Owned by the local cluster; blackholed below the bridge's half."""
 BRIDGE_NET = ipaddress.ip_network("10.244.0.0/17")
@@ -122,6 +124,13 @@ def up(nodes: int) -> None:
     """Create the bridge with the gateway and ``nodes`` node addresses, routes and fences."""
     if not _run("ip", "-o", "link", "show", BRIDGE, check=False):
         _run("ip", "link", "add", BRIDGE, "type", "bridge")
+    # A bridge without an address of its own takes its lowest port's: every new pod's veth
+    # could change the gateway's MAC under the running pods, whose ARP entries then point at
+    # a MAC no one answers until they expire (tens of seconds without DNS, the API server or
+    # services). Seen: keepers that resolve their coordinator's name each ask lost it when a
+    # test started other pods, and stopped a healthy gang. Set, it stays (CNI's bridge does
+    # the same).
+    _run("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
     _ensure_address(f"{GATEWAY}/{BRIDGE_NET.prefixlen}")
     for i in range(nodes):
         _ensure_address(f"{node_net(i).ip}/32")

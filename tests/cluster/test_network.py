@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
-from localcluster import poll
+from localcluster import network, poll
 from localcluster.controlplane import Cluster
 from tests.cluster._podkit import apply, python_pod, running, terminated, wait_phase
 
@@ -119,3 +120,20 @@ def test_host_reaches_pod_address(cluster: Cluster, kube_namespace: str) -> None
             return b""
 
     assert poll.until("host -> pod TCP", fetch, timeout=20) == b"metrics"
+
+
+def test_the_gateway_keeps_its_mac_when_pods_join(cluster: Cluster, kube_namespace: str) -> None:
+    """A Linux bridge with no MAC of its own takes its lowest port's, so a new pod's veth could
+    change the gateway's MAC under the running pods: their ARP entries then point at a MAC no
+    one answers, and DNS, the API server and Services go dark for them until the entries expire
+    (seen: keepers lost their coordinator's name and stopped a healthy gang). The bridge's MAC
+    is set, and five pods joining leave it as it was."""
+    sysfs = Path("/sys/class/net") / network.BRIDGE
+    assert (sysfs / "address").read_text().strip() == network.BRIDGE_MAC
+    assert (sysfs / "addr_assign_type").read_text().strip() == "3", "set, not inherited"
+    sleeper = "import time\nwhile True: time.sleep(1)"
+    pods = [python_pod(f"joiner-{i}", sleeper) for i in range(5)]
+    apply(cluster, kube_namespace, *pods)
+    for pod in pods:
+        running(cluster, kube_namespace, pod["metadata"]["name"])
+    assert (sysfs / "address").read_text().strip() == network.BRIDGE_MAC

@@ -601,6 +601,6 @@ def test_only_the_gang_reaches_its_keeper_and_store_and_restarts_in_place_still_
         timeout=180,
         diagnosis=lambda: f"{jobs.diagnosis(name)}\n{operator.log_tail()}",
     )
-    said = f"{jobs.diagnosis(name)}\n{operator.log_tail()}"
+    said = f"{jobs.diagnosis(name)}\n{jobs.evidence(name)}\n{operator.log_tail()}"
     assert done["attempt"] == 1 and done["restarts"]["application"] == 1, said
     assert "RestartedInPlace" in jobs.events(name)
