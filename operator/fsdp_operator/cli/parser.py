@@ -110,9 +110,7 @@ def _listing(listing: argparse.ArgumentParser) -> None:
 
 def _waiting(waiting: argparse.ArgumentParser) -> None:
     """`wait`: names or a selector, --for, --timeout."""
-    names = waiting.add_argument("names", nargs="*", type=job_ref, help="or -l")
-    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
-    _selector(waiting)
+    _names_or_selector(waiting)
     waiting.add_argument(
         "--for",
         dest="wait_for",
@@ -127,9 +125,7 @@ def _waiting(waiting: argparse.ArgumentParser) -> None:
 
 def _deleting(deleting: argparse.ArgumentParser) -> None:
     """`delete`: names or a selector; waits until they are gone unless --wait=false."""
-    names = deleting.add_argument("names", nargs="*", type=job_ref, help="or -l")
-    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
-    _selector(deleting)
+    _names_or_selector(deleting)
     deleting.add_argument(
         "--wait",
         type=_switch,
@@ -149,6 +145,13 @@ def _switch(value: str) -> bool:
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
     raise argparse.ArgumentTypeError(f"{value!r}: allowed are true and false")
+
+
+def _names_or_selector(parser: argparse.ArgumentParser) -> None:
+    """Jobs by name (the shell completes them), or by `-l`."""
+    names = parser.add_argument("names", nargs="*", type=job_ref, help="or -l")
+    names.completer = _complete_names  # type: ignore[attr-defined]  # argcomplete reads it
+    _selector(parser)
 
 
 def _selector(parser: argparse.ArgumentParser) -> None:
