@@ -238,11 +238,13 @@ def test_delete_by_selector_without_waiting(
     assert fake_api.requests[0].params.get("labelSelector") == "team=nlp"
 
 
-def test_delete_with_neither_name_nor_selector_deletes_nothing(
+def test_delete_with_neither_name_nor_selector_or_both_deletes_nothing(
     fake_api: fakeapi.FakeAPI, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert _run(fake_api, tmp_path, "delete -n team") == 1
     assert "name a job, or select jobs with -l" in capsys.readouterr().err
+    assert _run(fake_api, tmp_path, "delete a -l team=nlp -n team") == 1
+    assert "not both" in capsys.readouterr().err
     assert not fake_api.requests
 
 
@@ -298,10 +300,18 @@ def test_events_watch_prints_each_new_event_after_the_list(
     stream = (json.dumps({"type": "ADDED", "object": new}) + "\n").encode()
     fake_api.answer(f"get {EVENTS}", listed, kmock.Response(payload=stream))
     kubeconfig = fake_api.kubeconfig(tmp_path / "kubeconfig")
-    args = parser.build("fsdpctl").parse_args(["events", "a", "-w"])
+    args = parser.build("fsdpctl").parse_args(["events", "a", "-w", "-o", "json"])
     core = cli.kubernetes.client.CoreV1Api(cli.kube.load_client(str(kubeconfig)))
     assert cli.events(core, "team", args, cli.Console(), timeout_seconds=5) == 0
-    assert "generation 1 restarts in place" in capsys.readouterr().out
+    # -o json: the list, then each new Event as a document of its own (no table rows)
+    decoder, out, docs = json.JSONDecoder(), capsys.readouterr().out, []
+    at = 0
+    while at < len(out.rstrip()):
+        doc, at = decoder.raw_decode(out, at)
+        docs.append(doc)
+        at += len(out[at:]) - len(out[at:].lstrip())
+    assert [d.get("kind") for d in docs] == ["List", None]
+    assert docs[1]["message"] == "generation 1 restarts in place"
     watched = fake_api.requests[-1].params
     assert watched.get("watch") in ("true", "True") and watched.get("resourceVersion") == "7"
 

@@ -430,11 +430,19 @@ def test_a_silent_lease_with_no_step_of_the_attempt_seen_waits_for_the_jobs_grac
     nodeLossGraceSeconds (30 s here); the loop wakes then."""
     views = nodes()
     views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
-    for quiet in (
-        running_status(last_progress_time=None, step=None),
-        running_status(last_progress_time=NOW - 250, attempt_started=NOW - 200),
-    ):
-        d = decide.decide(observe(nodes=views, status=quiet, progress=None))
+    gauge_before_first_step = [  # rank 0 serves its step gauge before its first step
+        (running_status(last_progress_time=NOW - 20, step=0), ob.Progress(step=0)),
+        (
+            running_status(last_progress_time=NOW - 20, step=40, resumed_from_step=40),
+            ob.Progress(step=40),
+        ),
+    ]
+    for quiet, progress in [
+        (running_status(last_progress_time=None, step=None), None),
+        (running_status(last_progress_time=NOW - 250, attempt_started=NOW - 200), None),
+        *gauge_before_first_step,
+    ]:
+        d = decide.decide(observe(nodes=views, status=quiet, progress=progress, checkpoint=None))
         assert d.failure is None and not d.delete, d.failure
         assert d.status.suspect_nodes == ["node-2"]
         assert deadlines.next_deadline(observe(nodes=views, status=quiet)) == NOW - 12 + 30

@@ -9,7 +9,7 @@ import dataclasses
 from fsdp_operator.policy import decide
 from fsdp_operator.types import observed as ob
 from fsdp_operator.types import status as st
-from tests.builders import NOW, nodes, observe, pods, running_status
+from tests.builders import NOW, make_spec, nodes, observe, pods, running_status
 
 
 def _silent(*silent: int) -> list[ob.NodeView]:
@@ -58,6 +58,18 @@ def test_only_the_nodes_of_the_attempts_running_pods_are_suspect() -> None:
     d = decide.decide(observe(nodes=views, pods=gang, status=was, progress=ob.Progress(step=52)))
     assert d.status.suspect_nodes == ["node-1"]
     assert _events(d, "NodeSuspectCleared") == ["node node-9 no longer runs this attempt's pods"]
+
+
+def test_a_suspended_or_relaunched_job_keeps_no_suspects() -> None:
+    """Its pods go (suspend), or a new attempt's nodes are judged afresh (a resize)."""
+    was = running_status(step=51, last_progress_time=NOW, suspect_nodes=["node-2"])
+    d = decide.decide(observe(spec=make_spec(suspend=True), nodes=_silent(2), status=was))
+    assert d.status.suspect_nodes == [] and not _events(d, "NodeSuspectCleared")
+    restarting = running_status(
+        phase=st.Phase.RESTARTING, next_attempt_at=NOW - 1, suspect_nodes=["node-2"]
+    )
+    d = decide.decide(observe(nodes=_silent(2), status=restarting))
+    assert d.status.attempt == 2 and d.status.suspect_nodes == []
 
 
 def test_a_finished_job_keeps_no_suspects() -> None:

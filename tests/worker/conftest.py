@@ -45,7 +45,7 @@ def _no_process_outlives_its_test(tmp_path: Path) -> Iterator[None]:
     keeper leaves the keeper's warm launcher and its rank running (in a pod the container's end
     takes them): seen in CI, one ran on for minutes beside the tests that followed."""
     yield
-    for pid in _running_in(tmp_path):
+    for pid in _running_in(tmp_path.resolve()):  # /proc shows the resolved path
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

@@ -110,8 +110,8 @@ def watch_events(
     if timeout_seconds is not None:
         extra["timeout_seconds"] = timeout_seconds
     for change in kubernetes.watch.Watch().stream(core.list_namespaced_event, namespace, **extra):
-        if change["type"] in ("ADDED", "MODIFIED"):
-            yield dict(change["object"])
+        if change["type"] in ("ADDED", "MODIFIED"):  # the client made a V1Event of it
+            yield dict(core.api_client.sanitize_for_serialization(change["object"]))
 
 
 def _about(name: str) -> str:

@@ -22,6 +22,9 @@ def delete(
     if not args.names and not args.selector:
         print("error: name a job, or select jobs with -l", file=sys.stderr)
         return 1
+    if args.names and args.selector:  # as kubectl: which would be meant is not clear
+        print("error: name jobs or select them with -l, not both", file=sys.stderr)
+        return 1
     names = list(args.names) or sorted(
         j["metadata"]["name"] for j in cluster.jobs(custom, namespace, args.selector)
     )

@@ -27,12 +27,7 @@ def events(
     listed = cluster.event_list(core, namespace, args.name)
     found = sorted(listed["items"], key=cluster.event_time)
     if args.output != "table":
-        doc = {"apiVersion": "v1", "kind": "List", "items": found, "metadata": {}}
-        sys.stdout.write(
-            json.dumps(doc, indent=2) + "\n"
-            if args.output == "json"
-            else yaml.safe_dump(doc, sort_keys=False)
-        )
+        _write({"apiVersion": "v1", "kind": "List", "items": found, "metadata": {}}, args.output)
     elif found or not args.watch:
         console.print(_table(found) if found else Text(f"No events about {namespace}/{args.name}."))
     if args.watch:
@@ -40,8 +35,20 @@ def events(
         for event in cluster.watch_events(
             core, namespace, args.name, since=since, timeout_seconds=timeout_seconds
         ):
-            console.print(_table([event], header=False))
+            if args.output == "table":
+                console.print(_table([event], header=False))
+            else:  # each one a document of its own, as kubectl's watch writes them
+                _write(event, args.output)
     return 0
+
+
+def _write(doc: dict[str, Any], output: str) -> None:
+    """One document as JSON, or as YAML opened by `---` (a watch writes one after another)."""
+    if output == "json":
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        sys.stdout.write("---\n" + yaml.safe_dump(doc, sort_keys=False))
+    sys.stdout.flush()
 
 
 def _table(found: list[dict[str, Any]], *, header: bool = True) -> Any:

@@ -163,7 +163,10 @@ def seen_training(s: status.FSDPJobStatus) -> bool:
     corroborate a silent Lease. A gang still starting, or a trainer that serves no progress,
     says nothing either way: its node is lost by the Lease once nodeLossGraceSeconds pass."""
     seen, started = s.last_progress_time, s.attempt_started
-    return seen is not None and (started is None or seen >= started)
+    if seen is None or (started is not None and seen < started):
+        return False
+    # rank 0 serves its step gauge before its first step (0, or the step it resumed from)
+    return s.step is not None and s.step > (s.resumed_from_step or 0)
 
 
 def _trained_since(obs: observed.Observed, since: float) -> bool:

@@ -7,7 +7,7 @@ spares of a finished job go. Pure: the draft in, the draft changed.
 
 from __future__ import annotations
 
-from fsdp_operator.policy import conditions, decision
+from fsdp_operator.policy import conditions, decision, suspicion
 from fsdp_operator.types import observed, status
 
 PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED, status.Cause.PREEMPTED})
@@ -118,6 +118,7 @@ def planned_stop(
     """Tear down gracefully: workers save a checkpoint on SIGTERM before they exit."""
     s = d.status
     close_history(d, obs, cause, None)
+    suspicion.forget(d)  # its pods go: no node is this attempt's to watch
     s.failure_observed, s.drain, s.next_attempt_at = obs.now, True, obs.now
     phase = status.Phase.SUSPENDED if cause is status.Cause.SUSPENDED else status.Phase.RESTARTING
     conditions.set_phase(d, obs, phase, cause.value, msg)

@@ -7,7 +7,7 @@ Pure: the draft in, the draft changed (the pods are made by run/objects.py from 
 
 from __future__ import annotations
 
-from fsdp_operator.policy import conditions, decision, goodput, restarts
+from fsdp_operator.policy import conditions, decision, goodput, restarts, suspicion
 from fsdp_operator.types import observed, queueing, status
 from fsdp_worker import contract
 from fsdp_worker.contract import config_checkpoint, interval
@@ -55,6 +55,7 @@ def launch(
         done = s.spares.takeovers if s.spares is not None else 0
         s.spares = status.Spares(wanted=obs.spec.spares, takeovers=done)
     s.attempt_started, s.last_progress_time = obs.now, None
+    suspicion.forget(d)  # a new attempt's nodes are judged afresh
     _pod_group(d, obs, cause=ended_by, replicas=replicas, before=before)
     s.resumed_from_step = ck.step if ck else None
     s.resume_path = ck.path if ck else (contract.RESUME_AUTO if rules else None)

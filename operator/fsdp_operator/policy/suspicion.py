@@ -18,19 +18,20 @@ def judge(d: decision.Draft, obs: observed.Observed) -> None:
     """Name the attempt's running pods' nodes whose Lease is silent; clear those that renew.
     Called only for an attempt that runs on with no failure found this pass."""
     s = d.status
-    now = _silent(obs, s.attempt)
+    now = _silent(obs, s.attempt)[:SUSPECT_LIMIT]  # a node not kept would be said every pass
     for node in now:
         if node not in s.suspect_nodes:
             d.emit("NodeSuspect", _suspect_words(obs, node), warning=True)
     for node in s.suspect_nodes:
         if node not in now:
             d.emit("NodeSuspectCleared", _cleared_words(obs, node))
-    s.suspect_nodes = now[:SUSPECT_LIMIT]
+    s.suspect_nodes = now
 
 
 def forget(d: decision.Draft) -> None:
-    """The attempt ends (a failure found, the job finished): its suspects go with it, unsaid
-    (a node declared lost is said by the failure's own Events)."""
+    """The attempt ends (a failure found, the job finished, suspended or stopped, a new
+    attempt): its suspects go with it, unsaid (a node declared lost is said by the failure's
+    own Events)."""
     d.status.suspect_nodes = []
 
 
