@@ -421,34 +421,3 @@ def test_after_a_gang_that_never_met_the_next_attempt_gets_twice_the_time_to_mee
     stepped = status.model_copy(update={"last_progress_time": NOW - 103})
     d = decide.decide(observe(status=stepped, progress=None, scrape=SCRAPED, pods=pods(3)))
     assert d.failure is not None and d.failure.cause is st.Cause.HANG
-
-
-def test_a_silent_lease_with_no_step_of_the_attempt_seen_waits_for_the_jobs_grace() -> None:
-    """Issue 42: nothing corroborates a silent Lease when the operator has not seen this
-    attempt step (a gang still starting, a trainer that serves no progress, a step seen only
-    in the attempt before): the node is suspect, and lost once its Lease has been silent for
-    nodeLossGraceSeconds (30 s here); the loop wakes then."""
-    views = nodes()
-    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
-    gauge_before_first_step = [  # rank 0 serves its step gauge before its first step
-        (running_status(last_progress_time=NOW - 20, step=0), ob.Progress(step=0)),
-        (
-            running_status(last_progress_time=NOW - 20, step=40, resumed_from_step=40),
-            ob.Progress(step=40),
-        ),
-    ]
-    for quiet, progress in [
-        (running_status(last_progress_time=None, step=None), None),
-        (running_status(last_progress_time=NOW - 250, attempt_started=NOW - 200), None),
-        *gauge_before_first_step,
-    ]:
-        d = decide.decide(observe(nodes=views, status=quiet, progress=progress, checkpoint=None))
-        assert d.failure is None and not d.delete, d.failure
-        assert d.status.suspect_nodes == ["node-2"]
-        assert deadlines.next_deadline(observe(nodes=views, status=quiet)) == NOW - 12 + 30
-    views[2] = dataclasses.replace(views[2], lease_silent_seconds=30.0)
-    quiet = running_status(last_progress_time=None, step=None)
-    d = decide.decide(observe(nodes=views, status=quiet, progress=None))
-    assert d.failure is not None and d.failure.cause is st.Cause.NODE_LOST
-    assert "past nodeLossGraceSeconds; no step of this attempt seen" in d.failure.message
-    assert d.failure.time == NOW - 30.0

@@ -153,16 +153,12 @@ def next_deadline(obs: observed.Observed) -> float | None:
         if node is not None and not node.ready and node.not_ready_since is not None:
             times.append(node.not_ready_since + fp.node_loss_grace_seconds)
     seen = s.last_progress_time
-    silent = [
-        n.lease_silent_seconds
+    if seen is not None and any(
+        (n := obs.node(p.node)) is not None and n.lease_silent_seconds is not None
         for p in pods
-        if p.node and (n := obs.node(p.node)) is not None and n.lease_silent_seconds is not None
-    ]
-    if seen is not None and silent:
-        # a silent Lease under a gang that trains: judged again when its steps would be late
+        if p.node
+    ):  # a silent Lease under a gang that trains: judged again when its steps would be late
         times.append(seen + live_window(s))
-    for quiet in silent:  # with no step seen, a silent Lease is judged at the job's grace
-        times.append(obs.now - quiet + fp.node_loss_grace_seconds)
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)

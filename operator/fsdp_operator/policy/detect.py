@@ -117,19 +117,12 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
         silent = node.lease_silent_seconds
         if silent is not None and not _trained_since(obs, obs.now - silent):
-            if seen_training(obs.status):
-                # Corroborated: the gang stopped stepping; its last renewal is when it was lost.
-                msg = (
-                    f"node {pod.node} of pod {pod.name} stopped renewing its Lease "
-                    f"({silent:.0f}s) and the job made no step since"
-                )
-                return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
-            if silent >= grace:  # nothing says whether it trains: the job's grace decides
-                msg = (
-                    f"node {pod.node} of pod {pod.name} stopped renewing its Lease "
-                    f"({silent:.0f}s, past nodeLossGraceSeconds; no step of this attempt seen)"
-                )
-                return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
+            # Corroborated: its last renewal is when it was lost.
+            msg = (
+                f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
+                "and the job made no step since"
+            )
+            return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
             msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"
@@ -156,17 +149,6 @@ def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, f
         pod.finished if pod.finished is not None else obs.now,
         pod.rank,
     )
-
-
-def seen_training(s: status.FSDPJobStatus) -> bool:
-    """Whether the operator has seen this attempt step: only then does a stop of its steps
-    corroborate a silent Lease. A gang still starting, or a trainer that serves no progress,
-    says nothing either way: its node is lost by the Lease once nodeLossGraceSeconds pass."""
-    seen, started = s.last_progress_time, s.attempt_started
-    if seen is None or (started is not None and seen < started):
-        return False
-    # rank 0 serves its step gauge before its first step (0, or the step it resumed from)
-    return s.step is not None and s.step > (s.resumed_from_step or 0)
 
 
 def _trained_since(obs: observed.Observed, since: float) -> bool:

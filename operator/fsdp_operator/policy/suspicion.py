@@ -8,7 +8,7 @@ holds the job's pods. Pure: the draft in, the draft changed.
 
 from __future__ import annotations
 
-from fsdp_operator.policy import decision, detect
+from fsdp_operator.policy import decision
 from fsdp_operator.types import observed
 
 SUSPECT_LIMIT = 64  # nodes status.suspectNodes keeps (the CRD's maxItems)
@@ -52,12 +52,6 @@ def _suspect_words(obs: observed.Observed, node: str) -> str:
     view = obs.node(node)
     silent = view.lease_silent_seconds if view is not None else None
     grace = obs.spec.failure_policy.node_loss_grace_seconds
-    if not detect.seen_training(obs.status):
-        return (
-            f"node {node} stopped renewing its Lease ({silent or 0:.0f}s); no step of this "
-            "attempt has been seen to say whether its pods still train, so it is declared "
-            f"lost once silent for nodeLossGraceSeconds ({grace}s), or NotReady that long"
-        )
     return (
         f"node {node} stopped renewing its Lease ({silent or 0:.0f}s) while the job trains on "
         f"(step {obs.status.step if obs.status.step is not None else '?'}): its kubelet is "

@@ -130,9 +130,7 @@ class FailurePolicy(SpecModel):
         description="How long a node may be NotReady/Unknown before its pods count lost. A node "
         "whose kubelet stops renewing its Lease is lost sooner, but only once the job stops "
         "stepping too: a kubelet restarting under a gang that trains on restarts nothing "
-        "until this grace has passed. Before any step of the attempt is seen (a gang still "
-        "starting, a trainer that serves no progress), a silent Lease is a loss once it has "
-        "been silent this long.",
+        "until this grace has passed.",
     )
     progress_deadline_seconds: int = Field(
         600, ge=5, le=604_800, description="Hang: no step advance on rank 0 for this long."

@@ -360,9 +360,8 @@ class FSDPJobStatus(_Model):
         default_factory=list,
         max_length=64,
         description="Nodes under the current attempt whose kubelet stopped renewing its Lease "
-        "but which are not (yet) judged lost: the job trains on (a kubelet paused or "
-        "restarting), or no step of the attempt has been seen and nodeLossGraceSeconds has not "
-        "passed. The NodeSuspect and NodeSuspectCleared Events say when each came and went.",
+        "while the job trains on (a kubelet paused or restarting): not lost, watched. The "
+        "NodeSuspect and NodeSuspectCleared Events say when each came and went.",
     )
     excluded_nodes: list[ExcludedNode] = Field(
         default_factory=list,
