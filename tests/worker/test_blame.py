@@ -175,7 +175,8 @@ def test_blame_goes_to_the_rank_that_failed_on_its_own(
     # For the note: which pod really ended first here (the old rule blamed that one).
     print(f"blame {case}: survivor ended {pods[0].finished - pods[1].finished:+.3f}s after")
     for failure in _verdicts(pods):
-        assert failure.pod == "job-a1-1" and failure.cause.value == cause, (case, failure)
+        said = [p.message for p in pods]  # each pod's own record, to tell the race apart
+        assert failure.pod == "job-a1-1" and failure.cause.value == cause, (case, failure, said)
         assert words in failure.message, (case, failure.message)
         assert len(failure.symptoms) == 1 and failure.symptoms[0].startswith("pod job-a1-0")
         assert failure.time == 100.0  # when the first pod ended: the attempt stopped there
