@@ -57,7 +57,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The linux-amd64 archive and fsdp.yaml, as the release workflow builds them."""
     house = images.cache_dir() / "wheels"
     if not any(house.glob(f"pydantic_core-*-cp{PYTHON.replace('.', '')}-*.whl")):
-        pytest.skip(f"no wheelhouse for CPython {PYTHON} at {house}: `make images` fills it")
+        pytest.fail(f"no wheelhouse for CPython {PYTHON} at {house}: run `make images` first")
     out = tmp_path_factory.mktemp("release")
     krew.main(
         [
