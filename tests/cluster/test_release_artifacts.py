@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from hack import kit, krew
-from localcluster import images
+from localcluster import controlplane, images
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -42,14 +42,9 @@ def _bare_env(path: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def krew_bin() -> str:
-    """krew v0.4.3 from its Go module (localcluster/build-krew.sh; `make krew-bin`)."""
-    built = subprocess.run(
-        ["bash", str(ROOT / "localcluster" / "build-krew.sh")],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return built.stdout.strip().splitlines()[-1]
+    """krew v0.4.3 from its Go module (localcluster/build-krew.sh; `make krew-bin`), or the
+    binary FSDPOP_KREW_BIN names."""
+    return str(controlplane.built_dir("build-krew.sh", override="FSDPOP_KREW_BIN"))
 
 
 @pytest.fixture(scope="module")
