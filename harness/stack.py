@@ -428,6 +428,13 @@ class Jobs:
         )["items"]
         return [e["reason"] for e in sorted(items, key=lambda e: e.get("firstTimestamp") or "")]
 
+    def messages(self, name: str, reason: str) -> list[str]:
+        """The messages of job `name`'s Events with this reason, as `kubectl describe` shows."""
+        items = self.cluster.get_json(
+            "events", "-n", self.ns, "--field-selector", f"involvedObject.name={name}"
+        )["items"]
+        return [e.get("message") or "" for e in items if e.get("reason") == reason]
+
     def diagnosis(self, name: str) -> str:
         """What a user would look at when a wait on job `name` runs out: its status, its
         Events and its pods (phase, node, container states, log tails)."""

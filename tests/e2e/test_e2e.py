@@ -294,13 +294,16 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
         )
         s = jobs.status(name)
         assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", s["lastFailure"]
+        # the killed rank's pod is blamed, not a survivor whose peer vanished (issue 42's demo)
+        assert s["lastFailure"]["pod"] == first[name][1]["metadata"]["name"], s["lastFailure"]
         assert restart["resumedFromStep"] >= crashed[name], restart
         assert {p["metadata"]["uid"] for p in jobs.running_pods(name, 1)} == uids[name]
         log = jobs.cluster.kubectl("logs", "-n", namespace, f"{name}-a1-0", check=False).stdout
         assert "generation 1 starts from the warm launcher" in log, log[-3000:]
         if name == "survivor":  # every rank held the same sealed step
             assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, restart
-    _restarted(jobs, "titan", 2, "Crash")
+    titan = _restarted(jobs, "titan", 2, "Crash")["lastFailure"]
+    assert titan["pod"] == first["titan"][1]["metadata"]["name"], titan  # recreated: the same
     # Every job seals again after its restart (the policies let the scrape through: the
     # operator saw the restarted ranks step) before the node goes.
     pods = {

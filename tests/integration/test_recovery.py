@@ -500,26 +500,54 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
 ) -> None:
     """One job (they share it to spare CI a bring-up), two things that are not a lost node.
 
-    The API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
-    operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
-    no node renew in that time, so it judges none, and the job trains on in attempt 1.
+    A kubelet restart or upgrade that takes a minute, from before the gang's first step: its
+    Lease is silent for 60 s (lost by the Lease rule after 8.25 s here), its node NotReady after
+    8 s, while its pods start and train on. Lease silence alone is not a loss. Before the first
+    step nothing the ranks do can vouch for the node, so the operator asks the gang's keepers
+    (inPlaceRestarts): node rank 1's keeper still asks its coordinator, so the node is suspect,
+    not lost. Once the gang steps, rank 0 is scraped every second and keeps stepping. NotReady
+    is judged after nodeLossGraceSeconds (90 s here). The node is said to be suspect
+    (status.suspectNodes, a NodeSuspect Event) and cleared after.
 
-    Then a kubelet restart or upgrade that takes a minute: its Lease is silent for 60 s (lost by
-    the Lease rule after 2.25 s here), its node NotReady after 8 s, while its pods train on.
-    Lease silence alone is not a loss: rank 0 is scraped every second and keeps stepping, so
-    the job is not restarted; NotReady is judged after nodeLossGraceSeconds (90 s here). The
-    node is said to be suspect (status.suspectNodes, a NodeSuspect Event) and cleared after."""
+    Then the API server answers nothing for 10 s: 2.5 times the kubelets' 4 s Lease, past the
+    operator's 8.25 s of silence for a lost node. Every Lease looks silent, but the operator saw
+    no node renew in that time, so it judges none, and the job trains on in attempt 1."""
     name = harness.unique("stall")
-    doc = harness.job_doc(name, training={"steps": 2000})
-    doc["spec"]["failurePolicy"]["nodeLossGraceSeconds"] = 90
-    jobs.apply(doc)
+    # 2 x 12 s of start-up (before "rendezvous" and before "loaded"): the Lease falls silent
+    # well before the first step
+    policy = {"inPlaceRestarts": 2, "nodeLossGraceSeconds": 90, "startupDeadlineSeconds": 150}
+    env = {"STANDIN_START_SECONDS": 12}
+    jobs.apply(harness.job_doc(name, training={"steps": 2000}, failurePolicy=policy, env=env))
     victim = next(p for p in _pods_of(jobs, name, 1) if p["metadata"]["name"].endswith("-1"))
-    _step_at_least(jobs, name, 6)
 
     def why(s: dict[str, Any]) -> str:
         return f"{json.dumps(s)[:3000]}\nevents: {jobs.events(name)}\n{operator.log_tail()}"
 
     faults = _faults(operator)
+    node = victim["spec"]["nodeName"]
+    assert (jobs.status(name).get("step") or 0) == 0, why(jobs.status(name))
+    faults.pause_kubelet(node)
+    try:
+        time.sleep(60)
+        s = jobs.status(name)
+    finally:
+        faults.resume_kubelet(node)
+    assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
+    assert (s.get("step") or 0) >= 50, why(s)  # it started and trained all along (0.2 s a step)
+    assert "FailureDetected" not in jobs.events(name), why(s)
+    # said, not acted on: suspect while paused (by its keeper's word before the first step),
+    # and cleared once it renews
+    said = jobs.messages(name, "NodeSuspect")
+    assert s.get("suspectNodes") == [node], why(s)
+    assert len(said) == 1 and "before the attempt's first step" in said[0], f"{said}\n{why(s)}"
+    poll.until(
+        f"NodeSuspectCleared for {node}",
+        lambda: "NodeSuspectCleared" in jobs.events(name),
+        timeout=60,
+        diagnosis=lambda: why(jobs.status(name)),
+    )
+    _every_node_ready(operator)
+
     faults.stall_apiserver(10)
     stepped = (jobs.status(name).get("step") or 0) + 100
     s = poll.until(
@@ -530,28 +558,7 @@ def test_an_api_server_stall_and_a_paused_kubelet_lose_no_node(
     )
     assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
     assert not s.get("restarts", {}).get("total"), why(s)
-    assert "NodeSuspect" not in jobs.events(name), why(s)  # no node renewed: none judged
-    _every_node_ready(operator)
-
-    node = victim["spec"]["nodeName"]
-    faults.pause_kubelet(node)
-    try:
-        before = jobs.status(name).get("step") or 0
-        time.sleep(60)
-        s = jobs.status(name)
-    finally:
-        faults.resume_kubelet(node)
-    assert s["attempt"] == 1 and "lastFailure" not in s, why(s)
-    assert (s.get("step") or 0) >= before + 100, why(s)  # it trained all along (0.2 s a step)
-    assert "FailureDetected" not in jobs.events(name), why(s)
-    # said, not acted on: the node is suspect while paused, and cleared once it renews
-    assert s.get("suspectNodes") == [node] and "NodeSuspect" in jobs.events(name), why(s)
-    poll.until(
-        f"NodeSuspectCleared for {node}",
-        lambda: "NodeSuspectCleared" in jobs.events(name),
-        timeout=60,
-        diagnosis=lambda: why(jobs.status(name)),
-    )
+    assert jobs.events(name).count("NodeSuspect") == 1, why(s)  # no node renewed: none judged
     jobs.patch(name, {"suspend": True})
     _every_node_ready(operator)
 

@@ -150,6 +150,69 @@ def test_a_silent_lease_under_a_job_that_trains_on_is_no_loss_until_not_ready_pa
     assert "not Ready for 31s" in d.failure.message
 
 
+def test_a_silent_lease_before_the_first_step_is_judged_by_the_nodes_keeper() -> None:
+    """No step seen yet (the gang imports, meets or loads), so the ranks cannot vouch for the
+    node. Where keepers run (inPlaceRestarts) the pass asks the gang's coordinator: a node
+    whose keeper still asks it lives (its kubelet only restarting) until nodeLossGraceSeconds;
+    its keeper silent too, or the coordinator unreachable, is a loss at once, as is a Lease
+    silent without keepers to ask."""
+    views = nodes()
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0, lease_quiet=True)
+    # rank 0 serves step 0 while the gang meets and loads: no step made
+    starting = running_status(last_progress_time=NOW - 1, step=0)
+    spec = make_spec(failurePolicy={"inPlaceRestarts": 2, "nodeLossGraceSeconds": 30})
+    with_ip = pods(r0={"ip": "10.244.0.5"})
+
+    def judged(spec: Any, gang: ob.GangHealth | None) -> st.Failure | None:
+        obs = observe(
+            spec=spec,
+            nodes=views,
+            status=starting,
+            progress=None,
+            pods=with_ip,
+            gang=gang,
+            checkpoint=None,
+        )
+        return decide.decide(obs).failure
+
+    # The pass asks node rank 0's coordinator, and again every second while it waits
+    asking = observe(spec=spec, nodes=views, status=starting, progress=None, pods=with_ip)
+    assert deadlines.asks_the_gang(asking) == "10.244.0.5"
+    wake = deadlines.next_deadline(asking)
+    assert wake is not None and wake <= NOW + deadlines.KEEPER_RECHECK_SECONDS
+    alive = ob.GangHealth(answered=True, silent={})
+    assert judged(spec, alive) is None
+    d = decide.decide(
+        observe(
+            spec=spec,
+            nodes=views,
+            status=starting,
+            progress=None,
+            pods=with_ip,
+            gang=alive,
+            checkpoint=None,
+        )
+    )
+    assert d.status.suspect_nodes == ["node-2"] and "keeper still asks" in str(d.events)
+    silent_keeper = ob.GangHealth(answered=True, silent={2: 9.0})
+    f = judged(spec, silent_keeper)
+    assert f is not None and f.cause is st.Cause.NODE_LOST and f.time == NOW - 12.0
+    assert "its keeper is silent too (9s)" in f.message
+    f = judged(spec, ob.GangHealth(answered=False, error="timed out"))
+    assert f is not None and "coordinator did not answer (timed out)" in f.message
+    # another node's keeper silent says nothing of node-2's
+    assert judged(spec, ob.GangHealth(answered=True, silent={1: 9.0})) is None
+    # the job's grace passes with its keeper still there: lost
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=30.0)
+    f = judged(spec, alive)
+    assert f is not None and "nodeLossGraceSeconds (30s) passed" in f.message
+    # without keepers nothing speaks for the node before a step: the Lease alone, as before
+    views[2] = dataclasses.replace(views[2], lease_silent_seconds=12.0)
+    plain = make_spec(failurePolicy={"inPlaceRestarts": 0, "nodeLossGraceSeconds": 30})
+    f = judged(plain, None)
+    assert f is not None and "the job has made no step yet" in f.message
+
+
 def test_rank_0_is_scraped_every_second_while_a_node_of_the_gang_is_quiet() -> None:
     from fsdp_operator.io import probe
     from fsdp_operator.run import reconcile

@@ -142,6 +142,41 @@ def past_exit_grace(
     return rank0, since
 
 
+KEEPER_RECHECK_SECONDS = 1.0
+"""While a node's silent Lease waits on its keeper's word (keepers_vouch), the pass asks the
+gang's coordinator again this often: a keeper silent for observed.GANG_SILENT_SECONDS
+corroborates the loss."""
+
+
+def has_stepped(s: status.FSDPJobStatus) -> bool:
+    """Whether the attempt has made a step: its first step is in its timeline, or the operator
+    saw rank 0's step pass the one the attempt started from (a rank 0 that has not met or
+    loaded yet may serve step 0, or the step it resumes from: no step made)."""
+    entry = s.history[-1] if s.history and s.history[-1].attempt == s.attempt else None
+    if entry is not None and entry.timeline is not None and entry.timeline.first_step is not None:
+        return True
+    seen = s.last_progress_time is not None and s.step is not None
+    return seen and (s.step or 0) > (s.resumed_from_step or 0)
+
+
+def keepers_vouch(obs: observed.Observed) -> bool:
+    """Whether a silent Lease is judged by the node's keeper: the job has keepers
+    (failurePolicy.inPlaceRestarts) and the attempt has made no step, so its ranks cannot say
+    whether the gang goes on (a kubelet restarted while the gang imports, meets or loads)."""
+    return bool(obs.spec.failure_policy.in_place_restarts) and not has_stepped(obs.status)
+
+
+def _leases_silent(obs: observed.Observed, pods: list[observed.PodView]) -> list[float]:
+    """How long each live pod's node has been silent on its Lease (the silent ones)."""
+    live = (observed.PodPhase.RUNNING, observed.PodPhase.PENDING)
+    silent = (
+        n.lease_silent_seconds
+        for p in pods
+        if p.node and p.phase in live and (n := obs.node(p.node)) is not None
+    )
+    return [t for t in silent if t is not None]
+
+
 def next_deadline(obs: observed.Observed) -> float | None:
     """The earliest future moment a check of detect.py could fire, so the loop wakes right
     then."""
@@ -159,6 +194,10 @@ def next_deadline(obs: observed.Observed) -> float | None:
         if p.node
     ):  # a silent Lease under a gang that trains: judged again when its steps would be late
         times.append(seen + live_window(s))
+    if keepers_vouch(obs):  # a silent Lease waits on its keeper: asked again, and its grace
+        for silent in _leases_silent(obs, pods):
+            times.append(obs.now + KEEPER_RECHECK_SECONDS)
+            times.append(obs.now - silent + fp.node_loss_grace_seconds)
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
@@ -178,12 +217,17 @@ def next_deadline(obs: observed.Observed) -> float | None:
 
 
 def asks_the_gang(obs: observed.Observed) -> str | None:
-    """The coordinator's address (node rank 0's pod) when this pass should ask whether the
-    keepers can restart the gang in place: a hang's deadline and evidence grace have passed
-    and its in-place grace has not. None otherwise."""
+    """The coordinator's address (node rank 0's pod) when this pass should ask the keepers:
+    whether they can restart the gang in place (a hang's deadline and evidence grace have
+    passed and its in-place grace has not), or whether a node whose Lease went silent before
+    the attempt's first step still has its keeper (keepers_vouch). None otherwise."""
     if not obs.spec.failure_policy.in_place_restarts:
         return None
     pods = obs.attempt_pods(obs.status.attempt)
+    node0 = next((p for p in pods if p.rank == 0), None)
+    coordinator = None if node0 is None or not node0.ip else node0.ip
+    if keepers_vouch(obs) and _leases_silent(obs, pods):
+        return coordinator  # a silent Lease before any step: does the node's keeper still ask?
     if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
     baseline = progress_baseline(obs.status)
@@ -192,5 +236,4 @@ def asks_the_gang(obs: observed.Observed) -> str | None:
         return None
     if obs.now - baseline >= hang_window(obs.spec, obs.status):
         return None  # past the grace: the hang is declared whatever they say
-    node0 = next((p for p in pods if p.rank == 0), None)
-    return None if node0 is None or not node0.ip else node0.ip
+    return coordinator

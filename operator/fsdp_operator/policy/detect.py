@@ -117,12 +117,13 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
         silent = node.lease_silent_seconds
         if silent is not None and not _trained_since(obs, obs.now - silent):
-            # Corroborated: its last renewal is when it was lost.
-            msg = (
-                f"node {pod.node} of pod {pod.name} stopped renewing its Lease ({silent:.0f}s) "
-                "and the job made no step since"
-            )
-            return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
+            corroboration = _lease_corroborated(obs, pod, silent)
+            if corroboration:  # its last renewal is when it was lost
+                msg = (
+                    f"node {pod.node} of pod {pod.name} stopped renewing its Lease "
+                    f"({silent:.0f}s) and {corroboration}"
+                )
+                return _failure(status.Cause.NODE_LOST, pod, at=obs.now - silent, message=msg)
         since = node.not_ready_since
         if not node.ready and since is not None and obs.now - since >= grace:
             msg = f"node {pod.node} of pod {pod.name} not Ready for {obs.now - since:.0f}s"
@@ -151,6 +152,30 @@ def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, f
     )
 
 
+def _lease_corroborated(obs: observed.Observed, pod: observed.PodView, silent: float) -> str:
+    """What corroborates a silent Lease under a job that made no step since it went silent
+    ("" when nothing does yet): the ranks, where this attempt has stepped before (a gang whose
+    node is gone stops stepping); before its first step, where keepers run
+    (failurePolicy.inPlaceRestarts), the node's keeper (deadlines.keepers_vouch: a pod whose
+    keeper still asks the coordinator lives, its kubelet only restarting, until the job's
+    nodeLossGraceSeconds); without keepers, nothing else speaks for the node, and the Lease
+    stands alone as it always did."""
+    grace = obs.spec.failure_policy.node_loss_grace_seconds
+    if deadlines.has_stepped(obs.status):
+        return "the job made no step since"
+    if not deadlines.keepers_vouch(obs):
+        return "the job has made no step yet"
+    gang = obs.gang
+    if gang is None or not gang.answered:
+        error = gang.error if gang is not None else "not asked"
+        return f"the gang's coordinator did not answer ({error})"
+    if pod.rank in gang.silent:
+        return f"its keeper is silent too ({gang.silent[pod.rank]:.0f}s)"
+    if silent >= grace:
+        return f"nodeLossGraceSeconds ({grace}s) passed while its keeper still answered"
+    return ""
+
+
 def _trained_since(obs: observed.Observed, since: float) -> bool:
     """Whether the operator saw rank 0's step advance after `since` (a node's last Lease
     renewal). A kubelet that restarts, or is paused, stops renewing while its pods train on:
@@ -159,7 +184,9 @@ def _trained_since(obs: observed.Observed, since: float) -> bool:
     collectives wait for the lost ranks), so the verdict comes as soon as the Lease is lost;
     a node NotReady past nodeLossGraceSeconds is lost whatever the job does."""
     seen = obs.status.last_progress_time
-    return seen is not None and seen > since and obs.now - seen <= deadlines.live_window(obs.status)
+    if seen is None or not deadlines.has_stepped(obs.status):
+        return False  # rank 0 serving the step it starts from is no step
+    return seen > since and obs.now - seen <= deadlines.live_window(obs.status)
 
 
 def _crashed(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failure | None:

@@ -1,14 +1,15 @@
 """Nodes suspected, not lost: a kubelet stopped renewing its Lease under the job while the
-gang trains on (detect declares a node lost only when the job stops stepping, or NotReady
-passes nodeLossGraceSeconds), so a kubelet paused or restarting costs the job nothing. A user
-still wants to know the node is sick: each suspect is kept in status.suspectNodes and said once
-in a NodeSuspect Warning Event; NodeSuspectCleared says when it renews again or no longer
-holds the job's pods. Pure: the draft in, the draft changed.
+gang trains on, or before its first step while the node's keeper still speaks (detect declares
+a node lost only when the job stops stepping or the keeper falls silent, or NotReady or the
+Lease's silence passes nodeLossGraceSeconds), so a kubelet paused or restarting costs the job
+nothing. A user still wants to know the node is sick: each suspect is kept in
+status.suspectNodes and said once in a NodeSuspect Warning Event; NodeSuspectCleared says when
+it renews again or no longer holds the job's pods. Pure: the draft in, the draft changed.
 """
 
 from __future__ import annotations
 
-from fsdp_operator.policy import decision
+from fsdp_operator.policy import deadlines, decision
 from fsdp_operator.types import observed
 
 SUSPECT_LIMIT = 64  # nodes status.suspectNodes keeps (the CRD's maxItems)
@@ -52,6 +53,13 @@ def _suspect_words(obs: observed.Observed, node: str) -> str:
     view = obs.node(node)
     silent = view.lease_silent_seconds if view is not None else None
     grace = obs.spec.failure_policy.node_loss_grace_seconds
+    if deadlines.keepers_vouch(obs):  # judged by its keeper (detect)
+        return (
+            f"node {node} stopped renewing its Lease ({silent or 0:.0f}s) before the attempt's "
+            "first step, and its pod's keeper still asks the gang's coordinator: its kubelet is "
+            "paused or restarting, so the node is not lost. It is declared lost if its keeper "
+            f"falls silent, or its Lease stays silent for nodeLossGraceSeconds ({grace}s)"
+        )
     return (
         f"node {node} stopped renewing its Lease ({silent or 0:.0f}s) while the job trains on "
         f"(step {obs.status.step if obs.status.step is not None else '?'}): its kubelet is "

@@ -129,8 +129,9 @@ class FailurePolicy(SpecModel):
         le=3600,
         description="How long a node may be NotReady/Unknown before its pods count lost. A node "
         "whose kubelet stops renewing its Lease is lost sooner, but only once the job stops "
-        "stepping too: a kubelet restarting under a gang that trains on restarts nothing "
-        "until this grace has passed.",
+        "stepping too (before the attempt's first step, with inPlaceRestarts: once the node's "
+        "keeper falls silent too): a kubelet restarting under a gang that trains on, or starts "
+        "with its keepers speaking, restarts nothing until this grace has passed.",
     )
     progress_deadline_seconds: int = Field(
         600, ge=5, le=604_800, description="Hang: no step advance on rank 0 for this long."
