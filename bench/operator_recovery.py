@@ -105,12 +105,37 @@ def _running(jobs: stack.Jobs, name: str, count: int) -> list[dict[str, Any]] | 
     return pods if len(pods) == count else None
 
 
-def _first_step(jobs: stack.Jobs, name: str, attempt: int) -> dict[str, Any] | None:
-    """The history entry of `attempt` once its timeline has a first step."""
-    for h in jobs.status(name).get("history", []):
-        if h["attempt"] == attempt and (h.get("timeline") or {}).get("firstStep"):
-            return dict(h)
+def _trains_again(jobs: stack.Jobs, name: str) -> list[dict[str, Any]] | None:
+    """The job's history up to the first attempt after attempt 1 that made a step (a lost
+    node judged by NotReady alone is often caught as a Hang first, and the attempt after it
+    may land on the lost node again: the chain of attempts is what it cost)."""
+    history = jobs.status(name).get("history", [])
+    for i, h in enumerate(history):
+        if h["attempt"] > 1 and (h.get("timeline") or {}).get("firstStep"):
+            return [dict(e) for e in history[: i + 1]]
     return None
+
+
+def _loss_row(history: list[dict[str, Any]], stopped: float) -> dict[str, float]:
+    """Heartbeats stop -> the first verdict, -> NodeLost (when one came), -> the first step
+    of the attempt that trained again, and how many attempts that took."""
+    after = history[1:]
+    first = harness_ts(after[0]["timeline"]["detected"])
+    trained = harness_ts(after[-1]["timeline"]["firstStep"])
+    lost = [
+        harness_ts(h["timeline"]["detected"])
+        for h in after
+        if h["timeline"].get("cause") == "NodeLost"
+    ]
+    row = {
+        "heartbeat_stop_to_first_verdict": first - stopped,
+        "heartbeat_stop_to_first_step": trained - stopped,
+        "first_verdict_to_first_step": trained - first,
+        "attempts_to_train_again": float(len(after)),
+    }
+    if lost:
+        row["heartbeat_stop_to_node_lost"] = lost[0] - stopped
+    return row
 
 
 def crash_trials(jobs: stack.Jobs, clock: PodClock, n: int) -> list[float]:
@@ -212,21 +237,17 @@ def production_node_loss(
         stopped = time.time()
         faults.lose_node(node, freeze=names.Label.JOB.value)
         try:
-            entry = poll.until(
-                "attempt 2's first step",
-                functools.partial(_first_step, jobs, name, 2),
+            history = poll.until(
+                "the first step of an attempt after the loss",
+                functools.partial(_trains_again, jobs, name),
                 timeout=240,
                 every=1.0,
                 diagnosis=functools.partial(jobs.diagnosis, name),
             )
-            tl = entry["timeline"]
-            row = {
-                "heartbeat_stop_to_node_lost": harness_ts(tl["detected"]) - stopped,
-                "heartbeat_stop_to_first_step": harness_ts(tl["firstStep"]) - stopped,
-                "node_lost_to_first_step": harness_ts(tl["firstStep"]) - harness_ts(tl["detected"]),
-            }
-            message = jobs.status(name)["history"][0]["failure"]["message"]
-            print(f"missed={missed} node loss {i}: {row} ({message})")
+            row = _loss_row(history, stopped)
+            causes = " -> ".join(str(h["failure"]["cause"]) for h in history if h.get("failure"))
+            message = history[0]["failure"]["message"]
+            print(f"missed={missed} node loss {i}: {row} ({causes}; {message})")
             out.append(row)
         finally:
             faults.restore_node(node)
@@ -308,12 +329,13 @@ def production(args: argparse.Namespace) -> None:
         stall = api_server_stall(jobs, op, args.stall_seconds)
 
     def summary(rows: list[dict[str, float]]) -> dict[str, Any]:
-        keys = rows[0].keys() if rows else ()
+        keys = sorted({k for r in rows for k in r})
         return {
             "n": len(rows),
             **{
-                k: {"p50": statistics.median(r[k] for r in rows), "max": max(r[k] for r in rows)}
+                k: {"p50": statistics.median(v), "max": max(v), "n": len(v)}
                 for k in keys
+                if (v := [r[k] for r in rows if k in r])
             },
             "samples": rows,
         }

@@ -245,6 +245,19 @@ class Faults:
         self._signal(stopped, SIGCONT)
         self._kubelet_signal(node, SIGCONT)
 
+    def thaw_pods(self, node: str) -> None:
+        """The lost node's frozen pods continue while its kubelet stays stopped: a node cut off
+        from the cluster whose containers still reach their storage (a zombie writer). The
+        API no longer has their pods, and nothing on the node stops them until restore_node."""
+        self._signal([pid for pid in self._node_pids(node) if _state(pid) == "T"], SIGCONT)
+
+    def pod_log(self, node: str, namespace: str, pod: str) -> str:
+        """A pod's container logs as its node wrote them (the kubelet's podLogsDir): readable
+        when the API cannot serve them (the pod deleted, the kubelet stopped)."""
+        logs = self.state_dir / "nodes" / node / "pod-logs"
+        found = sorted(logs.glob(f"{namespace}_{pod}_*/*/*.log")) if logs.is_dir() else []
+        return "".join(path.read_text(errors="replace") for path in found)
+
     def pause_kubelet(self, node: str) -> None:
         """The kubelet alone stops (a restart or an upgrade that takes a while): no heartbeats,
         no Lease renewals, while the node's pods run on as ever."""
