@@ -19,7 +19,7 @@ import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator.io import cache, gang, kube, observe
+from fsdp_operator.io import cache, gang, kube, observe, podgroups
 from fsdp_operator.policy import decide
 from fsdp_operator.render import templates
 from fsdp_operator.run import reconcile, settings
@@ -902,3 +902,63 @@ def test_every_pass_writes_its_status_in_one_patch(
     assert before <= {"evidence"}, fake_api.log()  # only the failed gang's evidence is kept first
     version = cluster.job["metadata"]["resourceVersion"]
     assert reconciler.is_echo(NS, NAME, version)
+
+
+# --- spec.gangScheduling: the attempt's PodGroup ------------------------------------------------
+PODGROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NS}/podgroups"
+
+
+def serve_podgroups(fake_api: fakeapi.FakeAPI, cluster: Cluster) -> None:
+    """scheduler-plugins' PodGroup CRD served: PodGroups kept beside the job's other objects."""
+
+    def delete(request: kmock.Request) -> kmock.Response:
+        found = cluster.objects.pop(("PodGroup", name_of(request)), None)
+        return ok(found) if found is not None else fakeapi.status(404, "not found")
+
+    fake_api[f"get {PODGROUPS}"] << (lambda: ok({"items": cluster.of_kind("PodGroup")}))
+    fake_api[f"post {PODGROUPS}"] << (lambda request: cluster._create("PodGroup", request))
+    fake_api["delete", re.compile(f"{PODGROUPS}/[^/]+")] << delete
+
+
+def test_a_restart_replaces_the_podgroup_before_the_new_attempts_pods(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+) -> None:
+    """The restarted gang's PodGroup (minMember: its pods) is there before any of its pods, and
+    the failed attempt's is gone (a shrunk gang must not be counted against the old size)."""
+    cluster = Cluster(fake_api, job_body())
+    rank_1_failed(cluster)
+    cluster.job["spec"]["gangScheduling"] = {"kind": "Coscheduling"}
+    old = names.pod_group(NAME, attempt=1)
+    owner = templates.owner_reference(JOB_REF)
+    meta = {"name": old, "ownerReferences": [owner]}
+    cluster.put({"kind": "PodGroup", "metadata": meta, "spec": {"minMember": 2}})
+    serve_podgroups(fake_api, cluster)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    new = names.pod_group(NAME, attempt=2)
+    assert ("PodGroup", old) not in cluster.objects
+    group = cluster.objects["PodGroup", new]
+    assert group["spec"] == {"minMember": 2} and observe.owned_by(group, JOB_REF)
+    paths = [r.url.path for r in creates(fake_api.requests)]
+    assert paths.index(PODGROUPS) < paths.index(PODS), paths
+    for pod in (cluster.objects["Pod", n] for n in cluster.job_pods()):
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == new
+        assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+def test_a_cluster_without_the_podgroup_crd_makes_no_pod_and_says_what_to_install(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+) -> None:
+    spec = {**job_spec(2), "gangScheduling": {"kind": "Coscheduling"}}
+    cluster = Cluster(fake_api, {**job_body(2), "spec": spec})
+    fake_api[f"get {PODGROUPS}"] << fakeapi.status(404, "the server could not find it")
+    with pytest.raises(podgroups.MissingApi):
+        reconciler.run_pass(NS, NAME, cluster.view())
+    assert cluster.job_pods() == []
+    shown = condition(cluster.job["status"], decide.RECONCILE_ERROR)
+    assert shown is not None and shown["status"] == "True", cluster.job["status"]
+    assert (
+        "spec.gangScheduling.kind=Coscheduling: the cluster serves no PodGroup"
+        in (shown["message"])
+    )
+    [warning] = events(fake_api.requests)
+    assert warning.data["type"] == "Warning" and "install" in warning.data["message"]
