@@ -10,6 +10,7 @@ the job, so the next pass reads what the last one wrote. Time is the Reconciler'
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -908,16 +909,33 @@ def test_every_pass_writes_its_status_in_one_patch(
 PODGROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NS}/podgroups"
 
 
-def serve_podgroups(fake_api: fakeapi.FakeAPI, cluster: Cluster) -> None:
-    """scheduler-plugins' PodGroup CRD served: PodGroups kept beside the job's other objects."""
+@dataclasses.dataclass
+class Served:
+    """Whether the cluster serves the PodGroup CRD (a test turns it on)."""
+
+    on: bool
+
+
+def serve_podgroups(fake_api: fakeapi.FakeAPI, cluster: Cluster, *, served: bool = True) -> Served:
+    """scheduler-plugins' PodGroup CRD: PodGroups kept beside the job's other objects while
+    it is served (the returned switch), every request a 404 while not (no such CRD)."""
+    switch = Served(served)
+    missing = fakeapi.status(404, "the server could not find the requested resource")
+
+    def listed() -> kmock.Response:
+        return ok({"items": cluster.of_kind("PodGroup")}) if switch.on else missing
+
+    def create(request: kmock.Request) -> kmock.Response:
+        return cluster._create("PodGroup", request) if switch.on else missing
 
     def delete(request: kmock.Request) -> kmock.Response:
         found = cluster.objects.pop(("PodGroup", name_of(request)), None)
         return ok(found) if found is not None else fakeapi.status(404, "not found")
 
-    fake_api[f"get {PODGROUPS}"] << (lambda: ok({"items": cluster.of_kind("PodGroup")}))
-    fake_api[f"post {PODGROUPS}"] << (lambda request: cluster._create("PodGroup", request))
+    fake_api[f"get {PODGROUPS}"] << listed
+    fake_api[f"post {PODGROUPS}"] << create
     fake_api["delete", re.compile(f"{PODGROUPS}/[^/]+")] << delete
+    return switch
 
 
 def test_a_restart_replaces_the_podgroup_before_the_new_attempts_pods(
@@ -946,19 +964,25 @@ def test_a_restart_replaces_the_podgroup_before_the_new_attempts_pods(
 
 
 def test_a_cluster_without_the_podgroup_crd_makes_no_pod_and_says_what_to_install(
-    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler, clock: Clock
 ) -> None:
+    """No crash and no member pod without its group: the pass stops before the pods, the job
+    says what to install, and once the CRD is served the next pass creates the gang."""
     spec = {**job_spec(2), "gangScheduling": {"kind": "Coscheduling"}}
     cluster = Cluster(fake_api, {**job_body(2), "spec": spec})
-    fake_api[f"get {PODGROUPS}"] << fakeapi.status(404, "the server could not find it")
+    crd = serve_podgroups(fake_api, cluster, served=False)
     with pytest.raises(podgroups.MissingApi):
         reconciler.run_pass(NS, NAME, cluster.view())
     assert cluster.job_pods() == []
     shown = condition(cluster.job["status"], decide.RECONCILE_ERROR)
     assert shown is not None and shown["status"] == "True", cluster.job["status"]
-    assert (
-        "spec.gangScheduling.kind=Coscheduling: the cluster serves no PodGroup"
-        in (shown["message"])
-    )
+    said = "spec.gangScheduling.kind=Coscheduling: the cluster serves no PodGroup"
+    assert said in shown["message"]
     [warning] = events(fake_api.requests)
     assert warning.data["type"] == "Warning" and "install" in warning.data["message"]
+
+    crd.on = True
+    clock.now += 5
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert cluster.job_pods() == [f"{NAME}-a1-0", f"{NAME}-a1-1"]
+    assert ("PodGroup", names.pod_group(NAME, attempt=1)) in cluster.objects
