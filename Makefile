@@ -8,7 +8,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
-.PHONY: kwok-bin versitygw-bin kueue-bin bench-fleet lock bench-in-place bench-memory-tier
+.PHONY: kwok-bin versitygw-bin kueue-bin scheduler-plugins-bin bench-fleet lock bench-in-place bench-memory-tier
 .PHONY: bench-gang-scale krew-bin release-artifacts
 
 venv: $(STAMP)
@@ -52,6 +52,11 @@ krew-bin:
 # from its Go module into the cache; tests/integration/test_kueue.py needs it.
 kueue-bin:
 	bash localcluster/build-kueue.sh >/dev/null
+
+# scheduler-plugins' kube-scheduler (Coscheduling, localcluster/schedulerplugins.py) and its
+# PodGroup CRD, from its Go module into the cache; tests/integration/test_gang_scheduler.py needs it.
+scheduler-plugins-bin:
+	nice -n 15 bash localcluster/build-scheduler-plugins.sh >/dev/null
 
 # `ruff format` owns layout. `# fmt: skip` belongs only on an aligned table, and there is
 # none today: a new one must raise this allowance in the same change (hack/fmt_skips.py).

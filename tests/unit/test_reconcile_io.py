@@ -10,6 +10,7 @@ the job, so the next pass reads what the last one wrote. Time is the Reconciler'
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ import kmock
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from fsdp_operator.io import cache, gang, kube, observe
+from fsdp_operator.io import cache, gang, kube, observe, podgroups
 from fsdp_operator.policy import decide
 from fsdp_operator.render import templates
 from fsdp_operator.run import reconcile, settings
@@ -902,3 +903,86 @@ def test_every_pass_writes_its_status_in_one_patch(
     assert before <= {"evidence"}, fake_api.log()  # only the failed gang's evidence is kept first
     version = cluster.job["metadata"]["resourceVersion"]
     assert reconciler.is_echo(NS, NAME, version)
+
+
+# --- spec.gangScheduling: the attempt's PodGroup ------------------------------------------------
+PODGROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NS}/podgroups"
+
+
+@dataclasses.dataclass
+class Served:
+    """Whether the cluster serves the PodGroup CRD (a test turns it on)."""
+
+    on: bool
+
+
+def serve_podgroups(fake_api: fakeapi.FakeAPI, cluster: Cluster, *, served: bool = True) -> Served:
+    """scheduler-plugins' PodGroup CRD: PodGroups kept beside the job's other objects while
+    it is served (the returned switch), every request a 404 while not (no such CRD)."""
+    switch = Served(served)
+    missing = fakeapi.status(404, "the server could not find the requested resource")
+
+    def listed() -> kmock.Response:
+        return ok({"items": cluster.of_kind("PodGroup")}) if switch.on else missing
+
+    def create(request: kmock.Request) -> kmock.Response:
+        return cluster._create("PodGroup", request) if switch.on else missing
+
+    def delete(request: kmock.Request) -> kmock.Response:
+        found = cluster.objects.pop(("PodGroup", name_of(request)), None)
+        return ok(found) if found is not None else fakeapi.status(404, "not found")
+
+    fake_api[f"get {PODGROUPS}"] << listed
+    fake_api[f"post {PODGROUPS}"] << create
+    fake_api["delete", re.compile(f"{PODGROUPS}/[^/]+")] << delete
+    return switch
+
+
+def test_a_restart_replaces_the_podgroup_before_the_new_attempts_pods(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler
+) -> None:
+    """The restarted gang's PodGroup (minMember: its pods) is there before any of its pods, and
+    the failed attempt's is gone (a shrunk gang must not be counted against the old size)."""
+    cluster = Cluster(fake_api, job_body())
+    rank_1_failed(cluster)
+    cluster.job["spec"]["gangScheduling"] = {"kind": "Coscheduling"}
+    old = names.pod_group(NAME, attempt=1)
+    owner = templates.owner_reference(JOB_REF)
+    meta = {"name": old, "ownerReferences": [owner]}
+    cluster.put({"kind": "PodGroup", "metadata": meta, "spec": {"minMember": 2}})
+    serve_podgroups(fake_api, cluster)
+    reconciler.run_pass(NS, NAME, cluster.view())
+    new = names.pod_group(NAME, attempt=2)
+    assert ("PodGroup", old) not in cluster.objects
+    group = cluster.objects["PodGroup", new]
+    assert group["spec"] == {"minMember": 2} and observe.owned_by(group, JOB_REF)
+    paths = [r.url.path for r in creates(fake_api.requests)]
+    assert paths.index(PODGROUPS) < paths.index(PODS), paths
+    for pod in (cluster.objects["Pod", n] for n in cluster.job_pods()):
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == new
+        assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+def test_a_cluster_without_the_podgroup_crd_makes_no_pod_and_says_what_to_install(
+    fake_api: fakeapi.FakeAPI, reconciler: reconcile.Reconciler, clock: Clock
+) -> None:
+    """No crash and no member pod without its group: the pass stops before the pods, the job
+    says what to install, and once the CRD is served the next pass creates the gang."""
+    spec = {**job_spec(2), "gangScheduling": {"kind": "Coscheduling"}}
+    cluster = Cluster(fake_api, {**job_body(2), "spec": spec})
+    crd = serve_podgroups(fake_api, cluster, served=False)
+    with pytest.raises(podgroups.MissingApi):
+        reconciler.run_pass(NS, NAME, cluster.view())
+    assert cluster.job_pods() == []
+    shown = condition(cluster.job["status"], decide.RECONCILE_ERROR)
+    assert shown is not None and shown["status"] == "True", cluster.job["status"]
+    said = "spec.gangScheduling.kind=Coscheduling: the cluster serves no PodGroup"
+    assert said in shown["message"]
+    [warning] = events(fake_api.requests)
+    assert warning.data["type"] == "Warning" and "install" in warning.data["message"]
+
+    crd.on = True
+    clock.now += 5
+    reconciler.run_pass(NS, NAME, cluster.view())
+    assert cluster.job_pods() == [f"{NAME}-a1-0", f"{NAME}-a1-1"]
+    assert ("PodGroup", names.pod_group(NAME, attempt=1)) in cluster.objects

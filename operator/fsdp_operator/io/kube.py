@@ -145,6 +145,10 @@ class Kube:
             raise NotLeader("not the leader: write refused")
         return min(30.0, left)
 
+    def write_timeout(self) -> float:
+        """The fence of a write other io modules send (podgroups.py): as `_writing`."""
+        return self._writing()
+
     # --- the FSDPJob --------------------------------------------------------------------------
     def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
         read = self.custom.get_namespaced_custom_object

@@ -29,7 +29,7 @@ from typing import Any
 
 from fsdp_operator.policy import decide
 from fsdp_operator.render import podmerge, worker_container
-from fsdp_operator.types import api, names, queueing
+from fsdp_operator.types import api, names, queueing, spec_gang
 from fsdp_worker import contract
 from fsdp_worker.contract import config, keeper
 
@@ -173,6 +173,9 @@ def spare_pod(
     meta["name"] = pod_spec["hostname"] = name
     del meta["labels"][names.Label.NODE_RANK.value]
     meta["labels"][names.Label.SPARE.value] = str(index)
+    for key in spec_gang.MEMBER_KEYS:  # not a gang member: it waits for no PodGroup
+        meta["labels"].pop(key, None)
+        meta["annotations"].pop(key, None)
     (container,) = pod_spec["containers"]
     container.setdefault("readinessProbe", progress_probe(spec))
     for var in container["env"]:
@@ -270,7 +273,7 @@ def worker_pod(
         "nodeSelector": dict(overrides.node_selector),
         "tolerations": [toleration.to_api() for toleration in overrides.tolerations],
         "priorityClassName": overrides.priority_class_name,
-        "schedulerName": overrides.scheduler_name,
+        "schedulerName": _scheduler(spec, profile),
         "runtimeClassName": profile.runtime_class_name if profile else None,
         "imagePullSecrets": _pull_secrets(spec, profile),
         "topologySpreadConstraints": [c.to_api() for c in overrides.topology_spread_constraints],
@@ -280,6 +283,29 @@ def worker_pod(
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
+
+
+def _scheduler(spec: api.FSDPJobSpec, profile: api.RuntimeProfileSpec | None) -> str | None:
+    """The pods' scheduler: spec.gangScheduling's (its profile's) when set, else the
+    template's (None: the cluster's default)."""
+    gang = spec_gang.effective(spec, profile)
+    template_scheduler = spec.template.spec.scheduler_name
+    return gang.scheduler(template_scheduler) if gang is not None else template_scheduler
+
+
+def _gang_member(slot: Slot, labels: dict[str, str], annotations: dict[str, str]) -> None:
+    """Under gangScheduling, the keys that make the pod a member of its attempt's PodGroup
+    (render/podgroup.py names it); a template's own such keys are dropped then."""
+    gang = spec_gang.effective(slot.spec, slot.profile)
+    if gang is None:
+        return
+    for key in spec_gang.MEMBER_KEYS:
+        labels.pop(key, None)
+        annotations.pop(key, None)
+    group = names.pod_group(slot.job.name, attempt=slot.attempt)
+    member_labels, member_annotations = gang.member_keys(group)
+    labels.update(member_labels)
+    annotations.update(member_annotations)
 
 
 def _pod_security(spec: api.FSDPJobSpec) -> dict[str, Any]:
@@ -370,6 +396,7 @@ def _pod_metadata(slot: Slot) -> dict[str, Any]:
         )
         labels.update(queue_labels)
         annotations.update(queue_annotations)
+    _gang_member(slot, labels, annotations)
     return {
         "name": slot.pod_name,
         "namespace": job.namespace,

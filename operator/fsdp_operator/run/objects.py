@@ -15,11 +15,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from fsdp_operator.io import checkpoints, gang, kube, observe
+from fsdp_operator.io import checkpoints, gang, kube, observe, podgroups
 from fsdp_operator.policy import decide
-from fsdp_operator.render import netpol, templates
+from fsdp_operator.policy import podgroups as podgroup_plan
+from fsdp_operator.render import netpol, podgroup, templates
 from fsdp_operator.run import settings
-from fsdp_operator.types import api, names, observed
+from fsdp_operator.types import api, names, observed, spec_gang
 from fsdp_worker.contract import catalog
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ class ObjectWriter:
             return
         self._guard_ports(job, pods[0]["metadata"]["labels"])
         self._create_gang_key(job, spec, launch.attempt)
+        self._pod_group(job, spec, launch, profile)
         held = list(self._pool.map(lambda pod: self._held_by_another(job, pod), pods))
         if any(held):
             made = [pod for pod, h in zip(pods, held, strict=True) if h is None]
@@ -171,6 +173,38 @@ class ObjectWriter:
                 templates.gang_key_secret(job=job, spec=spec, attempt=attempt, key=key)
             )
 
+    def _pod_group(
+        self,
+        job: names.JobRef,
+        spec: api.FSDPJobSpec,
+        launch: decide.Launch,
+        profile: api.RuntimeProfileSpec | None,
+    ) -> None:
+        """Under gangScheduling: the attempt's PodGroup, before its pods, and none of the
+        job's older ones (policy/podgroups.py). MissingApi (no such CRD) or a PodGroupConflict
+        fails the pass before any pod is made: the user reads why in a condition and an
+        Event, and the next pass tries again."""
+        gang = spec_gang.effective(spec, profile)
+        if gang is None:
+            return
+        wanted = podgroup.pod_group(
+            job, spec, gang=gang, attempt=launch.attempt, members=launch.replicas
+        )
+        groups = podgroups.PodGroups(self.kube, gang.kind)
+        found = groups.of_job(job)
+        name = wanted["metadata"]["name"]
+        existing = [_existing(obj, job) for obj in found]
+        todo = podgroup_plan.plan(name=name, spec=wanted["spec"], existing=existing)
+        if todo.conflict is not None:
+            raise PodGroupConflict(job, found[existing.index(todo.conflict)])
+        for stale in todo.delete:
+            groups.delete(job.namespace, stale.name)
+        if not todo.create:
+            return
+        held = groups.create(wanted)
+        if held and not observe.owned_by(held, job):
+            raise PodGroupConflict(job, held)
+
     def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes
         another number), and a spare's takeover of a lost node's place."""
@@ -214,3 +248,22 @@ class ObjectWriter:
             "%s: not creating the gang: %s", job.name, observe.conflict(existing, job).describe()
         )
         return True
+
+
+class PodGroupConflict(RuntimeError):
+    """The attempt's PodGroup name is held by an object the job does not control."""
+
+    def __init__(self, job: names.JobRef, held: Mapping[str, Any]) -> None:
+        super().__init__(
+            f"{job.name}: not creating the gang beside a PodGroup that is not the job's:"
+            f" {observe.conflict(held, job).describe()} (delete it, or rename the job)"
+        )
+
+
+def _existing(found: Mapping[str, Any], job: names.JobRef) -> podgroup_plan.Existing:
+    """A PodGroup as read -> what the plan needs of it."""
+    return podgroup_plan.Existing(
+        name=str((found.get("metadata") or {}).get("name", "")),
+        ours=observe.owned_by(found, job),
+        spec=dict(found.get("spec") or {}),
+    )

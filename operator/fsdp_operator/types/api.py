@@ -21,6 +21,7 @@ from fsdp_operator.types import (
     kubetypes,
     spec_checkpoint,
     spec_containers,
+    spec_gang,
     spec_profile,
     spec_rules,
     spec_storage,
@@ -261,6 +262,7 @@ _SPEC_RULES = rules(
         "checkpoint.objectStore (its bucket and prefix) is immutable",
         fieldPath=".checkpoint.objectStore",
     ),
+    spec_gang.SCHEDULER_RULE,
 )
 
 
@@ -347,6 +349,11 @@ class FSDPJobSpec(SpecModel):
         max_length=253,
         description=spec_storage.SERVICE_ACCOUNT_DESCRIPTION,
     )
+    gang_scheduling: spec_gang.GangScheduling | None = Field(
+        None,
+        description="A gang scheduler's PodGroup for each attempt (Coscheduling or Volcano): "
+        "none of its pods is placed until all can be. Unset: spec.runtimeProfile's, else none.",
+    )
 
     model_config = pydantic.ConfigDict(json_schema_extra=_SPEC_RULES)
 
@@ -379,6 +386,10 @@ class FSDPJobSpec(SpecModel):
         ):
             raise ValueError(refused)
         if refused := spec_containers.refusal(self, granted=[str(c) for c in Capability]):
+            raise ValueError(refused)
+        if refused := spec_gang.scheduler_refusal(
+            self.gang_scheduling, self.template.spec.scheduler_name
+        ):
             raise ValueError(refused)
         self._env_left_to_the_store()
         return self

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes, spec_containers
+from fsdp_operator.types import kubetypes, spec_containers, spec_gang
 from fsdp_operator.types.spec_pod import Capability, EnvVar
 from fsdp_operator.types.spec_rules import (
     DNS_LABEL_PATTERN,
@@ -132,6 +132,11 @@ class RuntimeProfileSpec(SpecModel):
         max_length=64,
         description="PriorityClasses a job may set in template.spec.priorityClassName. Empty: "
         "any (the system-* ones stay refused).",
+    )
+    gang_scheduling: spec_gang.GangScheduling | None = Field(
+        None,
+        description="The gang scheduler (and its PodGroup kind) of every job under the profile "
+        "that sets no spec.gangScheduling of its own.",
     )
 
     @pydantic.field_validator("resources")
