@@ -109,6 +109,8 @@ images: venv packages
 # that slot instead (seen on a fresh machine). Kueue builds beside pytest: on a fresh machine
 # its 5-8 minutes of compiling (niced) then fill the cluster tests' waits, and the Kueue tests,
 # which come after those, run the same script and wait on its lock if it is not done yet.
+# scheduler-plugins' kube-scheduler builds the same way just before it (~6.5 minutes fresh,
+# seconds cached): tests/integration/test_gang_scheduler.py comes before the Kueue tests.
 # tests/unit and tests/worker (CPU: real torchrun ranks, no cluster) run niced beside the
 # cluster suites, whose time is mostly waiting on the control plane, the kubelets and the
 # operator; their report is printed once the cluster suites end (the log: $(CPU_LOG)). The
@@ -118,7 +120,8 @@ images: venv packages
 CPU_LOG := .test-unit-worker.log
 CLUSTER_TESTS := tests/cluster tests/integration tests/e2e
 test: cluster-bin packages venv images kwok-bin versitygw-bin krew-bin lint typecheck
-	nice -n 10 bash localcluster/build-kueue.sh >/dev/null 2>&1 & kueue=$$!; \
+	{ nice -n 10 bash localcluster/build-scheduler-plugins.sh; \
+	  nice -n 10 bash localcluster/build-kueue.sh; } >/dev/null 2>&1 & kueue=$$!; \
 	nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider --durations=15 tests/unit tests/worker \
 		>$(CPU_LOG) 2>&1 & cpu=$$!; trap 'kill $$cpu $$kueue 2>/dev/null' INT TERM; \
 	$(VPY) -m pytest -q -p no:cacheprovider --durations=25 $(CLUSTER_TESTS); rc=$$?; \
