@@ -75,6 +75,18 @@ RUN --mount=type=cache,target=/root/.cache/wheels \
         -r /opt/venv/requirements.lock \
     && pip install --no-input --require-hashes --no-deps --only-binary=:all: --no-index \
         --find-links "$WHEELS" -r /opt/venv/requirements.lock
+# rdma-core's user-space half, from Debian: NCCL dlopens libibverbs.so.1 (and, through it, the
+# provider libmlx5 for ConnectX HCAs; librdmacm for RoCE address resolution) and without it
+# falls back to sockets, even on an InfiniBand fabric (docs/install.md, "GPU networking").
+# Libraries only, no daemons nor setuid tools; after the torch layer so that layer stays cached.
+# Debian trixie (python:3.11-slim today) renamed librdmacm1 to librdmacm1t64.
+RUN rdmacm=librdmacm1 \
+    && apt-get update \
+    && if apt-cache show librdmacm1t64 >/dev/null 2>&1; then rdmacm=librdmacm1t64; fi \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        libibverbs1 ibverbs-providers "$rdmacm" \
+    && apt-get clean \
+    && rm -rf /var/lib/apt/lists/* /var/log/apt /var/log/dpkg.log /var/cache/debconf/*-old
 COPY --from=project /install/ /opt/venv/
 # A name for uid 1000: kopf (getpass.getuser) and torch's cache paths look it up and fail
 # with "uid not found" otherwise. A small layer after the big one, so it stays cached.

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -142,6 +142,16 @@ def python_in(ref: str, code: str) -> str:
     really ships, for tests."""
     argv = ["podman", "run", "--rm", "--network", "none", "--entrypoint", "python", ref, "-c"]
     return _run([*argv, code])
+
+
+def run_in(ref: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> str:
+    """What ``argv`` prints in a container of ``ref`` run the way a pod runs it: the image's own
+    user (uid 1000), a read-only root, no network, and a ``/tmp`` that, like a pod's emptyDir
+    and unlike podman's default tmpfs, may hold libraries that load (compiled kernels, a
+    plugin); for tests."""
+    options = ["--rm", "--network", "none", "--read-only", "--tmpfs", "/tmp:rw,exec,nosuid,nodev"]
+    options += [f"--env={name}={value}" for name, value in (env or {}).items()]
+    return _run(["podman", "run", *options, "--entrypoint", argv[0], ref, *argv[1:]])
 
 
 def _size(ref: str) -> int:

@@ -38,28 +38,31 @@ RENDERS = [c for c in COMMANDS if c.kind is Kind.HELM and guide.helm_template_ar
 @pytest.fixture(scope="module")
 def tenant(cluster: controlplane.Cluster) -> Iterator[controlplane.Cluster]:
     """The CRDs installed, the guide's tenant namespace made (as its section 3 does) and its
-    runtime profile gpu-rdma (as its `helm upgrade ... -f gpu-rdma.yaml` does): the 7B job
-    names it, and the chart's admission policies, where an earlier test installed them, refuse
-    a job naming a profile that does not exist."""
+    runtime profiles gpu-rdma and gpu-efa (as its `helm upgrade ... -f` of their values does):
+    the 7B jobs name them, and the chart's admission policies, where an earlier test installed
+    them, refuse a job naming a profile that does not exist. Only the profiles made here go."""
     stack.install_crd(cluster)
     made = cluster.kubectl("create", "namespace", NAMESPACE, check=False).returncode == 0
     docs = _guide_profiles()
     names = [f"fsdpruntimeprofile/{d['metadata']['name']}" for d in docs]
-    existed = cluster.kubectl("get", *names, check=False).returncode == 0
+    fresh = [n for n in names if cluster.kubectl("get", n, check=False).returncode != 0]
     cluster.kubectl("apply", "-f", "-", input=stack.as_list(docs))
     yield cluster
-    if not existed:
-        cluster.kubectl("delete", *names, "--wait=false", check=False)
+    if fresh:
+        cluster.kubectl("delete", *fresh, "--wait=false", check=False)
     if made:
         cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
 def _guide_profiles() -> list[dict[str, Any]]:
-    """The FSDPRuntimeProfiles of examples/chart-values/gpu-rdma.yaml, rendered by the chart
-    (its registry substituted as the job's is)."""
-    text = (guide.ROOT / "examples" / "chart-values" / "gpu-rdma.yaml").read_text()
-    filled = guide.substitute(text, registry=REGISTRY, storage_class=components.STORAGE_CLASS)
-    profiles = yaml.safe_load(filled)["runtimeProfiles"]
+    """The FSDPRuntimeProfiles of examples/chart-values/ (gpu-rdma, gpu-efa), rendered by the
+    chart (their registry substituted as the jobs' is)."""
+    profiles: dict[str, Any] = {}
+    for path in sorted((guide.ROOT / "examples" / "chart-values").glob("*.yaml")):
+        text = guide.substitute(
+            path.read_text(), registry=REGISTRY, storage_class=components.STORAGE_CLASS
+        )
+        profiles |= yaml.safe_load(text).get("runtimeProfiles", {})
     docs = stack.render_chart(json_values=[f"runtimeProfiles={json.dumps(profiles)}"])
     return [
         d for d in docs if d["kind"] == "FSDPRuntimeProfile" and d["metadata"]["name"] in profiles

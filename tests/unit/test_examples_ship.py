@@ -74,6 +74,7 @@ def test_the_guide_applies_the_gpu_examples_with_their_claims_and_priority_class
     for job, claims in (
         ("llama-1b-h100.yaml", "pvc-llama-1b.yaml"),
         ("llama-7b-rdma.yaml", "pvc-llama-7b.yaml"),
+        ("llama-7b-efa.yaml", "pvc-llama-7b.yaml"),
     ):
         assert {job, claims, "priorityclass.yaml"} <= applied, job
     assert "pvc-ckpt.yaml" in applied  # the claim `ckpt` of NOTES' first job and tiny-cpu

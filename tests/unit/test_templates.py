@@ -602,6 +602,26 @@ def test_the_gpu_rdma_example_job_gets_its_profile() -> None:
         )
 
 
+def test_the_gpu_efa_example_job_gets_its_efa_interfaces_and_the_plugin_variables() -> None:
+    """examples/llama-7b-efa.yaml under examples/chart-values/gpu-efa.yaml: every EFA interface
+    of the node, IPC_LOCK, and the variables that make NCCL load aws-ofi-nccl and libfabric use
+    EFA only (docs/install.md, "EFA")."""
+    root = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    values = yaml.safe_load((root / "chart-values" / "gpu-efa.yaml").read_text())
+    profile = api.RuntimeProfileSpec.model_validate(values["runtimeProfiles"]["gpu-efa"])
+    doc = yaml.safe_load((root / "llama-7b-efa.yaml").read_text())
+    spec = api.FSDPJobSpec.model_validate(doc["spec"])
+    job = names.JobRef(name="llama-7b-efa", namespace="team-a", uid=JOB.uid)
+    p = templates.worker_pod(job, spec, decide.Launch(1, 16, ""), node_rank=0, profile=profile)
+    c = container(p)
+    assert c["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert c["resources"]["limits"]["vpc.amazonaws.com/efa"] == "32"
+    assert c["resources"]["requests"]["vpc.amazonaws.com/efa"] == "32"
+    variables = env(p)
+    assert (variables["FI_PROVIDER"], variables["NCCL_NET_PLUGIN"]) == ("efa", "ofi")
+    assert "vpc.amazonaws.com/efa" in values["admissionPolicies"]["profileOnlyResources"]
+
+
 def test_a_quantity_written_as_a_number_reaches_the_pod_as_a_quantity() -> None:
     """`nvidia.com/gpu: 8` in YAML is an int; the pod API wants a quantity string (the
     operator's create failed with a pydantic error before)."""
