@@ -290,6 +290,12 @@ def api_server_stall(jobs: stack.Jobs, op: stack.Operator, seconds: float) -> di
             1 for s in statuses for h in s.get("history", []) if h.get("cause") == "NodeLost"
         ),
         "restarts": sum(s.get("restarts", {}).get("total", 0) for s in statuses),
+        "failures": [  # what a restart, if any, was for
+            h["failure"]["message"]
+            for s in statuses
+            for h in s.get("history", [])
+            if h.get("failure")
+        ],
         "ready_nodes_after": op.cluster.ready_nodes(),
     }
 

@@ -277,24 +277,26 @@ def test_after_the_last_step_no_step_comes_so_the_exit_grace_applies(
 
 
 @pytest.mark.parametrize(
-    ("ready", "hung"),
+    ("ready", "reason", "hung"),
     [
-        pytest.param(None, False, id="no-probe-result-yet"),
-        pytest.param(True, False, id="probe-says-progress"),
-        pytest.param(False, True, id="probe-says-none-is-evidence"),
+        pytest.param(None, "", False, id="no-probe-result-yet"),
+        pytest.param(True, "", False, id="probe-says-progress"),
+        pytest.param(False, "ContainersNotReady", True, id="probe-says-none-is-evidence"),
+        # the node lifecycle controller's mark after a long API-server stall (its grace passed
+        # with no renewal seen from any node): every pod not Ready, no reason, no probe said it
+        pytest.param(False, "", False, id="node-controllers-mark-is-no-probe"),
     ],
 )
 def test_an_operator_that_has_not_scraped_yet_judges_no_hang_on_old_status(
-    ready: bool | None, hung: bool
+    ready: bool | None, reason: str, hung: bool
 ) -> None:
     """A replica that has just taken the lead (after a failover, or an API-server stall longer
     than its renew deadline) has no scrape of rank 0 yet, and the status's last step is as old
     as the stall: old news, not evidence. Its first scrape is due at once; only rank 0's
     readiness probe failing is evidence meanwhile."""
     status = running_status(last_progress_time=NOW - 300)
-    d = decide.decide(
-        observe(status=status, progress=None, scrape=None, pods=pods(r0={"ready": ready}))
-    )
+    rank0 = {"ready": ready, "ready_reason": reason}
+    d = decide.decide(observe(status=status, progress=None, scrape=None, pods=pods(r0=rank0)))
     assert (d.failure is not None and d.failure.cause is st.Cause.HANG) is hung, d.failure
 
 
@@ -327,7 +329,11 @@ def test_blind_a_readiness_drop_after_ready_is_judged_by_the_progress_deadline()
     def judged(running: float, changed: float) -> st.Failure | None:
         status = running_status(last_progress_time=None)
         status.history[-1].timeline = st.Timeline(running=NOW - running)
-        rank0 = {"ready": False, "ready_changed": NOW - changed}
+        rank0 = {
+            "ready": False,
+            "ready_changed": NOW - changed,
+            "ready_reason": "ContainersNotReady",
+        }
         obs = observe(spec=spec, status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0))
         return decide.decide(obs).failure
 
@@ -397,7 +403,8 @@ def test_a_blind_scrape_is_no_evidence_rank0s_readiness_probe_is(
     """Where the operator's scrapes get no answer (a NetworkPolicy), its silence is missing
     data: a hang is declared only on the kubelet's verdict on rank 0's progress probe."""
     status = running_status(last_progress_time=NOW - 103)
-    rank0 = {"ready": ready, "ready_changed": ready_changed}
+    reason = "ContainersNotReady" if ready is False else ""
+    rank0 = {"ready": ready, "ready_changed": ready_changed, "ready_reason": reason}
     d = decide.decide(observe(status=status, progress=None, scrape=BLIND, pods=pods(r0=rank0)))
     cond = condition(d, conditions.PROGRESS_OBSERVED)
     assert cond is not None and cond.status == "False" and cond.reason == "ScrapeFailing"

@@ -143,6 +143,7 @@ def pod_view(pod: Mapping[str, Any]) -> observed.PodView | None:
         ip=pod.get("status", {}).get("podIP"),
         ready=None if not ready else ready.get("status") == "True",
         ready_changed=ts(ready.get("lastTransitionTime")),
+        ready_reason=str(ready.get("reason") or ""),
         gated=any(g.get("name") == queueing.ADMISSION_GATE for g in gates),
         queue_evicted=queueing.eviction_words(_condition(pod, queueing.TERMINATION_TARGET)),
         sidecars=_sidecars(pod),

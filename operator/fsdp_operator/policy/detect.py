@@ -271,7 +271,7 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     if (
         scrape is not None
         and scrape.blind
-        and rank0.ready is False
+        and rank0.probe_failed
         and rank0.ready_changed is not None
         and rank0.ready_changed > baseline + 1.0
     ):
@@ -283,11 +283,13 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         window = min(window, deadline + deadlines.hang_grace(obs.spec, obs.gang))
     if obs.now - baseline < window:
         return None
-    if scrape is None and rank0.ready is not False:
+    if scrape is None and not rank0.probe_failed:
         # This process has not scraped rank 0 yet: it has just started, or just taken the lead
         # (after a failover, or an API-server stall that outlasted its renew deadline), and the
         # status's last step is old news, not evidence. Its first scrape is due at once; rank
-        # 0's readiness probe failing would be evidence.
+        # 0's readiness probe failing would be evidence (not Ready turned False by the node
+        # lifecycle controller, which marks every pod of a node it has not heard from: after a
+        # long stall it has not heard from any).
         return None
     if (
         scrape is not None

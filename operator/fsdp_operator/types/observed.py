@@ -79,11 +79,20 @@ class PodView:
     ip: str | None = None
     ready: bool | None = None  # Ready condition (None: none yet); rank 0's is its progress probe
     ready_changed: float | None = None  # that condition's lastTransitionTime
+    ready_reason: str = ""  # that condition's reason (the kubelet always gives one for False)
     gated: bool = False  # Kueue's admission scheduling gate: queued, not unschedulable
     queue_evicted: str = ""  # Kueue's TerminationTarget (preemption): its reason and message
     spare: int | None = None  # a warm spare's number (rank -1 until it takes a node's place)
     termination: Termination = dataclasses.field(default_factory=Termination)  # `message`'s
     sidecars: tuple[SidecarView, ...] = ()  # the team's sidecars that restarted (never ranks)
+
+    @property
+    def probe_failed(self) -> bool:
+        """Ready is False by the kubelet's own verdict (for rank 0: its progress probe). The
+        node lifecycle controller also turns Ready False, on every pod of a node it finds
+        silent, keeping the True condition's empty reason: that says nothing of the probe
+        (seen after a 45 s API-server stall at Kubernetes' default 50 s grace)."""
+        return self.ready is False and bool(self.ready_reason)
 
 
 class ConflictKind(enum.StrEnum):
