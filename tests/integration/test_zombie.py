@@ -46,15 +46,15 @@ def _writers(root: Path) -> set[str]:
 
 
 def _watch(root: Path, until: float, done: Any) -> dict[int, int]:
-    """Poll the root until `done()` or `until`: the attempt-1 steps seen sealed while no
-    writer directory of attempt 2 existed yet (before its take-over)."""
+    """Poll the root until `done()` (asked about once a second) or `until`: the attempt-1 steps
+    seen sealed while no writer directory of attempt 2 existed yet (before its take-over)."""
     before: dict[int, int] = {}
-    while time.monotonic() < until and not done():
-        if any(w.startswith(".writer-a2") for w in _writers(root)):
-            time.sleep(0.05)
-            continue
-        before.update({s: a for s, a in _published(root).items() if a == 1})
-        time.sleep(0.05)
+    polls = 0
+    while time.monotonic() < until and not (polls % 5 == 0 and done()):
+        polls += 1
+        if not any(w.startswith(".writer-a2") for w in _writers(root)):
+            before.update({s: a for s, a in _published(root).items() if a == 1})
+        time.sleep(0.2)
     return before
 
 
@@ -67,7 +67,7 @@ def test_a_lost_writer_publishes_before_the_new_attempt_takes_over_and_nothing_a
         "image": images.WORKER,
         "command": ["python", "-c", f"import time; time.sleep({HOLD_SECONDS})"],
     }
-    doc = harness.job_doc(name, replicas=1, minReplicas=1, training={"steps": 150})
+    doc = harness.job_doc(name, replicas=1, minReplicas=1, training={"steps": 400})
     doc["spec"]["template"]["spec"]["initContainers"] = [hold]
     jobs.apply(doc)
     faults = lf.Faults.for_cluster(operator.cluster.state_dir)
@@ -120,4 +120,4 @@ def test_a_lost_writer_publishes_before_the_new_attempt_takes_over_and_nothing_a
     final = _published(root)
     assert final.get(resumed) is not None, final  # the resume point was never removed
     assert all(a == 2 for step, a in final.items() if step > resumed), final  # none of the old
-    assert final.get(150) == 2, final
+    assert final.get(400) == 2, final

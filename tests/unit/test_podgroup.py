@@ -145,6 +145,22 @@ def test_a_runtime_profiles_gang_scheduling_applies_unless_the_job_sets_its_own(
     assert spec_gang.VOLCANO_ANNOTATION not in own[0]["metadata"]["annotations"]
 
 
+def test_a_profiles_scheduler_that_disagrees_with_the_jobs_template_is_refused() -> None:
+    """The profile's gang scheduling applies to a job without its own: a template naming
+    another scheduler would silently lose the group, so the profile's check says so."""
+    gang = {**VOLCANO, "schedulerName": "volcano"}
+    profile = api.RuntimeProfileSpec.model_validate(
+        {"namespaces": [TYPICAL_JOB.namespace], "gangScheduling": gang}
+    )
+    spec = gang_spec(None, runtimeProfile="gang")
+    assert profile.refusal(spec, namespace=TYPICAL_JOB.namespace, name="gang") == ""
+    spec = gang_spec(
+        None, runtimeProfile="gang", template={"spec": {"schedulerName": "default-scheduler"}}
+    )
+    said = profile.refusal(spec, namespace=TYPICAL_JOB.namespace, name="gang")
+    assert "runtime profile 'gang'" in said and "'default-scheduler' disagree" in said, said
+
+
 # --- what a user reads for a wrong spec ---------------------------------------------------------
 @pytest.mark.parametrize(
     ("gang", "template", "said"),

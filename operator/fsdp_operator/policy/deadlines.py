@@ -149,14 +149,23 @@ corroborates the loss."""
 
 
 def has_stepped(s: status.FSDPJobStatus) -> bool:
-    """Whether the attempt has made a step: its first step is in its timeline, or the operator
-    saw rank 0's step pass the one the attempt started from (a rank 0 that has not met or
-    loaded yet may serve step 0, or the step it resumes from: no step made)."""
+    """Whether the running generation has made a step: the attempt's first step is in its
+    timeline, or the operator saw rank 0's step pass the one it started from (a rank 0 that
+    has not met or loaded yet may serve step 0, or the step it resumes from: no step made).
+    After a restart in place the gang imports, meets and loads again: only a step past the
+    one that generation resumed from, seen after the restart, counts."""
     entry = s.history[-1] if s.history and s.history[-1].attempt == s.attempt else None
+    seen = s.last_progress_time if s.step is not None else None
+    if entry is not None and entry.restarts_in_place:
+        last = entry.restarts_in_place[-1]
+        if last.resumed is not None:  # the next generation's first step, as its ranks said
+            return True
+        resumed, detected = last.resumed_from_step, last.detected
+        after = seen is not None and (detected is None or seen > detected)
+        return after and resumed is not None and (s.step or 0) > resumed
     if entry is not None and entry.timeline is not None and entry.timeline.first_step is not None:
         return True
-    seen = s.last_progress_time is not None and s.step is not None
-    return seen and (s.step or 0) > (s.resumed_from_step or 0)
+    return seen is not None and (s.step or 0) > (s.resumed_from_step or 0)
 
 
 def keepers_vouch(obs: observed.Observed) -> bool:
@@ -194,10 +203,8 @@ def next_deadline(obs: observed.Observed) -> float | None:
         if p.node
     ):  # a silent Lease under a gang that trains: judged again when its steps would be late
         times.append(seen + live_window(s))
-    if keepers_vouch(obs):  # a silent Lease waits on its keeper: asked again, and its grace
-        for silent in _leases_silent(obs, pods):
-            times.append(obs.now + KEEPER_RECHECK_SECONDS)
-            times.append(obs.now - silent + fp.node_loss_grace_seconds)
+    if keepers_vouch(obs) and _leases_silent(obs, pods):  # waits on its keeper: asked again
+        times.append(obs.now + KEEPER_RECHECK_SECONDS)
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)

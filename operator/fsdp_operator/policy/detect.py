@@ -117,7 +117,7 @@ def _node_lost(obs: observed.Observed, pods: list[observed.PodView]) -> status.F
             return _failure(status.Cause.NODE_LOST, pod, at=obs.now, message=msg)
         silent = node.lease_silent_seconds
         if silent is not None and not _trained_since(obs, obs.now - silent):
-            corroboration = _lease_corroborated(obs, pod, silent)
+            corroboration = _lease_corroborated(obs, pod)
             if corroboration:  # its last renewal is when it was lost
                 msg = (
                     f"node {pod.node} of pod {pod.name} stopped renewing its Lease "
@@ -152,28 +152,38 @@ def _blame_order(obs: observed.Observed, pod: observed.PodView) -> tuple[bool, f
     )
 
 
-def _lease_corroborated(obs: observed.Observed, pod: observed.PodView, silent: float) -> str:
+def _lease_corroborated(obs: observed.Observed, pod: observed.PodView) -> str:
     """What corroborates a silent Lease under a job that made no step since it went silent
     ("" when nothing does yet): the ranks, where this attempt has stepped before (a gang whose
     node is gone stops stepping); before its first step, where keepers run
     (failurePolicy.inPlaceRestarts), the node's keeper (deadlines.keepers_vouch: a pod whose
-    keeper still asks the coordinator lives, its kubelet only restarting, until the job's
-    nodeLossGraceSeconds); without keepers, nothing else speaks for the node, and the Lease
-    stands alone as it always did."""
-    grace = obs.spec.failure_policy.node_loss_grace_seconds
+    keeper still asks the coordinator lives, its kubelet only restarting, until the node is
+    NotReady for nodeLossGraceSeconds, as for a job that trains on); without keepers, nothing
+    else speaks for the node, and the Lease stands alone as it always did."""
     if deadlines.has_stepped(obs.status):
         return "the job made no step since"
     if not deadlines.keepers_vouch(obs):
         return "the job has made no step yet"
     gang = obs.gang
-    if gang is None or not gang.answered:
-        error = gang.error if gang is not None else "not asked"
-        return f"the gang's coordinator did not answer ({error})"
+    if gang is None:
+        return "the gang's coordinator has no address to ask"
+    if not gang.answered:
+        # The coordinator on a silent node is that node's keeper: its silence is the node's.
+        # Elsewhere one unanswered ask (rank 0's node busy importing) says nothing of this
+        # node: asked again in a second.
+        if _coordinator_silent(obs):
+            return f"the gang's coordinator did not answer ({gang.error})"
+        return ""
     if pod.rank in gang.silent:
         return f"its keeper is silent too ({gang.silent[pod.rank]:.0f}s)"
-    if silent >= grace:
-        return f"nodeLossGraceSeconds ({grace}s) passed while its keeper still answered"
     return ""
+
+
+def _coordinator_silent(obs: observed.Observed) -> bool:
+    """Whether node rank 0's pod, the gang's coordinator, is on a node silent on its Lease."""
+    node0 = next((p for p in obs.attempt_pods(obs.status.attempt) if p.rank == 0), None)
+    view = obs.node(node0.node) if node0 is not None and node0.node else None
+    return view is not None and view.lease_silent_seconds is not None
 
 
 def _trained_since(obs: observed.Observed, since: float) -> bool:
@@ -311,8 +321,8 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         # The operator's scrapes get no answer (a NetworkPolicy, a slow network): its silence
         # is missing data, not evidence. The kubelet's readiness probe of rank 0, asked from
         # rank 0's own node, is: Ready means a step within the deadline.
-        if rank0.ready:
-            return None
+        if rank0.ready or (rank0.ready is False and not rank0.probe_failed):
+            return None  # Ready, or not Ready by the node controller's mark: no probe's verdict
         since = rank0.ready_changed
         at = baseline if since is None else max(baseline, since - deadline)
         startup = obs.spec.failure_policy.startup_deadline

@@ -58,7 +58,7 @@ def _suspect_words(obs: observed.Observed, node: str) -> str:
             f"node {node} stopped renewing its Lease ({silent or 0:.0f}s) before the attempt's "
             "first step, and its pod's keeper still asks the gang's coordinator: its kubelet is "
             "paused or restarting, so the node is not lost. It is declared lost if its keeper "
-            f"falls silent, or its Lease stays silent for nodeLossGraceSeconds ({grace}s)"
+            f"falls silent, or once it is NotReady for nodeLossGraceSeconds ({grace}s)"
         )
     return (
         f"node {node} stopped renewing its Lease ({silent or 0:.0f}s) while the job trains on "

@@ -173,8 +173,8 @@ def spare_pod(
     meta["name"] = pod_spec["hostname"] = name
     del meta["labels"][names.Label.NODE_RANK.value]
     meta["labels"][names.Label.SPARE.value] = str(index)
-    for key in spec_gang.MEMBER_KEYS:  # not a gang member: it waits for no PodGroup
-        meta["labels"].pop(key, None)
+    for key in spec_gang.MEMBER_KEYS if spec_gang.effective(spec, profile) else ():
+        meta["labels"].pop(key, None)  # not a gang member: it waits for no PodGroup
         meta["annotations"].pop(key, None)
     (container,) = pod_spec["containers"]
     container.setdefault("readinessProbe", progress_probe(spec))

@@ -182,6 +182,12 @@ class RuntimeProfileSpec(SpecModel):
                 f"spec.template.spec.priorityClassName={wanted!r} is not one runtime profile"
                 f" {name!r} allows {self.priority_class_names}"
             )
+        if spec.gang_scheduling is None and (
+            refused := spec_gang.scheduler_refusal(
+                self.gang_scheduling, spec.template.spec.scheduler_name
+            )
+        ):  # the profile's gang scheduling applies: its scheduler and the job's must agree
+            return f"runtime profile {name!r}: {refused}"
         return resource_refusal(spec, granted=self.resources, profile=name)
 
 
