@@ -191,11 +191,9 @@ class Keeper:
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
-        answer = self._report({"op": Op.DOWN, "generation": generation, "node": self.gang.node})
-        if answer is None or answer.get("final"):
-            return None
-        # the answer that showed every node down names the generation to start: no `state`
-        # after it (a thousand keepers asking at once, each ask a chance to time out)
+        # The report is the held ask itself (one exchange, not a report and then a wait: a
+        # thousand keepers asking at once, each ask a chance to time out); the answer that
+        # showed every node down names the generation to start, no `state` after it.
         answer = self._all_down_answer(generation)
         if answer is None or answer.get("final") or self._fenced(answer):
             return None
@@ -286,15 +284,17 @@ class Keeper:
         return self._all_down_answer(generation) is not None
 
     def _all_down_answer(self, generation: int) -> dict[str, Any] | None:
-        """Wait for every node's keeper to report `generation`'s ranks down: the answer that
-        said so, or None. This node's own report is said again at each poll (a set: one lost
-        on a busy network costs nothing)."""
+        """Report this node's ranks of `generation` down and wait for every node's: the
+        answer that said so (or that the gang stopped restarting: `final`), or None. The
+        report is said again at each poll (a set: one lost on a busy network costs nothing)."""
         report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             asked = time.monotonic()
             answer = self._ask_held(report)
             down = (answer or {}).get("down", {}).get(str(generation), [])
+            if answer is not None and answer.get("final"):
+                return answer
             if answer is not None and set(range(self.gang.nodes)) <= set(down):  # members
                 return answer
             _pace(asked, POLL_SECONDS / 2)
