@@ -229,6 +229,7 @@ class Keeper:
             poll=POLL_SECONDS,
             lost_after=LOST_AFTER_SECONDS,
         )
+        watch.on_exit(self.proc, seen.news)
         try:
             while self.proc.poll() is None:
                 if self.stopping:
