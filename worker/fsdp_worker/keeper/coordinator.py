@@ -40,9 +40,6 @@ MAX_CONNECTIONS = 2048
 more is closed unanswered (counted `busy`): a flood of connections costs the flood's sender a
 retry, not the keeper a thread each."""
 
-NO_GENERATION = -1
-"""A held `state`'s generation for State.answer's `only`: no node is down in it."""
-
 LOG_EVERY_SECONDS = 10.0
 """Refusals of one reason are logged once in this long (all are counted)."""
 
@@ -171,15 +168,14 @@ class Coordinator(lineserver.LineServer):
 
     def _held_answer(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A held request's answer (under `lock`), for a keeper: without each node's `quiet`
-        and with only the nodes down in `doc`'s generation, none for a `state` (its watch
-        reads the generation, `final` and the holders). Each is O(nodes), and grew with every
-        generation: a thousand keepers are answered at once after every change, and every
-        keeper's watch is answered every HOLD_SECONDS while its ranks run."""
+        and with how many nodes are down in `doc`'s generation, not which (State.held_answer).
+        Both are O(nodes), and `down` grew with every generation: a thousand keepers are
+        answered at once after every change, and every keeper's watch every HOLD_SECONDS."""
         st = self.state
         sender = doc.get("from")
         if isinstance(sender, int) and 0 <= sender < st.nodes:
             st.heard[sender] = time.monotonic()
-        return st.answer(quiet=False, only=doc.get("generation", NO_GENERATION))
+        return st.held_answer(doc.get("generation"))
 
     def _handle(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         op = doc.get("op")

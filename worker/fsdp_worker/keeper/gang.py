@@ -293,13 +293,19 @@ class Keeper:
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             asked = time.monotonic()
             answer = self._ask_held(report)
-            down = (answer or {}).get("down", {}).get(str(generation), [])
-            if answer is not None and answer.get("final"):
-                return answer
-            if answer is not None and set(range(self.gang.nodes)) <= set(down):  # members
+            if answer is not None and (answer.get("final") or self._down_in(answer, generation)):
                 return answer
             _pace(asked, POLL_SECONDS / 2)
         return None
+
+    def _down_in(self, answer: dict[str, Any], generation: int) -> bool:
+        """Whether `answer` says every node is down in `generation`: a held answer's count
+        (the coordinator counts only the gang's members), else which nodes (every member)."""
+        count = (answer.get("downs") or {}).get(str(generation))
+        if isinstance(count, int):
+            return count >= self.gang.nodes
+        down = (answer.get("down") or {}).get(str(generation), [])
+        return set(range(self.gang.nodes)) <= set(down)
 
     def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """`doc` held by the coordinator until there is news for this keeper (the generation
