@@ -12,7 +12,6 @@ keeper from PYTHONPATH, so that the orchestrator runs the same scenario against 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -35,12 +34,6 @@ PER_PROCESS = 64
 threads queued on four GILs after every broadcast: the coordinator had answered every node in
 0.3 s and the last keeper read its answer 1.6 s later (a timeline of one restart); at 64 that
 tail is the harness's no more (1,024 nodes: 16 processes, ~45 MB each)."""
-COORDINATOR_NICE = -10
-"""The coordinator's process comes before the simulated keepers' on the CPU: in a gang each
-keeper has a node of its own; here sixteen processes of them and the coordinator share two
-cores, and at equal weight the coordinator had a seventeenth of them (a restart's downs sat
-unread for 4 s, their asks timed out and were asked again: 7-15 s). Where the bench may not
-raise it (no CAP_SYS_NICE), it runs at equal weight."""
 RESTARTS = 1000  # in-place restarts allowed: the bench never runs out
 SETTLED_SECONDS = 75.0
 """A restart not complete by then is reported as not restarted (past DOWN_TIMEOUT_SECONDS
@@ -158,8 +151,6 @@ def part(nodes: int, base_port: int, first: int, last: int) -> None:
     (node N's ranks exit 1 now, as a crashed rank's torchrun would)."""
     if first == 0:
         _count_connections()
-        with contextlib.suppress(PermissionError):  # raising a priority needs CAP_SYS_NICE
-            os.nice(COORDINATOR_NICE)
     started: dict[tuple[int, int], float] = {}
     keepers = {n: _keeper(n, nodes, base_port, started) for n in range(first, last)}
     print(json.dumps({"ready": True}), flush=True)
