@@ -315,10 +315,11 @@ class Keeper:
         return self._ask(held, quiet=True, timeout=watch.ASK_SECONDS)
 
     def _report(self, doc: dict[str, Any]) -> dict[str, Any] | None:
-        """A report the gang must not miss (`fail`, `down`), asked again until the coordinator
-        answers, for up to LOST_AFTER_SECONDS: one request that timed out on a busy node had
-        the keeper give up restarting in place. Safe to repeat: the coordinator counts a
-        generation's failure once and keeps the nodes down in a set."""
+        """A report the gang must not miss (`fail`; a `down` is said again by its own held
+        wait, _all_down_answer), asked again until the coordinator answers, for up to
+        LOST_AFTER_SECONDS: one request that timed out on a busy node had the keeper give up
+        restarting in place. Safe to repeat: the coordinator counts a generation's failure
+        once."""
         deadline = time.monotonic() + LOST_AFTER_SECONDS
         answer = self._ask(doc)
         while answer is None and time.monotonic() < deadline and not self.stopping:
