@@ -29,8 +29,11 @@ from fsdp_worker.keeper import gang, launchers
 STACK_BYTES = 256 * 1024
 """Thread stacks in the bench's processes: 2,000 keeper threads at the 8 MiB default reserve
 16 GiB of address space for stacks that use a few KiB."""
-PER_PROCESS = 256
-"""Simulated keepers per process, node 0's aside (alone in its own)."""
+PER_PROCESS = 64
+"""Simulated keepers per process, node 0's aside (alone in its own). At 256 a thousand keepers'
+threads queued on four GILs after every broadcast: the coordinator had answered every node in
+0.3 s and the last keeper read its answer 1.6 s later (a timeline of one restart); at 64 that
+tail is the harness's no more (1,024 nodes: 16 processes, ~45 MB each)."""
 RESTARTS = 1000  # in-place restarts allowed: the bench never runs out
 SETTLED_SECONDS = 75.0
 """A restart not complete by then is reported as not restarted (past DOWN_TIMEOUT_SECONDS
@@ -293,11 +296,44 @@ def _failures(g: Gang, repeats: int) -> dict[str, Any]:
     }
 
 
+PROFILE_ENV = "GANG_SCALE_PROFILE"
+"""A path: node 0's process (the coordinator) runs under cProfile, its stats written there
+after each `stats` command (where its CPU goes, apart from the simulated keepers'):
+`GANG_SCALE_PROFILE=/tmp/c.prof python bench/gang_scale_nodes.py 1024 3 21000 2`."""
+
+
+def _profile_coordinator() -> None:
+    """Profile the coordinator's event loop (where it answers every request), written to
+    PROFILE_ENV's path whenever the orchestrator asks for `stats`."""
+    import cProfile
+
+    from fsdp_worker.keeper import lineserver
+
+    profile = cProfile.Profile()
+    serve = lineserver.LineServer.serve_forever
+
+    def profiled(self: Any, poll_interval: float = 0.5) -> None:
+        profile.enable()
+        serve(self, poll_interval)
+
+    lineserver.LineServer.serve_forever = profiled  # type: ignore[method-assign]
+    original = _usage
+
+    def usage() -> dict[str, float]:
+        profile.dump_stats(os.environ[PROFILE_ENV])
+        return original()
+
+    globals()["_usage"] = usage
+
+
 def main() -> None:
     threading.stack_size(STACK_BYTES)
     if sys.argv[1] == "--part":
         logging.disable(logging.WARNING)
-        part(*(int(x) for x in sys.argv[2:6]))
+        args = [int(x) for x in sys.argv[2:6]]
+        if args[2] == 0 and os.environ.get(PROFILE_ENV):
+            _profile_coordinator()
+        part(*args)
         return
     logging.disable(logging.WARNING)  # a thousand keepers' "restarting in place", on one stderr
     nodes, repeats, base_port, steady_s = (

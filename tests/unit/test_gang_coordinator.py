@@ -320,3 +320,29 @@ def test_a_keepers_reports_lost_on_a_busy_network_are_said_again(
         assert lost == {"fail", "down", "done"}
     finally:
         coordinator.server_close()
+
+
+def test_a_held_down_is_answered_once_every_node_is_down_with_a_count_not_a_list() -> None:
+    """A keeper's `down` is its report and its wait in one exchange: held until the last node
+    is down, then answered with how many are (`downs`), not which: a thousand-entry list to
+    each of a thousand keepers at once was most of what the coordinator sent at 1,024 nodes.
+    A held `state` carries no `down` map at all (it grew by a generation at every restart)."""
+    coordinator = Coordinator(0, nodes=2)
+    try:
+        coordinator.handle_request_doc({"op": "fail", "generation": 0, "failure": {}})
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = {"op": "down", "generation": 0, "known": 1}
+            first = pool.submit(coordinator.handle_request_doc, {**held, "node": 0, "from": 0})
+            watch = pool.submit(coordinator.handle_request_doc, {"op": "state", "known": 1})
+            time.sleep(0.2)
+            assert not first.done(), "answered before node 1 was down"
+            last = coordinator.handle_request_doc({**held, "node": 1, "from": 1})
+            answer = first.result(timeout=1)
+            assert watch.result(timeout=3)["down"] == {}
+        for a in (answer, last):
+            assert a["downs"] == {"0": 2} and a["down"] == {} and a["generation"] == 1, a
+        assert gang.Keeper(
+            gang.Gang(restarts=3, coordinator="127.0.0.1:1", node=1, nodes=2), ["true"]
+        )._down_in(answer, 0)
+    finally:
+        coordinator.server_close()

@@ -168,13 +168,14 @@ class Coordinator(lineserver.LineServer):
 
     def _held_answer(self, doc: dict[str, Any]) -> dict[str, Any]:
         """A held request's answer (under `lock`), for a keeper: without each node's `quiet`
-        and with only the nodes down in `doc`'s generation (the whole answer is O(nodes), and
-        a thousand keepers are answered at once after every change)."""
+        and with how many nodes are down in `doc`'s generation, not which (State.held_answer).
+        Both are O(nodes), and `down` grew with every generation: a thousand keepers are
+        answered at once after every change, and every keeper's watch every HOLD_SECONDS."""
         st = self.state
         sender = doc.get("from")
         if isinstance(sender, int) and 0 <= sender < st.nodes:
             st.heard[sender] = time.monotonic()
-        return st.answer(quiet=False, only=doc.get("generation"))
+        return st.held_answer(doc.get("generation"))
 
     def _handle(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         op = doc.get("op")

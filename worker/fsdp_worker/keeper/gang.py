@@ -191,11 +191,9 @@ class Keeper:
     def _next_generation(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         """Report this node's ranks down, wait for every node's, and read the generation to
         start; None when the gang stopped restarting in place or a node never came down."""
-        answer = self._report({"op": Op.DOWN, "generation": generation, "node": self.gang.node})
-        if answer is None or answer.get("final"):
-            return None
-        # the answer that showed every node down names the generation to start: no `state`
-        # after it (a thousand keepers asking at once, each ask a chance to time out)
+        # The report is the held ask itself (one exchange, not a report and then a wait: a
+        # thousand keepers asking at once, each ask a chance to time out); the answer that
+        # showed every node down names the generation to start, no `state` after it.
         answer = self._all_down_answer(generation)
         if answer is None or answer.get("final") or self._fenced(answer):
             return None
@@ -231,6 +229,7 @@ class Keeper:
             poll=POLL_SECONDS,
             lost_after=LOST_AFTER_SECONDS,
         )
+        watch.on_exit(self.proc, seen.news)
         try:
             while self.proc.poll() is None:
                 if self.stopping:
@@ -286,19 +285,27 @@ class Keeper:
         return self._all_down_answer(generation) is not None
 
     def _all_down_answer(self, generation: int) -> dict[str, Any] | None:
-        """Wait for every node's keeper to report `generation`'s ranks down: the answer that
-        said so, or None. This node's own report is said again at each poll (a set: one lost
-        on a busy network costs nothing)."""
+        """Report this node's ranks of `generation` down and wait for every node's: the
+        answer that said so (or that the gang stopped restarting: `final`), or None. The
+        report is said again at each poll (a set: one lost on a busy network costs nothing)."""
         report = {"op": Op.DOWN, "generation": generation, "node": self.gang.node}
         deadline = time.monotonic() + DOWN_TIMEOUT_SECONDS
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             asked = time.monotonic()
             answer = self._ask_held(report)
-            down = (answer or {}).get("down", {}).get(str(generation), [])
-            if answer is not None and set(range(self.gang.nodes)) <= set(down):  # members
+            if answer is not None and (answer.get("final") or self._down_in(answer, generation)):
                 return answer
             _pace(asked, POLL_SECONDS / 2)
         return None
+
+    def _down_in(self, answer: dict[str, Any], generation: int) -> bool:
+        """Whether `answer` says every node is down in `generation`: a held answer's count
+        (the coordinator counts only the gang's members), else which nodes (every member)."""
+        count = (answer.get("downs") or {}).get(str(generation))
+        if isinstance(count, int):
+            return count >= self.gang.nodes
+        down = (answer.get("down") or {}).get(str(generation), [])
+        return set(range(self.gang.nodes)) <= set(down)
 
     def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """`doc` held by the coordinator until there is news for this keeper (the generation
@@ -308,10 +315,11 @@ class Keeper:
         return self._ask(held, quiet=True, timeout=watch.ASK_SECONDS)
 
     def _report(self, doc: dict[str, Any]) -> dict[str, Any] | None:
-        """A report the gang must not miss (`fail`, `down`), asked again until the coordinator
-        answers, for up to LOST_AFTER_SECONDS: one request that timed out on a busy node had
-        the keeper give up restarting in place. Safe to repeat: the coordinator counts a
-        generation's failure once and keeps the nodes down in a set."""
+        """A report the gang must not miss (`fail`; a `down` is said again by its own held
+        wait, _all_down_answer), asked again until the coordinator answers, for up to
+        LOST_AFTER_SECONDS: one request that timed out on a busy node had the keeper give up
+        restarting in place. Safe to repeat: the coordinator counts a generation's failure
+        once."""
         deadline = time.monotonic() + LOST_AFTER_SECONDS
         answer = self._ask(doc)
         while answer is None and time.monotonic() < deadline and not self.stopping:

@@ -89,6 +89,16 @@ class State:
             }
         return answer
 
+    def held_answer(self, generation: object) -> dict[str, Any]:
+        """A held request's answer, for a keeper (coordinator.py): how many nodes are down in
+        `generation` (`downs`), not which (a list of a thousand, to each of a thousand keepers
+        at once after the last one's report). Only the gang's members are ever counted:
+        out_of_place refuses any other node."""
+        answer = self.answer(quiet=False, only=-1)
+        nodes = self.down.get(generation) if isinstance(generation, int) else None
+        answer["downs"] = {str(generation): len(nodes)} if nodes is not None else {}
+        return answer
+
     def _down(self, only: object) -> dict[str, list[int]]:
         if only is None:
             return {str(g): sorted(n) for g, n in self.down.items()}

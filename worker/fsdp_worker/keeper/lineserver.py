@@ -23,8 +23,13 @@ from fsdp_worker.contract import gangwire
 
 READ_SECONDS = 5.0
 """A connection's request line must arrive within this long (a slow or silent peer)."""
-BACKLOG = 1024
-"""Connections waiting to be accepted: every keeper asks again at once after a held answer."""
+BACKLOG = 4096
+"""Connections waiting to be accepted: every keeper asks again at once after a held answer
+(a gang of 1,024 nodes: a thousand connections in the same millisecond, twice per restart).
+One past it is dropped by the kernel and its sender's SYN retried 1 s, then 3 s later: that
+wait, not the coordinator, was most of a restart at 1,024 nodes while asyncio's default of 100
+stood here (start_server listens again with its own `backlog`). The kernel caps it at
+net.core.somaxconn (4,096 by default since Linux 5.4)."""
 
 
 class LineServer:
@@ -68,7 +73,9 @@ class LineServer:
             if self._closing:
                 return
         limit = gangwire.MAX_LINE + 1
-        server = await asyncio.start_server(self._connection, sock=self.socket, limit=limit)
+        server = await asyncio.start_server(
+            self._connection, sock=self.socket, limit=limit, backlog=BACKLOG
+        )
         async with server:
             await self._quit.wait()
 

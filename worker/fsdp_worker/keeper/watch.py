@@ -10,6 +10,7 @@ nothing but `state` and starts no process.
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -96,3 +97,15 @@ class GenerationWatch:
     def _end(self, verdict: str) -> None:
         self.verdict = verdict
         self.news.set()
+
+
+def on_exit(proc: subprocess.Popen[bytes], news: threading.Event) -> None:
+    """Set `news` when `proc` exits, from a thread that waits for it: the keeper's loop sees
+    its ranks' end at once rather than at its next look (up to POLL_SECONDS later, on the
+    path of every restart: a failure is reported that much later)."""
+
+    def wait() -> None:
+        proc.wait()
+        news.set()
+
+    threading.Thread(target=wait, daemon=True).start()
