@@ -163,7 +163,7 @@ def test_a_silent_lease_before_the_first_step_is_judged_by_the_nodes_keeper() ->
     spec = make_spec(failurePolicy={"inPlaceRestarts": 2, "nodeLossGraceSeconds": 30})
     with_ip = pods(r0={"ip": "10.244.0.5"})
 
-    def judged(spec: Any, gang: ob.GangHealth | None) -> st.Failure | None:
+    def decided(spec: Any, gang: ob.GangHealth | None) -> Any:
         obs = observe(
             spec=spec,
             nodes=views,
@@ -173,7 +173,11 @@ def test_a_silent_lease_before_the_first_step_is_judged_by_the_nodes_keeper() ->
             gang=gang,
             checkpoint=None,
         )
-        return decide.decide(obs).failure
+        return decide.decide(obs)
+
+    def judged(spec: Any, gang: ob.GangHealth | None) -> st.Failure | None:
+        failure: st.Failure | None = decided(spec, gang).failure
+        return failure
 
     # The pass asks node rank 0's coordinator, and again every second while it waits
     asking = observe(spec=spec, nodes=views, status=starting, progress=None, pods=with_ip)
@@ -181,18 +185,8 @@ def test_a_silent_lease_before_the_first_step_is_judged_by_the_nodes_keeper() ->
     wake = deadlines.next_deadline(asking)
     assert wake is not None and wake <= NOW + deadlines.KEEPER_RECHECK_SECONDS
     alive = ob.GangHealth(answered=True, silent={})
-    assert judged(spec, alive) is None
-    d = decide.decide(
-        observe(
-            spec=spec,
-            nodes=views,
-            status=starting,
-            progress=None,
-            pods=with_ip,
-            gang=alive,
-            checkpoint=None,
-        )
-    )
+    d = decided(spec, alive)
+    assert d.failure is None
     assert d.status.suspect_nodes == ["node-2"] and "keeper still asks" in str(d.events)
     silent_keeper = ob.GangHealth(answered=True, silent={2: 9.0})
     f = judged(spec, silent_keeper)
