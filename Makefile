@@ -9,7 +9,7 @@ export FSDPOP_CACHE ?= $(HOME)/.cache/fsdp-operator
 .PHONY: venv cluster-bin lint typecheck test test-unit test-worker demo clean bench gpu-check
 .PHONY: worker-compat images kind-e2e packages bench-goodput bench-failover bench-node-loss
 .PHONY: kwok-bin versitygw-bin kueue-bin scheduler-plugins-bin bench-fleet lock bench-in-place bench-memory-tier
-.PHONY: bench-gang-scale krew-bin release-artifacts
+.PHONY: bench-gang-scale krew-bin release-artifacts bench-fast-hang
 
 venv: $(STAMP)
 
@@ -174,6 +174,11 @@ bench-in-place: venv cluster-bin images
 # blocking save and same-size load; bench/results/memory_tier.json.
 bench-memory-tier: venv
 	PYTHONPATH=. $(VPY) bench/memory_tier.py
+
+# A hang restarted in place: failurePolicy.hangStepTimes 3 against the progress deadline alone,
+# alternating (CPU only, a few minutes): bench/results/fast_hang.json.
+bench-fast-hang: venv
+	PYTHONPATH=. $(VPY) bench/fast_hang.py
 
 # The goodput soak alone (about an hour here): auto against fixed checkpoint intervals under a
 # Poisson fault process; bench/results/goodput.json and docs/goodput.png.

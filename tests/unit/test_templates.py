@@ -172,6 +172,18 @@ def test_worker_config_env_is_the_spec_training_and_checkpoint() -> None:
     assert seen["NCCL_DEBUG"] == "WARN"
 
 
+def test_the_fast_hang_rule_reaches_the_worker_only_with_restarts_in_place() -> None:
+    """failurePolicy.hangStepTimes (default 3) is FSDP_HANG_STEP_TIMES where a keeper restarts
+    the gang in place; without one a hang recreates the gang, and only the deadline judges."""
+    assert contract.ENV_HANG_STEP_TIMES not in env(pod())
+    kept = make_spec(failurePolicy__inPlaceRestarts=2)
+    assert env(pod(kept))[contract.ENV_HANG_STEP_TIMES] == "3"
+    off = make_spec(failurePolicy__inPlaceRestarts=2, failurePolicy__hangStepTimes=0)
+    assert env(pod(off))[contract.ENV_HANG_STEP_TIMES] == "0"
+    with pytest.raises(pydantic.ValidationError, match="hangStepTimes"):
+        make_spec(failurePolicy__hangStepTimes=-1)
+
+
 # --- security --------------------------------------------------------------------------------
 
 

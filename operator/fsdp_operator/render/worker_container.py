@@ -247,6 +247,7 @@ def _env(slot: templates.Slot) -> list[dict[str, Any]]:
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))
     if restarts := spec.failure_policy.in_place_restarts:
+        pairs.append((contract.ENV_HANG_STEP_TIMES, str(spec.failure_policy.hang_step_times)))
         rank0 = names.rank0_address(job, attempt=slot.attempt, cluster_domain=slot.cluster_domain)
         gang = keeper.Gang(
             restarts=restarts,

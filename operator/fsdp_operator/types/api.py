@@ -137,6 +137,17 @@ class FailurePolicy(SpecModel):
     progress_deadline_seconds: int = Field(
         600, ge=5, le=604_800, description="Hang: no step advance on rank 0 for this long."
     )
+    hang_step_times: int = Field(
+        3,
+        ge=0,
+        le=1000,
+        description="With inPlaceRestarts: a rank whose collectives and steps all stop for this "
+        "many times its median step (at least 2 s), in a step's own phases, ends its gang's "
+        "generation as a Hang, restarted in place in seconds instead of after "
+        "progressDeadlineSeconds. Not before a generation's fifth step, in a save or a load, in "
+        "the two steps after a save to the claim, or in a phase a kit loop names itself "
+        "(kit.phase). 0: off.",
+    )
     startup_deadline_seconds: int | None = Field(
         None,
         ge=5,

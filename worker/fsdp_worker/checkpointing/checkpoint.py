@@ -30,7 +30,7 @@ from fsdp_worker.checkpointing import direct, layout, s3, state, writeback
 from fsdp_worker.contract import catalog, config_checkpoint, errors, fence, selection, store
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
-from fsdp_worker.telemetry import metrics
+from fsdp_worker.telemetry import flight, metrics
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +218,7 @@ class CheckpointManager:
             self._save_sync(sd, writer=writer, step=step, started=started)
         else:
             self._save_async(sd, writer=writer, step=step, started=started)
+        flight.hold_fast()  # the slowest rank's staging or marker holds the next steps
 
     def _save_sync(self, sd: dict[str, Any], *, writer: Any, step: int, started: float) -> None:
         try:

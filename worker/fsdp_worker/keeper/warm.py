@@ -163,6 +163,9 @@ def _run_rank(p: dict[str, Any], local_rank: int, extra: dict[str, str]) -> int:
             stream.reconfigure(write_through=True)  # torchrun runs ranks with -u
     env = {**extra, **rank_env(p, local_rank)}
     os.environ.update(env)
+    faults = sys.modules.get("fsdp_worker.runtime.faults")
+    if faults is not None:  # imported here, before this generation's FSDP_GENERATION was set
+        faults.reload()
     _name_process(f"rank-{env['RANK']}")
     sys.argv = [p["entry"], *p["args"]]
     try:

@@ -65,6 +65,8 @@ CheckpointError = errors.CheckpointError
 Preempted = errors.Preempted
 ResumePoint = resume.ResumePoint
 # Where the rank is, for the evidence of a hang or an OOM (flight.py): `with kit.phase(...)`.
+# A phase that is not a step's own (kit.Phase.EVAL, or any name of the loop's) is never
+# judged by failurePolicy.hangStepTimes, only by the progress deadline.
 Phase = flight.Phase
 phase = flight.during
 # What the operator gave this rank (environment.py).
@@ -415,6 +417,7 @@ def main(
             hang_seconds=environment.int_env(contract.ENV_HANG_SECONDS, 0) or None,
             startup_seconds=environment.int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
             evidence_root=None if remote else settings.cfg.checkpoint.root,
+            step_times=environment.int_env(contract.ENV_HANG_STEP_TIMES, 0),
         )
         meters = metrics.Metrics()
         if dist_info.rank == 0:

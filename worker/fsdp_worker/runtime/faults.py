@@ -33,6 +33,13 @@ def _parse() -> dict[str, str]:
 FAULTS = _parse()
 
 
+def reload() -> None:
+    """Parse again: a warm launcher imported this before the generation (FSDP_GENERATION) of
+    the rank it forks was known."""
+    global FAULTS
+    FAULTS = _parse()
+
+
 def number(name: str) -> float | None:
     value = FAULTS.get(name)
     return float(value) if value is not None else None

@@ -12,7 +12,17 @@ So a rank keeps:
   prints every thread's stack and one `FSDP_EVIDENCE {json}` line to its log, where the
   operator reads them before it deletes the pods, and writes both under the job's checkpoint
   root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept):
-  evidence.py writes them.
+  evidence.py writes them;
+- with restarts in place, a faster deadline measured in the rank's own steps
+  (`FSDP_HANG_STEP_TIMES`, the job's `failurePolicy.hangStepTimes`; `fast_deadline`): once it
+  has stepped a few times, a rank in a training phase whose collectives and steps all stop for
+  that many times its median step (at least HANG_FLOOR_SECONDS) waits on a peer that stopped,
+  or has stopped itself, and ends itself as a Hang. Its keeper restarts the gang in place in
+  seconds, where the job's progress deadline would wait minutes. Never in a save, a load, the
+  start or a phase a kit loop names itself (`kit.phase(...)`), nor in the two steps after a
+  checkpoint save to the claim (`hold_fast`: one rank's slow staging, or rank 0's metadata
+  and marker, holds its peers in the next steps' collectives). A step's time is measured
+  without the seconds it spent saving, so a memory tier saving every step arms it too.
 
 Collectives are recorded by wrapping torch.distributed's functions (FSDP2 calls them through
 the module, so its all-gathers and reduce-scatters are seen too). PyTorch's own flight
@@ -26,14 +36,16 @@ rank, one fixed-size pwrite; nothing here may raise into training.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import logging
 import os
 import resource
+import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,6 +55,14 @@ from fsdp_worker.telemetry import evidence, termination
 log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
+FAST_WATCH_SECONDS = 0.25  # the watchdog's period while the fast deadline is armed
+HANG_FLOOR_SECONDS = 2.0
+"""The fast deadline is never shorter: a GC pause, a jittery step or a busy host's scheduling
+delay of a rank with millisecond steps is no hang."""
+FAST_AFTER_STEPS = 5
+"""Steps of its own (since its process started, a save's or a load's excluded) before a rank's
+median step time arms the fast deadline: the first steps are slow and measure nothing."""
+STEP_TIMES_KEPT = 32
 MEMORY_EVERY_SECONDS = 0.5
 _CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _COLLECTIVES = (
@@ -75,7 +95,35 @@ class Phase:
     OPTIMIZER = "optimizer step"
     SYNC = "end-of-step sync"
     SAVE = "checkpoint save"
+    EVAL = "evaluation"  # for a kit loop's own evaluation: no fast deadline in it
     DONE = "finished"
+
+
+TRAINING_PHASES = frozenset(
+    {Phase.DATA, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER, Phase.SYNC}
+)
+"""The phases of a step, where every rank keeps meeting its peers: the only ones the fast
+deadline judges."""
+HELD_AFTER_SAVE_STEPS = 2
+
+
+def fast_deadline(
+    step_seconds: Collection[float],
+    *,
+    phase: str,
+    held: bool,
+    step_times: float,
+    floor: float = HANG_FLOOR_SECONDS,
+) -> float | None:
+    """Seconds without a collective or a step that make a hang of this rank's gang, or None
+    where only the job's progress deadline judges: `step_times` x the median of the rank's
+    recent step times (`step_seconds`), at least `floor`, in a training phase, once the rank
+    has FAST_AFTER_STEPS of them, unless `held` (the steps after a save to the claim)."""
+    if step_times <= 0 or phase not in TRAINING_PHASES or held:
+        return None
+    if len(step_seconds) < FAST_AFTER_STEPS:
+        return None
+    return max(step_times * statistics.median(step_seconds), floor)
 
 
 def _cgroup_limit() -> int | None:
@@ -110,6 +158,10 @@ class Recorder:
         self.block: int | None = None
         self.phase_since = time.monotonic()
         self.last_step_at = time.monotonic()
+        self.moved_at = self.last_step_at  # the last collective entered, issued or completed
+        self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
+        self.held_steps = 0  # steps the fast deadline waits out (hold_fast)
+        self._saving = 0.0  # seconds of the current step in a save, left out of its time
         self.collective: dict[str, Any] | None = None
         self.collectives = 0
         # Seconds the training thread spent inside blocking collectives (FSDP's all-gathers and
@@ -125,6 +177,7 @@ class Recorder:
         self._evidence_root: str | None = None
         self._hang_seconds: float | None = None
         self._startup_seconds: float | None = None
+        self._step_times = 0.0
         self._reported_stall = False
         self._stop = threading.Event()
         self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
@@ -135,7 +188,10 @@ class Recorder:
         """The rank starts `phase` (of `block`): cheap, called many times a step."""
         if phase == self.phase and block == self.block:
             return
-        self.phase, self.block, self.phase_since = phase, block, time.monotonic()
+        now = time.monotonic()
+        if self.phase == Phase.SAVE:
+            self._saving += now - self.phase_since
+        self.phase, self.block, self.phase_since = phase, block, now
         self._write_live()
 
     @contextmanager
@@ -149,18 +205,28 @@ class Recorder:
             self.enter(before, block)
 
     def step_done(self, step: int) -> None:
-        self.step, self.last_step_at = step, time.monotonic()
+        now = time.monotonic()
+        if self.step is not None:  # not the step a rank resumed at: it measures nothing
+            self.step_seconds.append(max(0.0, now - self.last_step_at - self._saving))
+        self._saving = 0.0
+        self.held_steps = max(0, self.held_steps - 1)
+        self.step, self.last_step_at = step, now
         if self._reported_stall:
             self._reported_stall = False
             log.info(
                 "rank %d stepping again (step %d) after its stall was reported", self.rank, step
             )
 
+    def hold_fast(self, steps: int = HELD_AFTER_SAVE_STEPS) -> None:
+        """The fast deadline waits out the next `steps` steps (module `hold_fast`)."""
+        self.held_steps = max(self.held_steps, steps)
+
     def use_device(self, device: Any) -> None:
         """A CUDA device's allocator figures join the memory record."""
         self._device = device if getattr(device, "type", "") == "cuda" else None
 
     def _collective(self, op: str, state: str) -> None:
+        self.moved_at = time.monotonic()
         self.collective = {
             "op": op,
             "seq": self.collectives,
@@ -285,11 +351,14 @@ class Recorder:
         hang_seconds: float | None,
         evidence_root: str | None,
         startup_seconds: float | None = None,
+        step_times: float = 0.0,
     ) -> None:
         """Start the watchdog (no-op without a deadline): a stall is `hang_seconds` with no
-        step, or before this process's first step, `startup_seconds` (default the same)."""
+        step, or before this process's first step, `startup_seconds` (default the same); with
+        restarts in place and `step_times`, also `fast_deadline`'s."""
         self._hang_seconds, self._evidence_root = hang_seconds, evidence_root
         self._startup_seconds = startup_seconds or hang_seconds
+        self._step_times = step_times if os.environ.get(contract.ENV_GANG) else 0.0
         if evidence_root is not None and self.rank == 0:
             evidence.prune(evidence_root, keep=evidence.EVIDENCE_ATTEMPTS, current=self.attempt)
         if not hang_seconds:
@@ -301,29 +370,64 @@ class Recorder:
 
     def _watch(self) -> None:
         assert self._hang_seconds is not None
-        while not self._stop.wait(WATCH_SECONDS):
-            stalled = time.monotonic() - self.last_step_at
+        period = FAST_WATCH_SECONDS if self._step_times > 0 else WATCH_SECONDS
+        while not self._stop.wait(period):
+            now = time.monotonic()
+            stalled = now - self.last_step_at
             allowed = self._hang_seconds if self.step is not None else self._startup_seconds
             assert allowed is not None
-            if stalled >= allowed and not self._reported_stall:
+            if self._reported_stall:
+                continue
+            fast = self.fast_stall(now)
+            if fast is not None:
                 self._reported_stall = True
-                try:
-                    self.report_stall()
-                except Exception:  # evidence is advice: it never takes the rank down
-                    log.exception("could not report the stall")
+                self._report()
+                self.end_hung(stalled, why=fast)
+            if stalled >= allowed:
+                self._reported_stall = True
+                self._report()
                 if os.environ.get(contract.ENV_GANG):
                     self.end_hung(stalled)
 
-    def end_hung(self, stalled: float) -> None:
+    def fast_stall(self, now: float) -> str | None:
+        """Why the gang hangs by `fast_deadline` (None: it does not, or the rule is off)."""
+        if self._step_times <= 0:
+            return None
+        limit = fast_deadline(
+            self.step_seconds,
+            phase=self.phase,
+            held=self.held_steps > 0,
+            step_times=self._step_times,
+        )
+        quiet = now - max(self.moved_at, self.last_step_at)
+        if limit is None or quiet < limit:
+            return None
+        median = statistics.median(self.step_seconds)
+        last = self.collective or {}
+        return (
+            f"no collective and no step for {quiet:.1f}s in {self.where()}, waiting in "
+            f"{last.get('op', 'no collective')} #{last.get('seq', '-')} "
+            f"({self._step_times:g} x its median step of {median:.3f}s, at least "
+            f"{HANG_FLOOR_SECONDS:g}s: failurePolicy.hangStepTimes)"
+        )
+
+    def _report(self) -> None:
+        try:
+            self.report_stall()
+        except Exception:  # evidence is advice: it never takes the rank down
+            log.exception("could not report the stall")
+
+    def end_hung(self, stalled: float, *, why: str | None = None) -> None:
         """With restarts in place (fsdp_worker.keeper.gang in front of torchrun), a rank past its
-        own hang deadline ends itself, saying so: its keeper restarts the gang's ranks in the same
-        pods, before the operator's deadline would recreate them."""
+        own hang deadline, or the fast one (`why`), ends itself, saying so: its keeper restarts
+        the gang's ranks in the same pods, before the operator's deadline would recreate them."""
+        text = why or f"no step completed for {stalled:.0f}s (FSDP_HANG_SECONDS)"
         termination.write(
             failure_class=contract.FailureClass.HANG.value,
             rank=self.rank,
             step=self.step,
             exit_code=int(contract.ExitCode.RETRYABLE),
-            text=f"no step completed for {stalled:.0f}s (FSDP_HANG_SECONDS); restarting in place",
+            text=f"{text}; restarting in place",
             extra=self.failure_fields(),
         )
         os._exit(int(contract.ExitCode.RETRYABLE))
@@ -383,6 +487,13 @@ def during(phase: str) -> Iterator[None]:
 def step_done(step: int) -> None:
     if _current is not None:
         _current.step_done(step)
+
+
+def hold_fast(steps: int = HELD_AFTER_SAVE_STEPS) -> None:
+    """A save to the claim: the fast hang deadline waits out the next `steps` steps, where its
+    slowest rank's staging, metadata or marker still holds the others."""
+    if _current is not None:
+        _current.hold_fast(steps)
 
 
 def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
