@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -121,3 +123,37 @@ def test_a_job_on_an_object_store_survives_a_crash_and_a_lost_node_from_the_buck
         assert not [v for v in pod["spec"]["volumes"] if v.get("persistentVolumeClaim")]
     assert keys_under(store, bucket, f"runs/{name}/"), "the job's steps live in the bucket"
     assert not jobs.ckpt_dir(name).exists(), "nothing of the job's on the namespace's claim"
+
+    # Deleted and created again under its name, the job's new pods find the old job's steps
+    # under its prefix (the operator never reads the bucket) and refuse to train from step 0
+    # beside them; created again with resumeFromPreviousJobs, it resumes from step 120.
+    refused = _again(jobs, name, doc, story)
+    assert refused["phase"] == "Failed" and refused["lastFailure"]["cause"] == "ConfigError"
+    assert "holds checkpoints of another FSDPJob" in refused["lastFailure"]["message"], refused
+    assert "set checkpoint.resumeFromPreviousJobs" in refused["lastFailure"]["message"]
+    assert set(fence_of(store, bucket, name).steps) == set(fence.steps), "nothing sealed"
+    doc["spec"]["checkpoint"]["resumeFromPreviousJobs"] = True
+    doc["spec"]["training"]["steps"] = 140
+    again = _again(jobs, name, doc, story)
+    assert again["phase"] == "Succeeded", again
+    assert again["attempt"] == 1 and again["history"][0]["resumedFromStep"] == 120, again
+    assert again["lastCheckpoint"]["path"] == f"{root}/step-140"
+    uid = (jobs.get(name) or {})["metadata"]["uid"]
+    writer = fence_of(store, bucket, name).writer
+    assert writer is not None and (writer.attempt, writer.job_uid) == (1, uid), writer
+
+
+def _again(
+    jobs: harness.Jobs, name: str, doc: dict[str, Any], story: Callable[[], str]
+) -> dict[str, Any]:
+    """Delete the job, create `doc` again under its name once the old one is gone, and wait for
+    the new one to end: its status."""
+    jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", jobs.ns, "--wait=false")
+    poll.until("the old job gone", lambda: jobs.get(name) is None, timeout=90, diagnosis=story)
+    jobs.apply(doc)
+    return poll.until(
+        "the job created again to end",
+        lambda: (s := jobs.status(name)).get("phase") in ("Succeeded", "Failed") and s,
+        timeout=180,
+        diagnosis=story,
+    )

@@ -103,14 +103,9 @@ def _choose_auto(
     mismatched = [c for c in rejected if c.reason == selection.RejectReason.CONFIG_HASH_MISMATCH]
     if mismatched:
         raise _config_refusal(mismatched[0], cfg.training)
-    others = [c for c in rejected if c.reason == selection.RejectReason.OTHER_JOB]
-    if others:
-        raise errors.ConfigError(
-            f"{root} holds checkpoints of another FSDPJob ({others[0].path}:"
-            f" {others[0].detail}); set checkpoint.resumeFromPreviousJobs to resume"
-            " from them, or use another checkpoint.root"
-        )
-    refusal = selection.fresh_start_refusal(root, rules, rejected)
+    refusal = selection.other_job_refusal(root, rejected) or selection.fresh_start_refusal(
+        root, rules, rejected
+    )
     if refusal is not None:
         raise errors.ConfigError(refusal)
     log.warning("resume=auto: no complete checkpoint under %s; starting fresh", root)

@@ -240,6 +240,21 @@ def auto_lineage(
     )
 
 
+def other_job_refusal(root: str, rejected: Sequence[Candidate]) -> str | None:
+    """Why not to start fresh beside another FSDPJob's checkpoints (a job deleted and created
+    again under the same name) without `resumeFromPreviousJobs`; None when there are none. On a
+    claim the operator refuses first (CheckpointsOfAnotherJob); on an object store, which it
+    never reads, this is the only refusal."""
+    others = [c for c in rejected if c.reason == RejectReason.OTHER_JOB]
+    if not others:
+        return None
+    return (
+        f"{root} holds checkpoints of another FSDPJob ({others[0].path}: {others[0].detail}); "
+        "set checkpoint.resumeFromPreviousJobs to resume from them, or use another "
+        "checkpoint.root"
+    )
+
+
 def fresh_start_refusal(
     root: str, rules: contract.ResumeRules | None, rejected: Sequence[Candidate]
 ) -> str | None:
