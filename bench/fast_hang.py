@@ -7,7 +7,8 @@ run. Numbers, not pass/fail.
 Two keepers (fsdp_worker.keeper.gang, as two pods run them) in front of the built-in trainer on
 this machine's CPUs (gloo), with the memory tier every 5 steps and the claim every 50 (as the
 goodput soak's in-place runs); rank 1 stops for good in step 60's end-of-step sync (generation
-0), the progress deadline (FSDP_HANG_SECONDS) is `--deadline` (the soak's 10 s). From node 0's
+0), the progress deadline (FSDP_HANG_SECONDS) is `--deadline` (the soak's 10 s) and
+hangFloorSeconds 2 (its steps take 0.1 s; the default, 10 s, is for production). From node 0's
 log: rank 0's step 59 (the last step every rank finished; the hang begins within the next step)
 -> the failure's record (the gang's verdict) -> generation 1's first step. Issue 48's goal:
 hang -> first step <= 3 step times + 5 s. Medians and min..max go to
@@ -66,6 +67,7 @@ def _one(step_times: int, deadline: int) -> dict[str, Any]:
             "FSDP_CHECKPOINT_ROOT": str(root),
             "FSDP_HANG_SECONDS": str(deadline),
             "FSDP_HANG_STEP_TIMES": str(step_times),
+            "FSDP_HANG_FLOOR_SECONDS": "2",  # the local detection settings: 0.1 s steps
         }
         memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
         procs = launch_keepers(tmp, restarts=1, config=cfg, env=env, node_env=memory.__getitem__)
@@ -131,9 +133,9 @@ def main() -> None:
     doc = {
         "what": "restart in place after a hang (rank 1 stops for good in step 60's end-of-step "
         "sync): rank 0's step 59 -> the gang's failure record -> generation 1's first step; "
-        f"failurePolicy.hangStepTimes 3 against 0 (the progress deadline alone, {args.deadline} "
-        "s), alternating; two keepers x 1 rank of the built-in tiny trainer, memory tier every "
-        "5 steps, claim every 50",
+        f"failurePolicy.hangStepTimes 3 (hangFloorSeconds 2) against 0 (the progress deadline "
+        f"alone, {args.deadline} s), alternating; two keepers x 1 rank of the built-in tiny "
+        "trainer, memory tier every 5 steps, claim every 50",
         "machine": f"{os.cpu_count()} cores, no GPU; keepers and ranks as host processes",
         "load": os.getloadavg()[0],
         "results": results,

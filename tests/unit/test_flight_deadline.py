@@ -7,6 +7,8 @@ No torchrun here: tests/worker/test_gang.py runs the rule under real ranks and k
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from fsdp_worker import contract
@@ -36,8 +38,14 @@ P = flight.Phase
 def test_the_fast_deadline(
     steps: list[float], phase: str, held: bool, step_times: int, limit: float | None
 ) -> None:
-    got = flight.fast_deadline(steps, phase=phase, held=held, step_times=step_times)
+    got = flight.fast_deadline(steps, phase=phase, held=held, step_times=step_times, floor=2.0)
     assert got == (pytest.approx(limit) if limit is not None else None)
+
+
+def test_the_floor_defaults_above_a_healthy_ranks_pauses() -> None:
+    """10 s unless the job says (failurePolicy.hangFloorSeconds): an epoch's data loader
+    start, a recompile, a log flush between collectives of sub-second steps."""
+    assert flight.fast_deadline(STEPS, phase=P.DATA, held=False, step_times=3) == 10.0
 
 
 def _recorder(monkeypatch: pytest.MonkeyPatch, *, gang: bool = True) -> flight.Recorder:
@@ -46,7 +54,7 @@ def _recorder(monkeypatch: pytest.MonkeyPatch, *, gang: bool = True) -> flight.R
     else:
         monkeypatch.delenv(contract.ENV_GANG, raising=False)
     rec = flight.Recorder(rank=1, local_rank=0, attempt=1)
-    rec._step_times = 3.0 if gang else 0.0
+    rec._step_times, rec._floor = (3.0 if gang else 0.0), 2.0
     return rec
 
 
@@ -98,7 +106,43 @@ def test_a_rank_that_stops_meeting_its_peers_is_a_hang_after_its_deadline(
     why = rec.fast_stall(clock[0])
     assert why is not None
     assert "no collective and no step for 2.1s in forward of block 0" in why
-    assert "all_gather_into_tensor #" in why and "median step of 0.300s" in why
+    assert "its last collective all_gather_into_tensor #" in why and "entered" in why
+    assert "median step of 0.300s, at least 2s" in why
+
+
+def test_a_loops_own_phase_is_no_hang_though_its_forward_passes_name_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`with kit.phase(kit.Phase.EVAL):` around evaluation: the forward hooks then say
+    "forward of block 3" (evidence), but the rule stays off until the block ends."""
+    clock = [1000.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    rec = _recorder(monkeypatch)
+    _train(rec, clock, 10)
+    with rec.during(P.EVAL):
+        rec.enter(P.FORWARD, 3)  # what flight.watch_blocks' forward pre-hook does
+        rec._collective("all_gather_into_tensor", "completed")
+        clock[0] += 30.0
+        assert rec.where() == "forward of block 3"
+        assert rec.fast_stall(clock[0]) is None
+    rec.enter(P.FORWARD, 0)
+    clock[0] += 2.5
+    assert rec.fast_stall(clock[0]) is not None  # back in training, judged again
+
+
+def test_a_saves_background_collectives_keep_no_steps_rhythm(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    rec = _recorder(monkeypatch)
+    _train(rec, clock, 10)
+    rec.enter(P.FORWARD, 0)
+    clock[0] += 2.5
+    upload = threading.Thread(target=rec._collective, args=("gather_object", "completed"))
+    upload.start()
+    upload.join()
+    assert rec.fast_stall(clock[0]) is not None
 
 
 def test_the_two_steps_after_a_claim_save_are_no_hang(monkeypatch: pytest.MonkeyPatch) -> None:

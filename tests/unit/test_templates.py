@@ -178,10 +178,15 @@ def test_the_fast_hang_rule_reaches_the_worker_only_with_restarts_in_place() -> 
     assert contract.ENV_HANG_STEP_TIMES not in env(pod())
     kept = make_spec(failurePolicy__inPlaceRestarts=2)
     assert env(pod(kept))[contract.ENV_HANG_STEP_TIMES] == "3"
+    assert env(pod(kept))[contract.ENV_HANG_FLOOR_SECONDS] == "10"
+    fast = make_spec(failurePolicy__inPlaceRestarts=2, failurePolicy__hangFloorSeconds=2)
+    assert env(pod(fast))[contract.ENV_HANG_FLOOR_SECONDS] == "2"
     off = make_spec(failurePolicy__inPlaceRestarts=2, failurePolicy__hangStepTimes=0)
     assert env(pod(off))[contract.ENV_HANG_STEP_TIMES] == "0"
     with pytest.raises(pydantic.ValidationError, match="hangStepTimes"):
         make_spec(failurePolicy__hangStepTimes=-1)
+    with pytest.raises(pydantic.ValidationError, match="hangFloorSeconds"):
+        make_spec(failurePolicy__hangFloorSeconds=0)
 
 
 # --- security --------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ def _run(tmp: Path, cfg: dict[str, Any], faults: str, node_faults: str = "") -> 
             contract.ENV_CHECKPOINT_ROOT: cfg["checkpoint"]["root"],
             contract.ENV_HANG_SECONDS: DEADLINE,
             contract.ENV_HANG_STEP_TIMES: "3",
+            contract.ENV_HANG_FLOOR_SECONDS: "2",  # these steps take 0.1-0.4 s
         },
         node_env=lambda node: {"FSDP_TEST_FAULTS": faults + (node_faults if node else "")},
     )
@@ -73,8 +74,8 @@ def test_a_pause_jittery_steps_and_one_ranks_slow_saves_are_no_hang(tmp_path: Pa
     root = tmp_path / "ckpt"
     cfg = worker_config(root, train=training(steps=40), intervalSteps=4, **{"async": True})
     # Every rank's steps up to 0.3 s longer at random; rank 1 pauses 1.2 s at step 20 (a GC
-    # pause, under the 2 s floor); node 1's writes take 2.5 s each (its every save is slow, and
-    # its peer waits for it).
+    # pause, under the 2 s floor set here); node 1's writes take 2.5 s each (its every save is
+    # slow, and its peer waits for it).
     logs = _run(tmp_path, cfg, "jitter=0.3,pause_at=1:20:1.2", node_faults=",slow_write=2.5")
     assert "restarting in place" not in logs, logs[-6000:]
     assert sorted(losses((tmp_path / "node-0.log").read_text())) == list(range(1, 41))

@@ -247,7 +247,9 @@ def _env(slot: templates.Slot) -> list[dict[str, Any]]:
     if slot.reliability:
         pairs.append((contract.ENV_RELIABILITY, slot.reliability))
     if restarts := spec.failure_policy.in_place_restarts:
-        pairs.append((contract.ENV_HANG_STEP_TIMES, str(spec.failure_policy.hang_step_times)))
+        policy = spec.failure_policy
+        pairs.append((contract.ENV_HANG_STEP_TIMES, str(policy.hang_step_times)))
+        pairs.append((contract.ENV_HANG_FLOOR_SECONDS, str(policy.hang_floor_seconds)))
         rank0 = names.rank0_address(job, attempt=slot.attempt, cluster_domain=slot.cluster_domain)
         gang = keeper.Gang(
             restarts=restarts,

@@ -142,11 +142,20 @@ class FailurePolicy(SpecModel):
         ge=0,
         le=1000,
         description="With inPlaceRestarts: a rank whose collectives and steps all stop for this "
-        "many times its median step (at least 2 s), in a step's own phases, ends its gang's "
-        "generation as a Hang, restarted in place in seconds instead of after "
+        "many times its median step (at least hangFloorSeconds), in a step's own phases, ends "
+        "its gang's generation as a Hang, restarted in place in seconds instead of after "
         "progressDeadlineSeconds. Not before a generation's fifth step, in a save or a load, in "
         "the two steps after a save to the claim, or in a phase a kit loop names itself "
         "(kit.phase). 0: off.",
+    )
+    hang_floor_seconds: int = Field(
+        10,
+        ge=1,
+        le=3600,
+        description="The shortest stop hangStepTimes takes for a hang: above the longest pause "
+        "a healthy rank makes between collectives (a data loader starting an epoch, a "
+        "recompile, a synchronous log flush). Lower it for fast detection where steps are "
+        "short and such pauses are known to be short.",
     )
     startup_deadline_seconds: int | None = Field(
         None,

@@ -60,9 +60,11 @@ ENV_HANG_SECONDS = "FSDP_HANG_SECONDS"
 # FSDP_HANG_SECONDS, from a rank's start to its first step (imports, rendezvous, loading).
 ENV_STARTUP_SECONDS = "FSDP_STARTUP_SECONDS"
 # The job's failurePolicy.hangStepTimes, set with restarts in place only: a rank whose collectives
-# and steps stop for this many times its median step (at least flight.HANG_FLOOR_SECONDS), in
+# and steps stop for this many times its median step (at least FSDP_HANG_FLOOR_SECONDS), in
 # a training phase, ends itself as a Hang long before FSDP_HANG_SECONDS (flight.fast_deadline).
 ENV_HANG_STEP_TIMES = "FSDP_HANG_STEP_TIMES"
+# ... and failurePolicy.hangFloorSeconds: the fast deadline is never shorter than this.
+ENV_HANG_FLOOR_SECONDS = "FSDP_HANG_FLOOR_SECONDS"
 
 # What `spec.trainer.args` may reference as `$(NAME)` (Kubernetes expands them in the pod);
 # every other `$` in an argument reaches the trainer literally.

@@ -418,6 +418,8 @@ def main(
             startup_seconds=environment.int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
             evidence_root=None if remote else settings.cfg.checkpoint.root,
             step_times=environment.int_env(contract.ENV_HANG_STEP_TIMES, 0),
+            floor=environment.int_env(contract.ENV_HANG_FLOOR_SECONDS, 0)
+            or flight.HANG_FLOOR_SECONDS,
         )
         meters = metrics.Metrics()
         if dist_info.rank == 0:

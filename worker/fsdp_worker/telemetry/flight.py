@@ -16,7 +16,7 @@ So a rank keeps:
 - with restarts in place, a faster deadline measured in the rank's own steps
   (`FSDP_HANG_STEP_TIMES`, the job's `failurePolicy.hangStepTimes`; `fast_deadline`): once it
   has stepped a few times, a rank in a training phase whose collectives and steps all stop for
-  that many times its median step (at least HANG_FLOOR_SECONDS) waits on a peer that stopped,
+  that many times its median step (at least `FSDP_HANG_FLOOR_SECONDS`) waits on a peer that stopped,
   or has stopped itself, and ends itself as a Hang. Its keeper restarts the gang in place in
   seconds, where the job's progress deadline would wait minutes. Never in a save, a load, the
   start or a phase a kit loop names itself (`kit.phase(...)`), nor in the two steps after a
@@ -56,9 +56,11 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
 FAST_WATCH_SECONDS = 0.25  # the watchdog's period while the fast deadline is armed
-HANG_FLOOR_SECONDS = 2.0
-"""The fast deadline is never shorter: a GC pause, a jittery step or a busy host's scheduling
-delay of a rank with millisecond steps is no hang."""
+HANG_FLOOR_SECONDS = 10.0
+"""The fast deadline is never shorter (FSDP_HANG_FLOOR_SECONDS, the job's
+failurePolicy.hangFloorSeconds, says otherwise): a GC pause, a jittery step, a data loader's
+workers starting an epoch again, a recompile or a busy host's scheduling delay of a rank with
+sub-second steps is no hang."""
 FAST_AFTER_STEPS = 5
 """Steps of its own (since its process started, a save's or a load's excluded) before a rank's
 median step time arms the fast deadline: the first steps are slow and measure nothing."""
@@ -161,6 +163,7 @@ class Recorder:
         self.moved_at = self.last_step_at  # the last collective entered, issued or completed
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self.held_steps = 0  # steps the fast deadline waits out (hold_fast)
+        self.aside = 0  # `during` blocks of phases that are not a step's own, open now
         self._saving = 0.0  # seconds of the current step in a save, left out of its time
         self.collective: dict[str, Any] | None = None
         self.collectives = 0
@@ -178,6 +181,7 @@ class Recorder:
         self._hang_seconds: float | None = None
         self._startup_seconds: float | None = None
         self._step_times = 0.0
+        self._floor = HANG_FLOOR_SECONDS
         self._reported_stall = False
         self._stop = threading.Event()
         self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
@@ -196,12 +200,17 @@ class Recorder:
 
     @contextmanager
     def during(self, phase: str) -> Iterator[None]:
-        """`phase` for the duration of the block; the previous phase afterwards."""
+        """`phase` for the duration of the block; the previous phase afterwards. A phase that
+        is not a step's own (a save, a kit loop's evaluation) keeps the fast deadline off until
+        it ends, though the forward hooks name the blocks its forward passes run."""
         before, block = self.phase, self.block
+        aside = phase not in TRAINING_PHASES
+        self.aside += aside
         self.enter(phase)
         try:
             yield
         finally:
+            self.aside -= aside
             self.enter(before, block)
 
     def step_done(self, step: int) -> None:
@@ -226,7 +235,8 @@ class Recorder:
         self._device = device if getattr(device, "type", "") == "cuda" else None
 
     def _collective(self, op: str, state: str) -> None:
-        self.moved_at = time.monotonic()
+        if threading.get_ident() == self.thread:  # a save's thread keeps no step's rhythm
+            self.moved_at = time.monotonic()
         self.collective = {
             "op": op,
             "seq": self.collectives,
@@ -352,6 +362,7 @@ class Recorder:
         evidence_root: str | None,
         startup_seconds: float | None = None,
         step_times: float = 0.0,
+        floor: float = HANG_FLOOR_SECONDS,
     ) -> None:
         """Start the watchdog (no-op without a deadline): a stall is `hang_seconds` with no
         step, or before this process's first step, `startup_seconds` (default the same); with
@@ -359,6 +370,7 @@ class Recorder:
         self._hang_seconds, self._evidence_root = hang_seconds, evidence_root
         self._startup_seconds = startup_seconds or hang_seconds
         self._step_times = step_times if os.environ.get(contract.ENV_GANG) else 0.0
+        self._floor = floor
         if evidence_root is not None and self.rank == 0:
             evidence.prune(evidence_root, keep=evidence.EVIDENCE_ATTEMPTS, current=self.attempt)
         if not hang_seconds:
@@ -372,43 +384,54 @@ class Recorder:
         assert self._hang_seconds is not None
         period = FAST_WATCH_SECONDS if self._step_times > 0 else WATCH_SECONDS
         while not self._stop.wait(period):
-            now = time.monotonic()
-            stalled = now - self.last_step_at
-            allowed = self._hang_seconds if self.step is not None else self._startup_seconds
-            assert allowed is not None
             if self._reported_stall:
                 continue
-            fast = self.fast_stall(now)
-            if fast is not None:
-                self._reported_stall = True
-                self._report()
-                self.end_hung(stalled, why=fast)
-            if stalled >= allowed:
-                self._reported_stall = True
-                self._report()
-                if os.environ.get(contract.ENV_GANG):
-                    self.end_hung(stalled)
+            try:
+                self._check(time.monotonic())
+            except Exception:  # the watchdog must outlive its own faults: it is the deadline
+                log.exception("the flight watchdog's check failed")
+
+    def _check(self, now: float) -> None:
+        stalled = now - self.last_step_at
+        allowed = self._hang_seconds if self.step is not None else self._startup_seconds
+        assert allowed is not None
+        fast = self.fast_stall(now)
+        if fast is not None:
+            self._reported_stall = True
+            self._report()
+            self.end_hung(stalled, why=fast)
+        if stalled >= allowed:
+            self._reported_stall = True
+            self._report()
+            if os.environ.get(contract.ENV_GANG):
+                self.end_hung(stalled)
 
     def fast_stall(self, now: float) -> str | None:
         """Why the gang hangs by `fast_deadline` (None: it does not, or the rule is off)."""
         if self._step_times <= 0:
             return None
+        steps = tuple(self.step_seconds)  # appended by the training thread meanwhile
         limit = fast_deadline(
-            self.step_seconds,
+            steps,
             phase=self.phase,
-            held=self.held_steps > 0,
+            held=self.held_steps > 0 or self.aside > 0,
             step_times=self._step_times,
+            floor=self._floor,
         )
         quiet = now - max(self.moved_at, self.last_step_at)
         if limit is None or quiet < limit:
             return None
-        median = statistics.median(self.step_seconds)
-        last = self.collective or {}
+        median = statistics.median(steps)
+        last = self.collective
+        where = (
+            f"its last collective {last['op']} #{last['seq']} {last['state']}"
+            if last
+            else "no collective yet"
+        )
         return (
-            f"no collective and no step for {quiet:.1f}s in {self.where()}, waiting in "
-            f"{last.get('op', 'no collective')} #{last.get('seq', '-')} "
+            f"no collective and no step for {quiet:.1f}s in {self.where()}, {where} "
             f"({self._step_times:g} x its median step of {median:.3f}s, at least "
-            f"{HANG_FLOOR_SECONDS:g}s: failurePolicy.hangStepTimes)"
+            f"{self._floor:g}s: failurePolicy.hangStepTimes, hangFloorSeconds)"
         )
 
     def _report(self) -> None:
@@ -422,15 +445,17 @@ class Recorder:
         own hang deadline, or the fast one (`why`), ends itself, saying so: its keeper restarts
         the gang's ranks in the same pods, before the operator's deadline would recreate them."""
         text = why or f"no step completed for {stalled:.0f}s (FSDP_HANG_SECONDS)"
-        termination.write(
-            failure_class=contract.FailureClass.HANG.value,
-            rank=self.rank,
-            step=self.step,
-            exit_code=int(contract.ExitCode.RETRYABLE),
-            text=f"{text}; restarting in place",
-            extra=self.failure_fields(),
-        )
-        os._exit(int(contract.ExitCode.RETRYABLE))
+        try:
+            termination.write(
+                failure_class=contract.FailureClass.HANG.value,
+                rank=self.rank,
+                step=self.step,
+                exit_code=int(contract.ExitCode.RETRYABLE),
+                text=f"{text}; restarting in place",
+                extra=self.failure_fields(),
+            )
+        finally:
+            os._exit(int(contract.ExitCode.RETRYABLE))
 
     def report_stall(self) -> dict[str, Any]:
         """Stacks and the record, to the log (one write) and the evidence file

@@ -154,9 +154,9 @@ class StandIn:
         if chosen is not None and chosen.marker is not None:
             log.info("resume=auto: step %d", chosen.marker.step)
             return chosen.marker.step, chosen.marker.step
-        refusal = selection.other_job_refusal(
-            self.root, rejected
-        ) or selection.fresh_start_refusal(self.root, rules, rejected)
+        refusal = selection.other_job_refusal(self.root, rejected) or selection.fresh_start_refusal(
+            self.root, rules, rejected
+        )
         if refusal is not None:
             raise _Refused(refusal)
         return 0, None
