@@ -29,6 +29,10 @@ UNBOUND = (
     "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: "
     "0/3 nodes are available: 3 Preemption is not helpful for scheduling."
 )
+NO_DEVICE = (  # DRA: no node's driver publishes a device the pod's claims ask for
+    "0/3 nodes are available: 3 cannot allocate all claims. preemption: 0/3 nodes are "
+    "available: 3 Preemption is not helpful for scheduling."
+)
 TIMEOUT = 50  # make_spec's failurePolicy.pendingTimeoutSeconds
 
 
@@ -54,6 +58,7 @@ def pending_for(seconds: float, **ranks: dict[str, Any]) -> ob.Observed:
         (NO_GPU, scheduling.Problem.UNSCHEDULABLE),
         (NO_CLAIM, scheduling.Problem.CLAIM_NOT_FOUND),
         (UNBOUND, scheduling.Problem.CLAIM_UNBOUND),
+        (NO_DEVICE, scheduling.Problem.DEVICES),
         ("", scheduling.Problem.UNSCHEDULABLE),
     ],
 )
@@ -69,6 +74,7 @@ def test_the_schedulers_words_say_what_kind_of_problem_it_is(
         (NO_GPU, "Unschedulable", ""),
         (NO_CLAIM, "VolumeClaimNotFound", "create the claim"),
         (UNBOUND, "VolumeClaimUnbound", "storageClassName"),
+        (NO_DEVICE, "DevicesNotAllocated", "kubectl get resourceslices"),
     ],
 )
 def test_the_reason_is_named_before_any_timeout(message: str, reason: str, advice: str) -> None:

@@ -23,6 +23,7 @@ PODS_SCHEDULED = "PodsScheduled"  # condition: whether the scheduler placed the 
 CLAIM_SHARED = "VolumeClaimShared"  # condition: whether every pod's node can mount the claim
 _CLAIM_MISSING = re.compile(r'persistentvolumeclaim "([^"]+)" not found', re.IGNORECASE)
 _CLAIM_UNBOUND = re.compile(r"unbound immediate persistentvolumeclaims", re.IGNORECASE)
+_DEVICES = re.compile(r"cannot allocate all claims|resourceclaim .* not found", re.IGNORECASE)
 
 
 class Problem(enum.StrEnum):
@@ -30,6 +31,7 @@ class Problem(enum.StrEnum):
 
     CLAIM_NOT_FOUND = "VolumeClaimNotFound"  # the spec names a claim that does not exist
     CLAIM_UNBOUND = "VolumeClaimUnbound"  # no volume binds the claim (class, provisioner)
+    DEVICES = "DevicesNotAllocated"  # DRA: no node's driver has the devices the claims ask
     UNSCHEDULABLE = "Unschedulable"  # capacity, selectors, taints: the scheduler says which
 
 
@@ -39,6 +41,8 @@ def problem(message: str) -> Problem:
         return Problem.CLAIM_NOT_FOUND
     if _CLAIM_UNBOUND.search(message):
         return Problem.CLAIM_UNBOUND
+    if _DEVICES.search(message):
+        return Problem.DEVICES
     return Problem.UNSCHEDULABLE
 
 
@@ -76,6 +80,12 @@ def advice(kind: Problem) -> str:
         )
     if kind is Problem.CLAIM_UNBOUND:
         return "; no volume binds the claim: check its storageClassName and the provisioner"
+    if kind is Problem.DEVICES:
+        return (
+            "; no node's DRA driver has free devices that template.spec.resourceClaims ask for: "
+            "check the claims' DeviceClass and that a driver publishes them (kubectl get "
+            "resourceslices)"
+        )
     return ""
 
 
