@@ -18,7 +18,7 @@ import pytest
 from fsdp_operator.types import names
 from fsdp_worker.contract import objstore
 from localcluster import faults as lf
-from localcluster import objectstore, poll
+from localcluster import images, objectstore, poll
 from tests.integration import harness
 
 pytestmark = pytest.mark.cluster
@@ -157,3 +157,88 @@ def _again(
         timeout=180,
         diagnosis=story,
     )
+
+
+HOLD_SECONDS = 10  # the next attempt's pod waits this long in an init container
+
+
+def _sealed_by(doc: objstore.FenceDoc, attempt: int) -> set[int]:
+    return {step for step, writer in doc.steps.items() if writer.startswith(f"writer-a{attempt}g")}
+
+
+def test_a_lost_writer_seals_on_s3_until_the_next_attempt_takes_the_fence_and_then_nothing(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """The fence race on the bucket (test_zombie.py's, on S3): a lost node's rank 0 is let go
+    after the next attempt was launched elsewhere and while that attempt's pod is held. The old
+    writer's seals land until the new attempt swaps FENCE.json to itself (a compare-and-swap
+    at the store, not a check before it); after that its commits fail there, it says it was
+    superseded, and the job succeeds in the attempt the operator launched, from the newest
+    step sealed when it took over, every later step its own."""
+    store = operator.cluster.object_store
+    bucket = jobs.ns
+    store.create_bucket(bucket)
+    jobs.cluster.kubectl("apply", "-n", jobs.ns, "-f", "-", input=json.dumps(store.secret(SECRET)))
+    name = harness.unique("s3zombie")
+    hold = {
+        "name": "hold",
+        "image": images.WORKER,
+        "command": ["python", "-c", f"import time; time.sleep({HOLD_SECONDS})"],
+    }
+    doc = store_job(name, store, bucket=bucket, replicas=1, minReplicas=1, training={"steps": 400})
+    doc["spec"]["template"]["spec"]["initContainers"] = [hold]
+    jobs.apply(doc)
+    story = lambda: jobs.diagnosis(name)  # noqa: E731
+    pod = poll.until(
+        "rank 0 stepping past step 12",
+        lambda: (jobs.status(name).get("step") or 0) >= 12 and jobs.running_pods(name, 1),
+        timeout=120,
+        diagnosis=story,
+    )[0]
+    node, zombie = pod["spec"]["nodeName"], pod["metadata"]["name"]
+    faults = lf.Faults.for_cluster(operator.cluster.state_dir)
+    faults.lose_node(node, freeze=names.Label.JOB.value)
+    try:
+        poll.until(
+            "attempt 2 launched after NodeLost",
+            lambda: jobs.status(name).get("attempt", 0) >= 2,
+            timeout=90,
+            diagnosis=story,
+        )
+        at_loss = _sealed_by(fence_of(store, bucket, name), 1)
+        faults.thaw_pods(node)  # the old writer goes on; the new attempt's rank is held
+        before: set[int] = set()
+
+        def taken() -> bool:
+            doc = fence_of(store, bucket, name)
+            if doc.writer is not None and doc.writer.attempt == 1:
+                before.update(_sealed_by(doc, 1))
+            return doc.writer is not None and doc.writer.attempt == 2
+
+        poll.until("attempt 2 takes the fence", taken, timeout=120, every=0.2, diagnosis=story)
+        log = poll.until(
+            "the old writer refused at the store",
+            lambda: "was superseded" in (text := faults.pod_log(node, jobs.ns, zombie)) and text,
+            timeout=60,
+            diagnosis=story,
+        )
+        late = before - at_loss
+        print(f"s3 zombie: sealed at the loss {max(at_loss, default=0)}; late {sorted(late)}")
+        # One way: the old attempt sealed after the loss, before the take-over...
+        assert late, f"no seal of attempt 1 after the loss\n{log[-3000:]}"
+        # ...the other: once attempt 2 held the fence, the old writer was refused.
+        assert "attempt 2 generation 0 now writes" in log, log[-3000:]
+    finally:
+        faults.restore_node(node)
+    done = poll.until(
+        "Succeeded",
+        lambda: (s := jobs.status(name)).get("phase") == "Succeeded" and s,
+        timeout=180,
+        diagnosis=story,
+    )
+    resumed = done["history"][-1]["resumedFromStep"]
+    assert done["attempt"] == 2 and resumed >= max(before), (resumed, sorted(before))
+    final = fence_of(store, bucket, name)
+    assert final.writer is not None and final.writer.attempt == 2
+    assert all(w.startswith("writer-a2g") for s, w in final.steps.items() if s > resumed), final
+    assert final.steps.get(400, "").startswith("writer-a2g"), final
