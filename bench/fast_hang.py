@@ -23,42 +23,26 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "worker"))
-from worker_harness import (  # noqa: E402 (the worker tests' harness, by path)
-    keeper_logs,
-    launch_keepers,
-    training,
-    wait_all,
-    worker_config,
-)
+from bench.keeper_runs import REPO, when
+from bench.keeper_runs import harness as h
 
 RESULTS = REPO / "bench" / "results" / "fast_hang.json"
 HANG_STEP = 60
 STEP = re.compile(r'trainer: step \{"step": (\d+), "loss": [^,]+, "seconds": ([\d.]+)\}')
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-
-
-def _when(line: str) -> float | None:
-    m = STAMP.match(line)
-    if not m:
-        return None
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
 
 
 def _one(step_times: int, deadline: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="fast-hang-"))
     try:
         root = tmp / "ckpt"
-        cfg = worker_config(
+        cfg = h.worker_config(
             root,
-            train=training(steps=HANG_STEP + 20),
+            train=h.training(steps=HANG_STEP + 20),
             intervalSteps=50,
             memory={"intervalSteps": 5},
         )
@@ -70,13 +54,13 @@ def _one(step_times: int, deadline: int) -> dict[str, Any]:
             "FSDP_HANG_FLOOR_SECONDS": "2",  # the local detection settings: 0.1 s steps
         }
         memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
-        procs = launch_keepers(tmp, restarts=1, config=cfg, env=env, node_env=memory.__getitem__)
+        procs = h.launch_keepers(tmp, restarts=1, config=cfg, env=env, node_env=memory.__getitem__)
         try:
-            codes = wait_all(procs, 300)
+            codes = h.wait_all(procs, 300)
         finally:
             for p in procs:
                 p.kill()
-        logs = keeper_logs(tmp)
+        logs = h.keeper_logs(tmp)
         if codes != [0, 0]:
             raise RuntimeError(
                 f"hangStepTimes {step_times}: keepers exited {codes}\n{logs[-4000:]}"
@@ -88,9 +72,9 @@ def _one(step_times: int, deadline: int) -> dict[str, Any]:
         before = [
             (int(m.group(1)), float(m.group(2)), x) for x in node0[:at] if (m := STEP.search(x))
         ]
-        last = next(_when(x) for s, _, x in before if s == HANG_STEP - 1)
+        last = next(when(x) for s, _, x in before if s == HANG_STEP - 1)
         steps = [sec for s, sec, _ in before if HANG_STEP - 30 <= s < HANG_STEP]
-        first = next(_when(x) for x in node0[at:] if STEP.search(x) and _when(x))
+        first = next(when(x) for x in node0[at:] if STEP.search(x) and when(x))
         assert last is not None and first is not None
         message = re.search(r"'message': '([^']*)'", record)
         return {

@@ -21,42 +21,26 @@ import os
 import re
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "worker"))
-from worker_harness import (  # noqa: E402 (the worker tests' harness, by path)
-    keeper_logs,
-    launch_keepers,
-    training,
-    wait_all,
-    worker_config,
-)
+from bench.keeper_runs import REPO, when
+from bench.keeper_runs import harness as h
 
 RESULTS = REPO / "bench" / "results" / "warm_launch.json"
 CRASH_STEP = 100
 GOAL_SECONDS = 5.0  # issue 23: crash -> first step, p50
-STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
-
-
-def _when(line: str) -> float | None:
-    m = STAMP.match(line)
-    if not m:
-        return None
-    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
 
 
 def _one(warm: bool, nproc: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="warm-launch-"))
     try:
         root = tmp / "ckpt"
-        cfg = worker_config(
+        cfg = h.worker_config(
             root,
-            train=training(steps=CRASH_STEP + 30),
+            train=h.training(steps=CRASH_STEP + 30),
             intervalSteps=50,
             memory={"intervalSteps": 1},
         )
@@ -66,25 +50,23 @@ def _one(warm: bool, nproc: int) -> dict[str, Any]:
             "FSDP_WARM_LAUNCH": "3" if warm else "0",
         }
         memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
-        procs = launch_keepers(
+        procs = h.launch_keepers(
             tmp, restarts=1, config=cfg, env=env, nproc=nproc, node_env=memory.__getitem__
         )
         try:
-            codes = wait_all(procs, 300)
+            codes = h.wait_all(procs, 300)
         finally:
             for p in procs:
                 p.kill()
-        logs = keeper_logs(tmp)
+        logs = h.keeper_logs(tmp)
         if codes != [0, 0]:
             raise RuntimeError(f"warm={warm}: keepers exited {codes}\n{logs[-4000:]}")
         node0 = (tmp / "node-0.log").read_text(errors="replace").splitlines()
         at = next(i for i, line in enumerate(node0) if "restarting in place: generation 1" in line)
         failed = float(re.search(r"'time': ([\d.]+)", node0[at]).group(1))  # type: ignore[union-attr]
         after = node0[at:]
-        resumed = next(_when(x) for x in after if "resumed from step-" in x and _when(x))
-        first = next(
-            _when(x) for x in after if "fsdp_worker.train.trainer: step {" in x and _when(x)
-        )
+        resumed = next(when(x) for x in after if "resumed from step-" in x and when(x))
+        first = next(when(x) for x in after if "fsdp_worker.train.trainer: step {" in x and when(x))
         launched = any("starts from the warm launcher" in x for x in after)
         if launched != warm:
             raise RuntimeError(f"warm={warm} but the log says launched warm={launched}")
