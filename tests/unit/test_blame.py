@@ -10,6 +10,7 @@ import pytest
 from fsdp_operator.policy import deadlines, detect
 from fsdp_operator.types import api, observed, status
 from fsdp_worker import contract
+from fsdp_worker.telemetry import termination
 from tests import builders
 
 FAILED, RUNNING = observed.PodPhase.FAILED, observed.PodPhase.RUNNING
@@ -159,3 +160,21 @@ def test_a_symptom_pod_is_never_blamed_over_a_later_cause_in_a_big_gang() -> Non
     pods.append(pod(7, OWN["silent"], finished=120.0))
     failure = verdict(pods, now=130.0)
     assert failure is not None and failure.pod == "job-a1-7" and len(failure.symptoms) == 7
+
+
+@pytest.mark.parametrize(
+    ("stat", "runs"),
+    [
+        pytest.param("41 (python) S 40 40 1 0 -1 4194560 9 0 0 0", True, id="sleeping"),
+        pytest.param("41 (rank-3 (x)) R 40 40 1 0 -1 4194304 9 0 0 0", True, id="name-with-parens"),
+        pytest.param("41 (python) R 40 40 1 0 -1 4194308 9 0 0 0", False, id="exiting"),
+        pytest.param("41 (python) Z 40 40 1 0 -1 4227084 9 0 0 0", False, id="zombie"),
+        pytest.param("41 (python) X 40 40 1 0 -1 0 9 0 0 0", False, id="dead"),
+        pytest.param("41 (python)", False, id="cut-short"),
+    ],
+)
+def test_a_sibling_that_has_begun_to_exit_no_longer_runs(stat: str, runs: bool) -> None:
+    """A killed rank closes its sockets while it exits (the kernel's PF_EXITING set), before it
+    is a zombie: its sibling, woken by the closed connection, must see it gone, or its pod's
+    failure reads as a survivor's (tests/worker/test_blame.py's kill-local-1 under load)."""
+    assert termination.running_by_stat(stat) is runs

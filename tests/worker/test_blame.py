@@ -176,6 +176,8 @@ def test_blame_goes_to_the_rank_that_failed_on_its_own(
     print(f"blame {case}: survivor ended {pods[0].finished - pods[1].finished:+.3f}s after")
     for failure in _verdicts(pods):
         said = [p.message for p in pods]  # each pod's own record, to tell the race apart
+        if failure.pod != "job-a1-1":
+            print("pods said:", json.dumps(said, indent=1))  # whole: the assertion's is cut
         assert failure.pod == "job-a1-1" and failure.cause.value == cause, (case, failure, said)
         assert words in failure.message, (case, failure.message)
         assert len(failure.symptoms) == 1 and failure.symptoms[0].startswith("pod job-a1-0")

@@ -181,11 +181,27 @@ def unregister(*, local_rank: int) -> None:
         os.rmdir(_registry())
 
 
+PF_EXITING = 0x4  # the kernel's task flag: set as a process starts to exit (exit_signals)
+
+
+def running_by_stat(stat: str) -> bool:
+    """Whether /proc/<pid>/stat's text is a process that runs on: not a zombie, not dead, and
+    not exiting. A killed rank closes its sockets while it exits, before it is a zombie: on a
+    loaded machine its sibling, woken by the closed connection, read it in that moment as
+    running, and its pod's failure looked like a survivor's."""
+    fields = stat.rpartition(")")[2].split()
+    try:
+        state, flags = fields[0], int(fields[6])
+    except (IndexError, ValueError):
+        return False
+    return state not in ("Z", "X") and not flags & PF_EXITING
+
+
 def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
-            return fh.read().rpartition(")")[2].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
+            return running_by_stat(fh.read())
+    except OSError:
         return False
 
 
