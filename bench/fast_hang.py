@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.keeper_runs import REPO, when
-from bench.keeper_runs import harness as h
+from bench.keeper_runs import REPO, restart_in_place, when
 
 RESULTS = REPO / "bench" / "results" / "fast_hang.json"
 HANG_STEP = 60
@@ -39,34 +38,19 @@ STEP = re.compile(r'trainer: step \{"step": (\d+), "loss": [^,]+, "seconds": ([\
 def _one(step_times: int, deadline: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="fast-hang-"))
     try:
-        root = tmp / "ckpt"
-        cfg = h.worker_config(
-            root,
-            train=h.training(steps=HANG_STEP + 20),
-            intervalSteps=50,
-            memory={"intervalSteps": 5},
-        )
         env = {
             "FSDP_TEST_FAULTS": f"stall_at@0=1:{HANG_STEP}:sync",
-            "FSDP_CHECKPOINT_ROOT": str(root),
             "FSDP_HANG_SECONDS": str(deadline),
             "FSDP_HANG_STEP_TIMES": str(step_times),
             "FSDP_HANG_FLOOR_SECONDS": "2",  # the local detection settings: 0.1 s steps
         }
-        memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
-        procs = h.launch_keepers(tmp, restarts=1, config=cfg, env=env, node_env=memory.__getitem__)
-        try:
-            codes = h.wait_all(procs, 300)
-        finally:
-            for p in procs:
-                p.kill()
-        logs = h.keeper_logs(tmp)
-        if codes != [0, 0]:
-            raise RuntimeError(
-                f"hangStepTimes {step_times}: keepers exited {codes}\n{logs[-4000:]}"
-            )
-        node0 = (tmp / "node-0.log").read_text(errors="replace").splitlines()
-        at = next(i for i, line in enumerate(node0) if "restarting in place: generation 1" in line)
+        node0, at = restart_in_place(
+            tmp,
+            steps=HANG_STEP + 20,
+            memory_every=5,
+            env=env,
+            what=f"hangStepTimes {step_times}",
+        )
         record = node0[at]
         failed = float(re.search(r"'time': ([\d.]+)", record).group(1))  # type: ignore[union-attr]
         before = [

@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.keeper_runs import REPO, when
-from bench.keeper_runs import harness as h
+from bench.keeper_runs import REPO, restart_in_place, when
 
 RESULTS = REPO / "bench" / "results" / "warm_launch.json"
 CRASH_STEP = 100
@@ -37,32 +36,13 @@ GOAL_SECONDS = 5.0  # issue 23: crash -> first step, p50
 def _one(warm: bool, nproc: int) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="warm-launch-"))
     try:
-        root = tmp / "ckpt"
-        cfg = h.worker_config(
-            root,
-            train=h.training(steps=CRASH_STEP + 30),
-            intervalSteps=50,
-            memory={"intervalSteps": 1},
-        )
         env = {
             "FSDP_TEST_FAULTS": f"crash_after@0={CRASH_STEP},step_sleep=0.05",
-            "FSDP_CHECKPOINT_ROOT": str(root),
             "FSDP_WARM_LAUNCH": "3" if warm else "0",
         }
-        memory = {n: {"FSDP_MEMORY_ROOT": str(tmp / f"mem-{n}")} for n in range(2)}
-        procs = h.launch_keepers(
-            tmp, restarts=1, config=cfg, env=env, nproc=nproc, node_env=memory.__getitem__
+        node0, at = restart_in_place(
+            tmp, steps=CRASH_STEP + 30, memory_every=1, env=env, what=f"warm={warm}", nproc=nproc
         )
-        try:
-            codes = h.wait_all(procs, 300)
-        finally:
-            for p in procs:
-                p.kill()
-        logs = h.keeper_logs(tmp)
-        if codes != [0, 0]:
-            raise RuntimeError(f"warm={warm}: keepers exited {codes}\n{logs[-4000:]}")
-        node0 = (tmp / "node-0.log").read_text(errors="replace").splitlines()
-        at = next(i for i, line in enumerate(node0) if "restarting in place: generation 1" in line)
         failed = float(re.search(r"'time': ([\d.]+)", node0[at]).group(1))  # type: ignore[union-attr]
         after = node0[at:]
         resumed = next(when(x) for x in after if "resumed from step-" in x and when(x))
