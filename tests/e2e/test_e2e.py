@@ -293,15 +293,16 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
             jobs, name, "a restart in place after the crash", lambda n=name: restarted(n)
         )
         s = jobs.status(name)
-        assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", s["lastFailure"]
+        story = _story(jobs, name)
+        assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", story
         # the killed rank's pod is blamed, not a survivor whose peer vanished (issue 42's demo)
-        assert s["lastFailure"]["pod"] == first[name][1]["metadata"]["name"], s["lastFailure"]
-        assert restart["resumedFromStep"] >= crashed[name], restart
+        assert s["lastFailure"]["pod"] == first[name][1]["metadata"]["name"], story
+        assert restart["resumedFromStep"] >= crashed[name], (restart, story)
         assert {p["metadata"]["uid"] for p in jobs.running_pods(name, 1)} == uids[name]
         log = jobs.cluster.kubectl("logs", "-n", namespace, f"{name}-a1-0", check=False).stdout
         assert "generation 1 starts from the warm launcher" in log, log[-3000:]
         if name == "survivor":  # every rank held the same sealed step
-            assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, restart
+            assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, (restart, story)
     titan = _restarted(jobs, "titan", 2, "Crash")["lastFailure"]
     assert titan["pod"] == first["titan"][1]["metadata"]["name"], titan  # recreated: the same
     # Every job seals again after its restart (the policies let the scrape through: the
@@ -319,7 +320,7 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
     try:
         for name, attempt in (("survivor", 2), ("kit", 2), ("titan", 3)):
             s = _restarted(jobs, name, attempt, "NodeLost")
-            assert s["lastFailure"]["node"] == lost, s["lastFailure"]
+            assert s["lastFailure"]["node"] == lost, _story(jobs, name)
     finally:
         e2e.faults.restore_node(lost)
     done = {
@@ -463,7 +464,7 @@ def _restarted(jobs: stack.Jobs, name: str, attempt: int, cause: str) -> dict[st
         f"attempt {attempt} after {cause}",
         lambda: (s := jobs.status(name)).get("attempt", 0) >= attempt and s,
     )
-    assert s["lastFailure"]["cause"] == cause, s["lastFailure"]
+    assert s["lastFailure"]["cause"] == cause, _story(jobs, name)
     return dict(s)
 
 
