@@ -7,11 +7,13 @@ No torchrun here: tests/worker/test_gang.py runs the rule under real ranks and k
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
 
 from fsdp_worker import contract
+from fsdp_worker.contract import environment
 from fsdp_worker.telemetry import flight
 
 STEPS = [0.2] * 8
@@ -181,3 +183,31 @@ def test_without_a_keeper_only_the_deadline_judges(monkeypatch: pytest.MonkeyPat
     _train(rec, clock, 10)
     clock[0] += 60.0
     assert rec.fast_stall(clock[0]) is None
+
+
+@pytest.mark.parametrize(
+    ("restarts", "generation", "want"),
+    [
+        pytest.param(2, "0", 3, id="first-generation"),
+        pytest.param(2, "1", 3, id="a-restart-in-place-left"),
+        pytest.param(2, "2", 0, id="off-in-the-last-generation"),
+        pytest.param(0, "0", 0, id="no-restarts-in-place"),
+    ],
+)
+def test_the_rule_is_off_where_it_could_restart_nothing_in_place(
+    monkeypatch: pytest.MonkeyPatch, restarts: int, generation: str, want: int
+) -> None:
+    """In the generation that spends the gang's last restart in place, a fast verdict would
+    only end a rank before the operator's own: a survivor of a lost node then failed as a
+    Hang, the gang recreated on the wrong cause (the node-loss e2e, under load)."""
+    gang = {"restarts": restarts, "coordinator": "10.0.0.1:29501", "node": 0, "nodes": 2}
+    monkeypatch.setenv(contract.ENV_GANG, json.dumps(gang))
+    monkeypatch.setenv(contract.ENV_GENERATION, generation)
+    monkeypatch.setenv(contract.ENV_HANG_STEP_TIMES, "3")
+    assert environment.hang_step_times() == want
+
+
+def test_the_rule_is_off_without_a_gang(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(contract.ENV_GANG, raising=False)
+    monkeypatch.setenv(contract.ENV_HANG_STEP_TIMES, "3")
+    assert environment.hang_step_times() == 0

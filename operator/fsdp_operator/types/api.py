@@ -145,8 +145,9 @@ class FailurePolicy(SpecModel):
         "many times its median step (at least hangFloorSeconds), in a step's own phases, ends "
         "its gang's generation as a Hang, restarted in place in seconds instead of after "
         "progressDeadlineSeconds. Not before a generation's fifth step, in a save or a load, in "
-        "the two steps after a save to the claim, or in a phase a kit loop names itself "
-        "(kit.phase). 0: off.",
+        "the two steps after a save to the claim, in a phase a kit loop names itself "
+        "(kit.phase), or in the generation that spends the last restart in place (there the "
+        "operator's verdicts judge). 0: off.",
     )
     hang_floor_seconds: int = Field(
         10,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pydantic
 
 from fsdp_worker import contract
-from fsdp_worker.contract import config, errors, interval, store
+from fsdp_worker.contract import config, errors, interval, keeper, store
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,22 @@ def int_env_or(name: str, default: int) -> int:
         return int_env(name, default)
     except errors.ConfigError:
         return default
+
+
+def hang_step_times() -> int:
+    """The fast hang rule's multiple of a step (FSDP_HANG_STEP_TIMES; flight.fast_deadline), or
+    0 where it is off: without restarts in place, and in the generation that spends the last
+    of them. There a fast verdict restarts nothing in place; it only ends the rank before the
+    operator's own verdict (a lost node's Lease, the progress deadline), and on a lost node it
+    told a survivor's Hang for the node's loss and recreated the gang on the wrong cause."""
+    times = int_env(contract.ENV_HANG_STEP_TIMES, 0)
+    if times <= 0:
+        return 0
+    try:
+        gang = keeper.Gang.from_env()
+    except ValueError:  # no gang (its keeper refuses a bad one before any rank starts)
+        return 0
+    return times if int_env_or(contract.ENV_GENERATION, 0) < gang.restarts else 0
 
 
 def env_world_size() -> int:

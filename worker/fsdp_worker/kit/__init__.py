@@ -417,7 +417,7 @@ def main(
             hang_seconds=environment.int_env(contract.ENV_HANG_SECONDS, 0) or None,
             startup_seconds=environment.int_env(contract.ENV_STARTUP_SECONDS, 0) or None,
             evidence_root=None if remote else settings.cfg.checkpoint.root,
-            step_times=environment.int_env(contract.ENV_HANG_STEP_TIMES, 0),
+            step_times=environment.hang_step_times(),
             floor=environment.int_env(contract.ENV_HANG_FLOOR_SECONDS, 0)
             or flight.HANG_FLOOR_SECONDS,
         )

@@ -16,6 +16,9 @@ from fsdp_worker.contract.environment import (
     env_world_size as env_world_size,
 )
 from fsdp_worker.contract.environment import (
+    hang_step_times as hang_step_times,
+)
+from fsdp_worker.contract.environment import (
     int_env as int_env,
 )
 from fsdp_worker.contract.environment import (
