@@ -211,3 +211,29 @@ def test_the_rule_is_off_without_a_gang(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.delenv(contract.ENV_GANG, raising=False)
     monkeypatch.setenv(contract.ENV_HANG_STEP_TIMES, "3")
     assert environment.hang_step_times() == 0
+
+
+def test_a_pause_of_the_rank_itself_is_no_peers_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A garbage collection, a frozen or CPU-starved process: its watchdog wakes late too, and
+    the fast deadline counts from its waking. A peer's stop leaves the watchdog on time."""
+    clock = [1000.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    rec = _recorder(monkeypatch)
+    _train(rec, clock, 10)
+    rec._hang_seconds = 600.0
+    ended: list[str | None] = []
+    monkeypatch.setattr(rec, "_report", lambda: None)
+    monkeypatch.setattr(rec, "end_hung", lambda stalled, why=None: ended.append(why))
+    rec.enter(P.FORWARD, 0)
+    rec._collective("all_gather_into_tensor", "entered")
+    last = rec.tick(clock[0], last=clock[0], period=0.25)
+    clock[0] += 5.0  # the whole process paused: its watchdog too
+    last = rec.tick(clock[0], last=last, period=0.25)
+    assert ended == [], "its own pause"
+    for _ in range(7):  # then on time, its peer's collective still open: 1.75 s < 2 s
+        clock[0] += 0.25
+        last = rec.tick(clock[0], last=last, period=0.25)
+    assert ended == []
+    clock[0] += 0.25
+    rec.tick(clock[0], last=last, period=0.25)
+    assert ended and ended[0] is not None and "no collective and no step for 2.0s" in ended[0]

@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 
 WATCH_SECONDS = 1.0
 FAST_WATCH_SECONDS = 0.25  # the watchdog's period while the fast deadline is armed
+LATE_SECONDS = 1.0
+"""A watchdog that wakes this much later than its period was not running: nor was the rest of
+its process (frozen, stopped, starved of CPU, or a pause holding the interpreter's lock such as
+a long garbage collection). The fast deadline then counts from its waking: a process's own
+pause is no peer's stop (`Recorder.tick`)."""
 HANG_FLOOR_SECONDS = 10.0
 """The fast deadline is never shorter (FSDP_HANG_FLOOR_SECONDS, the job's
 failurePolicy.hangFloorSeconds, says otherwise): a GC pause, a jittery step, a data loader's
@@ -161,6 +166,7 @@ class Recorder:
         self.phase_since = time.monotonic()
         self.last_step_at = time.monotonic()
         self.moved_at = self.last_step_at  # the last collective entered, issued or completed
+        self.resumed_at = 0.0  # when the watchdog last woke late (LATE_SECONDS): a pause ended
         self.step_seconds: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self.held_steps = 0  # steps the fast deadline waits out (hold_fast)
         self.aside = 0  # `during` blocks of phases that are not a step's own, open now
@@ -383,13 +389,22 @@ class Recorder:
     def _watch(self) -> None:
         assert self._hang_seconds is not None
         period = FAST_WATCH_SECONDS if self._step_times > 0 else WATCH_SECONDS
+        last = time.monotonic()
         while not self._stop.wait(period):
-            if self._reported_stall:
-                continue
-            try:
-                self._check(time.monotonic())
-            except Exception:  # the watchdog must outlive its own faults: it is the deadline
-                log.exception("the flight watchdog's check failed")
+            last = self.tick(time.monotonic(), last=last, period=period)
+
+    def tick(self, now: float, *, last: float, period: float) -> float:
+        """One watchdog round at `now`, the last at `last`: a round that came LATE_SECONDS past
+        its period ends a pause of this whole process, from which the fast deadline counts."""
+        if now - last > period + LATE_SECONDS:
+            self.resumed_at = now
+        if self._reported_stall:
+            return now
+        try:
+            self._check(now)
+        except Exception:  # the watchdog must outlive its own faults: it is the deadline
+            log.exception("the flight watchdog's check failed")
+        return now
 
     def _check(self, now: float) -> None:
         stalled = now - self.last_step_at
@@ -418,7 +433,7 @@ class Recorder:
             step_times=self._step_times,
             floor=self._floor,
         )
-        quiet = now - max(self.moved_at, self.last_step_at)
+        quiet = now - max(self.moved_at, self.last_step_at, self.resumed_at)
         if limit is None or quiet < limit:
             return None
         median = statistics.median(steps)
