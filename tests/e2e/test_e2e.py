@@ -293,16 +293,16 @@ def test_trainers_survive_a_rank_crash_in_place_or_recreated_and_a_lost_node(
             jobs, name, "a restart in place after the crash", lambda n=name: restarted(n)
         )
         s = jobs.status(name)
-        story = _story(jobs, name)
-        assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", story
+        story = lambda n=name: _story(jobs, n)  # noqa: E731  (read only when an assert fails)
+        assert s["attempt"] == 1 and s["lastFailure"]["cause"] == "Crash", story()
         # the killed rank's pod is blamed, not a survivor whose peer vanished (issue 42's demo)
-        assert s["lastFailure"]["pod"] == first[name][1]["metadata"]["name"], story
-        assert restart["resumedFromStep"] >= crashed[name], (restart, story)
+        assert s["lastFailure"]["pod"] == first[name][1]["metadata"]["name"], story()
+        assert restart["resumedFromStep"] >= crashed[name], (restart, story())
         assert {p["metadata"]["uid"] for p in jobs.running_pods(name, 1)} == uids[name]
         log = jobs.cluster.kubectl("logs", "-n", namespace, f"{name}-a1-0", check=False).stdout
         assert "generation 1 starts from the warm launcher" in log, log[-3000:]
         if name == "survivor":  # every rank held the same sealed step
-            assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, (restart, story)
+            assert restart["fromMemory"] is True and restart["stepsLost"] <= 3, (restart, story())
     titan = _restarted(jobs, "titan", 2, "Crash")["lastFailure"]
     assert titan["pod"] == first["titan"][1]["metadata"]["name"], titan  # recreated: the same
     # Every job seals again after its restart (the policies let the scrape through: the
