@@ -601,10 +601,12 @@ def test_hang_is_caught_by_the_progress_deadline(
     in place the operator asks the gang's coordinator past the deadline, finds node 1's keeper
     silent and recreates the gang at once, without the grace a restart in place would get;
     with a warm spare standing by, the spare takes node rank 1's place in a restart in place
-    (attempt 1 goes on, rank 0's pod stays, the frozen pod goes)."""
+    (attempt 1 goes on, rank 0's pod stays, the frozen pod goes), and that long before the
+    deadline (here 120 s): the keeper's silence and its node's Lease, renewed since, say the
+    pod is frozen (policy/frozen.py)."""
     name = harness.unique("hang")
     policy = {
-        "progressDeadlineSeconds": 10,
+        "progressDeadlineSeconds": 120 if spares else 10,
         "startupDeadlineSeconds": 60,
         "inPlaceRestarts": in_place,
     }
@@ -633,6 +635,7 @@ def test_hang_is_caught_by_the_progress_deadline(
         assert s["attempt"] == 1 and failure["cause"] == "Hang", s
         assert failure["pod"] == pod["metadata"]["name"], failure
         assert "node rank 1's keeper silent for" in failure["message"], failure
+        assert "renewed its Lease" in failure["message"], failure  # before the deadline
         assert s["spares"]["takeovers"] == 1 and s["restarts"]["application"] == 1, s
         assert not s.get("excludedNodes"), s  # the frozen pod's node is not to blame
         reasons = jobs.events(name)

@@ -201,3 +201,12 @@ def test_a_node_that_missed_one_renewal_is_quiet_before_it_is_lost() -> None:
     assert leases.quiet() == {"b": 15.0} and leases.lost() == {"b": 15.0}
     leases, _ = play(19, {"a": range(1, 5), "b": range(1, 5)})
     assert leases.quiet() == {}, "a stalled watch makes no node quiet"
+
+
+def test_renewed_says_when_each_node_last_renewed_only_while_the_watch_is_healthy() -> None:
+    """policy/frozen.py tells a frozen pod from a lost node by a renewal after its keeper fell
+    silent: each node's age and period while renewals flow, nothing once they stall."""
+    leases, clock = play(10, {"a": range(1, 11), "b": range(1, 5)})
+    assert leases.renewed() == {"a": (0.0, 1.0), "b": (6.0, 1.0)}
+    clock.now += 3  # nobody renews for three periods: the stream stalls, nothing is said
+    assert leases.renewed() == {}

@@ -404,3 +404,92 @@ def test_spares_come_with_the_launch_they_are_made_from() -> None:
     assert made.excluded_nodes == ("node-6",)
     again = decide.decide(observe(spec=_spare_spec(2), status=d.status, nodes=nodes(7)))
     assert again.spares == () and again.spare_launch is None
+
+
+# --- a frozen pod suspected before the deadline (policy/frozen.py) ---------------------------
+
+
+def _renewing(renewed: dict[int, float], period: float = 1.0) -> list[ob.NodeView]:
+    """Six nodes whose Leases the operator saw renewed at NOW - renewed[i] (i absent: never)."""
+    return [
+        dataclasses.replace(
+            n,
+            lease_renewed=NOW - renewed[i] if i in renewed else None,
+            lease_period=period if i in renewed else None,
+        )
+        for i, n in enumerate(nodes(6))
+    ]
+
+
+def _suspect_obs(
+    quiet: dict[str, float] | None,
+    *,
+    stalled: float = 6.0,
+    renewed: dict[int, float] | None = None,
+    spares: list[ob.PodView] | None = None,
+) -> ob.Observed:
+    """No step seen for `stalled` seconds (well before the 10 s deadline); the coordinator
+    answered with `quiet` (None: not asked)."""
+    every = {i: 0.4 for i in range(6)}
+    return observe(
+        spec=_spare_spec(),
+        status=_spare_status(last_progress_time=NOW - stalled),
+        progress=None,
+        scrape=SCRAPED,
+        pods=pods(r0={"ip": "10.0.0.5"}),
+        nodes=_renewing(every if renewed is None else renewed),
+        spares=[_spare(0)] if spares is None else spares,
+        gang=None if quiet is None else ob.GangHealth.of({"quiet": quiet}),
+    )
+
+
+def test_a_frozen_pod_is_taken_over_seconds_after_its_keeper_fell_silent() -> None:
+    """No step for 6 s, node rank 1's keeper silent for 5.5 s, and its node renewed its Lease
+    0.4 s ago: the pod is frozen, not lost. The spare takes its place now, not after the 10 s
+    progress deadline, its evidence grace and the in-place grace (27 s)."""
+    before = _suspect_obs(None)
+    assert deadlines.asks_the_gang(before) == "10.0.0.5"  # who is silent?
+    assert not deadlines.asks_the_gang(_suspect_obs(None, stalled=4.0))
+    d = decide.decide(_suspect_obs({"0": 0.3, "1": 5.5, "2": 0.3, "3": 0.3}))
+    t = d.takeover
+    assert t is not None, d.failure
+    assert (t.spare, t.node_rank, t.lost) == ("job-a1-s0", 1, "job-a1-1")
+    assert t.failure["class"] == contract.FailureClass.HANG.value
+    message = t.failure["message"]
+    assert "no step progress for 6s" in message, message
+    assert "node rank 1's keeper silent for 6s while its node node-1 renewed" in message, message
+    assert message.count("keeper silent") == 1, message
+    assert d.launch is None and d.status.attempt == 1 and d.status.excluded_nodes == []
+
+
+@pytest.mark.parametrize(
+    ("quiet", "over"),
+    [
+        pytest.param({"1": 5.5}, {"renewed": {0: 0.4, 1: 6.5, 2: 0.4, 3: 0.4}}, id="node-lost"),
+        pytest.param({"1": 5.5}, {"renewed": {}}, id="leases-unread"),
+        pytest.param({"1": 5.5}, {"spares": []}, id="no-spare"),
+        pytest.param({"1": 5.5}, {"spares": [_spare(0, node="node-1")]}, id="spare-on-its-node"),
+        pytest.param({"1": 5.5}, {"stalled": 3.0}, id="the-gang-steps"),
+        pytest.param({"1": 5.5, "2": 5.5}, {}, id="two-silent"),
+        pytest.param({"1": 4.0}, {}, id="not-silent-long-enough"),
+    ],
+)
+def test_no_early_suspect_where_a_node_may_be_lost_or_nothing_can_take_its_place(
+    quiet: dict[str, float], over: dict[str, Any]
+) -> None:
+    """Before the deadline nothing is decided unless a spare can take a pod that is frozen for
+    sure: a node that renewed nothing since its keeper fell silent may be lost (the Lease path
+    says NodeLost and excludes it), a Lease the operator cannot read says nothing, and a gang
+    that steps, or several silent keepers, are not one frozen pod."""
+    d = decide.decide(_suspect_obs({"0": 0.3, **quiet}, **over))
+    assert d.takeover is None and d.failure is None, (d.takeover, d.failure)
+    assert d.launch is None and d.status.attempt == 1
+
+
+def test_a_stalled_gang_with_a_spare_is_asked_again_each_second() -> None:
+    """The pass wakes when the early ask falls due and, while the gang makes no step, each
+    KEEPER_RECHECK_SECONDS: a keeper silent since the freeze is seen within a second of
+    GANG_SILENT_SECONDS."""
+    assert deadlines.next_deadline(_suspect_obs(None, stalled=2.0)) == NOW + 3.0
+    stalled = deadlines.next_deadline(_suspect_obs(None, stalled=6.0))
+    assert stalled == NOW + deadlines.KEEPER_RECHECK_SECONDS

@@ -210,6 +210,8 @@ class View:
     """Nodes lost by their Leases, with their silence in seconds (Store.lease_lost)."""
     lease_quiet: frozenset[str] = frozenset()
     """Nodes that missed a Lease renewal (Store.lease_quiet): their jobs are scraped often."""
+    lease_renewed: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """Per node: when its last Lease renewal was seen and its renew period (Store.lease_renewed)."""
 
 
 def job_key(namespace: str, job_name: str) -> tuple[str, str]:
@@ -298,6 +300,10 @@ class Store:
         changed in place: views share it."""
         self.lease_quiet: frozenset[str] = frozenset()
         """Nodes that missed a renewal (nodelease.LeaseClock.quiet), lost ones included."""
+        self.lease_renewed: Mapping[str, tuple[float, float]] = {}
+        """Per node: when (time.time()) its last Lease renewal was seen, and its renew period
+        (nodelease.LeaseClock.renewed); empty while the Lease watch is not healthy. Replaced
+        whole."""
 
     def node_seen(self, record: NodeRecord) -> bool:
         """Keep a node's record; True when a node already known changed in what a pass reads
@@ -351,4 +357,5 @@ class Store:
             scrape=scrape,
             lease_lost=self.lease_lost,
             lease_quiet=self.lease_quiet,
+            lease_renewed=self.lease_renewed,
         )

@@ -135,6 +135,17 @@ class LeaseClock:
                 if now - max(node.at, self._healthy_since) >= (1 + SLACK) * node.period
             }
 
+    def renewed(self) -> dict[str, tuple[float, float]]:
+        """Every node's seconds since its last renewal this process saw, with its renew period,
+        while the watch is healthy (else none: a stalled stream says nothing of any node). A
+        node that renewed after its pod's keeper fell silent is alive: the pod is frozen, not
+        lost (policy/detect.py's early suspicion)."""
+        now = self._clock()
+        with self._lock:
+            if not self._open or self._healthy_since is None or self._stalled(now):
+                return {}
+            return {name: (now - node.at, node.period) for name, node in self._nodes.items()}
+
     def healthy(self) -> bool:
         with self._lock:
             return (

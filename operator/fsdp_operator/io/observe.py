@@ -211,16 +211,18 @@ def node_views(
     used: Mapping[str, Mapping[str, float]],
     lease_lost: Mapping[str, float] | None = None,
     lease_quiet: frozenset[str] = frozenset(),
+    lease_renewed: Mapping[str, tuple[float, float]] | None = None,
 ) -> observed.NodeIndex:
     """Nodes with readiness and whether one more worker of this job would fit there, each
     worked out when first read.
 
     `used` sums the requests of active pods NOT of this job: our own pods free their room on
-    restart. `lease_lost`: the nodes lost by their Leases, with their silence (nodelease.py).
+    restart. `lease_lost`: the nodes lost by their Leases, with their silence (nodelease.py);
+    `lease_renewed`: when each last renewed, and its renew period.
     """
     needs, nothing = _Needs.of(spec), dict[str, float]()
     records = {n.name: n for n in nodes}
-    silent = lease_lost or {}
+    silent, renewed = lease_lost or {}, lease_renewed or {}
 
     def view(name: str) -> observed.NodeView:
         n = records[name]
@@ -232,6 +234,8 @@ def node_views(
             fits=_fits(n, needs, used.get(n.name, nothing)),
             lease_silent_seconds=silent.get(n.name),
             lease_quiet=n.name in lease_quiet or n.name in silent,
+            lease_renewed=renewed.get(n.name, (None, None))[0],
+            lease_period=renewed.get(n.name, (None, None))[1],
         )
 
     return observed.NodeIndex(list(records), view)

@@ -12,6 +12,7 @@ status and one observation: no I/O, no clock reads, no kopf.
 
 from __future__ import annotations
 
+from fsdp_operator.policy import frozen
 from fsdp_operator.types import api, observed, status
 
 IN_PLACE_HANG_GRACE_SECONDS = 15.0
@@ -205,6 +206,10 @@ def next_deadline(obs: observed.Observed) -> float | None:
         times.append(seen + live_window(s))
     if keepers_vouch(obs) and _leases_silent(obs, pods):  # waits on its keeper: asked again
         times.append(obs.now + KEEPER_RECHECK_SECONDS)
+    if fp.in_place_restarts and obs.spec.spares and seen is not None:  # frozen.py's early ask
+        times.append(seen + frozen.SUSPECT_SECONDS)
+        if frozen.watching(obs):
+            times.append(obs.now + KEEPER_RECHECK_SECONDS)
     exits = [p.finished for p in pods if p.phase is observed.PodPhase.FAILED and p.finished]
     if exits and others_running(pods):  # a symptom-only verdict waits this long at most
         times.append(min(exits) + SYMPTOM_GRACE_SECONDS)
@@ -226,8 +231,9 @@ def next_deadline(obs: observed.Observed) -> float | None:
 def asks_the_gang(obs: observed.Observed) -> str | None:
     """The coordinator's address (node rank 0's pod) when this pass should ask the keepers:
     whether they can restart the gang in place (a hang's deadline and evidence grace have
-    passed and its in-place grace has not), or whether a node whose Lease went silent before
-    the attempt's first step still has its keeper (keepers_vouch). None otherwise."""
+    passed and its in-place grace has not), whether a node whose Lease went silent before
+    the attempt's first step still has its keeper (keepers_vouch), or, with a spare standing
+    by, which keeper fell silent when no step came for frozen.SUSPECT_SECONDS. None otherwise."""
     if not obs.spec.failure_policy.in_place_restarts:
         return None
     pods = obs.attempt_pods(obs.status.attempt)
@@ -237,6 +243,8 @@ def asks_the_gang(obs: observed.Observed) -> str | None:
         return coordinator  # a silent Lease before any step: does the node's keeper still ask?
     if not pods or any(p.phase is not observed.PodPhase.RUNNING for p in pods):
         return None
+    if frozen.watching(obs):  # a spare stands by: who is silent, before the deadline?
+        return coordinator
     baseline = progress_baseline(obs.status)
     silent = observed.GangHealth(answered=False)
     if baseline is None or obs.now - baseline < hang_window(obs.spec, obs.status, silent):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from fsdp_operator.policy import deadlines, explain, scheduling
+from fsdp_operator.policy import deadlines, explain, frozen, scheduling
 from fsdp_operator.types import observed, status
 from fsdp_worker import contract
 
@@ -276,6 +276,11 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
     if baseline is None:
         return None
     rank0 = next((p for p in pods if p.rank == 0), pods[0])
+    early = frozen.suspect(obs)
+    if early is not None:  # a spare can take its place now (frozen.py); the deadline is not due
+        pod, words = early
+        msg = f"no step progress for {obs.now - baseline:.0f}s (rank 0 at step {obs.status.step})"
+        return _failure(status.Cause.HANG, pod, at=baseline, message=f"{msg}; {words}")
     scrape = obs.scrape
     window = deadlines.hang_window(obs.spec, obs.status, obs.gang)
     if (

@@ -55,7 +55,10 @@ def _takeover_target(
     frozen = next((p for p in pods if p.rank == node), None)
     if frozen is None:
         return None
-    why = f"Hang: {progress}; node rank {node}'s keeper silent for {quiet:.0f}s (pod {frozen.name})"
+    silent = f"node rank {node}'s keeper silent for"
+    if silent in progress:  # suspected early (policy/frozen.py): its words name the keeper
+        return frozen, contract.FailureClass.HANG, f"Hang: {progress} (pod {frozen.name})"
+    why = f"Hang: {progress}; {silent} {quiet:.0f}s (pod {frozen.name})"
     return frozen, contract.FailureClass.HANG, why
 
 

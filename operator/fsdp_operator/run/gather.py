@@ -221,6 +221,7 @@ def _nodes(job: names.JobRef, spec: api.FSDPJobSpec, view: cache.View) -> observ
         used=cache.without(view.used, own),
         lease_lost=view.lease_lost,
         lease_quiet=view.lease_quiet,
+        lease_renewed=view.lease_renewed,
     )
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Hashable, Mapping
 from typing import Any, Protocol
 
@@ -202,6 +203,10 @@ class Manager:
             await asyncio.sleep(LEASE_TICK_SECONDS)
             clock = self.leases.clock
             self.leases_read(clock.lost(), healthy=clock.healthy(), quiet=clock.quiet())
+            wall = time.time()  # a pass's clock (reconcile.Reconciler): when each was renewed
+            self.store.lease_renewed = {
+                n: (wall - ago, period) for n, (ago, period) in clock.renewed().items()
+            }
 
     def leases_read(
         self, lost: dict[str, float], *, healthy: bool, quiet: Mapping[str, float] | None = None

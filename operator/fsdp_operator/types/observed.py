@@ -126,6 +126,11 @@ class NodeView:
     """Set when the node is lost by its Lease (nodelease.py): no renewal seen for this long."""
     lease_quiet: bool = False
     """It missed a Lease renewal (lost or not yet): its jobs' rank 0 is scraped every second."""
+    lease_renewed: float | None = None
+    """When (the pass's clock) the operator last saw its Lease renewed; None while the Lease
+    watch cannot tell (stalled, off)."""
+    lease_period: float | None = None
+    """Its kubelet's renew period (a quarter of the Lease's duration)."""
 
     @property
     def usable(self) -> bool:
