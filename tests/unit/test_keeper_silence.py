@@ -2,20 +2,25 @@
 slow (it accepts and does not answer: its process is there) only after SLOW_LOST_AFTER. The
 rule as a truth table (silence.Silence, no sockets), then over real sockets: a port nobody
 listens on, and one whose listener never answers (a frozen coordinator: the kernel accepts
-for it), as `ask` meets them."""
+for it), as `ask`, the watch and a keeper's ranks meet them. Limits are shrunk so that each
+case takes a second or two."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import socket
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from fsdp_worker.contract import gangwire, keeper
+from fsdp_worker.keeper import gang, watch
+from fsdp_worker.keeper.coordinator import Coordinator
 from fsdp_worker.keeper.silence import NoAnswer, Silence
 
 CREDS = gangwire.Credentials("6b1c8a52-0000-4000-8000-000000000001", 1, None)
@@ -99,3 +104,110 @@ def test_ask_reads_a_connection_closed_unanswered_as_late() -> None:
         threading.Thread(target=close_each, daemon=True).start()
         with pytest.raises(keeper.AnswerLate):
             keeper.ask(server.getsockname()[:2], {"op": "state"}, creds=CREDS, timeout=2.0)
+
+
+def _keeper(address: tuple[str, int], argv: list[str]) -> gang.Keeper:
+    coordinator = f"{address[0]}:{address[1]}"
+    g = gang.Gang(restarts=3, coordinator=coordinator, node=1, nodes=2, listen=0)
+    return gang.Keeper(g, argv, creds=CREDS)
+
+
+def _watch(k: gang.Keeper, *, lost_after: float, slow_lost_after: float) -> watch.GenerationWatch:
+    return watch.GenerationWatch(
+        generation=0,
+        ask=k._hear,
+        fenced=lambda answer: False,
+        met=lambda: None,
+        met_before=True,
+        poll=0.02,
+        lost_after=lost_after,
+        slow_lost_after=slow_lost_after,
+    )
+
+
+def test_the_watch_judges_a_silent_coordinator_lost_only_after_the_slow_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watch, "ASK_SECONDS", 0.2)
+    with frozen_coordinator() as address:
+        began = time.monotonic()
+        seen = _watch(_keeper(address, ["true"]), lost_after=0.3, slow_lost_after=2.0)
+        try:
+            assert not seen.news.wait(
+                1.2
+            ), f"judged {seen.verdict} after {time.monotonic() - began:.1f}s"
+            assert seen.news.wait(10.0) and seen.verdict == "lost"
+            assert time.monotonic() - began >= 2.0
+        finally:
+            seen.stop()
+
+
+def test_the_watch_judges_a_coordinator_that_is_not_there_lost_after_lost_after(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(watch, "ASK_SECONDS", 0.2)
+    began = time.monotonic()
+    seen = _watch(_keeper(closed_port(), ["true"]), lost_after=0.3, slow_lost_after=2.0)
+    try:
+        assert seen.news.wait(10.0) and seen.verdict == "lost"
+        assert 0.3 <= time.monotonic() - began < 2.0
+    finally:
+        seen.stop()
+
+
+@pytest.fixture
+def fast_keeper(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keeper's limits shrunk: gone after 0.3 s; the slow limit left as it is (30 s)."""
+    monkeypatch.setattr(watch, "ASK_SECONDS", 0.2)
+    monkeypatch.setattr(gang, "POLL_SECONDS", 0.02)
+    monkeypatch.setattr(gang, "LOST_AFTER_SECONDS", 0.3)
+
+
+@pytest.mark.usefixtures("fast_keeper")
+def test_a_keepers_ranks_run_on_while_its_coordinator_is_slow() -> None:
+    """Node 0's keeper is swamped (a thousand keepers' asks on a loaded machine) for longer
+    than LOST_AFTER: the other keepers' ranks train on. Judging it gone killed them, and with
+    them the gang's restart in place (issue 44)."""
+    with frozen_coordinator() as address:
+        k = _keeper(address, ["sleep", "1.5"])
+        k.met = True
+        k.proc = subprocess.Popen(k.argv)
+        try:
+            assert k._watch(0) == "exited"
+        finally:
+            k.proc.kill()
+            k.proc.wait()
+    assert k.proc.returncode == 0, "the ranks were killed"
+
+
+@pytest.mark.usefixtures("fast_keeper")
+def test_a_keepers_ranks_stop_soon_once_its_coordinator_is_gone() -> None:
+    k = _keeper(closed_port(), ["sleep", "30"])
+    k.met = True
+    k.proc = subprocess.Popen(k.argv)
+    began = time.monotonic()
+    try:
+        assert k._watch(0) == "lost"
+        assert time.monotonic() - began < 10.0
+    finally:
+        k.proc.kill()
+        k.proc.wait()
+
+
+@pytest.mark.usefixtures("fast_keeper")
+def test_a_failure_report_waits_out_a_slow_coordinator() -> None:
+    """A `fail` is said again for as long as a frozen coordinator may still thaw: here it
+    thaws after 2.5 s, past LOST_AFTER and the first ask's 2 s, and the report is answered."""
+    coordinator = Coordinator(0, nodes=2, creds=CREDS)
+    k = _keeper(("127.0.0.1", coordinator.server_address[1]), ["true"])
+    thaw = threading.Timer(2.5, coordinator.serve_forever)
+    thaw.daemon = True
+    thaw.start()
+    try:
+        failure = {"class": "RuntimeError", "rank": 1}
+        answer = k._report({"op": "fail", "generation": 0, "failure": failure, "final": False})
+        assert answer is not None and answer.get("generation") == 1
+    finally:
+        thaw.cancel()
+        coordinator.shutdown()  # waits for serve_forever, where the timer started it
+        coordinator.server_close()
