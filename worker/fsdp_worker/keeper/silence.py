@@ -3,10 +3,10 @@
 An ask that finds no coordinator at all (refused, no route, the connection timed out, a
 stranger answers at its address) means node rank 0's process or pod is gone: judged lost after
 `lost_after` seconds of that, as before. An ask whose connection was accepted and not answered
-(contract.keeper.AnswerLate) means its process is there, slow or frozen: a coordinator on a
-loaded machine (a thousand keepers' held asks and other work on two cores) answered that late
-for more than 10 s, and keepers that judged it gone gave up a restart in place it would have
-done. That is tolerated for `slow_lost_after` seconds of silence: a frozen node rank 0 is the
+(contract.keeper.AnswerLate) means its process is there, slow or frozen: in issue 44,
+bench/gang_scale.py's 1,024 keepers beside other work on two cores (load 40-150) met 10 s of
+ask timeouts, judged the coordinator gone, and gave up a restart in place it would have done.
+That is tolerated for `slow_lost_after` seconds of silence: a frozen node rank 0 is the
 operator's to find (its hang or Lease rules), and its `follow` ends a keeper's watch at once,
 so this verdict is only the fallback. Pure: times are given, nothing is asked here; the two
 turns (slow, answering again) are logged once each.
