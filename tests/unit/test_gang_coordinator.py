@@ -14,6 +14,7 @@ import pytest
 from fsdp_operator.types import observed
 from fsdp_worker.keeper import gang, torchrun_argv
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
+from fsdp_worker.keeper.silence import NoAnswer
 
 
 def test_the_coordinator_tells_how_long_each_keeper_has_been_quiet(
@@ -297,17 +298,17 @@ def test_a_keepers_reports_lost_on_a_busy_network_are_said_again(
     coordinator = Coordinator(0, nodes=2)
     lost: set[str] = set()
 
-    def lossy(doc: dict[str, object], **_: object) -> dict[str, object] | None:
+    def lossy(doc: dict[str, object], **_: object) -> dict[str, object] | NoAnswer:
         op = str(doc["op"])
         if op != "state" and op not in lost:
             lost.add(op)
-            return None  # never reached the coordinator
+            return NoAnswer.LATE  # timed out on the way: the coordinator never heard it
         return coordinator.handle_request_doc({**doc, "from": 1})
 
     keeper = gang.Keeper(
         gang.Gang(restarts=3, coordinator="127.0.0.1:1", node=1, nodes=2), ["true"]
     )
-    monkeypatch.setattr(keeper, "_ask", lossy)
+    monkeypatch.setattr(keeper, "_hear", lossy)
     try:
         failure = {"class": "RuntimeError", "rank": 1}
         keeper._report({"op": "fail", "generation": 0, "failure": failure, "final": False})

@@ -99,6 +99,14 @@ _LATER = frozenset({"spare", "listen", "job", "attempt", "keyFile"})
 """Fields left out of FSDP_GANG when unset: spares' and tests', and a later release's."""
 
 
+class AnswerLate(TimeoutError):
+    """`ask`'s keeper accepted the connection (its kernel did: the process is there) and gave
+    no answer in time, or ended the connection without one (a coordinator at its connection
+    cap does). Slow or frozen, not gone: a coordinator that cannot be reached at all (refused,
+    no route, the connection timed out, the name does not resolve) raises the OSError itself.
+    A TimeoutError, so that whoever catches OSError as "no answer" still does."""
+
+
 def ask(
     address: tuple[str, int],
     doc: dict[str, Any],
@@ -108,17 +116,29 @@ def ask(
 ) -> dict[str, Any]:
     """One request (`doc`: `op` and its fields) to a keeper, signed with `creds`; its answer,
     verified (signed by the same attempt's key, answering this request). OSError or ValueError
-    when it does not answer, or not as this gang's keeper."""
+    when it does not answer, or not as this gang's keeper: AnswerLate (an OSError) where it
+    accepted the connection and did not answer, any other OSError where it could not be
+    reached."""
     fields = {k: v for k, v in doc.items() if k != "op"}
     signed = gangwire.request(Op(doc["op"]), fields, creds=creds, now=time.time())
     with socket.create_connection(address, timeout=timeout) as sock:
-        sock.sendall(json.dumps(signed).encode() + b"\n")
-        with sock.makefile("rb") as fh:
-            answer = json.loads(fh.readline(1 << 20))
+        try:
+            sock.sendall(json.dumps(signed).encode() + b"\n")
+            with sock.makefile("rb") as fh:
+                line = fh.readline(1 << 20)
+        except OSError as exc:
+            raise AnswerLate(f"{_where(address)} accepted, then: {exc}") from exc
+    if not line:
+        raise AnswerLate(f"{_where(address)} accepted, then closed without an answer")
+    answer = json.loads(line)
     if not isinstance(answer, dict):
         raise ValueError(f"coordinator answered {answer!r}")
     gangwire.read_reply(answer, creds=creds, nonce=signed["nonce"])
     return {k: v for k, v in answer.items() if k not in _ENVELOPE}
+
+
+def _where(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 _ENVELOPE = frozenset({"v", "job", "attempt", "nonce", "mac"})

@@ -26,11 +26,12 @@ from typing import Any
 
 from fsdp_worker import contract
 from fsdp_worker.contract import gangwire
+from fsdp_worker.contract.keeper import AnswerLate, Op, ask
 from fsdp_worker.contract.keeper import Gang as Gang  # FSDP_GANG, read here as gang.Gang
-from fsdp_worker.contract.keeper import Op, ask
-from fsdp_worker.keeper import launchers, ranks, takeover, watch
+from fsdp_worker.keeper import launchers, ranks, silence, takeover, watch
 from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
-from fsdp_worker.keeper.watch import LOST_AFTER_SECONDS, POLL_SECONDS
+from fsdp_worker.keeper.silence import NoAnswer
+from fsdp_worker.keeper.watch import LOST_AFTER_SECONDS, POLL_SECONDS, SLOW_LOST_AFTER_SECONDS
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
 
@@ -161,16 +162,16 @@ class Keeper:
         log.info("generation %d's ranks ended well: waiting for every node's", generation)
         began = time.monotonic()
         deadline = began + DOWN_TIMEOUT_SECONDS
-        silent_since: float | None = None
+        heard = self._silence()
         while time.monotonic() < deadline and not self.stopping:
             # said again at each poll (the coordinator keeps a set): one report lost on a busy
             # node would hold both keepers here for DOWN_TIMEOUT_SECONDS after training ended,
             # their pods Running, for the operator to judge a hang
             asked = time.monotonic()
             answer = self._ask_held(done)
-            if answer is None:
-                silent_since = silent_since or time.monotonic()
-                if time.monotonic() - silent_since >= LOST_AFTER_SECONDS:
+            heard.hear(answer, asked=asked, now=time.monotonic())
+            if not isinstance(answer, dict):
+                if heard.lost(time.monotonic()):
                     break  # node 0's keeper left: it leaves only once every node is done
             elif int(answer.get("generation", 0)) > generation and not answer.get("final"):
                 log.warning(
@@ -180,8 +181,6 @@ class Keeper:
                 return False
             elif int(answer.get("done", 0)) >= self.gang.nodes:
                 break
-            else:
-                silent_since = None
             _pace(asked, POLL_SECONDS)
         log.info(
             "training ended on every node (%.1fs in the exit barrier)", time.monotonic() - began
@@ -222,12 +221,14 @@ class Keeper:
         assert self.proc is not None
         seen = watch.GenerationWatch(
             generation=generation,
-            ask=self._ask,
+            ask=self._hear,
             fenced=self._fenced,
             met=self._meet,
             met_before=self.met,
             poll=POLL_SECONDS,
             lost_after=LOST_AFTER_SECONDS,
+            slow_lost_after=SLOW_LOST_AFTER_SECONDS,
+            who=f"coordinator {self.gang.coordinator}",
         )
         watch.on_exit(self.proc, seen.news)
         try:
@@ -293,7 +294,9 @@ class Keeper:
         while time.monotonic() < deadline and not self.stopping and self.follow is None:
             asked = time.monotonic()
             answer = self._ask_held(report)
-            if answer is not None and (answer.get("final") or self._down_in(answer, generation)):
+            if isinstance(answer, dict) and (
+                answer.get("final") or self._down_in(answer, generation)
+            ):
                 return answer
             _pace(asked, POLL_SECONDS / 2)
         return None
@@ -307,29 +310,50 @@ class Keeper:
         down = (answer.get("down") or {}).get(str(generation), [])
         return set(range(self.gang.nodes)) <= set(down)
 
-    def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | None:
+    def _ask_held(self, doc: dict[str, Any]) -> dict[str, Any] | NoAnswer:
         """`doc` held by the coordinator until there is news for this keeper (the generation
         it last heard of moved on, or what `doc` waits for happened) or HOLD_SECONDS pass."""
         known = self.seen.get("generation")
         held = {**doc, "known": known} if isinstance(known, int) else doc
-        return self._ask(held, quiet=True, timeout=watch.ASK_SECONDS)
+        return self._hear(held, quiet=True, timeout=watch.ASK_SECONDS)
 
     def _report(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """A report the gang must not miss (`fail`; a `down` is said again by its own held
-        wait, _all_down_answer), asked again until the coordinator answers, for up to
-        LOST_AFTER_SECONDS: one request that timed out on a busy node had the keeper give up
-        restarting in place. Safe to repeat: the coordinator counts a generation's failure
-        once."""
-        deadline = time.monotonic() + LOST_AFTER_SECONDS
-        answer = self._ask(doc)
-        while answer is None and time.monotonic() < deadline and not self.stopping:
+        wait, _all_down_answer), asked again until the coordinator answers or is judged lost
+        (silence.Silence: LOST_AFTER_SECONDS where it cannot be reached, longer where it is
+        slow): one request that timed out on a busy node had the keeper give up restarting in
+        place. Safe to repeat: the coordinator counts a generation's failure once."""
+        heard = self._silence()
+        quiet = False
+        while True:
+            asked = time.monotonic()
+            answer = self._hear(doc, quiet=quiet)
+            heard.hear(answer, asked=asked, now=time.monotonic())
+            if isinstance(answer, dict):
+                return answer
+            if heard.lost(time.monotonic()) or self.stopping:
+                return None
             time.sleep(POLL_SECONDS)
-            answer = self._ask(doc, quiet=True)
-        return answer
+            quiet = True
+
+    def _silence(self) -> silence.Silence:
+        """A fresh count of the coordinator's silence, with the keeper's limits."""
+        return silence.Silence(
+            LOST_AFTER_SECONDS, SLOW_LOST_AFTER_SECONDS, who=f"coordinator {self.gang.coordinator}"
+        )
 
     def _ask(
         self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
     ) -> dict[str, Any] | None:
+        """`doc` asked of the coordinator: its answer, or None (_hear says why)."""
+        answer = self._hear(doc, quiet=quiet, timeout=timeout)
+        return answer if isinstance(answer, dict) else None
+
+    def _hear(
+        self, doc: dict[str, Any], *, quiet: bool = False, timeout: float = 2.0
+    ) -> dict[str, Any] | NoAnswer:
+        """`doc` asked of the coordinator: its answer, or why there was none (slow, or gone:
+        not reached at all, or a stranger answered at its address)."""
         try:
             answer = ask(
                 self.gang.address,
@@ -340,7 +364,7 @@ class Keeper:
         except (OSError, ValueError) as exc:
             if not quiet:
                 log.warning("coordinator %s: %s", self.gang.coordinator, exc)
-            return None
+            return NoAnswer.LATE if isinstance(exc, AnswerLate) else NoAnswer.UNREACHABLE
         if "generation" in answer and not answer.get("gathering"):
             self.seen = answer
         return answer

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsdp_worker.contract.keeper import Op
+from fsdp_worker.keeper import silence
 from fsdp_worker.keeper.coordinator import HOLD_SECONDS
 
 log = logging.getLogger("fsdp_worker.keeper.gang")
@@ -24,21 +25,29 @@ log = logging.getLogger("fsdp_worker.keeper.gang")
 POLL_SECONDS = 0.2
 """How often a keeper asks the coordinator for the gang's generation while its ranks run."""
 LOST_AFTER_SECONDS = 10.0
-"""Unanswered asks for this long: the coordinator is gone (node 0's pod), not slow."""
+"""Asks that find no coordinator (refused, no route, the connection timed out) for this long:
+it is gone (node 0's pod), not slow."""
+SLOW_LOST_AFTER_SECONDS = 3 * LOST_AFTER_SECONDS
+"""Unanswered asks for this long, though the coordinator accepted them: its process is there
+but slow or frozen (silence.py). A frozen node rank 0 is the operator's to find, and its
+`follow` ends the watch at once; a keeper's own "lost" gives up restarting in place (its ranks
+killed, the gang recreated by the operator), so a coordinator that is merely slow, as on a
+loaded machine at 1,024 nodes, is given three times as long."""
 STANDBY_ASK_SECONDS = 0.5
 """A waiting spare's ask of node rank 0's coordinator: short, so that a `promote` (node 0
 frozen: its asks hang to their timeout) is taken up at once."""
 ASK_SECONDS = HOLD_SECONDS + 2.0
 """A held ask's timeout: the hold and the 2 s an answered ask had."""
 
-Ask = Callable[..., dict[str, Any] | None]
+Ask = Callable[..., dict[str, Any] | silence.NoAnswer]
 
 
 class GenerationWatch:
     """Asks the coordinator, held, until generation `generation` ends for this node: `verdict`
-    becomes "moved" (the gang moved on or stopped restarting), "lost" (the coordinator was
-    silent for `lost_after` seconds once met) or "fenced" (a spare holds this node), and `news`
-    is set."""
+    becomes "moved" (the gang moved on or stopped restarting), "lost" (once met, the
+    coordinator could not be reached for `lost_after` seconds, or left asks it accepted
+    unanswered for `slow_lost_after`: silence.Silence) or "fenced" (a spare holds this node),
+    and `news` is set. `ask` returns the answer or silence.NoAnswer."""
 
     def __init__(
         self,
@@ -50,11 +59,14 @@ class GenerationWatch:
         met_before: bool,
         poll: float,
         lost_after: float,
+        slow_lost_after: float,
+        who: str = "the coordinator",
     ) -> None:
         self.generation = generation
         self._ask, self._fenced, self._met = ask, fenced, met
         self.met = met_before
-        self.poll, self.lost_after = poll, lost_after
+        self.poll = poll
+        self.silence = silence.Silence(lost_after, slow_lost_after, who=who)
         self.verdict: str | None = None
         self.news = threading.Event()
         self.stopped = threading.Event()
@@ -64,22 +76,21 @@ class GenerationWatch:
         self.stopped.set()
 
     def _run(self) -> None:
-        silent_since: float | None = None
         while not self.stopped.is_set():
             asked = time.monotonic()
             doc = {"op": Op.STATE, "known": self.generation}
             answer = self._ask(doc, quiet=True, timeout=ASK_SECONDS)
             if self.stopped.is_set():
                 return
-            if answer is None:
+            self.silence.hear(answer, asked=asked, now=time.monotonic())
+            if not isinstance(answer, dict):
                 # Before its first answer the coordinator is starting (node 0's pod may start
                 # later, its name may not resolve yet): torchrun's rendezvous waits for it too.
-                silent_since = silent_since or asked
-                if self.met and time.monotonic() - silent_since >= self.lost_after:
+                if self.met and self.silence.lost(time.monotonic()):
                     return self._end("lost")
                 self.stopped.wait(self.poll)
                 continue
-            silent_since, self.met = None, True
+            self.met = True
             self._met()
             verdict = self._judge(answer)
             if verdict is not None:
