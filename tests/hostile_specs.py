@@ -530,6 +530,37 @@ CASES: list[Case] = [
         profile=True,
         value="docker.io/evil/shipper:1",
     ),
+    # a runtime profile may give pods the host's network, hostPath volumes and privileged
+    # sidecars (issue 46 item 2); a job naming one still may not ask for any of them itself
+    Case(
+        "profile-job-host-network",
+        A,
+        f"{TPL}.hostNetwork",
+        _set(f"{TPL}.hostNetwork", True),
+        profile=True,
+    ),
+    Case(
+        "profile-job-hostpath-volume",
+        A,
+        f"{TPL}.volumes[0].hostPath",
+        _volume({"name": "lib", "hostPath": {"path": "/home/kubernetes/bin"}}, "/lib"),
+        profile=True,
+    ),
+    Case(
+        "profile-job-privileged-sidecar",
+        A,
+        f"{TPL}.initContainers[0].securityContext",
+        _init(restartPolicy="Always", securityContext={"privileged": True}),
+        profile=True,
+        value="privileged=true",
+    ),
+    Case(
+        "profile-job-sidecars-field",
+        A,
+        f"{TPL}.sidecars",
+        _set(f"{TPL}.sidecars", [{"name": "d", "image": "d:1"}]),
+        profile=True,
+    ),
     # --- values Kubernetes itself refuses (only the pod's own validation knows) ---------------
     Case(
         "label-key-invalid",

@@ -648,3 +648,154 @@ def test_a_quantity_written_as_a_number_reaches_the_pod_as_a_quantity() -> None:
     pod = templates.worker_pod(JOB, spec, decide.Launch(1, 2, ""), node_rank=0)
     res = pod["spec"]["containers"][0]["resources"]
     assert res["limits"] == {"nvidia.com/gpu": "8"} and res["requests"] == {"cpu": "2"}
+
+
+# --- a runtime profile's pod fragments (GKE's GPUDirect-TCPX) -----------------------------------
+def _tcpx() -> tuple[api.RuntimeProfileSpec, api.FSDPJobSpec]:
+    root = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    values = yaml.safe_load((root / "chart-values" / "gpu-tcpx.yaml").read_text())
+    profile = api.RuntimeProfileSpec.model_validate(values["runtimeProfiles"]["gpu-tcpx"])
+    doc = yaml.safe_load((root / "llama-7b-tcpx.yaml").read_text())
+    return profile, api.FSDPJobSpec.model_validate(doc["spec"])
+
+
+TCPX_JOB = names.JobRef(name="llama-7b-tcpx", namespace="team-a", uid=JOB.uid)
+
+
+def test_every_pod_of_a_tcpx_job_gets_the_profiles_network_daemon_and_plugin() -> None:
+    """examples/llama-7b-tcpx.yaml under examples/chart-values/gpu-tcpx.yaml: rank pods and
+    spares alike run on the node's network with the daemon beside the worker, never as a rank."""
+    profile, spec = _tcpx()
+    launch = decide.Launch(1, 16, "")
+    ranks = [
+        templates.worker_pod(TCPX_JOB, spec, launch, node_rank=r, profile=profile) for r in (0, 5)
+    ]
+    spare = templates.spare_pod(TCPX_JOB, spec, launch, index=0, profile=profile)
+    for p in [*ranks, spare]:
+        assert (p["spec"]["hostNetwork"], p["spec"]["dnsPolicy"]) == (
+            True,
+            "ClusterFirstWithHostNet",
+        )
+        assert p["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+        volumes = {v["name"]: v for v in p["spec"]["volumes"]}
+        assert volumes["tcpx-libraries"]["hostPath"]["path"] == "/home/kubernetes/bin/nvidia/lib64"
+        assert volumes["tcpx-socket"] == {"name": "tcpx-socket", "emptyDir": {}}
+        mounts = {m["mountPath"]: m for m in container(p)["volumeMounts"]}
+        assert mounts["/usr/local/nvidia/lib64"] == {
+            "name": "tcpx-libraries",
+            "mountPath": "/usr/local/nvidia/lib64",
+            "readOnly": True,
+        }
+        assert mounts["/run/tcpx"]["name"] == "tcpx-socket"
+        (daemon,) = p["spec"]["initContainers"]
+        assert daemon["name"] == "tcpx-daemon" and daemon["restartPolicy"] == "Always"
+        assert daemon["securityContext"]["privileged"] is True
+        assert daemon["securityContext"]["runAsNonRoot"] is False  # the pod's says true
+        assert "allowPrivilegeEscalation" not in daemon["securityContext"]  # refused beside it
+        assert [c["name"] for c in p["spec"]["containers"]] == [names.CONTAINER_NAME]
+        variables = env(p)
+        assert variables["NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX"] == "/run/tcpx"
+        assert variables["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"] == "eth1,eth2,eth3,eth4"
+        # the worker stays restricted: only the capability the job asked and the profile grants
+        assert container(p)["securityContext"]["capabilities"] == {
+            "drop": ["ALL"],
+            "add": ["IPC_LOCK"],
+        }
+
+
+def test_a_job_under_no_profile_gets_none_of_the_fragments() -> None:
+    _, spec = _tcpx()
+    bare = api.FSDPJobSpec.model_validate(
+        {**spec.model_dump(by_alias=True, exclude_none=True), "runtimeProfile": None}
+        | {"template": {"spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}]}}}
+    )
+    p = templates.worker_pod(TCPX_JOB, bare, decide.Launch(1, 16, ""), node_rank=0)
+    assert "hostNetwork" not in p["spec"] and "dnsPolicy" not in p["spec"]
+    assert "initContainers" not in p["spec"]
+    assert all("hostPath" not in v for v in p["spec"]["volumes"])
+    assert "sidecar.istio.io/inject" not in p["metadata"]["annotations"]
+
+
+def test_the_profiles_annotations_win_over_the_jobs_and_the_operators_over_both() -> None:
+    profile = api.RuntimeProfileSpec(namespaces=["team-a"], annotations={"mesh/inject": "false"})
+    spec = make_spec(
+        runtimeProfile="p",
+        template__metadata__annotations={"mesh/inject": "true", "owner": "alice"},
+    )
+    annotations = pod(spec, profile=profile)["metadata"]["annotations"]
+    assert (annotations["mesh/inject"], annotations["owner"]) == ("false", "alice")
+    with pytest.raises(pydantic.ValidationError, match="fsdpoperator.io/resume-from"):
+        api.RuntimeProfileSpec(annotations={"fsdpoperator.io/resume-from": "/elsewhere"})
+
+
+_SOCKET = {"name": "sock", "emptyDir": {}}
+
+
+@pytest.mark.parametrize(
+    ("profile", "job", "refusal"),
+    [
+        pytest.param(
+            {"volumes": [_SOCKET]},
+            {"template__spec__volumes": [{"name": "sock", "emptyDir": {}}]},
+            r"template.spec.volumes\[0\].name='sock' is also runtime profile 'p''s volumes\[0\]",
+            id="volume-name",
+        ),
+        pytest.param(
+            {"sidecars": [{"name": "daemon", "image": "d:1"}]},
+            {"template__spec__initContainers": [{"name": "daemon", "image": "busybox:1"}]},
+            r"template.spec.initContainers\[0\].name='daemon' is also runtime profile 'p''s"
+            r" sidecars\[0\]",
+            id="sidecar-name",
+        ),
+        pytest.param(
+            {"volumes": [_SOCKET], "volumeMounts": [{"name": "sock", "mountPath": "/tmp/x"}]},
+            {},
+            r"volumeMounts\[0\].mountPath='/tmp/x' overlaps '/tmp'",
+            id="operator-path",
+        ),
+        pytest.param(
+            {"volumes": [_SOCKET], "volumeMounts": [{"name": "sock", "mountPath": "/data"}]},
+            {},
+            r"mountPath='/data' is also template.spec.volumeMounts\[0\].mountPath",
+            id="job-path",
+        ),
+    ],
+)
+def test_a_clash_between_the_profiles_parts_and_the_jobs_names_both(
+    profile: dict[str, Any], job: dict[str, Any], refusal: str
+) -> None:
+    given = api.RuntimeProfileSpec.model_validate({"namespaces": ["team-a"], **profile})
+    with pytest.raises(templates.TemplateError, match=refusal):
+        pod(make_spec(runtimeProfile="p", **job), profile=given)
+
+
+@pytest.mark.parametrize(
+    ("profile", "refusal"),
+    [
+        pytest.param(
+            {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]},
+            r"volumeMounts\[0\].name='nope' is not one of the profile's volumes",
+            id="mount-of-no-volume",
+        ),
+        pytest.param(
+            {"sidecars": [{"name": "d", "image": "d:1", "restartPolicy": None}]},
+            "only Always",
+            id="sidecar-not-native",
+        ),
+        pytest.param(
+            {"volumes": [{"name": "v", "hostPath": {"path": "/a/../etc"}}]},
+            "an absolute path without '..'",
+            id="hostpath-dotdot",
+        ),
+        pytest.param(
+            {"volumes": [{"name": "v", "hostPath": {"path": "/a"}, "emptyDir": {}}]},
+            "exactly one is allowed",
+            id="two-sources",
+        ),
+    ],
+)
+def test_a_profile_with_broken_fragments_is_refused_naming_the_field(
+    profile: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError, match=refusal):
+        api.RuntimeProfileSpec.model_validate(profile)

@@ -88,13 +88,19 @@ def volume_mounts(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     return mounts + [mount.to_api() for mount in spec.template.spec.volume_mounts]
 
 
-def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
-    overrides = spec.template.spec
-    declared = {volume.name for volume in overrides.volumes}
+def reserved_paths(spec: api.FSDPJobSpec) -> list[str]:
+    """Where the operator mounts in the worker container: no one else's mount may overlap."""
     reserved = [SHM_PATH, TMP_PATH, contract.DEFAULT_TERMINATION_LOG, contract.MEMORY_MOUNT]
     reserved.append(keeper.GANG_KEY_DIR)
     if spec.checkpoint.claim_name:
         reserved.append(spec.checkpoint.root)
+    return reserved
+
+
+def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
+    overrides = spec.template.spec
+    declared = {volume.name for volume in overrides.volumes}
+    reserved = reserved_paths(spec)
     for index, mount in enumerate(overrides.volume_mounts):
         field = f"template.spec.volumeMounts[{index}]"
         if mount.name not in declared:
@@ -105,7 +111,7 @@ def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
         path = mount.mountPath
         if not path.startswith("/") or ".." in path.split("/"):
             raise TemplateError(f"{field}.mountPath={path!r} must be an absolute path without '..'")
-        clash = [r for r in reserved if _within(posixpath.normpath(path), r)]
+        clash = [r for r in reserved if within(posixpath.normpath(path), r)]
         if clash:
             raise TemplateError(
                 f"{field}.mountPath={path!r} overlaps {clash[0]!r}, which the operator mounts"
@@ -132,7 +138,8 @@ def check_init_mounts(spec: api.FSDPJobSpec) -> None:
                 )
 
 
-def _within(path: str, root: str) -> bool:
+def within(path: str, root: str) -> bool:
+    """`path` is `root` or under it."""
     root = posixpath.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
 

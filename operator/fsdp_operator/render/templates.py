@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fsdp_operator.policy import decide
-from fsdp_operator.render import podmerge, worker_container
+from fsdp_operator.render import podmerge, profilepod, worker_container
 from fsdp_operator.types import api, names, queueing, spec_gang
 from fsdp_worker import contract
 from fsdp_worker.contract import config, keeper
@@ -244,6 +244,7 @@ def worker_pod(
     )
     _check_shape(slot)
     _check_profile(slot)
+    profilepod.check(spec, profile)
     overrides = spec.template.spec
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -258,9 +259,10 @@ def worker_pod(
         # its grace period ran out (seen on real kubelets). The sandbox's pause is init here.
         "shareProcessNamespace": True,
         "securityContext": _pod_security(spec),
-        **_init_containers(spec),
+        **_init_containers(spec, profile),
         "containers": [worker_container.render(slot)],
         "volumes": podmerge.volumes(spec, shm_size=profile.shm_size if profile else None)
+        + profilepod.volumes(profile)
         + podmerge.gang_key_volumes(spec, name=names.gang_key_name(job.name, attempt=slot.attempt)),
         "affinity": podmerge.affinity(
             overrides.affinity,
@@ -282,6 +284,7 @@ def worker_pod(
         ],
     }
     pod_spec.update({key: value for key, value in optional.items() if value})
+    pod_spec.update(profilepod.pod_fields(profile))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": _pod_metadata(slot), "spec": pod_spec}
 
 
@@ -318,10 +321,13 @@ def _pod_security(spec: api.FSDPJobSpec) -> dict[str, Any]:
     return {"runAsNonRoot": True, **ids, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
-def _init_containers(spec: api.FSDPJobSpec) -> dict[str, Any]:
-    """The team's init containers and sidecars; none: no key (the goldens stay as they were)."""
+def _init_containers(
+    spec: api.FSDPJobSpec, profile: api.RuntimeProfileSpec | None
+) -> dict[str, Any]:
+    """The runtime profile's sidecars (the platform's part starts first), then the team's init
+    containers and sidecars; none: no key (the goldens stay as they were)."""
     podmerge.check_init_mounts(spec)
-    rendered = worker_container.init_containers(spec)
+    rendered = profilepod.sidecars(profile) + worker_container.init_containers(spec)
     return {"initContainers": rendered} if rendered else {}
 
 
@@ -385,7 +391,7 @@ def _pod_metadata(slot: Slot) -> dict[str, Any]:
     if spec.runtime_profile is not None:
         labels[names.Label.RUNTIME_PROFILE.value] = spec.runtime_profile
     annotations = {
-        **_user_keys(spec.template.metadata.annotations),
+        **profilepod.pod_annotations(slot.profile, _user_keys(spec.template.metadata.annotations)),
         names.Annotation.RESUME_FROM.value: slot.resume_path,
         names.Annotation.RENDEZVOUS_ID.value: names.rendezvous_id(job, attempt=slot.attempt),
         names.Annotation.CONFIG_HASH.value: spec.training.resume_hash(),

@@ -129,12 +129,17 @@ def render(slot: templates.Slot) -> dict[str, Any]:
         "ports": ports() + _gang_port(spec),
         "resources": resources,
         **_env_from(spec),
-        "volumeMounts": podmerge.volume_mounts(spec),
+        "volumeMounts": podmerge.volume_mounts(spec) + _profile_mounts(slot.profile),
         "terminationMessagePath": contract.DEFAULT_TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": restricted_context([str(c) for c in spec.template.spec.capabilities]),
         **probe,
     }
+
+
+def _profile_mounts(profile: api.RuntimeProfileSpec | None) -> list[dict[str, Any]]:
+    """The worker's mounts of its runtime profile's volumes (profilepod.py checked them)."""
+    return [mount.to_api() for mount in profile.volume_mounts] if profile else []
 
 
 def restricted_context(caps: list[str], *, read_only_root: bool = True) -> dict[str, Any]:
@@ -162,10 +167,10 @@ def init_containers(spec: api.FSDPJobSpec) -> list[dict[str, Any]]:
     """The team's init containers and native sidecars (restartPolicy Always), in order: the
     worker's restricted context unless they set the fields the model allows; every `$` of
     their strings escaped, as the worker's."""
-    return [_init_container(c) for c in spec.template.spec.init_containers]
+    return [side_container(c, context=_team_context(c)) for c in spec.template.spec.init_containers]
 
 
-def _init_container(c: api.Container) -> dict[str, Any]:
+def _team_context(c: api.Container) -> dict[str, Any]:
     own = c.security_context
     context = restricted_context(
         c.added_capabilities,
@@ -176,6 +181,12 @@ def _init_container(c: api.Container) -> dict[str, Any]:
         context.update({k: v for k, v in ids.items() if v is not None})
         if own.run_as_non_root:
             context["runAsNonRoot"] = True
+    return context
+
+
+def side_container(c: api.Container, *, context: dict[str, Any]) -> dict[str, Any]:
+    """An init container or native sidecar (the team's, or a runtime profile's) with its
+    security `context`; every `$` of its strings escaped, as the worker's."""
     fields: dict[str, Any] = {
         "name": c.name,
         "image": c.image,

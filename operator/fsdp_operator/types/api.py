@@ -72,6 +72,15 @@ from fsdp_operator.types.spec_profile import (
 from fsdp_operator.types.spec_profile import (
     RuntimeProfileSpec as RuntimeProfileSpec,
 )
+from fsdp_operator.types.spec_profile_pod import (
+    ProfileSidecar as ProfileSidecar,
+)
+from fsdp_operator.types.spec_profile_pod import (
+    ProfileVolume as ProfileVolume,
+)
+from fsdp_operator.types.spec_profile_pod import (
+    SidecarSecurity as SidecarSecurity,
+)
 from fsdp_operator.types.spec_rules import NAME_PATTERN, SpecModel, cel, rules
 from fsdp_operator.types.spec_storage import (
     ObjectStore as ObjectStore,

@@ -47,7 +47,7 @@ CONFINEMENT_ANNOTATIONS = (
     "container.seccomp.security.alpha.kubernetes.io/",
 )
 # The generated Volume holds exactly the sources Pod Security "restricted" allows.
-_VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
+VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
 
 # What the API server would refuse when it creates the pod (core/v1 validation), said at
 # admission of the FSDPJob instead of in its status after the operator's dry run.
@@ -76,7 +76,7 @@ _TOLERATION_RULES = (
 )
 
 
-_ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in _VOLUME_SOURCES) + " <= 1"
+_ONE_SOURCE = " + ".join(f"(has(self.{k}) ? 1 : 0)" for k in VOLUME_SOURCES) + " <= 1"
 
 
 class Volume(kubetypes.Volume):
@@ -100,7 +100,7 @@ class Volume(kubetypes.Volume):
 
     @pydantic.model_validator(mode="after")
     def _one_source(self) -> Volume:
-        given = [k for k in _VOLUME_SOURCES if getattr(self, k) is not None]
+        given = [k for k in VOLUME_SOURCES if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"volume {self.name!r} has sources {given}; at most one is allowed")
         return self

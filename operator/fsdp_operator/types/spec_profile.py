@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 from pydantic import Field
 
-from fsdp_operator.types import kubetypes, spec_containers, spec_gang
+from fsdp_operator.types import kubetypes, spec_containers, spec_gang, spec_profile_pod
 from fsdp_operator.types.spec_pod import Capability, EnvVar
 from fsdp_operator.types.spec_rules import (
     DNS_LABEL_PATTERN,
@@ -138,6 +138,47 @@ class RuntimeProfileSpec(SpecModel):
         description="The gang scheduler (and its PodGroup kind) of every job under the profile "
         "that sets no spec.gangScheduling of its own.",
     )
+    annotations: dict[str, Annotated[str, Field(max_length=65_536)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Annotations of every worker pod, e.g. a service mesh's opt-out or GKE's "
+        "multi-network ones. They win over a job's own of the same key (a tenant may not turn "
+        "the platform's choice back); the operator's own keys win over both and may not be set.",
+        json_schema_extra=rules(
+            KEYS_RULE,
+            cel(
+                "self.all(k, !k.startsWith('fsdpoperator.io/'))",
+                "fsdpoperator.io/ is the operator's",
+            ),
+        ),
+    )
+    volumes: list[spec_profile_pod.ProfileVolume] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Volumes added to every worker pod, e.g. a fabric's libraries from the node "
+        "(hostPath: allowed here only, since only the cluster admin writes a profile). A job's "
+        "template.spec.volumes may not reuse their names.",
+    )
+    volume_mounts: list[kubetypes.VolumeMount] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Mounts of those volumes in every worker container (not at the operator's "
+        "/dev/shm, /tmp, termination log or checkpoint root, nor where the job mounts its own).",
+    )
+    sidecars: list[spec_profile_pod.ProfileSidecar] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Native sidecars (restartPolicy Always) added to every worker pod before the "
+        "job's own init containers, e.g. a fabric's receive-datapath daemon. Never ranks; "
+        "their securityContext may go beyond restricted. They mount the profile's volumes only; "
+        "a job's init container may not reuse their names.",
+    )
+    host_network: bool = Field(
+        False,
+        description="true: worker pods use the node's network (with dnsPolicy "
+        "ClusterFirstWithHostNet, so they still resolve the job's Service). NetworkPolicies do "
+        "not apply to such pods.",
+    )
 
     @pydantic.field_validator("resources")
     @classmethod
@@ -147,6 +188,18 @@ class RuntimeProfileSpec(SpecModel):
             raise ValueError(f"resources may not name {own[0]!r} (the job's own)")
         check_keys({k: str(v) for k, v in values.items()}, what="resource")
         return values
+
+    @pydantic.field_validator("annotations")
+    @classmethod
+    def _annotations(cls, values: dict[str, str]) -> dict[str, str]:
+        return spec_profile_pod.check_annotations(values)
+
+    @pydantic.model_validator(mode="after")
+    def _fragments(self) -> RuntimeProfileSpec:
+        spec_profile_pod.check_fragments(
+            volumes=self.volumes, mounts=self.volume_mounts, sidecars=self.sidecars
+        )
+        return self
 
     def refusal(self, spec: api.FSDPJobSpec, *, namespace: str, name: str) -> str:
         """Why a job in `namespace` may not have `spec` under this profile ("" when it may).
