@@ -51,6 +51,10 @@ plain in-place runs when `--spares` is given:
         --memory-factors 0.25,1,4 --out bench/results/goodput_memory_sweep.json \
         --plot docs/goodput_memory_sweep.png
 
+`--object-store` (with `--in-place`) runs the last configuration once more with its
+checkpoints in the local cluster's S3 server (versitygw, a bucket and a keys Secret of its own)
+instead of the claim, on the same draws: the two goodputs side by side (issue 45).
+
 `--no-build` uses the images as podman holds them now instead of building them first.
 """
 
@@ -75,7 +79,7 @@ from fsdp_operator.types import names
 from fsdp_operator.types import status as st
 from fsdp_worker.contract import interval
 from harness import stack
-from localcluster import controlplane, images, poll
+from localcluster import controlplane, images, objectstore, poll
 from localcluster import faults as lf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,6 +91,7 @@ NS = "goodput"
 KINDS = ("crash", "hang", "node")
 IN_PLACE_RESTARTS = 100  # the API's maximum (status.IN_PLACE_LIMIT): no budget ends the soak
 MEMORY_TIER = {"intervalSteps": "auto", "sizeLimit": "512Mi"}
+S3_BUCKET, S3_SECRET = "soak", "soak-s3-keys"  # --object-store: the bucket and its keys' Secret
 EXPECTED_CAUSE = {"crash": "Crash", "hang": "Hang", "node": "NodeLost"}
 SPARE_LABEL = "fsdpoperator.io/spare"
 
@@ -99,7 +104,10 @@ def job_doc(
     in_place: bool = False,
     spares: int = 0,
     memory_every: int | str = "auto",
+    store: objectstore.ObjectStore | None = None,
 ) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml as the soak runs it; with `store`, its checkpoints in that S3
+    server's bucket S3_BUCKET (keys in the Secret S3_SECRET) instead of the claim."""
     doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -125,6 +133,15 @@ def job_doc(
         spec["checkpoint"]["memory"] = {**MEMORY_TIER, "intervalSteps": memory_every}
     if spares:
         spec["spares"] = spares
+    if store is not None:
+        spec["checkpoint"].pop("claimName")
+        spec["checkpoint"]["objectStore"] = {
+            "bucket": S3_BUCKET,
+            "prefix": "soak",
+            "endpoint": store.cluster_endpoint,
+            "region": store.region,
+            "credentialsSecret": S3_SECRET,
+        }
     return doc
 
 
@@ -443,8 +460,15 @@ class Soak:
         in_place: bool = False,
         spares: int = 0,
         memory_every: int | str = "auto",
+        on_s3: bool = False,
     ) -> Run:
         name = "soak-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+        store = None
+        if on_s3:
+            store = self.cluster.object_store
+            store.create_bucket(S3_BUCKET)
+            secret = json.dumps(store.secret(S3_SECRET))
+            self.cluster.kubectl("apply", "-n", NS, "-f", "-", input=secret)
         rng = random.Random(seed)
         draws = [rng.expovariate(1.0 / self.args.mtbf) for _ in range(self.args.failures)]
         picks = [
@@ -461,6 +485,7 @@ class Soak:
                 in_place=in_place,
                 spares=spares,
                 memory_every=memory_every,
+                store=store,
             )
         )
         run = Run(label, every, in_place=in_place, spares=spares, memory_every=memory_every)
@@ -901,13 +926,19 @@ def main_in_place(soak: Soak, args: argparse.Namespace, began: float, crd_patch:
         plan.append(("spares", True, args.spares))
     elif args.no_baselines:
         plan.append(("in-place", True, 0))
+    if args.object_store:  # the last configuration again, its checkpoints in the S3 bucket
+        label, in_place, spares = plan[-1]
+        plan.append((f"{label} s3", in_place, spares))
     for label, in_place, spares in plan:
         print(
             f"{label}: intervalSteps auto, inPlaceRestarts "
             f"{IN_PLACE_RESTARTS if in_place else 0}, spares {spares}",
             flush=True,
         )
-        runs.append(soak.run(label, "auto", args.seed, in_place=in_place, spares=spares))
+        on_s3 = label.endswith(" s3")
+        runs.append(
+            soak.run(label, "auto", args.seed, in_place=in_place, spares=spares, on_s3=on_s3)
+        )
         save()
     factors = [float(f) for f in args.memory_factors.split(",") if f.strip()]
     if factors:
@@ -991,6 +1022,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-build", action="store_true", help="use the images podman holds now; do not build them"
+    )
+    parser.add_argument(
+        "--object-store",
+        action="store_true",
+        help="--in-place: run the last configuration again with its checkpoints in the local "
+        "cluster's S3 server (versitygw) instead of the claim, on the same draws",
     )
     args = parser.parse_args(argv)
     args.out = args.out or (OUT_IN_PLACE if args.in_place else OUT)
