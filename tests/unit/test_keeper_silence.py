@@ -211,3 +211,24 @@ def test_a_failure_report_waits_out_a_slow_coordinator() -> None:
         thaw.cancel()
         coordinator.shutdown()  # waits for serve_forever, where the timer started it
         coordinator.server_close()
+
+
+def test_a_failure_report_to_a_frozen_coordinator_ends_at_the_operators_follow() -> None:
+    """Node rank 0 frozen (it accepts and never answers): the keeper says its `fail` again,
+    until the operator's `follow` names the spare that took node 0's place; then it stops at
+    once and goes to its successor (the goodput soak saw a keeper held 5 s and more here, and
+    the promoted spare's coordinator judged it frozen)."""
+    coordinator = Coordinator(0, nodes=2, creds=CREDS)  # listening, never served: frozen
+    k = _keeper(("127.0.0.1", coordinator.server_address[1]), ["true"])
+    told = threading.Timer(0.5, lambda: setattr(k, "follow", ("10.0.0.9:29501", "10.0.0.9:1")))
+    told.daemon = True
+    told.start()
+    try:
+        began = time.monotonic()
+        failure = {"class": "RuntimeError", "rank": 1}
+        answer = k._report({"op": "fail", "generation": 0, "failure": failure, "final": False})
+        assert answer is None
+        assert time.monotonic() - began < watch.LOST_AFTER_SECONDS, time.monotonic() - began
+    finally:
+        told.cancel()
+        coordinator.server_close()

@@ -493,3 +493,13 @@ def test_a_stalled_gang_with_a_spare_is_asked_again_each_second() -> None:
     assert deadlines.next_deadline(_suspect_obs(None, stalled=2.0)) == NOW + 3.0
     stalled = deadlines.next_deadline(_suspect_obs(None, stalled=6.0))
     assert stalled == NOW + deadlines.KEEPER_RECHECK_SECONDS
+
+
+def test_no_early_suspect_while_a_promoted_spare_gathers_the_other_keepers() -> None:
+    """Node rank 0 was frozen and a spare promoted in its place: until every other keeper has
+    heard the operator's `follow` and rejoined, their silence at the new coordinator is the
+    takeover's own, not a second frozen pod (the goodput soak's false suspect)."""
+    quiet = {"quiet": {"0": 0.3, "1": 5.5}, "gathering": True}
+    obs = dataclasses.replace(_suspect_obs(None), gang=ob.GangHealth.of(quiet))
+    d = decide.decide(obs)
+    assert d.takeover is None and d.failure is None, (d.takeover, d.failure)

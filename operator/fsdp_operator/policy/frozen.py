@@ -14,7 +14,11 @@ progress deadline judges as before.
 Never a suspect: a gang that steps (a keeper silent under a training gang costs nothing yet), a
 slow save or step (the keepers keep asking: silence, not slowness, is the evidence), several
 keepers silent at once (a partition, the coordinator's own trouble), a node whose Lease the
-operator cannot read (the watch stalled, off) or that missed a renewal. Pure: no I/O, no clock.
+operator cannot read (the watch stalled, off) or that missed a renewal, and any keeper while a
+spare promoted to node rank 0 gathers the others (they come to it as the operator's `follow`
+reaches them, each after stopping its ranks: a false suspect there, seen in the goodput soak,
+handed a healthy node to a second spare mid-takeover and the gang was recreated). Pure: no
+I/O, no clock.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ def suspect(obs: observed.Observed) -> tuple[observed.PodView, str] | None:
     """The pod the coordinator reports frozen (its keeper alone silent, its node renewing its
     Lease since), and words saying why; None when nothing is suspected (see the module)."""
     gang = obs.gang
-    if not watching(obs) or gang is None or not gang.answered or gang.final:
+    if not watching(obs) or gang is None or not gang.answered or gang.final or gang.gathering:
         return None
     if len(gang.silent) != 1:
         return None

@@ -265,6 +265,7 @@ class GangHealth:
     error: str = ""  # why it did not answer
     final: bool = False  # a keeper gave up restarting in place
     silent: Mapping[int, float] = dataclasses.field(default_factory=dict)  # node -> seconds
+    gathering: bool = False  # a promoted spare's coordinator waits for the others to rejoin
 
     @classmethod
     def of(cls, answer: Mapping[str, Any]) -> GangHealth:
@@ -274,7 +275,12 @@ class GangHealth:
             for n, t in (quiet or {}).items()
             if str(n).isdigit() and isinstance(t, int | float) and t >= GANG_SILENT_SECONDS
         }
-        return cls(answered=True, final=bool(answer.get("final")), silent=silent)
+        return cls(
+            answered=True,
+            final=bool(answer.get("final")),
+            silent=silent,
+            gathering=bool(answer.get("gathering")),
+        )
 
     @property
     def restarting(self) -> bool:

@@ -331,7 +331,11 @@ class Keeper:
             heard.hear(answer, asked=asked, now=time.monotonic())
             if isinstance(answer, dict):
                 return answer
-            if heard.lost(time.monotonic()) or self.stopping:
+            if heard.lost(time.monotonic()) or self.stopping or self.follow is not None:
+                # `follow`: node rank 0 was frozen or lost and a spare took its place; this
+                # report is for a coordinator that may never answer, and the new one is
+                # waiting for this keeper (seen in the goodput soak: a report to a frozen
+                # coordinator held a keeper from its successor past the operator's patience)
                 return None
             time.sleep(POLL_SECONDS)
             quiet = True
