@@ -342,10 +342,14 @@ class Soak:
             fresh = s.get("attempt", 0) > after_attempt and s.get("phase") == "Running"
             if fresh and started and last.get("attempt") == s["attempt"]:
                 return s
-            if seen is not None and s.get("attempt") == after_attempt:
-                new = _new_in_place(s, seen)
-                if new and new[0].get("resumed"):
-                    return s
+            # the fault's own restart in place, or one after it when the next generation
+            # failed before its first step (seen: a promoted node 0's store port still held)
+            if (
+                seen is not None
+                and s.get("attempt") == after_attempt
+                and any(r.get("resumed") for r in _new_in_place(s, seen))
+            ):
+                return s
             return None
 
         return poll.until(
@@ -394,12 +398,16 @@ class Soak:
             r = st.InPlaceRestart.model_validate(
                 {k: v for k, v in new[0].items() if k != "attempt"}
             )
+            back = next((x for x in new if x.get("resumed")), new[0])
             fault.update(
                 recovery="inPlace",
                 cause=r.failure.cause.value,
                 generation=r.generation,
                 fromMemory=r.from_memory,
-                firstStep=r.resumed,
+                firstStep=r.resumed
+                or st.InPlaceRestart.model_validate(
+                    {k: v for k, v in back.items() if k != "attempt"}
+                ).resumed,
                 inPlaceRestarts=len(new),
             )
         else:
