@@ -18,7 +18,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import Any
 
-from fsdp_operator.types import api, kubetypes, names
+from fsdp_operator.types import api, kubetypes, names, spec_pod
 from fsdp_worker import contract
 from fsdp_worker.contract import keeper
 
@@ -103,14 +103,10 @@ def _check_user_volumes(spec: api.FSDPJobSpec) -> None:
     reserved = reserved_paths(spec)
     for index, mount in enumerate(overrides.volume_mounts):
         field = f"template.spec.volumeMounts[{index}]"
-        if mount.name not in declared:
-            raise TemplateError(
-                f"{field}.name={mount.name!r} is not one of template.spec.volumes"
-                f" {sorted(declared)}"
-            )
+        problem = spec_pod.mount_problem(field, mount, declared, "template.spec.volumes")
+        if problem:
+            raise TemplateError(problem)
         path = mount.mountPath
-        if not path.startswith("/") or ".." in path.split("/"):
-            raise TemplateError(f"{field}.mountPath={path!r} must be an absolute path without '..'")
         clash = [r for r in reserved if within(posixpath.normpath(path), r)]
         if clash:
             raise TemplateError(

@@ -10,6 +10,7 @@ these models as api.<Name>. No I/O, no clock, no kopf.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from typing import Annotated
 
 import pydantic
@@ -48,6 +49,21 @@ CONFINEMENT_ANNOTATIONS = (
 )
 # The generated Volume holds exactly the sources Pod Security "restricted" allows.
 VOLUME_SOURCES = tuple(name for name in kubetypes.Volume.model_fields if name != "name")
+
+
+def mount_problem(
+    field: str, mount: kubetypes.VolumeMount, declared: Collection[str], owner: str
+) -> str:
+    """What is wrong with a mount at `field` ("" when nothing): it must name one of `owner`'s
+    volumes (`declared`) and sit at an absolute path without '..'. One rule for a job's own
+    mounts (render/podmerge.py) and a runtime profile's (spec_profile_pod.py)."""
+    if mount.name not in declared:
+        return f"{field}.name={mount.name!r} is not one of {owner} {sorted(declared)}"
+    path = mount.mountPath
+    if not path.startswith("/") or ".." in path.split("/"):
+        return f"{field}.mountPath={path!r} must be an absolute path without '..'"
+    return ""
+
 
 # What the API server would refuse when it creates the pod (core/v1 validation), said at
 # admission of the FSDPJob instead of in its status after the operator's dry run.

@@ -202,13 +202,8 @@ def check_fragments(
     owners += [(f"sidecars[{i}].volumeMounts", s.volume_mounts) for i, s in enumerate(sidecars)]
     for field, listed in owners:
         for index, mount in enumerate(listed):
-            if mount.name not in declared:
-                raise ValueError(
-                    f"{field}[{index}].name={mount.name!r} is not one of the profile's volumes"
-                    f" {declared}"
-                )
-            path = mount.mountPath
-            if not path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(
-                    f"{field}[{index}].mountPath={path!r} must be an absolute path without '..'"
-                )
+            problem = spec_pod.mount_problem(
+                f"{field}[{index}]", mount, declared, "the profile's volumes"
+            )
+            if problem:
+                raise ValueError(problem)
