@@ -24,21 +24,34 @@ def check(spec: api.FSDPJobSpec, profile: api.RuntimeProfileSpec | None) -> None
     if profile is None or spec.runtime_profile is None:
         return
     name, own = spec.runtime_profile, spec.template.spec
-    theirs = {v.name: i for i, v in enumerate(own.volumes)}
-    for index, volume in enumerate(profile.volumes):
-        if volume.name in theirs:
-            raise podmerge.TemplateError(
-                f"template.spec.volumes[{theirs[volume.name]}].name={volume.name!r} is also"
-                f" runtime profile {name!r}'s volumes[{index}]: rename the job's volume"
-            )
-    theirs = {c.name: i for i, c in enumerate(own.init_containers)}
-    for index, sidecar in enumerate(profile.sidecars):
-        if sidecar.name in theirs:
-            raise podmerge.TemplateError(
-                f"template.spec.initContainers[{theirs[sidecar.name]}].name={sidecar.name!r} is"
-                f" also runtime profile {name!r}'s sidecars[{index}]: rename the job's container"
-            )
+    _check_names(
+        [v.name for v in own.volumes], [v.name for v in profile.volumes], name=name, kind="volume"
+    )
+    _check_names(
+        [c.name for c in own.init_containers],
+        [c.name for c in profile.sidecars],
+        name=name,
+        kind="container",
+    )
     _check_mounts(spec, profile, name=name)
+
+
+_FIELDS = {
+    "volume": ("template.spec.volumes", "volumes"),
+    "container": ("template.spec.initContainers", "sidecars"),
+}
+
+
+def _check_names(own: list[str], theirs: list[str], *, name: str, kind: str) -> None:
+    """TemplateError naming both sides when a job's `kind` reuses a name of its profile's."""
+    job_field, profile_field = _FIELDS[kind]
+    mine = {n: i for i, n in enumerate(own)}
+    for index, taken in enumerate(theirs):
+        if taken in mine:
+            raise podmerge.TemplateError(
+                f"{job_field}[{mine[taken]}].name={taken!r} is also runtime profile {name!r}'s"
+                f" {profile_field}[{index}]: rename the job's {kind}"
+            )
 
 
 def _check_mounts(spec: api.FSDPJobSpec, profile: api.RuntimeProfileSpec, *, name: str) -> None:
