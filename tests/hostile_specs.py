@@ -58,6 +58,35 @@ PROFILE_SPEC: dict[str, Any] = {
     "shmSize": "1Gi",
 }
 
+# A fabric's profile (as examples/chart-values/gpu-tcpx.yaml): the host's network, a library
+# directory from the host and a privileged root daemon beside the worker. The cluster tests
+# install it with the chart too; its rdma/ib keeps the pods Pending here (no node has one), so
+# nothing of the host is ever mounted or joined on this machine.
+FABRIC_PROFILE = "gpu-fabric"
+FABRIC_REGISTRY = "registry.test/fabric"
+FABRIC_SPEC: dict[str, Any] = {
+    "namespaces": [],
+    "resources": {"rdma/ib": "1"},
+    "imageRegistries": [PROFILE_REGISTRY, FABRIC_REGISTRY],
+    "hostNetwork": True,
+    "volumes": [
+        {"name": "fabric-lib", "hostPath": {"path": "/opt/fabric/lib", "type": "Directory"}},
+        {"name": "fabric-socket", "emptyDir": {}},
+    ],
+    "volumeMounts": [
+        {"name": "fabric-lib", "mountPath": "/opt/fabric/lib", "readOnly": True},
+        {"name": "fabric-socket", "mountPath": "/run/fabric"},
+    ],
+    "sidecars": [
+        {
+            "name": "fabric-daemon",
+            "image": f"{FABRIC_REGISTRY}/daemon:1",
+            "securityContext": {"privileged": True, "runAsUser": 0},
+            "volumeMounts": [{"name": "fabric-socket", "mountPath": "/run/fabric"}],
+        }
+    ],
+}
+
 
 def spec_of(case: Case) -> dict[str, Any]:
     doc = copy.deepcopy(BASE)

@@ -21,8 +21,9 @@ def operator(
     cluster: controlplane.Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[harness.Operator]:
     harness.install_crd(cluster)
-    # with the runtime profile the hostile table's profile cases name (tests/hostile_specs.py)
-    profiles = json.dumps({hs.PROFILE: hs.PROFILE_SPEC})
+    # with the runtime profile the hostile table's profile cases name (tests/hostile_specs.py),
+    # and a fabric's (host network, host path, privileged daemon) for the admission tests
+    profiles = json.dumps({hs.PROFILE: hs.PROFILE_SPEC, hs.FABRIC_PROFILE: hs.FABRIC_SPEC})
     kubeconfig = harness.install_rbac(cluster, json_values=[f"runtimeProfiles={profiles}"])
     op = harness.Operator(cluster, kubeconfig, Path(tmp_path_factory.mktemp("operator")))
     op.start()

@@ -142,11 +142,14 @@ def test_admission_policy_refuses_unrestricted_pods_from_the_operators_credentia
     assert _create(cluster, ns, _pod("fine"), kubeconfig=creds).returncode == 0
     privileged = _pod("priv", privileged=True, allowPrivilegeEscalation=True)
     done = _create(cluster, ns, privileged, kubeconfig=creds)
-    assert done.returncode != 0 and "may not run privileged containers" in done.stderr
+    # restricted-pods ("may not run privileged containers") or runtime-profile-pods ("privileged
+    # or uid 0 only for a sidecar its runtime profile runs so"): the API server says one
+    assert done.returncode != 0 and "privileged" in done.stderr
     host = _pod("host")
     host["spec"]["volumes"] = [{"name": "root", "hostPath": {"path": "/"}}]
     done = _create(cluster, ns, host, kubeconfig=creds)
-    assert done.returncode != 0 and "may only use configMap" in done.stderr
+    assert done.returncode != 0, done.stdout
+    assert any(w in done.stderr for w in ("may only use configMap", "hostPath / only as")), done
     root = _pod("root")
     root["spec"]["securityContext"] = {"runAsUser": 0}
     done = _create(cluster, ns, root, kubeconfig=creds)
@@ -273,6 +276,124 @@ def test_a_job_under_its_runtime_profile_gets_ipc_lock_and_nothing_more(
     # a namespace the profile does not list
     done = _create(cluster, "default", _profile_pod("elsewhere", "IPC_LOCK"), kubeconfig=creds)
     assert done.returncode != 0 and "may not use runtime profile" in done.stderr, done.stderr
+
+
+def _as_new(pod: dict[str, Any], name: str) -> dict[str, Any]:
+    """An operator-made pod as a fresh create: its labels and spec, a new name, no node."""
+    meta = pod["metadata"]
+    spec = {k: v for k, v in pod["spec"].items() if k != "nodeName"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": meta["labels"],
+            "annotations": meta.get("annotations", {}),
+        },
+        "spec": json.loads(json.dumps(spec)),
+    }
+
+
+def test_a_fabric_profile_admits_its_host_network_path_and_daemon_and_nothing_else(
+    jobs: harness.Jobs, operator: harness.Operator
+) -> None:
+    """A fabric's profile (hs.FABRIC_SPEC, as GPUDirect-TCPX needs) gives the pods the host's
+    network, a host directory and a privileged root daemon: the chart's policies admit exactly
+    those, for pods under that profile, and refuse each one changed by a field."""
+    cluster, ns, creds = jobs.cluster, jobs.ns, operator.kubeconfig
+    patch = json.dumps({"spec": {"namespaces": [ns]}})
+    cluster.kubectl("patch", api.PROFILE_PLURAL, hs.FABRIC_PROFILE, "--type=merge", "-p", patch)
+    name = harness.unique("fabric")
+    jobs.apply(
+        harness.job_doc(
+            name, runtimeProfile=hs.FABRIC_PROFILE, image=f"{hs.PROFILE_REGISTRY}/fsdp-worker:test"
+        )
+    )
+    # the policy reads the profile from a watch: the operator's first tries may be refused
+    pods = poll.until(
+        f"{name}'s pods admitted under {hs.FABRIC_PROFILE}",
+        lambda: len(p := jobs.pods(name)) == 2 and p,
+        timeout=90,
+        diagnosis=lambda: f"{jobs.diagnosis(name)}\n{operator.log_tail()}",
+    )
+    pod = pods[0]
+    assert pod["spec"]["hostNetwork"] is True
+    assert {"name": "fabric-lib", "hostPath": {"path": "/opt/fabric/lib", "type": "Directory"}} in (
+        pod["spec"]["volumes"]
+    )
+    (daemon,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "fabric-daemon"]
+    assert daemon["securityContext"]["privileged"] is True
+    assert daemon["securityContext"]["runAsUser"] == 0
+    assert daemon["restartPolicy"] == "Always"
+    jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", ns, "--wait=false")
+
+    # The same pod made by hand with the operator's credentials: admitted as the operator made
+    # it, refused with any one of the profile's grants changed.
+    base = _as_new(pod, "fabric-copy")
+    done = _create(cluster, ns, base, kubeconfig=creds)
+    assert done.returncode == 0, done.stderr
+
+    def changed(how: Any) -> dict[str, Any]:
+        doc = json.loads(json.dumps(base))
+        how(doc["spec"], doc["metadata"])
+        return doc
+
+    def daemon_of(spec: dict[str, Any]) -> dict[str, Any]:
+        return next(c for c in spec["initContainers"] if c["name"] == "fabric-daemon")
+
+    def volume_of(spec: dict[str, Any]) -> dict[str, Any]:
+        return next(v for v in spec["volumes"] if v["name"] == "fabric-lib")
+
+    def worker_privileged(spec: dict[str, Any], _: Any) -> None:
+        spec["containers"][0]["securityContext"] = {"privileged": True}
+
+    def worker_root(spec: dict[str, Any], _: Any) -> None:
+        spec["containers"][0]["securityContext"]["runAsUser"] = 0
+        spec["containers"][0]["securityContext"]["runAsNonRoot"] = False
+
+    # Two policies judge each pod and the API server says the refusal of whichever it ran
+    # first: restricted-pods (whose first rule, the capabilities, a privileged container fails)
+    # or runtime-profile-pods. Each case names what either would say.
+    caps = "drop ALL capabilities"
+    refusals: dict[str, tuple[Any, tuple[str, ...]]] = {
+        "other host path": (lambda s, m: volume_of(s)["hostPath"].update(path="/"), ("hostPath",)),
+        "the daemon's image": (
+            lambda s, m: daemon_of(s).update(image=f"{hs.FABRIC_REGISTRY}/other:1"),
+            (caps, "privileged or uid 0 only for a sidecar"),
+        ),
+        "the daemon renamed": (
+            lambda s, m: daemon_of(s).update(name="other-daemon"),
+            (caps, "privileged or uid 0 only for a sidecar"),
+        ),
+        "the worker privileged": (worker_privileged, (caps, "privileged")),
+        "the worker as root": (worker_root, ("uid 0", "non-root")),
+        "no profile": (
+            lambda s, m: m["labels"].pop(names.Label.RUNTIME_PROFILE.value),
+            (caps, "hostNetwork needs a runtime profile"),
+        ),
+        "another profile": (
+            lambda s, m: m["labels"].update({names.Label.RUNTIME_PROFILE.value: hs.PROFILE}),
+            (caps, f"may not use runtime profile {hs.PROFILE}", "hostNetwork"),
+        ),
+    }
+    for case, (how, words) in refusals.items():
+        done = _create(cluster, ns, changed(how), kubeconfig=creds)
+        assert done.returncode != 0 and any(w in done.stderr for w in words), (case, done.stderr)
+
+    # The chart's values said hostNetwork; the admin turns it off in the profile itself: the
+    # profile as it is now is what the pods are held to.
+    off = json.dumps({"spec": {"hostNetwork": False}})
+    cluster.kubectl("patch", api.PROFILE_PLURAL, hs.FABRIC_PROFILE, "--type=merge", "-p", off)
+    try:
+        refused = poll.until(
+            "the base pod refused once the profile stops granting hostNetwork",
+            lambda: (d := _create(cluster, ns, base, kubeconfig=creds)).returncode != 0 and d,
+            timeout=30,
+        )
+        assert f"runtime profile {hs.FABRIC_PROFILE} does not" in refused.stderr, refused.stderr
+    finally:
+        on = json.dumps({"spec": {"hostNetwork": True}})
+        cluster.kubectl("patch", api.PROFILE_PLURAL, hs.FABRIC_PROFILE, "--type=merge", "-p", on)
 
 
 def test_a_profile_namespace_holds_all_but_the_operators_pods_to_restricted(

@@ -41,40 +41,49 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 The Pod Security "restricted" rules but capabilities, as ValidatingAdmissionPolicy validations
 (admission-policy.yaml, runtime-profiles.yaml). Arguments: guard (a CEL prefix that exempts a
 request, e.g. "!variables.listed || ", or ""), who ("operator pods"), one ("an operator pod").
-The policy defines variables.containers and variables.hasPodSecurity.
+The policy defines variables.containers and variables.hasPodSecurity. Optional, for what a
+runtime profile may grant (the runtime-profile pod policy then holds the pod to its own
+profile): held (the variable naming the containers the privilege and identity rules judge;
+default containers), hostNetwork (a CEL bool: the pod may use the host's network, its ports
+then host ports equal to its container ports; default false), hostPath (a CEL bool of the
+volume v: this hostPath volume is allowed; default false).
 */ -}}
 {{- define "fsdp-operator.restrictedValidations" -}}
 - expression: >-
-    {{ .guard }}(!(has(object.spec.hostNetwork) && object.spec.hostNetwork) &&
+    {{ .guard }}((!(has(object.spec.hostNetwork) && object.spec.hostNetwork) || {{ .hostNetwork | default "false" }}) &&
     !(has(object.spec.hostPID) && object.spec.hostPID) &&
     !(has(object.spec.hostIPC) && object.spec.hostIPC))
-  message: {{ .who }} may not use the host's network, PID or IPC namespace (restricted)
+  message: >-
+    {{ .who }} may not use the host's network, PID or IPC namespace (restricted{{ if .hostNetwork }};
+    the network only under a runtime profile this chart binds that grants hostNetwork{{ end }})
 - expression: >-
     {{ .guard }}(!has(object.spec.volumes) || object.spec.volumes.all(v,
       has(v.configMap) || has(v.csi) || has(v.downwardAPI) || has(v.emptyDir) ||
-      has(v.ephemeral) || has(v.persistentVolumeClaim) || has(v.projected) || has(v.secret)))
+      has(v.ephemeral) || has(v.persistentVolumeClaim) || has(v.projected) || has(v.secret) ||
+      {{ .hostPath | default "false" }}))
   message: >-
     {{ .who }} may only use configMap, csi, downwardAPI, emptyDir, ephemeral,
-    persistentVolumeClaim, projected and secret volumes (restricted)
+    persistentVolumeClaim, projected and secret volumes (restricted{{ if .hostPath }}; hostPath
+    only as a runtime profile this chart binds gives it, by name and path{{ end }})
 - expression: >-
-    {{ .guard }}(variables.containers.all(c, !has(c.securityContext) ||
+    {{ .guard }}(variables.{{ .held | default "containers" }}.all(c, !has(c.securityContext) ||
       !has(c.securityContext.privileged) || !c.securityContext.privileged))
   message: {{ .who }} may not run privileged containers (restricted)
 - expression: >-
-    {{ .guard }}(variables.containers.all(c, has(c.securityContext) &&
+    {{ .guard }}(variables.{{ .held | default "containers" }}.all(c, has(c.securityContext) &&
       has(c.securityContext.allowPrivilegeEscalation) &&
       !c.securityContext.allowPrivilegeEscalation))
   message: every container of {{ .one }} must set allowPrivilegeEscalation=false (restricted)
 - expression: >-
     {{ .guard }}(((variables.hasPodSecurity && has(object.spec.securityContext.runAsNonRoot)) && object.spec.securityContext.runAsNonRoot)
-      ? variables.containers.all(c, !has(c.securityContext) ||
+      ? variables.{{ .held | default "containers" }}.all(c, !has(c.securityContext) ||
           !has(c.securityContext.runAsNonRoot) || c.securityContext.runAsNonRoot)
-      : variables.containers.all(c, has(c.securityContext) &&
+      : variables.{{ .held | default "containers" }}.all(c, has(c.securityContext) &&
           has(c.securityContext.runAsNonRoot) && c.securityContext.runAsNonRoot))
   message: {{ .who }} must run as non-root (runAsNonRoot=true) (restricted)
 - expression: >-
     {{ .guard }}((!(variables.hasPodSecurity && has(object.spec.securityContext.runAsUser)) || object.spec.securityContext.runAsUser != 0) &&
-    variables.containers.all(c, !has(c.securityContext) ||
+    variables.{{ .held | default "containers" }}.all(c, !has(c.securityContext) ||
       !has(c.securityContext.runAsUser) || c.securityContext.runAsUser != 0))
   message: {{ .who }} may not run as uid 0 (restricted)
 - expression: >-
@@ -89,8 +98,11 @@ The policy defines variables.containers and variables.hasPodSecurity.
   message: {{ .who }} must use the RuntimeDefault or a Localhost seccomp profile (restricted)
 - expression: >-
     {{ .guard }}(variables.containers.all(c, !has(c.ports) ||
-      c.ports.all(p, !has(p.hostPort) || p.hostPort == 0)))
-  message: {{ .who }} may not use host ports (restricted)
+      c.ports.all(p, !has(p.hostPort) || p.hostPort == 0 ||
+        ({{ .hostNetwork | default "false" }} && p.hostPort == p.containerPort))))
+  message: >-
+    {{ .who }} may not use host ports (restricted{{ if .hostNetwork }}; on the host's network
+    under a runtime profile granting it, each port's hostPort is its containerPort{{ end }})
 - expression: >-
     {{ .guard }}(!(variables.hasPodSecurity && has(object.spec.securityContext.sysctls)) || size(object.spec.securityContext.sysctls) == 0)
   message: {{ .who }} may not set sysctls
