@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 
 from fsdp_worker import contract
 from fsdp_worker.contract import environment
-from fsdp_worker.telemetry import flight
+from fsdp_worker.telemetry import flight, prior
 
 STEPS = [0.2] * 8
 P = flight.Phase
+
+
+@pytest.fixture(autouse=True)
+def _own_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """A watchdog round keeps the rank's pace in the pod's temporary directory (prior.py)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
 
 
 @pytest.mark.parametrize(
@@ -237,3 +244,106 @@ def test_a_pause_of_the_rank_itself_is_no_peers_stop(monkeypatch: pytest.MonkeyP
     clock[0] += 0.25
     rec.tick(clock[0], last=last, period=0.25)
     assert ended and ended[0] is not None and "no collective and no step for 2.0s" in ended[0]
+
+
+# --- after a restart in place: the previous generation's pace (telemetry/prior.py) ----------
+
+
+@pytest.mark.parametrize(
+    ("steps", "earlier", "limit"),
+    [
+        pytest.param([], 1.0, 3.0, id="no-own-step-yet-judged-by-the-earlier-pace"),
+        pytest.param([0.2] * 4, 1.0, 3.0, id="four-own-steps-still-the-earlier-pace"),
+        pytest.param([0.2] * 5, 1.0, 2.0, id="five-own-steps-their-own-median"),
+        pytest.param([0.2] * 4, None, None, id="no-earlier-pace-waits-for-five"),
+    ],
+)
+def test_the_previous_generations_pace_judges_until_a_ranks_own_steps_suffice(
+    steps: list[float], earlier: float | None, limit: float | None
+) -> None:
+    got = flight.fast_deadline(
+        steps, phase=P.FORWARD, held=False, step_times=3, floor=2.0, earlier=earlier
+    )
+    assert got == (pytest.approx(limit) if limit is not None else None)
+
+
+@pytest.fixture
+def pod_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """The pod's own /tmp, the gang's and the attempt's environment as a keeper sets it."""
+    monkeypatch.setenv(contract.ENV_ATTEMPT, "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    return tmp_path
+
+
+def _generation(monkeypatch: pytest.MonkeyPatch) -> flight.Recorder:
+    monkeypatch.setenv(contract.ENV_GANG, '{"node": 1}')
+    rec = flight.Recorder(rank=1, local_rank=0, attempt=2)
+    rec.watch(hang_seconds=None, evidence_root=None, step_times=3.0, floor=2.0)
+    return rec
+
+
+def test_a_restarted_rank_judges_from_its_second_step_by_its_last_generations_pace(
+    monkeypatch: pytest.MonkeyPatch, pod_tmp: Any
+) -> None:
+    """Generation 0 trains 1 s steps and keeps its median in the pod; generation 1's rank,
+    restarted in place, stops in a collective in its second step: a hang after 3 x 1 s, not
+    after five more steps and the job's progress deadline."""
+    clock = [1000.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    first = _generation(monkeypatch)
+    assert first._earlier is None, "the pod's first generation has nothing to go by"
+    first.step_done(0)
+    for step in range(1, 9):
+        clock[0] += 1.0
+        first.step_done(step)
+    first._keep_pace(clock[0])
+    assert [p.name for p in pod_tmp.iterdir()] and not list(pod_tmp.glob("*.partial"))
+
+    second = _generation(monkeypatch)
+    assert second._earlier == pytest.approx(1.0)
+    # its first step (compiling, its peers connecting) is never judged by the rule
+    assert _stop_in_a_collective(second, clock, 60.0) is None
+    second.step_done(9)
+    assert _stop_in_a_collective(second, clock, 2.9) is None
+    clock[0] += 0.2
+    why = second.fast_stall(clock[0])
+    assert why is not None and "3 x its previous generation's median step of 1.000s" in why
+
+
+def test_a_resized_gang_or_a_new_attempt_reads_no_earlier_pace(
+    monkeypatch: pytest.MonkeyPatch, pod_tmp: Any
+) -> None:
+    """Four ranks' pace says nothing of three's (each takes a larger share of the batch)."""
+    clock = [1000.0]
+    monkeypatch.setattr(flight.time, "monotonic", lambda: clock[0])
+    first = _generation(monkeypatch)
+    first.step_done(0)
+    for step in range(1, 9):
+        clock[0] += 1.0
+        first.step_done(step)
+    first._keep_pace(clock[0])
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert _generation(monkeypatch)._earlier is None
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv(contract.ENV_ATTEMPT, "3")
+    assert _generation(monkeypatch)._earlier is None
+    monkeypatch.setenv(contract.ENV_ATTEMPT, "2")
+    assert _generation(monkeypatch)._earlier == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("text", ["", "{", '{"medianStepSeconds": -1}', '{"x": 1}', "[1]"])
+def test_a_broken_pace_file_is_no_pace(
+    monkeypatch: pytest.MonkeyPatch, pod_tmp: Any, text: str
+) -> None:
+    monkeypatch.setenv(contract.ENV_GANG, '{"node": 1}')
+    where = prior.path(0)
+    assert where is not None and where.startswith(str(pod_tmp))
+    with open(where, "w") as f:
+        f.write(text)
+    assert prior.read(0) is None
+
+
+def test_without_a_gang_no_pace_is_kept(monkeypatch: pytest.MonkeyPatch, pod_tmp: Any) -> None:
+    monkeypatch.delenv(contract.ENV_GANG, raising=False)
+    prior.write(0, 1.0)
+    assert prior.path(0) is None and list(pod_tmp.iterdir()) == []

@@ -50,21 +50,27 @@ def test_a_rank_stopped_in_a_step_restarts_the_gang_in_place_by_its_step_times(
 ) -> None:
     root = tmp_path / "ckpt"
     # Rank 1 stops for good in step 9's end-of-step sync (generation 0); the claim has step 5.
-    _run(tmp_path, worker_config(root, intervalSteps=5), "stall_at@0=1:9:sync")
+    # Restarted in place from step 5, it stops again in step 7, its new process's second step:
+    # judged by generation 0's pace (telemetry/prior.py), not after five steps of its own.
+    _run(tmp_path, worker_config(root, intervalSteps=5), "stall_at@0=1:9:sync,stall_at@1=1:7:sync")
     logs = keeper_logs(tmp_path)
     restarts = re.findall(r"restarting in place: generation (\d+) after (.*)", logs)
-    assert [g for g, _ in restarts] == ["1", "1"], logs[-6000:]
-    record = ast.literal_eval(restarts[0][1])[0]  # the keeper logs the Python list
+    assert sorted(g for g, _ in restarts) == ["1", "1", "2", "2"], logs[-6000:]  # two keepers
+    # the keeper logs the Python list
+    record, again = (ast.literal_eval(dict(restarts)[g])[0] for g in ("1", "2"))
     assert record["class"] == contract.FailureClass.HANG.value, record
     assert record["step"] == 8 and record["generation"] == 0, record
     # Its message is the step-time rule's, not the 600 s deadline's.
     assert "no collective and no step for" in record["message"], record
     assert "3 x its median step of" in record["message"], record
+    assert again["class"] == contract.FailureClass.HANG.value, again
+    assert again["step"] == 6 and again["generation"] == 1, again
+    assert "3 x its previous generation's median step of" in again["message"], again
     node0 = (tmp_path / "node-0.log").read_text()
-    generations = node0.split("restarting in place: generation 1")
-    assert len(generations) == 2, node0[-4000:]
-    assert "resumed from step-5:" in generations[1], generations[1][-4000:]
-    resumed = losses(generations[1])
+    generations = re.split(r"restarting in place: generation \d+", node0)
+    assert len(generations) == 3, node0[-4000:]
+    assert "resumed from step-5:" in generations[2], generations[2][-4000:]
+    resumed = losses(generations[2])
     assert sorted(resumed) == list(range(6, 13))
     for step, loss in resumed.items():
         assert loss == reference["losses"][step], step  # bitwise, not approximately

@@ -14,14 +14,15 @@ So a rank keeps:
   root (`.evidence/attempt-<N>/rank-<R>.txt`, the newest EVIDENCE_ATTEMPTS attempts kept):
   evidence.py writes them;
 - with restarts in place, a faster deadline measured in the rank's own steps
-  (`FSDP_HANG_STEP_TIMES`, the job's `failurePolicy.hangStepTimes`; `fast_deadline`): once it
-  has stepped a few times, a rank in a training phase whose collectives and steps all stop for
-  that many times its median step (at least `FSDP_HANG_FLOOR_SECONDS`) waits on a peer that stopped,
-  or has stopped itself, and ends itself as a Hang. Its keeper restarts the gang in place in
-  seconds, where the job's progress deadline would wait minutes. Never in a save, a load, the
-  start or a phase a kit loop names itself (`kit.phase(...)`), nor in the two steps after a
-  checkpoint save to the claim (`hold_fast`: one rank's slow staging, or rank 0's metadata
-  and marker, holds its peers in the next steps' collectives). A step's time is measured
+  (`FSDP_HANG_STEP_TIMES`, the job's `failurePolicy.hangStepTimes`; `fast_deadline`): once it has
+  stepped a few times, a rank in a training phase whose collectives and steps all stop for that
+  many times its median step (at least `FSDP_HANG_FLOOR_SECONDS`) waits on a peer that stopped, or
+  has stopped itself, and ends itself as a Hang (after a restart in place, from its second step by
+  its previous generation's median, prior.py, until its own steps suffice). Its keeper restarts
+  the gang in place in seconds, where the job's progress deadline would wait minutes. Never in a
+  save, a load, the start or a phase a kit loop names itself (`kit.phase(...)`), nor in the two
+  steps after a checkpoint save to the claim (`hold_fast`: one rank's slow staging, or rank 0's
+  metadata and marker, holds its peers in the next steps' collectives). A step's time is measured
   without the seconds it spent saving, so a memory tier saving every step arms it too.
 
 Collectives are recorded by wrapping torch.distributed's functions (FSDP2 calls them through
@@ -40,6 +41,7 @@ import collections
 import functools
 import json
 import logging
+import math
 import os
 import resource
 import statistics
@@ -50,7 +52,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from fsdp_worker import contract
-from fsdp_worker.telemetry import evidence, termination
+from fsdp_worker.telemetry import evidence, prior, termination
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +123,23 @@ def fast_deadline(
     held: bool,
     step_times: float,
     floor: float = HANG_FLOOR_SECONDS,
+    earlier: float | None = None,
 ) -> float | None:
     """Seconds without a collective or a step that make a hang of this rank's gang, or None
-    where only the job's progress deadline judges: `step_times` x the median of the rank's
-    recent step times (`step_seconds`), at least `floor`, in a training phase, once the rank
-    has FAST_AFTER_STEPS of them, unless `held` (the steps after a save to the claim)."""
+    where only the job's progress deadline judges: `step_times` x the median step (`median`),
+    at least `floor`, in a training phase, unless `held` (the steps after a save to the claim)."""
     if step_times <= 0 or phase not in TRAINING_PHASES or held:
         return None
-    if len(step_seconds) < FAST_AFTER_STEPS:
-        return None
-    return max(step_times * statistics.median(step_seconds), floor)
+    pace = median(step_seconds, earlier)
+    return None if pace is None else max(step_times * pace, floor)
+
+
+def median(step_seconds: Collection[float], earlier: float | None = None) -> float | None:
+    """The median of a rank's recent step times once it has FAST_AFTER_STEPS of them; before,
+    `earlier` (its previous generation's, prior.py), or None: nothing to judge by yet."""
+    if len(step_seconds) >= FAST_AFTER_STEPS:
+        return statistics.median(step_seconds)
+    return earlier
 
 
 def _cgroup_limit() -> int | None:
@@ -188,6 +197,8 @@ class Recorder:
         self._startup_seconds: float | None = None
         self._step_times = 0.0
         self._floor = HANG_FLOOR_SECONDS
+        self._earlier: float | None = None  # the previous generation's median step (prior.py)
+        self._kept_at = -math.inf  # when this rank last wrote its own for the next one
         self._reported_stall = False
         self._stop = threading.Event()
         self.ledger: dict[str, int] = {}  # the planned bytes per rank (ledger.planned)
@@ -377,6 +388,8 @@ class Recorder:
         self._startup_seconds = startup_seconds or hang_seconds
         self._step_times = step_times if os.environ.get(contract.ENV_GANG) else 0.0
         self._floor = floor
+        if self._step_times > 0:
+            self._earlier = prior.read(self.local_rank)
         if evidence_root is not None and self.rank == 0:
             evidence.prune(evidence_root, keep=evidence.EVIDENCE_ATTEMPTS, current=self.attempt)
         if not hang_seconds:
@@ -407,6 +420,7 @@ class Recorder:
         return now
 
     def _check(self, now: float) -> None:
+        self._keep_pace(now)
         stalled = now - self.last_step_at
         allowed = self._hang_seconds if self.step is not None else self._startup_seconds
         assert allowed is not None
@@ -421,22 +435,39 @@ class Recorder:
             if os.environ.get(contract.ENV_GANG):
                 self.end_hung(stalled)
 
+    def _keep_pace(self, now: float) -> None:
+        """Write this rank's median step for the next generation, now and then (prior.py)."""
+        if self._step_times <= 0 or now - self._kept_at < prior.WRITE_EVERY_SECONDS:
+            return
+        pace = median(tuple(self.step_seconds))
+        if pace is not None:
+            prior.write(self.local_rank, pace)
+            self._kept_at = now
+
     def fast_stall(self, now: float) -> str | None:
         """Why the gang hangs by `fast_deadline` (None: it does not, or the rule is off)."""
         if self._step_times <= 0:
             return None
         steps = tuple(self.step_seconds)  # appended by the training thread meanwhile
+        # the previous generation's pace, from this process's second step (its first compiles)
+        earlier = self._earlier if self.step is not None else None
         limit = fast_deadline(
             steps,
             phase=self.phase,
             held=self.held_steps > 0 or self.aside > 0,
             step_times=self._step_times,
             floor=self._floor,
+            earlier=earlier,
         )
         quiet = now - max(self.moved_at, self.last_step_at, self.resumed_at)
         if limit is None or quiet < limit:
             return None
-        median = statistics.median(steps)
+        pace = median(steps, earlier)
+        whose = (
+            "its median step"
+            if len(steps) >= FAST_AFTER_STEPS
+            else ("its previous generation's median step")
+        )
         last = self.collective
         where = (
             f"its last collective {last['op']} #{last['seq']} {last['state']}"
@@ -445,7 +476,7 @@ class Recorder:
         )
         return (
             f"no collective and no step for {quiet:.1f}s in {self.where()}, {where} "
-            f"({self._step_times:g} x its median step of {median:.3f}s, at least "
+            f"({self._step_times:g} x {whose} of {pace:.3f}s, at least "
             f"{self._floor:g}s: failurePolicy.hangStepTimes, hangFloorSeconds)"
         )
 
