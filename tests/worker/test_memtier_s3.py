@@ -2,8 +2,9 @@
 gangs of the built-in FSDP2 trainer seal to an `s3://` root (versitygw, tests/s3server.py) every
 6 steps and to each pod's memory every 2. Rank 1 crashes once; the restart in place loads the
 memory tier's newer step, not the older one in the bucket, without reading checkpoint data from
-the bucket, and the run ends bitwise as the uninterrupted reference did. The bucket holds only
-the steps the store sealed: memory never reaches it."""
+the bucket (not even to hash the bucket's step while choosing), and the run ends bitwise as the
+uninterrupted reference did. The bucket holds only the steps the store sealed: memory never
+reaches it."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def _ranged_gets(server_log: str) -> list[str]:
     return [line for line in server_log.splitlines() if re.search(r"\| 206 \|.*\| GET \|", line)]
 
 
+def _gets(server_log: str) -> list[str]:
+    """The server's request lines answering a GET."""
+    return [line for line in server_log.splitlines() if re.search(r"\| GET \|", line)]
+
+
 def test_a_restart_in_place_loads_memorys_newer_step_not_the_buckets(
     reference: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -104,7 +110,12 @@ def test_a_restart_in_place_loads_memorys_newer_step_not_the_buckets(
     assert "resumed from step-8 (memory):" in generations[1], generations[1][-4000:]
     # No checkpoint data came from the bucket: the server answered no ranged GET all run
     # (loading step 6 from it instead shows as hundreds of them).
-    assert _ranged_gets((tmp_path / "versitygw.log").read_text()) == []
+    server_log = (tmp_path / "versitygw.log").read_text()
+    assert _ranged_gets(server_log) == []
+    # Nor was step 6 hashed (read whole) to choose it: memory's offer came first, and of the
+    # bucket's step only its marker was read, to say which step the bucket offers.
+    step6 = [line for line in _gets(server_log) if f"{PREFIX}/step-6/" in line]
+    assert step6 and all(catalog.MARKER_NAME in line for line in step6), server_log[-4000:]
 
     # Bitwise the reference's losses, step 9 trained again after the load.
     assert losses(generations[0]) == {s: reference["losses"][s] for s in range(1, 10)}

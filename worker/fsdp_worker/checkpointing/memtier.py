@@ -13,6 +13,8 @@ A restart in place at the same world size loads from memory when every rank hold
 sealed step of this job, attempt and config, no older than what the claim offers; anything else
 (another world size, a new pod, a rank without it, a marker that does not match its files)
 loads from the claim. Same sharding, same bytes: the resume is as exact as from the claim.
+The gang's offer is asked before the claim's step is verified, so that step's files are hashed
+(read whole: resume.choose) only when it is the one loaded.
 
 The claim stays the durable tier with its own interval (checkpoint.intervalSteps): memory does
 not survive a lost node or a recreated gang. This module must not write the claim.
@@ -221,28 +223,46 @@ class MemoryTier:
             return f"rank {self.dist.rank}'s files differ from the marker's: {present} != {files}"
         return seal
 
-    def choose(self, claim: int | None) -> tuple[int, int] | None:
-        """Collective: (step, samples) to load from memory, the same answer on every rank, or
-        None. Memory wins when every rank holds the same step, not older than `claim` (the
-        step the claim would give; None: nothing)."""
+    def offer(self) -> tuple[int, int] | None:
+        """Collective: (step, samples) of the sealed step every rank holds, the same answer on
+        every rank, or None (a rank holds none, or another step). Asked before the claim's
+        step is verified: when memory's step wins, the claim's data is never read."""
         step, samples = self.newest()
         if faults.at_step("memory_lost", self.dist.rank):  # a test's rank without its memory
             step, samples = -1, -1
         mine = torch.tensor([step, -step, samples], dtype=torch.int64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.dist.ckpt_group)
         high, low = int(mine[0]), -int(mine[1])
-        if high < 0 or high != low or high < (claim if claim is not None else -1):
+        if high < 0 or high != low:
             if self.dist.rank == 0 and high >= 0:
+                log.info("memory tier: ranks hold steps %d..%d: loading from the claim", low, high)
+            return None
+        return high, int(mine[2])
+
+    def choose(self, offer: tuple[int, int] | None, claim: int | None) -> tuple[int, int] | None:
+        """(step, samples) to load from memory, the same answer on every rank (`offer` is), or
+        None. Memory wins when every rank holds the same step (`offer`), not older than `claim`
+        (the step the claim would give; None: nothing)."""
+        if offer is None:
+            return None
+        if not wins(offer[0], claim):
+            if self.dist.rank == 0:
                 log.info(
-                    "memory tier: ranks hold steps %d..%d, the claim step %s: loading from the "
+                    "memory tier: the gang holds step %d, the claim step %s: loading from the "
                     "claim",
-                    low,
-                    high,
+                    offer[0],
                     claim,
                 )
             return None
-        self.held = high
-        return high, int(mine[2])
+        self.held = offer[0]
+        return offer
+
+
+def wins(memory: int, claim: int | None) -> bool:
+    """Whether memory's step is loaded rather than the claim's (`claim` None: it has none):
+    not older is enough, as memory loads faster (resume.choose skips hashing the claim's step
+    on the same rule)."""
+    return claim is None or memory >= claim
 
 
 def open_tier(

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint import state_dict_loader
 from torch.distributed.checkpoint.api import CheckpointException
 
 from fsdp_worker import contract
-from fsdp_worker.checkpointing import checkpoint, reader, s3, state
+from fsdp_worker.checkpointing import checkpoint, memtier, reader, s3, state
 from fsdp_worker.contract import catalog, config, errors, fence, selection, store
 from fsdp_worker.runtime.distributed import DistInfo
 
@@ -81,12 +81,13 @@ def _choose_auto(
     job_uid: str | None,
     rules: contract.ResumeRules | None,
     generation: int = 0,
+    memory_step: int | None = None,
 ) -> Choice:
     root = cfg.checkpoint.root
     other_jobs = cfg.checkpoint.resume_from_previous_jobs
     lineage = selection.auto_lineage(rules, attempt=attempt, job_uid=job_uid, other_jobs=other_jobs)
-    chosen, rejected = selection.select(
-        st.storage, root, config_hash=cfg.training.resume_hash(), lineage=lineage, deep=True
+    chosen, rejected = _select(
+        st, root, config_hash=cfg.training.resume_hash(), lineage=lineage, memory_step=memory_step
     )
     for c in rejected:
         log.warning("not resuming from %s: %s: %s", c.path, c.reason, c.detail)
@@ -112,6 +113,34 @@ def _choose_auto(
     return Choice(None, moved)
 
 
+def _select(
+    st: store.CheckpointStore,
+    root: str,
+    *,
+    config_hash: str,
+    lineage: selection.Lineage,
+    memory_step: int | None,
+) -> tuple[selection.Candidate | None, list[selection.Candidate]]:
+    """The newest step that passes, and the rejected ones. Its files are hashed (read whole,
+    where the marker has their sha256) only when it may be loaded: not when the memory tier
+    holds `memory_step`, not older, which is loaded instead (memtier.wins); its marker and
+    sizes are still checked, to say which step the claim offers."""
+    if memory_step is not None:
+        chosen, rejected = selection.select(
+            st.storage, root, config_hash=config_hash, lineage=lineage, deep=False
+        )
+        if chosen is None or memtier.wins(memory_step, chosen.step):
+            if chosen is not None:
+                log.info(
+                    "step %d of %s not hashed: memory's step %d is loaded instead",
+                    chosen.step,
+                    root,
+                    memory_step,
+                )
+            return chosen, rejected
+    return selection.select(st.storage, root, config_hash=config_hash, lineage=lineage, deep=True)
+
+
 def _choose(
     cfg: config.WorkerConfig,
     st: store.CheckpointStore,
@@ -121,10 +150,17 @@ def _choose(
     job_uid: str | None,
     rules: contract.ResumeRules | None,
     generation: int = 0,
+    memory_step: int | None = None,
 ) -> Choice:
     if resume == contract.RESUME_AUTO:
         return _choose_auto(
-            cfg, st, attempt=attempt, job_uid=job_uid, rules=rules, generation=generation
+            cfg,
+            st,
+            attempt=attempt,
+            job_uid=job_uid,
+            rules=rules,
+            generation=generation,
+            memory_step=memory_step,
         )
     candidate = selection.verify(st.storage, resume, config_hash=cfg.training.resume_hash())
     if candidate.reason == selection.RejectReason.CONFIG_HASH_MISMATCH:
@@ -145,11 +181,14 @@ def choose(
     job_uid: str | None = None,
     rules: contract.ResumeRules | None = None,
     generation: int = 0,
+    memory_step: int | None = None,
 ) -> Choice:
     """Collective: rank 0 decides, every rank gets the same answer (or the same error).
 
     `resume` is the operator's request: empty (start fresh), `auto`, or a checkpoint path;
-    with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects.
+    with `auto`, `rules` (FSDP_RESUME_RULES) are the operator's lineage and the step it expects,
+    and `memory_step` the step every rank holds in the memory tier (memtier.MemoryTier.offer):
+    a chosen step not newer than it is not hashed (_select), as memory's is loaded instead.
     Rank 0 first takes the checkpoint root over for this attempt (fence.take_over): from then
     on no earlier attempt can publish, set aside or delete there, so the step chosen stays.
     """
@@ -169,6 +208,7 @@ def choose(
                     job_uid=job_uid,
                     rules=rules,
                     generation=generation,
+                    memory_step=memory_step,
                 )
                 if resume
                 else Choice(None)

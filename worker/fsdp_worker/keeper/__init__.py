@@ -35,7 +35,8 @@ command) and its loop over generations; coordinator.py the service node rank 0's
 (a state machine that only answers); launchers.py starts a generation's ranks from torchrun or
 the warm launcher, which is warm.py (the only module here that imports torch, in its own
 process); ranks.py what a generation is told and what its end says; processes.py finds and
-kills what a keeper launched; torchrun_argv.py rewrites torchrun's options; standby.py is a
+kills what a keeper launched; storeport.py has node rank 0 wait until the last generation's
+store has let its port go; torchrun_argv.py rewrites torchrun's options; standby.py is a
 waiting spare's readiness answer; guard.py the keeper port's envelope checks; silence.py when
 a keeper judges the coordinator lost (gone: 10 s; slow, its asks accepted unanswered: 30 s).
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 
 from fsdp_worker import contract
-from fsdp_worker.keeper import processes, torchrun_argv
+from fsdp_worker.keeper import processes, storeport, torchrun_argv
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,13 @@ class Launchers:
     ) -> subprocess.Popen[bytes]:
         """This generation's ranks, `delta` added to their environment: generation 0 from
         torchrun (the pod's command), every later one from the warm launcher (its ranks skip
-        torchrun's and their own imports) unless warm launches are off, as on every node."""
+        torchrun's and their own imports) unless warm launches are off, as on every node.
+        Node rank 0 first waits for the last generation's store to let its port go
+        (storeport.py says why)."""
+        if node == 0:
+            port = storeport.port_of(torchrun_argv.rendezvous(argv))
+            if port is not None:
+                storeport.wait_until_free(port)
         self.spawned_at = time.monotonic()
         self.launched_warm = False
         launcher = self._go_warm(argv, delta=delta, node=node) if generation > 0 else None

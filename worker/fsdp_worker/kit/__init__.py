@@ -161,6 +161,15 @@ class Run:
         that should exist and does not stops the run (ConfigError), never a fresh start."""
         s = self.settings
         flight.enter(flight.Phase.LOAD)
+        self.memory = memtier.open_tier(
+            s.cfg.checkpoint, identity=self.identity, dist_info=self.dist, meters=self.meters
+        )
+        # Memory's offer first: the claim's step is then hashed only when it is the one loaded.
+        offer = (
+            self.memory.offer()
+            if self.memory is not None and s.resume == contract.RESUME_AUTO
+            else None
+        )
         choice = resume.choose(
             s.cfg,
             resume=s.resume,
@@ -169,17 +178,15 @@ class Run:
             job_uid=s.job_uid,
             rules=s.rules,
             generation=s.generation,
+            memory_step=offer[0] if offer is not None else None,
         )
         newest = sorted(choice.quarantined)[-contract.QUARANTINED_SERIES :]
         for step in newest:  # the operator reads them from rank 0's metrics
             self.meters.quarantined.labels(step=str(step)).set(1)
-        self.memory = memtier.open_tier(
-            s.cfg.checkpoint, identity=self.identity, dist_info=self.dist, meters=self.meters
-        )
-        if self.memory is None or s.resume != contract.RESUME_AUTO:
-            return choice.point
         claim = choice.point
-        held = self.memory.choose(claim.step if claim is not None else None)
+        if self.memory is None:
+            return claim
+        held = self.memory.choose(offer, claim.step if claim is not None else None)
         if held is None:
             return claim
         step, samples = held
