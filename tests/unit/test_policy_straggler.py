@@ -214,9 +214,6 @@ def test_a_restart_in_place_that_trains_again_does_not_hold_a_swap_back() -> Non
             "no spare to swap it for (spec.spares is 0)",
             id="spares-0",
         ),
-        pytest.param(
-            {"spec": _spec(swap=False)}, "failurePolicy.swapSlowNodes is off", id="knob-off"
-        ),
     ],
 )
 def test_a_slow_node_kept_says_why_once(over: dict[str, Any], why: str) -> None:
@@ -254,3 +251,11 @@ def test_a_rank_slow_again_after_its_swap_is_not_swapped_again() -> None:
 
 def test_the_swap_line_is_above_rank_0s_naming_line() -> None:
     assert straggler.SWAP_SLOWDOWN > 1.3 and straggler.CONFIRM_STEPS == contract.PACE_WINDOW_STEPS
+
+
+def test_without_swap_slow_nodes_the_status_says_why_and_no_event_is_added() -> None:
+    """The SlowRank Event was the news; a job that did not ask for swaps gets no new one."""
+    d = decide.decide(_observe(spec=_spec(swap=False)))
+    assert _running_on(d) and not [e for e in d.events if e.reason == "SlowNodeKept"]
+    assert d.status.slow_rank is not None
+    assert d.status.slow_rank.kept == "failurePolicy.swapSlowNodes is off"

@@ -30,7 +30,8 @@ def swap(
     d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables
 ) -> decision.Draft | None:
     """Stop the attempt to swap its slow node out; None: it runs on (status.slowRank.kept, and
-    a SlowNodeKept Event the first time, say why where the reason is not a passing one)."""
+    with swapSlowNodes a SlowNodeKept Event the first time, say why where the reason is not a
+    passing one)."""
     s, slow = d.status, d.status.slow_rank
     if slow is None or not _persistent(s, slow) or _busy(d, obs):
         return None
@@ -40,7 +41,7 @@ def swap(
     spare = spares.spare_for(obs, pod, s.attempt)
     why = _kept(obs, s, slow, spare=spare)
     if why or spare is None:
-        _keep(d, slow, why)
+        _keep(d, slow, why, told=obs.spec.failure_policy.swap_slow_nodes)
         return None
     entry = decision.current_entry(s)
     assert entry is not None and s.step is not None  # _busy and _persistent
@@ -130,12 +131,14 @@ def _kept(
     return ""
 
 
-def _keep(d: decision.Draft, slow: status.SlowRank, why: str) -> None:
-    """Say once why the slow node stays (again when the reason changes)."""
+def _keep(d: decision.Draft, slow: status.SlowRank, why: str, *, told: bool) -> None:
+    """Keep why the slow node stays; say it once (again when the reason changes) where the
+    job asked for swaps (`told`): without swapSlowNodes the SlowRank Event was the news."""
     if slow.kept == why:
         return
     slow.kept = why
-    d.emit("SlowNodeKept", kept_words(slow), warning=True)
+    if told:
+        d.emit("SlowNodeKept", kept_words(slow), warning=True)
 
 
 def kept_words(slow: status.SlowRank) -> str:
