@@ -9,6 +9,9 @@ see on a cluster:
   process inside that cgroup allocates until the kernel's OOM killer fires against the
   container's real limit; containerd reports OOMKilled. A container without a limit refuses.
 - ``kill-rank``: signal (default SIGKILL) the worker whose environment has ``RANK=<n>``.
+- ``throttle`` / ``unthrottle``: the container's CFS quota (cgroup v1 ``cpu.cfs_quota_us``) set
+  to a fraction of the CPUs it uses at full speed (given, or measured over 2 s) / back to its
+  own limit: a straggler's node, slow but alive (throttle.py).
 - ``freeze`` / ``thaw``: SIGSTOP / SIGCONT to every process of the pod (a hang: state T,
   deaf to SIGTERM, still killable). Not the freezer cgroup: a frozen task cannot even take
   SIGKILL, so the kubelet could never stop such a pod and it stayed Terminating for good.
@@ -37,7 +40,7 @@ from pathlib import Path
 from signal import SIGCONT, SIGSTOP
 from typing import Any
 
-from localcluster import kubeclient, nodeconf, nodes, procs
+from localcluster import kubeclient, nodeconf, nodes, procs, throttle
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
@@ -222,6 +225,35 @@ class Faults:
         self._signal(pids, SIGCONT)
         _await_state(pids, stopped=False)
 
+    def throttle(
+        self, namespace: str, pod: str, *, fraction: float = 0.5, cores: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Each running container of the pod limited to `fraction` of the CPUs it uses at full
+        speed (`cores`; unset: measured over 2 s): what was set, by cgroup."""
+        done = []
+        for cpu_dir in self._container_dirs(namespace, pod, hierarchy="cpu"):
+            usage = CGROUP_FS / "cpuacct" / cpu_dir.relative_to(CGROUP_FS / "cpu")
+            full = cores if cores is not None else throttle.cores_used(usage)
+            try:
+                limit = throttle.quota_for(fraction=fraction, cores=full)
+            except ValueError as exc:
+                raise FaultError(f"pod {namespace}/{pod}: {exc}") from exc
+            throttle.write_limit(cpu_dir, limit)
+            done.append(
+                {"cgroup": str(cpu_dir), "cores": round(full, 3), "quotaUs": limit.quota_us}
+            )
+        return done
+
+    def unthrottle(self, namespace: str, pod: str) -> None:
+        """Each container back to the quota its own `resources.limits.cpu` gave it (or none)."""
+        for container in self._pod(namespace, pod)["spec"]["containers"]:
+            cpu = ((container.get("resources") or {}).get("limits") or {}).get("cpu")
+            with contextlib.suppress(FaultError):  # a container not running has no quota
+                for cpu_dir in self._container_dirs(
+                    namespace, pod, hierarchy="cpu", container=container["name"]
+                ):
+                    throttle.write_limit(cpu_dir, throttle.kube_limit(cpu))
+
     def lose_node(self, node: str, *, freeze: str = "") -> None:
         """The node goes: its kubelet stops (no heartbeats) and, with `freeze` (a label key),
         every process of its pods carrying that label stops too, as in a power or network
@@ -387,12 +419,16 @@ def _parser() -> argparse.ArgumentParser:
         help="the cluster's state dir (default ./.cluster)",
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
-    for verb in ("crash", "oom", "freeze", "thaw", "cut-link", "restore-link", "evict", "pids"):
+    pod_verbs = ("crash", "oom", "freeze", "thaw", "cut-link", "restore-link", "evict", "pids")
+    for verb in (*pod_verbs, "throttle", "unthrottle"):
         sub = verbs.add_parser(verb)
         sub.add_argument("pod", help="[namespace/]name")
         if verb == "crash":
             sub.add_argument("--signal", type=int, default=9)
             sub.add_argument("--message", default="")
+        if verb == "throttle":
+            sub.add_argument("--fraction", type=float, default=0.5, help="of the CPU it uses")
+            sub.add_argument("--cores", type=float, help="CPUs at full speed (unset: measured)")
     rank = verbs.add_parser("kill-rank")
     rank.add_argument("pod", help="[namespace/]name")
     rank.add_argument("rank", type=int)

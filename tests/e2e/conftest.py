@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -275,3 +276,14 @@ def e2e(request: pytest.FixtureRequest) -> Iterator[E2E]:
         yield env
     finally:
         stack.uninstall_chart(kube, namespace=NAMESPACE, release=RELEASE)
+
+
+@pytest.fixture
+def namespace(e2e: E2E) -> Iterator[str]:
+    """A namespace that enforces Pod Security "restricted", with an RWX claim `ckpt`."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    e2e.kube.kubectl("create", "namespace", name)
+    e2e.kube.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
+    e2e.claim(name)
+    yield name
+    e2e.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
 import warnings
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,6 @@ from tests.e2e.conftest import E2E, NAMESPACE, PROFILE, RELEASE, WORKER_UID
 # operator's log) before pytest-timeout would stop the test without a word.
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 STEPS = 300
-
-
-@pytest.fixture
-def namespace(e2e: E2E) -> Any:
-    """A namespace that enforces Pod Security "restricted", with an RWX claim `ckpt`."""
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    e2e.kube.kubectl("create", "namespace", name)
-    e2e.kube.kubectl("label", "namespace", name, "pod-security.kubernetes.io/enforce=restricted")
-    e2e.claim(name)
-    yield name
-    e2e.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def _job(e2e: E2E, name: str, **spec: Any) -> dict[str, Any]:

@@ -46,7 +46,15 @@ def _pass(before: st.SlowRank | None, progress: ob.Progress | None, **over: Any)
         pytest.param(
             None,
             ob.Progress(step=55, slow_rank=2, slowdown=2.0371),
-            st.SlowRank(rank=2, pod="job-a1-2", node="node-2", slowdown=2.04, since=NOW, attempt=1),
+            st.SlowRank(
+                rank=2,
+                pod="job-a1-2",
+                node="node-2",
+                slowdown=2.04,
+                since=NOW,
+                attempt=1,
+                since_step=55,
+            ),
             [("Warning", "SlowRank")],
             id="first-named-warns",
         ),
@@ -68,7 +76,15 @@ def _pass(before: st.SlowRank | None, progress: ob.Progress | None, **over: Any)
         pytest.param(
             _shown(2),
             ob.Progress(step=55, slow_rank=3, slowdown=1.6),
-            st.SlowRank(rank=3, pod="job-a1-3", node="node-3", slowdown=1.6, since=NOW, attempt=1),
+            st.SlowRank(
+                rank=3,
+                pod="job-a1-3",
+                node="node-3",
+                slowdown=1.6,
+                since=NOW,
+                attempt=1,
+                since_step=55,
+            ),
             [("Normal", "SlowRankCleared"), ("Warning", "SlowRank")],
             id="another-rank-named",
         ),

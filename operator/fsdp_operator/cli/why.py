@@ -18,7 +18,13 @@ from fsdp_operator.cli import cluster, documents, views
 from fsdp_operator.types import names, status
 
 # Stops the operator made on purpose: not failures, so `why` does not list them.
-_PLANNED = (status.Cause.RESIZE, status.Cause.SUSPENDED, status.Cause.PREEMPTED, None)
+_PLANNED = (
+    status.Cause.RESIZE,
+    status.Cause.SUSPENDED,
+    status.Cause.PREEMPTED,
+    status.Cause.STRAGGLER,
+    None,
+)
 
 # (what to print first, the attempt, its failure as recorded)
 _Failed = tuple[str, status.HistoryEntry, status.Failure | None]

@@ -2,11 +2,11 @@
 
 One pass: keep what happened (track.py: checkpoints, progress), then either finish, fail,
 suspend, tear down and restart, launch, or wait; then close the books (accounting.py). Each is
-a policy in a module of its own (conditions, failure, launch, spares, inplace, finish); this
-module only wires them, in the order that is itself the policy. The Decision (decision.py)
-carries the whole new status (written in one patch), the pods to delete and create, the
-Events, and when to look again. No I/O, no clock reads, no kopf: tests drive each policy as
-a truth table (tests/unit/test_policy_*.py).
+a policy in a module of its own (conditions, failure, launch, spares, straggler, inplace,
+finish); this module only wires them, in the order that is itself the policy. The Decision
+(decision.py) carries the whole new status (written in one patch), the pods to delete and
+create, the Events, and when to look again. No I/O, no clock reads, no kopf: tests drive
+each policy as a truth table (tests/unit/test_policy_*.py).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from fsdp_operator.policy import (
     scheduling,
     sidecars,
     spares,
+    straggler,
     suspicion,
     track,
 )
@@ -142,7 +143,7 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
     finish.delete_stale(d, obs)
     spares.keep(d, obs)
     if pods and all(p.phase is observed.PodPhase.RUNNING for p in pods) and s.pods_created:
-        resized = _all_running(d, obs)
+        resized = _all_running(d, obs, tun)
         if resized is not None:
             return resized
     d.again(RESYNC_SECONDS)
@@ -152,9 +153,12 @@ def _running(d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables) 
     return d
 
 
-def _all_running(d: decision.Draft, obs: observed.Observed) -> decision.Draft | None:
-    """Every pod runs: the attempt is Running (a recovery, if it followed a failure), and it
-    is resized when capacity changed (None: it runs on as it is)."""
+def _all_running(
+    d: decision.Draft, obs: observed.Observed, tun: restarts.Tunables
+) -> decision.Draft | None:
+    """Every pod runs: the attempt is Running (a recovery, if it followed a failure); it stops
+    to swap a slow node out for a spare's (straggler.py), or is resized when capacity changed
+    (None: it runs on as it is)."""
     s = d.status
     if s.phase is not status.Phase.RUNNING:
         conditions.set_phase(d, obs, status.Phase.RUNNING, "AllPodsRunning", f"attempt {s.attempt}")
@@ -162,6 +166,9 @@ def _all_running(d: decision.Draft, obs: observed.Observed) -> decision.Draft | 
             s.history[-1].recover_seconds = obs.now - s.failure_observed
             d.recovered = s.history[-1]
         s.failure_observed = None
+    swapped = straggler.swap(d, obs, tun)
+    if swapped is not None:
+        return swapped
     excluded = [e.node for e in s.excluded_nodes if e.until > obs.now]
     # Past the last step the pods are only sealing the final checkpoint: a resize now
     # would start an attempt that trains nothing.

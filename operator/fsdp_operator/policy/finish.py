@@ -10,7 +10,9 @@ from __future__ import annotations
 from fsdp_operator.policy import conditions, decision, suspicion
 from fsdp_operator.types import observed, status
 
-PLANNED = frozenset({status.Cause.RESIZE, status.Cause.SUSPENDED, status.Cause.PREEMPTED})
+PLANNED = frozenset(
+    {status.Cause.RESIZE, status.Cause.SUSPENDED, status.Cause.PREEMPTED, status.Cause.STRAGGLER}
+)
 """Ends that are not failures."""
 
 

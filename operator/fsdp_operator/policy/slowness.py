@@ -2,8 +2,8 @@
 pod and node, said in a SlowRank Event when first named and SlowRankCleared when it goes.
 
 The worker judges (a rank's compute per step over a window, against the other ranks'); this
-policy only tells the user, and never acts: without a spare there is nothing better to do than
-to say which node to look at. Pure: the draft in, the draft changed.
+policy only tells the user (straggler.py swaps a node out when a spare stands by). Pure: the
+draft in, the draft changed.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def judge(d: decision.Draft, obs: observed.Observed) -> None:
         if shown is not None:
             _clear(d, f"rank {shown.rank} keeps pace again ({_ratio(prog.slowdown)})")
         return
-    named = _named(obs, prog.slow_rank, prog.slowdown or 0.0)
+    named = _named(obs, prog.slow_rank, prog.slowdown or 0.0, s.step)
     if shown is None or shown.rank != named.rank:
         if shown is not None:
             _clear(d, f"rank {shown.rank} keeps pace again; rank {named.rank} is now slowest")
@@ -39,7 +39,7 @@ def judge(d: decision.Draft, obs: observed.Observed) -> None:
     )
 
 
-def _named(obs: observed.Observed, rank: int, slowdown: float) -> status.SlowRank:
+def _named(obs: observed.Observed, rank: int, slowdown: float, step: int | None) -> status.SlowRank:
     """The named rank with the pod that holds it: pod rank = global rank // nprocPerNode."""
     s = obs.status
     pod_rank = rank // obs.spec.nproc_per_node
@@ -51,6 +51,7 @@ def _named(obs: observed.Observed, rank: int, slowdown: float) -> status.SlowRan
         slowdown=round(slowdown, SLOWDOWN_DIGITS),
         since=obs.now,
         attempt=s.attempt,
+        since_step=step,
     )
 
 

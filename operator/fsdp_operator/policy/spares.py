@@ -62,7 +62,7 @@ def _takeover_target(
     return frozen, contract.FailureClass.HANG, why
 
 
-def _spare_for(
+def spare_for(
     obs: observed.Observed, lost: observed.PodView, attempt: int
 ) -> observed.PodView | None:
     """The lowest-numbered running spare of `attempt` on a usable node other than the lost
@@ -135,7 +135,7 @@ def _takeover(
     no spare can (none running, an address missing, a follower unreachable, this pod's
     takeover refused before, or inPlaceRestarts spent)."""
     rank0 = next((p for p in pods if p.rank == 0 and _running(p)), None)
-    spare = _spare_for(obs, lost, s.attempt)
+    spare = spare_for(obs, lost, s.attempt)
     entry = decision.current_entry(s)
     used = len(entry.restarts_in_place) if entry is not None else 0
     others = [p for p in pods if p.name not in (lost.name, *sp.replaced) and not p.deleting]

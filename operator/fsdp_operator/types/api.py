@@ -192,6 +192,16 @@ class FailurePolicy(SpecModel):
         "image must carry fsdp_worker (its in-place keeper runs in front of torchrun).",
     )
 
+    swap_slow_nodes: bool = Field(
+        False,
+        description="With spec.spares: a node whose rank rank 0 names slow (status.slowRank) "
+        "at 1.5 times the other ranks' compute or more, for two of its verdicts in a row (40 "
+        "steps), is swapped out: the gang saves a checkpoint (no step is lost), stops and "
+        "starts again without that node (kept out like a lost node, not charged as a failure), "
+        "on the node a running spare stood on. At most once per attempt. false, or no spare "
+        "running: the slow rank is only reported.",
+    )
+
     @property
     def startup_deadline(self) -> int:
         """Seconds allowed to an attempt's first step (startupDeadlineSeconds, else the

@@ -33,6 +33,7 @@ from fsdp_operator.types.status_history import (
     Failure,
     HistoryEntry,
     InPlaceRestart,
+    Swap,
     Timeline,
     breakdown,
     complete,
@@ -66,6 +67,7 @@ __all__ = [
     "Restarts",
     "SlowRank",
     "Spares",
+    "Swap",
     "Time",
     "Timeline",
     "breakdown",
@@ -177,7 +179,8 @@ CheckpointInterval = interval.Choice  # the interval the workers use now, and (a
 class SlowRank(_Model):
     """The rank that holds the gang back, as rank 0 names it (telemetry/pace.py in the worker):
     its compute per step, over a window of steps, is at least 1.3 times the other ranks'
-    median. Reported only: the gang still runs at its pace."""
+    median. With failurePolicy.swapSlowNodes and a running spare, a node slow for two of its
+    verdicts in a row is swapped out (policy/straggler.py); otherwise reported only."""
 
     rank: int = Field(description="The slow rank's global rank.")
     pod: str = Field("", description="Its pod (empty: not seen this pass).")
@@ -187,6 +190,15 @@ class SlowRank(_Model):
     )
     since: Time = Field(description="When the operator first saw it named.")
     attempt: int = Field(description="The attempt it was named in (a new attempt clears it).")
+    since_step: int | None = Field(
+        None, description="The step the job had reached when it was first named (null: unknown)."
+    )
+    kept: str = Field(
+        "",
+        description="Why its node was not swapped out, once it had been slow long enough to be "
+        "(no running spare on another node, failurePolicy.swapSlowNodes off, ...); empty: not "
+        "yet.",
+    )
 
 
 class Condition(_Model):

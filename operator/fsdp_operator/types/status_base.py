@@ -75,6 +75,7 @@ class Cause(enum.StrEnum):
     DEADLINE = "DeadlineExceeded"
     SUSPENDED = "Suspended"  # spec.suspend: a planned stop
     PREEMPTED = "Preempted"  # Kueue evicted the pod group (preemption): wait for re-admission
+    STRAGGLER = "Straggler"  # a slow node swapped out for a spare's at a save: a planned stop
     CIRCUIT_BREAKER = "CircuitBreaker"  # too many restarts without a new checkpoint
     BUDGET = "RestartBudgetExhausted"
     INVALID_SPEC = "InvalidSpec"
@@ -89,6 +90,6 @@ class Budget(enum.StrEnum):
 def budget_of(cause: Cause) -> Budget:
     if cause in (Cause.NODE_LOST, Cause.EVICTED, Cause.UNSCHEDULABLE, Cause.RENDEZVOUS):
         return Budget.INFRASTRUCTURE
-    if cause in (Cause.RESIZE, Cause.SUSPENDED, Cause.PREEMPTED):
+    if cause in (Cause.RESIZE, Cause.SUSPENDED, Cause.PREEMPTED, Cause.STRAGGLER):
         return Budget.NONE
     return Budget.APPLICATION

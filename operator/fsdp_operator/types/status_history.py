@@ -183,6 +183,19 @@ class InPlaceRestart(_Model):
     blocked_seconds: float = Field(0.0, description="Seconds it was blocked on saves.")
 
 
+class Swap(_Model):
+    """A slow node swapped out (policy/straggler.py): the rank rank 0 named slow, where it ran,
+    and the spare whose node stood free for the next attempt."""
+
+    rank: int = Field(description="The slow rank's global rank.")
+    pod: str = Field(description="Its pod.")
+    node: str = Field(description="Its node, kept out of the next attempts like a lost node.")
+    slowdown: float = Field(description="Its compute per step over the other ranks' median.")
+    step: int = Field(description="The step the job had reached when the swap began.")
+    spare: str = Field(description="The running spare pod that stood on another node.")
+    spare_node: str = Field(description="That spare's node.")
+
+
 class HistoryEntry(_Model):
     """One attempt: a launch of the whole gang of worker pods, and how it ended."""
 
@@ -226,6 +239,9 @@ class HistoryEntry(_Model):
     failure: Failure | None = Field(
         None,
         description="The failure that ended it, as lastFailure said then (null: it did not fail).",
+    )
+    swap: Swap | None = Field(
+        None, description="The slow node this attempt ended to swap out (cause Straggler)."
     )
     steps_run: int | None = Field(None, description="Steps this attempt completed (rank 0).")
     train_seconds: float | None = Field(None, description="Seconds those steps took.")

@@ -284,6 +284,7 @@ METRIC_RANK_COMPUTE = "fsdp_rank_step_compute_seconds"
 METRIC_RANK_WAIT = "fsdp_rank_step_wait_seconds"
 METRIC_SLOW_RANK = "fsdp_slow_rank"
 METRIC_SLOW_RANK_SLOWDOWN = "fsdp_slow_rank_slowdown"
+PACE_WINDOW_STEPS = 20  # steps per verdict: the operator counts a rank slow for two in a row
 RANK_MEDIAN = "median"  # the label value of the gang's median in METRIC_RANK_COMPUTE/_WAIT
 
 

@@ -32,7 +32,7 @@ from fsdp_worker.telemetry import flight, metrics
 
 log = logging.getLogger(__name__)
 
-WINDOW_STEPS = 20
+WINDOW_STEPS = contract.PACE_WINDOW_STEPS
 """Steps per verdict: a slow rank is named at most this many steps after it slowed (plus one
 window while the window it slowed in is half old and half new)."""
 SLOW_RATIO = 1.3
