@@ -92,7 +92,10 @@ def test_a_throttled_pod_is_swapped_for_the_spares_node_at_a_save_with_no_step_l
 ) -> None:
     faults = e2e.faults
     if not isinstance(faults, local_faults.Faults):
-        pytest.skip("throttling needs this machine's cgroups (localcluster.faults)")
+        pytest.skip(
+            "needs this machine's node cgroups to throttle (localcluster.faults); kind's nodes"
+            " are Docker containers"
+        )
     jobs, name = stack.Jobs(e2e.kube, namespace), "straggler"
     jobs.apply(_job(e2e, name))
     trained = poll.until(
