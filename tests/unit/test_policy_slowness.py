@@ -101,6 +101,31 @@ def test_a_named_slow_rank_is_shown_and_told_once(
     assert _events(d) == events
 
 
+def test_the_ranks_of_one_slow_pod_taking_turns_are_one_slow_node() -> None:
+    """Both ranks of a throttled pod are slow; rank 0 names whichever was slowest in its last
+    window. The node stays named since its first verdict (straggler.py counts from there), with
+    no Events: the e2e throttle test's swap waited 280 steps while since_step started again."""
+    spec = make_spec(replicas=2, nprocPerNode=2)
+    before = st.SlowRank(
+        rank=2, pod="job-a1-1", node="node-1", slowdown=1.8, since=EARLIER, attempt=1, since_step=40
+    )
+    d = _pass(before, ob.Progress(step=75, slow_rank=3, slowdown=1.9), spec=spec)
+    after = d.status.slow_rank
+    assert after is not None
+    assert (after.rank, after.slowdown, after.pod, after.since, after.since_step) == (
+        3,
+        1.9,
+        "job-a1-1",
+        EARLIER,
+        40,
+    )
+    assert _events(d) == []
+    # a rank of another pod is another node: named anew
+    d = _pass(before, ob.Progress(step=75, slow_rank=1, slowdown=1.9), spec=spec)
+    assert d.status.slow_rank is not None and d.status.slow_rank.since_step == 75
+    assert _events(d) == [("Normal", "SlowRankCleared"), ("Warning", "SlowRank")]
+
+
 def test_the_event_names_pod_node_and_slowdown() -> None:
     d = _pass(None, ob.Progress(step=55, slow_rank=1, slowdown=1.97))
     (event,) = [e for e in d.events if e.reason == "SlowRank"]

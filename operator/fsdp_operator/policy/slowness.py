@@ -28,15 +28,29 @@ def judge(d: decision.Draft, obs: observed.Observed) -> None:
             _clear(d, f"rank {shown.rank} keeps pace again ({_ratio(prog.slowdown)})")
         return
     named = _named(obs, prog.slow_rank, prog.slowdown or 0.0, s.step)
-    if shown is None or shown.rank != named.rank:
+    if shown is None or not _same_pod(obs, shown, named):
         if shown is not None:
             _clear(d, f"rank {shown.rank} keeps pace again; rank {named.rank} is now slowest")
         s.slow_rank = named
         d.emit("SlowRank", _words(named), warning=True)
         return
+    # The same pod's ranks share its node: whichever of them rank 0 names the slowest now, the
+    # node has stayed slow since it was first named (straggler.py counts from since_step).
     s.slow_rank = shown.model_copy(
-        update={"slowdown": named.slowdown, "pod": named.pod or shown.pod, "node": named.node}
+        update={
+            "rank": named.rank,
+            "slowdown": named.slowdown,
+            "pod": named.pod or shown.pod,
+            "node": named.node,
+        }
     )
+
+
+def _same_pod(obs: observed.Observed, shown: status.SlowRank, named: status.SlowRank) -> bool:
+    """Whether the newly named rank is one of the shown rank's pod (pod rank = global rank //
+    nprocPerNode): two ranks of one slow node take turns at being the slowest."""
+    per_pod = obs.spec.nproc_per_node
+    return shown.rank // per_pod == named.rank // per_pod
 
 
 def _named(obs: observed.Observed, rank: int, slowdown: float, step: int | None) -> status.SlowRank:
