@@ -259,3 +259,22 @@ def test_without_swap_slow_nodes_the_status_says_why_and_no_event_is_added() -> 
     assert _running_on(d) and not [e for e in d.events if e.reason == "SlowNodeKept"]
     assert d.status.slow_rank is not None
     assert d.status.slow_rank.kept == "failurePolicy.swapSlowNodes is off"
+
+
+@pytest.mark.parametrize(
+    ("swap", "spares", "every"),
+    [(True, 1, 5.0), (False, 1, 15.0), (True, 0, 15.0)],
+    ids=["swaps-with-a-spare", "swaps-off", "no-spare"],
+)
+def test_a_job_that_swaps_slow_nodes_is_scraped_at_least_every_5s(
+    swap: bool, spares: int, every: float
+) -> None:
+    """Rank 0's verdicts come each 20 steps; read at the progress deadline's quarter (15 s at
+    60 s, up to a minute), the e2e throttle test named the slow pod 49 steps after its throttle."""
+    from fsdp_operator.run import reconcile
+
+    spec = in_place_spec(swap_slow_nodes=swap, progress_deadline_seconds=60)
+    spec = spec.model_copy(update={"spares": spares})
+    obs = _observe(spec=spec, pods=pods(r0={"ip": "10.244.0.5"}))
+    target = reconcile._probe_target(obs, decide.decide(obs), max_interval=60.0, job_uid=None)
+    assert target is not None and target.every == every

@@ -89,6 +89,10 @@ class Target:
 
 SUSPECT_INTERVAL = 1.0
 """Seconds between scrapes of a job with a pod on a node that missed a Lease renewal."""
+SWAP_WATCH_INTERVAL = 5.0
+"""At most this between scrapes of a job that swaps slow nodes for a spare's
+(failurePolicy.swapSlowNodes): rank 0 names a slow rank once per 20-step window, and a
+verdict read a whole progress-deadline quarter late is that many steps at the slow pace."""
 
 
 def interval_for(deadline_seconds: float, max_interval: float) -> float:

@@ -59,7 +59,10 @@ def _probe_target(
     starting = (
         entry is not None and entry.timeline is not None and not status.complete(entry.timeline)
     )
-    every = probe.interval_for(obs.spec.failure_policy.progress_deadline_seconds, max_interval)
+    policy = obs.spec.failure_policy
+    every = probe.interval_for(policy.progress_deadline_seconds, max_interval)
+    if policy.swap_slow_nodes and obs.spec.spares:
+        every = min(every, probe.SWAP_WATCH_INTERVAL)  # rank 0's slow-rank verdicts, promptly
     if any((n := obs.node(p.node)) is not None and n.lease_quiet for p in obs.pods if p.node):
         # A node of the gang missed a Lease renewal: whether training goes on decides if it is
         # lost (detect.py), so rank 0's step is read now and every second.
