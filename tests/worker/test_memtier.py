@@ -31,14 +31,22 @@ from fsdp_worker.contract import catalog
 pytestmark = pytest.mark.torch
 
 
-@pytest.mark.parametrize("lost", [False, True], ids=["from-memory", "one-rank-without-it"])
+@pytest.mark.parametrize(
+    ("lost", "garbled"),
+    [(False, False), (True, False), (False, True)],
+    ids=["from-memory", "one-rank-without-it", "one-rank-cannot-load-it"],
+)
 def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
-    reference: dict[str, Any], tmp_path: Path, lost: bool
+    reference: dict[str, Any], tmp_path: Path, lost: bool, garbled: bool
 ) -> None:
     root = tmp_path / "ckpt"
     # The claim every 5 steps, memory every step; rank 1 crashes after step 7 (generation 0).
+    # garbled: rank 1's memory of step 7 matches its seal but cannot be loaded (its DCP
+    # metadata zeroed): every rank drops it and loads the claim's step 5 in the same
+    # generation, the one restart in place allowed here not spent again on the same step.
     cfg = worker_config(root, intervalSteps=5, memory={"intervalSteps": 1})
     faults = "crash_after@0=7" + (",memory_lost=1" if lost else "")
+    faults += ",memory_garbled@1=1" if garbled else ""
     # Generation 1 starts from the warm launcher (forked from a process with torch imported,
     # ready 1 s after generation 0 started) on the memory path, from a new torchrun on the
     # claim's: the exactness below holds for both launchers.
@@ -67,9 +75,12 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
     node0 = (tmp_path / "node-0.log").read_text()
     generations = node0.split("restarting in place: generation 1")
     assert len(generations) == 2, node0[-4000:]
-    if lost:  # rank 1 holds nothing: every rank loads the claim's step 5
+    if lost or garbled:  # rank 1 holds nothing (or nothing it can load): the claim's step 5
         assert "resumed from step-5:" in generations[1], generations[1][-4000:]
         start = 5
+        if garbled:
+            said = "could not load step 7 from memory"
+            assert said in generations[1], generations[1][-4000:]
     else:
         assert "resumed from step-7 (memory):" in generations[1], generations[1][-4000:]
         start = 7

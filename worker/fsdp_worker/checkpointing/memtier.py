@@ -255,7 +255,30 @@ class MemoryTier:
                 )
             return None
         self.held = offer[0]
+        if faults.at_step("memory_garbled", self.dist.rank):  # a test's rank that cannot load it
+            _garble(os.path.join(self.rank_path(offer[0]), ".metadata"))
         return offer
+
+    def loaded(self, step: int, *, ok: bool) -> bool:
+        """Collective: whether every rank loaded `step` from memory (`ok` is this rank's word).
+        When one did not, every node's seal of `step` goes (its files stay for a post-mortem),
+        so no later generation of this attempt offers it again: the caller loads the claim."""
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.dist.ckpt_group)
+        if int(flag[0]) == 1:
+            return True
+        if self.dist.local_rank == 0:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(self._step_dir(step), catalog.MARKER_NAME))
+        self.held = None
+        return False
+
+
+def _garble(path: str) -> None:
+    """Zeros over a file, its size kept (the seal still matches): a test's damaged memory."""
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.write(bytes(size))
 
 
 def wins(memory: int, claim: int | None) -> bool:

@@ -170,20 +170,7 @@ class Run:
             if self.memory is not None and s.resume == contract.RESUME_AUTO
             else None
         )
-        choice = resume.choose(
-            s.cfg,
-            resume=s.resume,
-            attempt=s.attempt,
-            dist_info=self.dist,
-            job_uid=s.job_uid,
-            rules=s.rules,
-            generation=s.generation,
-            memory_step=offer[0] if offer is not None else None,
-        )
-        newest = sorted(choice.quarantined)[-contract.QUARANTINED_SERIES :]
-        for step in newest:  # the operator reads them from rank 0's metrics
-            self.meters.quarantined.labels(step=str(step)).set(1)
-        claim = choice.point
+        claim = self._claim(memory_step=offer[0] if offer is not None else None)
         if self.memory is None:
             return claim
         held = self.memory.choose(offer, claim.step if claim is not None else None)
@@ -205,13 +192,65 @@ class Run:
             memory=True,
         )
 
+    def _claim(self, *, memory_step: int | None) -> ResumePoint | None:
+        """The claim's step to resume from (resume.choose; collective), its set-aside steps
+        told in metrics. `memory_step`: what memory offers, so a step not newer is not hashed."""
+        s = self.settings
+        choice = resume.choose(
+            s.cfg,
+            resume=s.resume,
+            attempt=s.attempt,
+            dist_info=self.dist,
+            job_uid=s.job_uid,
+            rules=s.rules,
+            generation=s.generation,
+            memory_step=memory_step,
+        )
+        newest = sorted(choice.quarantined)[-contract.QUARANTINED_SERIES :]
+        for step in newest:  # the operator reads them from rank 0's metrics
+            self.meters.quarantined.labels(step=str(step)).set(1)
+        return choice.point
+
+    def load(
+        self, point: ResumePoint | None, load: Callable[[ResumePoint], object]
+    ) -> ResumePoint | None:
+        """Load `point` (from `choose`) with `load`; collective: what was loaded. When a rank
+        cannot load memory's step, every rank drops it and loads the claim's step instead,
+        verified as any claim load is (a restart in place would choose the same step again)."""
+        if point is None:
+            return None
+        if not point.memory or self.memory is None:
+            with flight.during(flight.Phase.LOAD):
+                load(point)
+            return point
+        failed: errors.CheckpointError | None = None
+        try:
+            with flight.during(flight.Phase.LOAD):
+                load(point)
+        except errors.CheckpointError as exc:  # memory is loaded without collectives
+            failed = exc
+        if self.memory.loaded(point.step, ok=failed is None):
+            return point
+        log.warning(
+            "could not load step %d from memory (%s): loading the claim's instead",
+            point.step,
+            failed or "another rank could not",
+        )
+        self.meters.resumed_from_memory.set(0)
+        fallback = self._claim(memory_step=None)
+        if fallback is not None:
+            with flight.during(flight.Phase.LOAD):
+                load(fallback)
+        return fallback
+
     def resume(self, state_dict: dict[str, Any]) -> ResumePoint | None:
         """Choose, then load into `state_dict` in place (None: start fresh); collective.
         Call once, before the first step: it also opens this attempt's checkpoint directory."""
-        point = self.choose()
+        point = self.load(
+            self.choose(),
+            lambda p: resume.read_into(p, lambda _keys: state_dict, dist_info=self.dist),
+        )
         if point is not None:
-            with flight.during(flight.Phase.LOAD):
-                resume.read_into(point, lambda _keys: state_dict, dist_info=self.dist)
             log.info("resumed from %s: step %d, samples %d", point.path, point.step, point.samples)
         self.opened(point)
         return point

@@ -47,9 +47,7 @@ def _train(run: kit.Run) -> None:
     plan = batch.make_plan(tcfg, world_size=di.world_size, rank=di.rank)
     source = data.make_source(tcfg)
     run.tracked = st = _build_state(tcfg, di)
-    point = run.choose()
-    if point is not None:
-        resume.load(point, st, dist_info=di, seed=tcfg.seed)
+    point = run.load(run.choose(), lambda p: resume.load(p, st, dist_info=di, seed=tcfg.seed))
     run.opened(point, start_step=st.step)
     assert run.manager is not None and run.schedule is not None
     loop = trainer.Loop(
