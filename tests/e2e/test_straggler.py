@@ -148,7 +148,13 @@ def test_a_throttled_pod_is_swapped_for_the_spares_node_at_a_save_with_no_step_l
     assert (swap["pod"], swap["node"]) == (pod, slow_node), swap
     assert swap["rank"] // NPROC == 1 and swap["slowdown"] >= 1.5, swap
     assert (swap["spare"], swap["spareNode"]) == (spare["metadata"]["name"], spare_node), swap
-    said = jobs.messages(name, "Straggler")
+    # the pass posts its Events after the status that ended the attempt
+    said = poll.until(
+        "the Straggler Event",
+        lambda: jobs.messages(name, "Straggler"),
+        timeout=60,
+        diagnosis=lambda: jobs.diagnosis(name),
+    )
     assert said and said[0].startswith(f"swapped out: rank {swap['rank']} (pod {pod}"), said
 
     def resumed() -> dict[str, Any] | None:
