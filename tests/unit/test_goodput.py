@@ -349,7 +349,8 @@ def test_the_progress_deadline_counts_from_running_not_from_launch() -> None:
         history=[st.HistoryEntry(attempt=1, started=NOW - 110, world_size=4, timeline=tl)],
     )
     scraped = ob.ScrapeHealth("job-a1-0", failures=0)
-    d = dc.decide(observe(status=status, progress=None, scrape=scraped))
+    quiet = {"progress": None, "scrape": scraped, "checkpoint": None}  # no step, no checkpoint
+    d = dc.decide(observe(status=status, **quiet))
     assert d.failure is None
-    later = dc.decide(observe(status=status, progress=None, now=NOW + 83, scrape=scraped))
+    later = dc.decide(observe(status=status, now=NOW + 83, **quiet))
     assert later.failure is not None and later.failure.cause is st.Cause.HANG

@@ -21,6 +21,7 @@ from tests.builders import (
     CRASH_MSG,
     NOW,
     SCRAPED,
+    ckpt,
     condition,
     make_spec,
     nodes,
@@ -397,6 +398,11 @@ REFUSED = ob.ScrapeHealth(
     [
         pytest.param(REFUSED, st.Cause.RENDEZVOUS, id="never-served-the-gang-never-met"),
         pytest.param(dataclasses.replace(REFUSED, answered=True), st.Cause.HANG, id="served"),
+        pytest.param(
+            dataclasses.replace(REFUSED, failures=1, error="GET …/metrics: no answer within 1s"),
+            st.Cause.HANG,
+            id="the-last-scrape-timed-out-no-refusal",
+        ),
     ],
 )
 def test_a_gang_that_never_met_is_not_the_users_hang(
@@ -418,6 +424,27 @@ def test_a_gang_that_never_met_is_not_the_users_hang(
         assert condition(d, conditions.PROGRESS_OBSERVED) is None, "refused is no scrape failure"
     else:
         assert (restarts.infrastructure, restarts.application) == (0, 1)
+
+
+def test_a_checkpoint_sealed_in_the_attempt_is_progress_though_no_scrape_answered() -> None:
+    """Seen in CI on a loaded machine: rank 0's metrics missed every scrape for 32 s (refused
+    before its server was up, then too slow) while the gang sealed step 25; the attempt was
+    ended as a gang that never met. A checkpoint of this attempt past the step proves the gang
+    met and trains: it is progress, and the hang's clock starts from it."""
+    status = running_status(last_progress_time=None, step=None)
+    status.history[-1].timeline = st.Timeline(running=NOW - 103)
+    obs = observe(status=status, progress=None, scrape=REFUSED, checkpoint=ckpt(25))
+    d = decide.decide(obs)
+    assert d.failure is None, d.failure
+    assert (d.status.step, d.status.last_progress_time) == (25, NOW)
+    # one the attempt before wrote (the resume point) is no such proof
+    status = running_status(last_progress_time=None, step=None, attempt=2)
+    status.history = [st.HistoryEntry(attempt=2, started=NOW - 200, world_size=4)]
+    status.history[-1].timeline = st.Timeline(running=NOW - 103)
+    obs = observe(status=status, progress=None, scrape=REFUSED, checkpoint=ckpt(25, attempt=1))
+    obs = dataclasses.replace(obs, pods=pods(attempt=2))
+    d = decide.decide(obs)
+    assert d.failure is not None and d.failure.cause is st.Cause.RENDEZVOUS, d.failure
 
 
 @pytest.mark.parametrize(

@@ -310,12 +310,16 @@ def _hung(obs: observed.Observed, pods: list[observed.PodView]) -> status.Failur
         scrape is not None
         and not scrape.blind
         and not scrape.answered
+        and scrape.failures == 0
         and obs.status.last_progress_time is None
     ):
         # Reached, and refused every time: nothing serves on rank 0's metrics port. Its
         # training processes serve it once the gang has met (torchrun spawns them after every
         # node's agent joined the rendezvous; the kit serves after init_process_group), so the
         # gang never met: a name not yet resolvable, a node's network, not the user's code.
+        # A last scrape that got no answer in time is not a refusal: a server that listens but
+        # is slow on a loaded node, or a network that drops the scrapes (blind after a few):
+        # no proof the gang never met, so the hang's rules judge it.
         msg = (
             f"the gang never met: rank 0 served nothing on {scrape.address} in "
             f"{obs.now - baseline:.0f}s of every pod running (last: {scrape.error}); the ranks'"

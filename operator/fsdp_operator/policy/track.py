@@ -38,7 +38,10 @@ def track(d: decision.Draft, obs: observed.Observed) -> None:
     slowness.judge(d, obs)
     ours = ck is not None and (ck.attempt == s.attempt or ck.attempt is None)
     if ck is not None and ours and (s.step is None or ck.step > s.step):
-        s.step = ck.step  # a checkpoint proves its step even when the last scrape missed it
+        # A checkpoint proves its step even when the last scrape missed it, and that the gang
+        # met and trains: progress (seen in CI: a rank 0 on a loaded node whose metrics missed
+        # every 1 s scrape for 32 s while it sealed step 25 was judged a gang that never met).
+        s.step, s.last_progress_time = ck.step, obs.now
 
 
 def _checkpoints(d: decision.Draft, obs: observed.Observed) -> None:
