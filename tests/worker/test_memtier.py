@@ -1,8 +1,9 @@
 """The memory tier (memtier.py): two pods' in-place keepers in front of real torchrun gangs of
 the built-in FSDP2 trainer, each pod with its own memory directory. A rank's crash restarts
-the gang in place; the restart loads from memory when every rank holds the same sealed step,
-and from the claim when one does not. Either way training continues bitwise as the
-uninterrupted reference run did, and the data cursor continues where it was."""
+the gang in place; the restart loads from memory when every rank holds the same sealed step
+(its own, or its peer's copy of it: peercopy.py), and from the claim when one does not.
+Either way training continues bitwise as the uninterrupted reference run did, and the data
+cursor continues where it was."""
 
 from __future__ import annotations
 
@@ -32,21 +33,31 @@ pytestmark = pytest.mark.torch
 
 
 @pytest.mark.parametrize(
-    ("lost", "garbled"),
-    [(False, False), (True, False), (False, True)],
-    ids=["from-memory", "one-rank-without-it", "one-rank-cannot-load-it"],
+    ("lost", "garbled", "wiped"),
+    [(False, False, False), (False, False, True), (True, False, False), (False, True, False)],
+    ids=[
+        "from-memory",
+        "one-node-lost-its-memory-a-peer-holds-it",
+        "one-rank-without-it-no-peer-copies",
+        "one-rank-cannot-load-it",
+    ],
 )
 def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
-    reference: dict[str, Any], tmp_path: Path, lost: bool, garbled: bool
+    reference: dict[str, Any], tmp_path: Path, lost: bool, garbled: bool, wiped: bool
 ) -> None:
     root = tmp_path / "ckpt"
     # The claim every 5 steps, memory every step; rank 1 crashes after step 7 (generation 0).
+    # wiped: node 1's memory volume is empty in generation 1 (a new pod: a spare in a lost
+    # node's place); node 0 holds its copy of step 7 (peerCopy, on by default) and sends it
+    # back. lost: rank 1 offers nothing and no node keeps copies: the claim's step 5.
     # garbled: rank 1's memory of step 7 matches its seal but cannot be loaded (its DCP
     # metadata zeroed): every rank drops it and loads the claim's step 5 in the same
     # generation, the one restart in place allowed here not spent again on the same step.
-    cfg = worker_config(root, intervalSteps=5, memory={"intervalSteps": 1})
+    memory: dict[str, Any] = {"intervalSteps": 1} | ({"peerCopy": False} if lost else {})
+    cfg = worker_config(root, intervalSteps=5, memory=memory)
     faults = "crash_after@0=7" + (",memory_lost=1" if lost else "")
     faults += ",memory_garbled@1=1" if garbled else ""
+    faults += ",memory_wiped@1=1" if wiped else ""
     # Generation 1 starts from the warm launcher (forked from a process with torch imported,
     # ready 1 s after generation 0 started) on the memory path, from a new torchrun on the
     # claim's: the exactness below holds for both launchers.
@@ -84,6 +95,11 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
     else:
         assert "resumed from step-7 (memory):" in generations[1], generations[1][-4000:]
         start = 7
+    if wiped:
+        node1 = (tmp_path / "node-1.log").read_text()
+        said = "rank 1 got its step 7 back from rank 0's copy"
+        assert said in node1.split("restarting in place: generation 1")[-1], node1[-4000:]
+        assert "ranks [1] from peers' copies" in generations[1], generations[1][-4000:]
     resumed = losses(generations[1])
     assert sorted(resumed) == list(range(start + 1, 13))
     for step, loss in resumed.items():
@@ -98,12 +114,22 @@ def test_a_restart_in_place_resumes_exactly_from_memory_or_else_the_claim(
         assert keys and keys == sorted(k for k, v in fb.items() if torch.is_tensor(v))
         for key in keys:
             assert torch.equal(fa[key], fb[key]), key
-    # Each pod's memory holds one sealed step, the newest, with only its own rank's files.
+    # Each pod's memory holds one sealed step, the newest: its own rank's files and (peer
+    # copies) the other node's rank's, byte for byte.
     for node in range(2):
-        held = sorted(p.name for p in (tmp_path / f"memory-{node}").iterdir())
+        mem = tmp_path / f"memory-{node}"
+        held = sorted(p.name for p in mem.iterdir())
         assert held == ["step-11"], held
-        seal = json.loads((tmp_path / f"memory-{node}" / "step-11" / "COMPLETE.json").read_text())
+        seal = json.loads((mem / "step-11" / "COMPLETE.json").read_text())
         assert set(seal["ranks"]) == {str(node)} and seal["world_size"] == 2
+        other = 1 - node
+        assert set(seal.get("copies") or {}) == (set() if lost else {str(other)}), seal
+        if not lost:
+            theirs = tmp_path / f"memory-{other}" / "step-11" / f"rank-{other}"
+            kept = mem / "step-11" / f"copy-{other}"
+            assert sorted(p.name for p in kept.iterdir()) == sorted(p.name for p in theirs.iterdir())
+            for f in theirs.iterdir():
+                assert (kept / f.name).read_bytes() == f.read_bytes(), f.name
 
 
 def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
@@ -180,3 +206,40 @@ def test_a_seal_of_the_previous_release_reads_the_same_and_is_written_the_same()
     )
     assert memtier.Seal.parse(SEAL_GOLDEN) == seal
     assert seal.to_json() == SEAL_GOLDEN
+
+
+def test_a_peer_copy_arrives_byte_for_byte_and_a_damaged_one_is_refused(tmp_path: Path) -> None:
+    """peercopy's wire: what a rank sends its ring neighbour (no process group involved)."""
+    from fsdp_worker.checkpointing import peercopy
+
+    src = tmp_path / "rank-3"
+    src.mkdir()
+    files = {".metadata": b"meta" * 7, "__3_0.distcp": bytes(range(256)) * 5, "empty": b""}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    blob = peercopy.pack(str(src))
+    dst = tmp_path / "step-4" / "copy-3"
+    assert peercopy.unpack(bytes(blob), str(dst)) == {k: len(v) for k, v in files.items()}
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == files
+    # the ring: the same local rank of the next node gets it, from the previous node's
+    assert peercopy.ring(3, 8, 2) == (5, 1) and peercopy.ring(7, 8, 2) == (1, 5)
+    assert peercopy.holder(7, 8, 2) == 1
+
+    def refused(raw: bytes) -> str:
+        with pytest.raises(ValueError) as err:
+            peercopy.unpack(raw, str(tmp_path / "out"))
+        return str(err.value)
+
+    assert "add up to" in refused(bytes(blob[:-1]))  # truncated
+    assert "no header" in refused(b"\x00")
+    assert "header says" in refused(b"\x00\x00\x00\x00\x00\x10\x00\x00" + b"{}")
+    evil = json.dumps({"files": [["../../etc/x", 1]]}).encode()
+    assert "plain file name" in refused(len(evil).to_bytes(8, "big") + evil + b"x")
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "etc").exists()
+
+
+def test_a_seal_names_the_copies_it_holds_and_an_old_seal_reads_as_none() -> None:
+    seal = memtier.Seal.parse(SEAL_GOLDEN)
+    assert seal.copies is None and b"copies" not in seal.to_json()
+    held = memtier.Seal(**{**seal.__dict__, "copies": {"1": {"__1_0.distcp": 11}}})
+    assert memtier.Seal.parse(held.to_json()) == held

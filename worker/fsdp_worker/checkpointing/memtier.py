@@ -16,8 +16,13 @@ loads from the claim. Same sharding, same bytes: the resume is as exact as from 
 The gang's offer is asked before the claim's step is verified, so that step's files are hashed
 (read whole: resume.choose) only when it is the one loaded.
 
+With `checkpoint.memory.peerCopy` each rank's files of a step are also kept by the same local
+rank of the next node (peercopy.py), sealed with the step as `copy-<rank>`: a rank whose node
+lost its memory (a new pod: a spare taking a lost node's place) gets them back from that peer.
+
 The claim stays the durable tier with its own interval (checkpoint.intervalSteps): memory does
-not survive a lost node or a recreated gang. This module must not write the claim.
+not survive a recreated gang, nor two neighbouring nodes lost. This module must not write the
+claim.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 import pydantic.dataclasses
 import torch
@@ -41,8 +46,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from fsdp_worker import contract
-from fsdp_worker.checkpointing import checkpoint
-from fsdp_worker.contract import catalog, config_checkpoint, errors, wire
+from fsdp_worker.checkpointing import checkpoint, peercopy
+from fsdp_worker.contract import catalog, config_base, config_checkpoint, errors, wire
 from fsdp_worker.runtime import faults
 from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import metrics
@@ -67,9 +72,10 @@ class Seal:
     ranks: dict[str, dict[str, int]]  # rank -> file name -> size, for this node's ranks
     time: float
     format: Literal[1] = FORMAT
+    copies: dict[str, dict[str, int]] | None = None  # the previous node's ranks' (peerCopy)
 
     def to_json(self) -> bytes:
-        return json.dumps(wire.to_doc(self), sort_keys=True).encode()
+        return json.dumps(wire.to_doc(self, drop_none=("copies",)), sort_keys=True).encode()
 
     @classmethod
     def parse(cls, raw: bytes) -> Seal:
@@ -87,8 +93,18 @@ def _step_of(name: str) -> int | None:
     return int(digits) if name.startswith("step-") and digits.isdigit() else None
 
 
+class Offer(NamedTuple):
+    """The step every rank can load from memory (MemoryTier.offer): its own, or `from_peers`,
+    the ranks that get theirs back from a peer's copy first."""
+
+    step: int
+    samples: int
+    from_peers: tuple[int, ...] = ()
+
+
 class MemoryTier:
-    """This rank's view of its node's memory volume. `save` and `choose` are collective."""
+    """This rank's view of its node's memory volume. `save`, `offer`, `choose` and `loaded`
+    are collective."""
 
     def __init__(
         self,
@@ -97,9 +113,16 @@ class MemoryTier:
         identity: checkpoint.Identity,
         dist_info: DistInfo,
         meters: metrics.Metrics,
+        peer_copy: bool = False,
+        limit: int | None = None,
     ) -> None:
         self.root, self.identity, self.dist, self.meters = root, identity, dist_info, meters
         self.held: int | None = None  # the newest step the gang holds sealed in memory
+        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        # Copies need another node; torchrun gives a node's ranks consecutive numbers.
+        self.peer_copy = peer_copy and dist_info.world_size > self.local_world
+        self.limit = limit  # the volume's sizeLimit in bytes
+        self._copies_refused = False
         os.makedirs(root, exist_ok=True)
 
     def _step_dir(self, step: int) -> str:
@@ -128,6 +151,8 @@ class MemoryTier:
                     ),
                     no_dist=True,
                 )
+            if self.peer_copy:
+                self._copy_to_peer(mine, partial)
             dist.barrier(group=self.dist.ckpt_group)  # every rank's files are written
         except (Exception, CheckpointException) as exc:
             raise errors.CheckpointError(
@@ -141,14 +166,55 @@ class MemoryTier:
         self.meters.memory_save_seconds.set(seconds)
         return seconds
 
+    def _copy_to_peer(self, mine: str, partial: str) -> None:
+        """Ring: send this rank's files to the next node's same local rank; keep the previous
+        node's in `partial/copy-<rank>`. Collective; skipped on every rank alike when a node's
+        volume would not hold them."""
+        own = sum(_files(mine).values())
+        g = self.dist.ckpt_group
+        if not peercopy.fits(own, local_world_size=self.local_world, limit=self.limit, group=g):
+            if self.dist.rank == 0 and not self._copies_refused:
+                log.warning(
+                    "memory tier: no peer copies: %d ranks per node of up to %d bytes, with "
+                    "copies and two steps, exceed checkpoint.memory.sizeLimit (%s bytes)",
+                    self.local_world,
+                    own,
+                    self.limit,
+                )
+            self._copies_refused = True
+            self.meters.memory_peer_bytes.set(0)
+            return
+        dst, src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)
+        got = peercopy.swap({dst: peercopy.pack(mine)}, [src], g)
+        held = peercopy.unpack(got[src], peercopy.copy_dir(partial, src))
+        self.meters.memory_peer_bytes.set(sum(held.values()))
+
     def _seal(self, step: int, *, samples: int, partial: str) -> None:
         final = self._step_dir(step)
-        ranks = {
-            e.name.removeprefix("rank-"): _files(e.path)
-            for e in os.scandir(partial)
-            if e.is_dir() and e.name.startswith("rank-")
-        }
-        seal = Seal(
+        seal = self._seal_for(step, samples=samples, directory=partial)
+        shutil.rmtree(final, ignore_errors=True)  # the same step again (after a resume)
+        os.rename(partial, final)
+        self._write_seal(final, seal)
+        for entry in os.scandir(self.root):  # older steps, sealed or not; newer partials stay
+            other = _step_of(entry.name)
+            if other is not None and other < step:
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def _write_seal(self, final: str, seal: Seal) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=final)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(seal.to_json())
+        os.rename(tmp, os.path.join(final, catalog.MARKER_NAME))
+
+    def _seal_for(self, step: int, *, samples: int, directory: str) -> Seal:
+        """The seal of `directory`'s ranks' files and copies, as written now."""
+        ranks, copies = {}, {}
+        for e in os.scandir(directory):
+            if e.is_dir() and e.name.startswith("rank-"):
+                ranks[e.name.removeprefix("rank-")] = _files(e.path)
+            elif e.is_dir() and e.name.startswith(peercopy.COPY_PREFIX):
+                copies[e.name.removeprefix(peercopy.COPY_PREFIX)] = _files(e.path)
+        return Seal(
             step=step,
             samples=samples,
             world_size=self.dist.world_size,
@@ -158,29 +224,29 @@ class MemoryTier:
             attempt=self.identity.attempt,
             ranks=ranks,
             time=time.time(),
+            copies=copies or None,
         )
-        shutil.rmtree(final, ignore_errors=True)  # the same step again (after a resume)
-        os.rename(partial, final)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=final)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(seal.to_json())
-        os.rename(tmp, os.path.join(final, catalog.MARKER_NAME))
-        for entry in os.scandir(self.root):  # older steps, sealed or not; newer partials stay
-            other = _step_of(entry.name)
-            if other is not None and other < step:
-                shutil.rmtree(entry.path, ignore_errors=True)
 
     def newest(self) -> tuple[int, int]:
         """(step, samples) of the newest step sealed here that this rank may load; (-1, -1)."""
+        return self._newest(self._loadable, quiet=False)
+
+    def newest_copy(self) -> int:
+        """The newest step sealed here holding a whole copy of the previous node's same local
+        rank (peer copies); -1: none."""
+        return self._newest(self._copy_loadable, quiet=True)[0]
+
+    def _newest(self, check: Callable[[str, int], Seal | str], *, quiet: bool) -> tuple[int, int]:
         best = (-1, -1)
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.root):
                 step = _step_of(entry.name)
                 if step is None or entry.name.endswith(PARTIAL_SUFFIX) or step <= best[0]:
                     continue
-                seal = self._loadable(entry.path, step)
+                seal = check(entry.path, step)
                 if isinstance(seal, str):
-                    log.warning("memory tier: not loading %s: %s", entry.name, seal)
+                    if not quiet:
+                        log.warning("memory tier: not loading %s: %s", entry.name, seal)
                 else:
                     best = (step, seal.samples)
         return best
@@ -196,6 +262,24 @@ class MemoryTier:
 
     def _loadable(self, path: str, step: int) -> Seal | str:
         """The seal of `path` when this rank may load it, else why not (read once)."""
+        return self._holds(path, step, str(self.dist.rank), self._rank_dir(path), lambda s: s.ranks)
+
+    def _copy_loadable(self, path: str, step: int) -> Seal | str:
+        """The seal of `path` when it holds a whole copy of the rank this one keeps copies of."""
+        src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)[1]
+        where = peercopy.copy_dir(path, src)
+        return self._holds(path, step, str(src), where, lambda s: s.copies or {})
+
+    def _holds(
+        self,
+        path: str,
+        step: int,
+        rank: str,
+        where: str,
+        files_of: Callable[[Seal], dict[str, dict[str, int]]],
+    ) -> Seal | str:
+        """The seal of `path` when it is this job's, attempt's, config's and world size's and
+        `where` holds `rank`'s files as it says, else why not."""
         try:
             seal = self._seal_of(path)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -212,52 +296,124 @@ class MemoryTier:
         for what, (found, wanted) in expected.items():
             if found != wanted:
                 return f"written with {what} {found}, this rank has {wanted}"
-        files = seal.ranks.get(str(self.dist.rank))
+        files = files_of(seal).get(rank)
         if not files:
-            return f"rank {self.dist.rank}'s state is not in it"
+            return f"rank {rank}'s state is not in it"
         try:
-            present = _files(self._rank_dir(path))
+            present = _files(where)
         except OSError as exc:
-            return f"rank {self.dist.rank}'s files are gone ({exc})"
+            return f"rank {rank}'s files are gone ({exc})"
         if present != files:
-            return f"rank {self.dist.rank}'s files differ from the marker's: {present} != {files}"
+            return f"rank {rank}'s files differ from the marker's: {present} != {files}"
         return seal
 
-    def offer(self) -> tuple[int, int] | None:
-        """Collective: (step, samples) of the sealed step every rank holds, the same answer on
-        every rank, or None (a rank holds none, or another step). Asked before the claim's
+    def offer(self) -> Offer | None:
+        """Collective: the newest sealed step every rank can load, from its own memory or
+        (peer copies) from the peer that holds its copy; the same answer on every rank, or
+        None (a rank can load none, or ranks hold different steps). Asked before the claim's
         step is verified: when memory's step wins, the claim's data is never read."""
         step, samples = self.newest()
+        if faults.at_step("memory_wiped", self.dist.rank):  # a test's node whose pod is new
+            self._wipe()
+            step, samples = -1, -1
         if faults.at_step("memory_lost", self.dist.rank):  # a test's rank without its memory
             step, samples = -1, -1
-        mine = torch.tensor([step, -step, samples], dtype=torch.int64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=self.dist.ckpt_group)
-        high, low = int(mine[0]), -int(mine[1])
-        if high < 0 or high != low:
-            if self.dist.rank == 0 and high >= 0:
-                log.info("memory tier: ranks hold steps %d..%d: loading from the claim", low, high)
+        g, ws = self.dist.ckpt_group, self.dist.world_size
+        if not self.peer_copy:
+            mine = torch.tensor([step, -step, samples], dtype=torch.int64)
+            dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=g)
+            high, low = int(mine[0]), -int(mine[1])
+            if high < 0 or high != low:
+                if self.dist.rank == 0 and high >= 0:
+                    log.info("memory tier: ranks hold steps %d..%d: loading the claim", low, high)
+                return None
+            return Offer(high, int(mine[2]))
+        table = [torch.zeros(3, dtype=torch.int64) for _ in range(ws)]
+        said = torch.tensor([step, samples, self.newest_copy()], dtype=torch.int64)
+        dist.all_gather(table, said, group=g)
+        own, copies = [int(t[0]) for t in table], [int(t[2]) for t in table]
+        high = max(own)
+        if high < 0:
             return None
-        return high, int(mine[2])
+        missing = tuple(r for r in range(ws) if own[r] != high)
+        lost = [r for r in missing if copies[peercopy.holder(r, ws, self.local_world)] != high]
+        if lost:
+            if self.dist.rank == 0:
+                log.info(
+                    "memory tier: ranks %s hold step %d neither in their memory nor in a "
+                    "peer's copy: loading the claim",
+                    lost,
+                    high,
+                )
+            return None
+        return Offer(high, int(table[own.index(high)][1]), missing)
 
-    def choose(self, offer: tuple[int, int] | None, claim: int | None) -> tuple[int, int] | None:
+    def _wipe(self) -> None:
+        """A test's new pod: its node's memory volume empty (local rank 0 empties it)."""
+        if self.dist.local_rank == 0:
+            for entry in os.scandir(self.root):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    def choose(self, offer: Offer | None, claim: int | None) -> tuple[int, int] | None:
         """(step, samples) to load from memory, the same answer on every rank (`offer` is), or
-        None. Memory wins when every rank holds the same step (`offer`), not older than `claim`
-        (the step the claim would give; None: nothing)."""
+        None. Memory wins when every rank can load the same step (`offer`), not older than
+        `claim` (the step the claim would give; None: nothing). Ranks without it get it back
+        from their peers' copies first (collective)."""
         if offer is None:
             return None
-        if not wins(offer[0], claim):
+        if not wins(offer.step, claim):
             if self.dist.rank == 0:
                 log.info(
                     "memory tier: the gang holds step %d, the claim step %s: loading from the "
                     "claim",
-                    offer[0],
+                    offer.step,
                     claim,
                 )
             return None
-        self.held = offer[0]
+        if offer.from_peers:
+            self._restore(offer)
+        self.held = offer.step
         if faults.at_step("memory_garbled", self.dist.rank):  # a test's rank that cannot load it
-            _garble(os.path.join(self.rank_path(offer[0]), ".metadata"))
-        return offer
+            _garble(os.path.join(self.rank_path(offer.step), ".metadata"))
+        return offer.step, offer.samples
+
+    def _restore(self, offer: Offer) -> None:
+        """Collective: each rank of `offer.from_peers` gets its files of the step back from the
+        rank that holds its copy; its node's seal then names them. A copy that does not arrive
+        whole leaves the rank without them: its load fails, and `loaded` turns to the claim."""
+        me, ws, g = self.dist.rank, self.dist.world_size, self.dist.ckpt_group
+        holds_mine, mine_to = peercopy.ring(me, ws, self.local_world)
+        final = self._step_dir(offer.step)
+        outgoing: dict[int, bytearray] = {}
+        if mine_to in offer.from_peers:
+            try:
+                outgoing[mine_to] = peercopy.pack(peercopy.copy_dir(final, mine_to))
+            except OSError as exc:
+                log.warning("memory tier: rank %d's copy unreadable: %s", mine_to, exc)
+                outgoing[mine_to] = bytearray()
+        wanted = [holds_mine] if me in offer.from_peers else []
+        got = peercopy.swap(outgoing, wanted, g)
+        if wanted:
+            try:
+                files = peercopy.unpack(got[holds_mine], self._rank_dir(final))
+                log.info(
+                    "memory tier: rank %d got its step %d back from rank %d's copy (%d bytes)",
+                    me,
+                    offer.step,
+                    holds_mine,
+                    sum(files.values()),
+                )
+            except (OSError, ValueError) as exc:
+                log.warning("memory tier: rank %d's copy from rank %d: %s", me, holds_mine, exc)
+        dist.barrier(group=g)
+        node = me // self.local_world
+        if self.dist.local_rank == 0 and any(
+            r // self.local_world == node for r in offer.from_peers
+        ):
+            self._write_seal(
+                final, self._seal_for(offer.step, samples=offer.samples, directory=final)
+            )
+        dist.barrier(group=g)
 
     def loaded(self, step: int, *, ok: bool) -> bool:
         """Collective: whether every rank loaded `step` from memory (`ok` is this rank's word).
@@ -305,4 +461,11 @@ def open_tier(
             contract.ENV_MEMORY_ROOT,
         )
         return None
-    return MemoryTier(root, identity=identity, dist_info=dist_info, meters=meters)
+    return MemoryTier(
+        root,
+        identity=identity,
+        dist_info=dist_info,
+        meters=meters,
+        peer_copy=cfg.memory.peer_copy,
+        limit=int(config_base.quantity(cfg.memory.size_limit)),
+    )

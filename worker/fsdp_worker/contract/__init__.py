@@ -270,11 +270,13 @@ LEGACY_METRIC_NAMES = {
 # termination message plus node, torchrunExitCode, time, started, generation, reason>.
 METRIC_GENERATION = "fsdp_worker_generation"
 # The memory tier (memtier.py): 1 when this process resumed from memory, 0 from the claim or
-# fresh; the newest step sealed in memory; steps between memory saves; the last one's seconds.
+# fresh; the newest step sealed in memory; steps between memory saves; the last one's seconds;
+# the bytes of the previous node's rank this rank keeps (checkpoint.memory.peerCopy).
 METRIC_RESUMED_FROM_MEMORY = "fsdp_worker_resumed_from_memory"
 METRIC_MEMORY_STEP = "fsdp_checkpoint_memory_step"
 METRIC_MEMORY_INTERVAL = "fsdp_checkpoint_memory_interval_steps"
 METRIC_MEMORY_SAVE_SECONDS = "fsdp_checkpoint_memory_save_seconds"
+METRIC_MEMORY_PEER_BYTES = "fsdp_checkpoint_memory_peer_copy_bytes"
 METRIC_INTERVAL = "fsdp_checkpoint_interval_steps"  # gauge: steps between checkpoints now
 METRIC_INTERVAL_INPUT = "fsdp_checkpoint_interval_input"  # label input=IntervalInput (auto)
 # Stragglers (telemetry/pace.py), set every PACE_WINDOW_STEPS steps: per-rank compute and wait

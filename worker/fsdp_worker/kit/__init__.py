@@ -177,9 +177,11 @@ class Run:
         if held is None:
             return claim
         step, samples = held
+        peers = offer.from_peers if offer is not None else ()
         log.info(
-            "resuming from step %d in memory (the claim offers %s)",
+            "resuming from step %d in memory%s (the claim offers %s)",
             step,
+            f", ranks {list(peers)} from peers' copies" if peers else "",
             claim.step if claim else "nothing",
         )
         self.meters.resumed_from_memory.set(1)

@@ -110,6 +110,10 @@ class Metrics:
         self.memory_save_seconds = gauge(
             contract.METRIC_MEMORY_SAVE_SECONDS, "Seconds the last memory save blocked training."
         )
+        self.memory_peer_bytes = gauge(
+            contract.METRIC_MEMORY_PEER_BYTES,
+            "Bytes of the previous node's rank this rank keeps in memory (peerCopy).",
+        )
         self.resumed_from_memory = gauge(
             contract.METRIC_RESUMED_FROM_MEMORY, "1: this process resumed from the memory tier."
         )
