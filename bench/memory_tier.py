@@ -9,13 +9,18 @@ rotating order: to the claim (a sync save, O_DIRECT banded files fsync'd under a
 production default) and to memory (memtier.MemoryTier: each rank's own files in one tmpfs
 directory, as a pod of 2 ranks has its emptyDir of medium Memory, sealed by local rank 0).
 Then it loads both, rotating: the claim from a cold page cache (as after a restart), memory
-from tmpfs (a restart in place: the new ranks read the pod's memory volume). Medians and
-min..max go to bench/results/memory_tier.json; every temporary file is removed.
+from tmpfs (a restart in place: the new ranks read the pod's memory volume). Beside them, the
+memory tier with peer copies (checkpoint.memory.peerCopy), each rank standing for a node of
+its own with its own volume: its save (own files, then the ring's transfer of each rank's
+files to the other), and the load of a rank whose node's volume was emptied (a spare in a lost
+node's place): offer, the copy sent back, then the load. Medians and min..max go to
+bench/results/memory_tier.json; every temporary file is removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -34,6 +39,23 @@ RESULTS = wc.RESULTS / "memory_tier.json"
 GOAL_LOAD_SECONDS = 0.3  # issue 23: a same-size load from memory
 
 
+def _timed(into: list[float], fn: Callable[[], None]) -> None:
+    """Seconds of `fn` on the slowest rank (barriers before and after)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.monotonic()
+    fn()
+    dist.barrier()
+    into.append(time.monotonic() - t0)
+
+
+def _prune(root: str, *, keep: str) -> None:
+    for old in Path(root).glob("step-*"):
+        if old.name != keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) -> None:
     import torch.distributed as dist
 
@@ -45,30 +67,47 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
     claim = manager(checkpoint.SaveMode.SYNC)
     ident = checkpoint.Identity(1, None, claim.identity.config_hash, 2)
     tier = memtier.MemoryTier(memory_base, identity=ident, dist_info=di, meters=meters)
-    out: dict[str, list[float]] = {
-        k: [] for k in ("claim_save", "memory_save", "claim_load", "memory_load")
-    }
+    # Each rank a node of its own (its own volume, its own local rank 0), copies on.
+    own_node = f"{memory_base}/node-{di.rank}"
+    peer = memtier.MemoryTier(
+        own_node, identity=ident, dist_info=dataclasses.replace(di, local_rank=0), meters=meters
+    )
+    peer.local_world, peer.peer_copy = 1, True
+    keys = ("claim_save", "memory_save", "memory_save_peer", "claim_load", "memory_load")
+    out: dict[str, list[float]] = {k: [] for k in (*keys, "memory_load_from_peer")}
 
     def save_memory() -> None:
         tier.save(
             st.step, samples=st.samples, make_state=lambda: state.to_save(st, group=di.ckpt_group)
         )
 
+    def save_peer() -> None:
+        peer.save(
+            st.step, samples=st.samples, make_state=lambda: state.to_save(st, group=di.ckpt_group)
+        )
+
+    def load_from_peer() -> None:
+        offer = peer.offer()
+        held = peer.choose(offer, None)
+        assert offer is not None and offer.from_peers == (1,) and held is not None, offer
+        point = resume.ResumePoint(
+            peer.rank_path(held[0]), held[0], di.world_size, held[1], 2, memory=True
+        )
+        resume.load(point, st, dist_info=di, seed=0)
+
     train_step()
-    claim.save(st)  # warm-up of both paths
+    claim.save(st)  # warm-up of every path
     save_memory()
+    save_peer()
     for rep in range(reps):
         train_step()
         saves: list[tuple[str, Callable[[], None]]] = [
             ("claim_save", lambda: claim.save(st)),
             ("memory_save", save_memory),
+            ("memory_save_peer", save_peer),
         ]
-        for key, fn in saves[rep % 2 :] + saves[: rep % 2]:
-            dist.barrier()
-            t0 = time.monotonic()
-            fn()
-            dist.barrier()
-            out[key].append(time.monotonic() - t0)
+        for key, fn in saves[rep % 3 :] + saves[: rep % 3]:
+            _timed(out[key], fn)
         step = st.step
         path = f"{claim.root}/{catalog.step_dir_name(step)}"
         marker = catalog.Marker.from_json(Path(path, catalog.MARKER_NAME).read_bytes())
@@ -91,10 +130,12 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
             resume.load(points[key], st, dist_info=di, seed=0)
             dist.barrier()
             out[key].append(time.monotonic() - t0)
+        if di.rank == 1:  # its node's volume is new: a spare in a lost node's place
+            shutil.rmtree(own_node)
+            os.makedirs(own_node)
+        _timed(out["memory_load_from_peer"], load_from_peer)
         if di.rank == 0:  # keep the claim to the newest step: the disk is small
-            for old in Path(claim.root).glob("step-*"):
-                if old.name != catalog.step_dir_name(step):
-                    shutil.rmtree(old, ignore_errors=True)
+            _prune(claim.root, keep=catalog.step_dir_name(step))
     if di.rank == 0:
         out["bytes"] = [float(sum(catalog.LocalStorage(claim.root).list_files(path).values()))]
         Path(out_path).write_text(json.dumps(out))
@@ -146,8 +187,10 @@ def main() -> None:
         stats = {k: wc._stats(v) for k, v in raw.items()}
         summary = {
             "what": "2 CPU ranks (gloo), one process each; claim: sync O_DIRECT banded save, "
-            "fsync'd, marker; memory: memtier on tmpfs (one pod's volume); loads: same size, "
-            "the claim's from a cold page cache",
+            "fsync'd, marker; memory: memtier on tmpfs (one pod's volume); memory_*_peer: each "
+            "rank a node of its own with peer copies, the load one of a rank whose volume was "
+            "emptied (its copy sent back first); loads: same size, the claim's from a cold "
+            "page cache",
             "bytes": size,
             "reps": args.reps,
             "model": {"dim": args.dim, "layers": args.layers},
