@@ -82,6 +82,8 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_peers_memory(
         diagnosis=lambda: jobs.diagnosis(name),
     )
     lost = victim["spec"]["nodeName"]
+    before = jobs.status(name)
+    seen, claimed = before.get("step") or 0, (before.get("lastCheckpoint") or {}).get("step", 0)
     e2e.faults.lose_node(lost, freeze=names.Label.JOB.value)  # its pods stop too
     try:
 
@@ -104,8 +106,10 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_peers_memory(
     assert s["attempt"] == attempt and restart["failure"]["cause"] == "NodeLost", story
     assert restart["failure"]["pod"] == victim["metadata"]["name"], story
     assert s["spares"]["takeovers"] == 1, story
-    # From memory: node rank 0's ranks sent the spare's ranks their copies of the step.
-    assert restart["fromMemory"] is True and restart["stepsLost"] <= 2, story
+    # From memory: node rank 0's ranks sent the spare's ranks their copies of the step, one
+    # at most 2 steps behind the last the operator saw (memory every 2), not the claim's.
+    assert restart["fromMemory"] is True, story
+    assert restart["resumedFromStep"] >= max(seen - 2, claimed), (seen, claimed, story)
     log = jobs.cluster.kubectl(
         "logs", "-n", namespace, spare["metadata"]["name"], check=False
     ).stdout
@@ -116,7 +120,7 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_peers_memory(
     heard = first - st.parse_rfc3339(restart["failure"]["time"])
     print(
         f"peer memory: NodeLost -> first step {taken:.2f}s, last heartbeat -> first step "
-        f"{heard:.2f}s, resumed from step {restart.get('resumedFromStep')}, "
-        f"lost {restart['stepsLost']}"
+        f"{heard:.2f}s, resumed from step {restart['resumedFromStep']} (step {seen} scraped "
+        f"before the loss, the claim's newest {claimed})"
     )
     jobs.cluster.kubectl("delete", "fsdpjob", name, "-n", namespace, "--wait=false")
