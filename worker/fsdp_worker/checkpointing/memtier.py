@@ -384,13 +384,13 @@ class MemoryTier:
         me, ws, g = self.dist.rank, self.dist.world_size, self.dist.ckpt_group
         holds_mine, mine_to = peercopy.ring(me, ws, self.local_world)
         final = self._step_dir(offer.step)
-        outgoing: dict[int, bytearray] = {}
+        outgoing: dict[int, torch.Tensor] = {}
         if mine_to in offer.from_peers:
             try:
                 outgoing[mine_to] = peercopy.pack(peercopy.copy_dir(final, mine_to))
             except OSError as exc:
                 log.warning("memory tier: rank %d's copy unreadable: %s", mine_to, exc)
-                outgoing[mine_to] = bytearray()
+                outgoing[mine_to] = torch.empty(0, dtype=torch.uint8)
         wanted = [holds_mine] if me in offer.from_peers else []
         got = peercopy.swap(outgoing, wanted, g)
         if wanted:

@@ -10,8 +10,9 @@ in place finds a rank without the gang's step, the rank holding its copy sends t
 and the rank loads its own bytes: as exact as a resume from its own memory. A lost node is
 covered, or several when no two are neighbours in the ring; otherwise the claim is loaded.
 
-Wire: an 8-byte length, a JSON header (file names and sizes), then the files' bytes, moved as
-uint8 tensors. Nothing is unpickled; a name must be a plain file name.
+Wire: an 8-byte length, a JSON header (file names and sizes), then the files' bytes, in one
+uint8 tensor read straight from the files and written straight from the buffer received.
+Nothing is unpickled; a name must be a plain file name.
 """
 
 from __future__ import annotations
@@ -44,27 +45,38 @@ def copy_dir(step_dir: str, rank: int) -> str:
     return os.path.join(step_dir, f"{COPY_PREFIX}{rank}")
 
 
-def pack(directory: str) -> bytearray:
-    """Every file of `directory` (no subdirectories) as one blob."""
+def pack(directory: str) -> torch.Tensor:
+    """Every file of `directory` (no subdirectories) as one uint8 tensor, each file read once
+    straight into it (no intermediate copies: a rank's share is often GiBs)."""
     names = sorted(e.name for e in os.scandir(directory) if e.is_file())
     sizes = [os.path.getsize(os.path.join(directory, n)) for n in names]
     header = json.dumps({"files": [[n, s] for n, s in zip(names, sizes, strict=True)]}).encode()
-    blob = bytearray(_LENGTH.pack(len(header)) + header)
-    for name in names:
-        with open(os.path.join(directory, name), "rb") as fh:
-            blob += fh.read()
+    body = _LENGTH.size + len(header)
+    blob = torch.empty(body + sum(sizes), dtype=torch.uint8)
+    view = blob.numpy().data  # writable, over the tensor's memory
+    view[:body] = _LENGTH.pack(len(header)) + header
+    for name, size in zip(names, sizes, strict=True):
+        with open(os.path.join(directory, name), "rb", buffering=0) as fh:
+            done = 0
+            while done < size:
+                got = fh.readinto(view[body + done : body + size])
+                if not got:
+                    raise OSError(f"{name} shrank while it was copied ({done} of {size} bytes)")
+                done += got
+        body += size
     return blob
 
 
-def unpack(blob: bytes, directory: str) -> dict[str, int]:
+def unpack(blob: torch.Tensor | bytes, directory: str) -> dict[str, int]:
     """Write `pack`'s blob into `directory` (replaced); its files and sizes. ValueError says
     what did not match (a truncated blob, a name that is not a plain file name)."""
-    if len(blob) < _LENGTH.size:
-        raise ValueError(f"a peer copy of {len(blob)} bytes has no header")
-    (length,) = _LENGTH.unpack_from(blob)
-    if length > min(_MAX_HEADER, len(blob) - _LENGTH.size):
-        raise ValueError(f"a peer copy's header says {length} bytes; the blob has {len(blob)}")
-    doc = json.loads(bytes(blob[_LENGTH.size : _LENGTH.size + length]))
+    view = (blob.numpy().data if isinstance(blob, torch.Tensor) else memoryview(blob)).cast("B")
+    if len(view) < _LENGTH.size:
+        raise ValueError(f"a peer copy of {len(view)} bytes has no header")
+    (length,) = _LENGTH.unpack_from(view)
+    if length > min(_MAX_HEADER, len(view) - _LENGTH.size):
+        raise ValueError(f"a peer copy's header says {length} bytes; the blob has {len(view)}")
+    doc = json.loads(bytes(view[_LENGTH.size : _LENGTH.size + length]))
     files: dict[str, int] = {}
     for entry in doc.get("files", []):
         name, size = entry
@@ -74,14 +86,13 @@ def unpack(blob: bytes, directory: str) -> dict[str, int]:
             raise ValueError(f"a peer copy's file name {name!r} is not a plain file name")
         files[name] = size
     body = _LENGTH.size + length
-    if body + sum(files.values()) != len(blob):
+    if body + sum(files.values()) != len(view):
         raise ValueError(
             f"a peer copy's files add up to {sum(files.values())} bytes; it carries "
-            f"{len(blob) - body}"
+            f"{len(view) - body}"
         )
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
-    view = memoryview(blob)
     for name, size in files.items():
         with open(os.path.join(directory, name), "wb") as fh:
             fh.write(view[body : body + size])
@@ -90,29 +101,23 @@ def unpack(blob: bytes, directory: str) -> dict[str, int]:
 
 
 def swap(
-    outgoing: dict[int, bytearray], incoming: list[int], group: dist.ProcessGroup
-) -> dict[int, bytes]:
+    outgoing: dict[int, torch.Tensor], incoming: list[int], group: dist.ProcessGroup
+) -> dict[int, torch.Tensor]:
     """Send each blob of `outgoing` to its rank and receive one from each rank of `incoming`,
     all at once (a ring, where every rank sends and receives, cannot deadlock); collective
     among the ranks named on both sides."""
     sizes = {src: torch.zeros(1, dtype=torch.int64) for src in incoming}
+    lengths = {dst: torch.tensor([b.numel()], dtype=torch.int64) for dst, b in outgoing.items()}
     _wait(
-        [
-            dist.isend(torch.tensor([len(b)], dtype=torch.int64), dst, group)
-            for dst, b in outgoing.items()
-        ]
+        [dist.isend(t, dst, group) for dst, t in lengths.items()]
         + [dist.irecv(t, src, group) for src, t in sizes.items()]
     )
     received = {src: torch.empty(int(t[0]), dtype=torch.uint8) for src, t in sizes.items()}
     _wait(
-        [
-            dist.isend(torch.frombuffer(b, dtype=torch.uint8), dst, group)
-            for dst, b in outgoing.items()
-            if b
-        ]
+        [dist.isend(b, dst, group) for dst, b in outgoing.items() if b.numel()]
         + [dist.irecv(t, src, group) for src, t in received.items() if t.numel()]
     )
-    return {src: t.numpy().tobytes() for src, t in received.items()}
+    return received
 
 
 def _wait(works: list[dist.Work | None]) -> None:
