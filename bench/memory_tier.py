@@ -39,7 +39,7 @@ RESULTS = wc.RESULTS / "memory_tier.json"
 GOAL_LOAD_SECONDS = 0.3  # issue 23: a same-size load from memory
 
 
-def _timed(into: list[float], fn: Callable[[], None]) -> None:
+def _timed(into: list[float], fn: Callable[[], object]) -> None:
     """Seconds of `fn` on the slowest rank (barriers before and after)."""
     import torch.distributed as dist
 
@@ -70,11 +70,17 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
     # Each rank a node of its own (its own volume, its own local rank 0), copies on.
     own_node = f"{memory_base}/node-{di.rank}"
     peer = memtier.MemoryTier(
-        own_node, identity=ident, dist_info=dataclasses.replace(di, local_rank=0), meters=meters
+        own_node,
+        identity=ident,
+        dist_info=dataclasses.replace(di, local_rank=0),
+        meters=meters,
+        peer_copy=True,
+        local_world=1,
     )
-    peer.local_world, peer.peer_copy = 1, True
     keys = ("claim_save", "memory_save", "memory_save_peer", "claim_load", "memory_load")
-    out: dict[str, list[float]] = {k: [] for k in (*keys, "memory_load_from_peer")}
+    out: dict[str, list[float]] = {
+        k: [] for k in (*keys, "memory_copy_peer", "memory_load_from_peer")
+    }
 
     def save_memory() -> None:
         tier.save(
@@ -82,9 +88,19 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
         )
 
     def save_peer() -> None:
-        peer.save(
-            st.step, samples=st.samples, make_state=lambda: state.to_save(st, group=di.ckpt_group)
+        """Its blocking part (the copies travel in the background), then until they landed."""
+        t0 = time.monotonic()
+        _timed(
+            out["memory_save_peer"],
+            lambda: peer.save(
+                st.step,
+                samples=st.samples,
+                make_state=lambda: state.to_save(st, group=di.ckpt_group),
+            ),
         )
+        peer.join_copies()
+        dist.barrier()
+        out["memory_copy_peer"].append(time.monotonic() - t0)
 
     def load_from_peer() -> None:
         offer = peer.offer()
@@ -99,15 +115,17 @@ def _inner(cfg_doc: dict[str, Any], memory_base: str, out_path: str, reps: int) 
     claim.save(st)  # warm-up of every path
     save_memory()
     save_peer()
+    for values in out.values():
+        values.clear()  # the warm-up's
     for rep in range(reps):
         train_step()
-        saves: list[tuple[str, Callable[[], None]]] = [
-            ("claim_save", lambda: claim.save(st)),
-            ("memory_save", save_memory),
-            ("memory_save_peer", save_peer),
+        saves: list[Callable[[], None]] = [
+            lambda: _timed(out["claim_save"], lambda: claim.save(st)),
+            lambda: _timed(out["memory_save"], save_memory),
+            save_peer,
         ]
-        for key, fn in saves[rep % 3 :] + saves[: rep % 3]:
-            _timed(out[key], fn)
+        for fn in saves[rep % 3 :] + saves[: rep % 3]:
+            fn()
         step = st.step
         path = f"{claim.root}/{catalog.step_dir_name(step)}"
         marker = catalog.Marker.from_json(Path(path, catalog.MARKER_NAME).read_bytes())
@@ -188,9 +206,9 @@ def main() -> None:
         summary = {
             "what": "2 CPU ranks (gloo), one process each; claim: sync O_DIRECT banded save, "
             "fsync'd, marker; memory: memtier on tmpfs (one pod's volume); memory_*_peer: each "
-            "rank a node of its own with peer copies, the load one of a rank whose volume was "
-            "emptied (its copy sent back first); loads: same size, the claim's from a cold "
-            "page cache",
+            "rank a node of its own with peer copies: the save's blocking part, and until its "
+            "copies landed (copy); the load one of a rank whose volume was emptied (its copy "
+            "sent back first); loads: same size, the claim's from a cold page cache",
             "bytes": size,
             "reps": args.reps,
             "model": {"dim": args.dim, "layers": args.layers},

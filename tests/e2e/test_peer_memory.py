@@ -106,10 +106,11 @@ def test_a_spare_in_a_lost_nodes_place_resumes_from_its_peers_memory(
     assert s["attempt"] == attempt and restart["failure"]["cause"] == "NodeLost", story
     assert restart["failure"]["pod"] == victim["metadata"]["name"], story
     assert s["spares"]["takeovers"] == 1, story
-    # From memory: node rank 0's ranks sent the spare's ranks their copies of the step, one
-    # at most 2 steps behind the last the operator saw (memory every 2), not the claim's.
+    # From memory: node rank 0's ranks sent the spare's ranks their copies of the step, at
+    # most two memory saves (every 2 steps) behind the last the operator saw (the newest
+    # save's copies may still have been travelling), not the claim's.
     assert restart["fromMemory"] is True, story
-    assert restart["resumedFromStep"] >= max(seen - 2, claimed), (seen, claimed, story)
+    assert restart["resumedFromStep"] >= max(seen - 4, claimed), (seen, claimed, story)
     log = jobs.cluster.kubectl(
         "logs", "-n", namespace, spare["metadata"]["name"], check=False
     ).stdout

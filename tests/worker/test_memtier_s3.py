@@ -139,8 +139,10 @@ def test_a_restart_in_place_loads_memorys_newer_step_not_the_buckets(
         for name in names:
             assert torch.equal(fa[name], fb[name]), name
 
-    # Each pod's memory holds its newest sealed step (10), its own rank's files only.
+    # Each pod's memory holds its two newest sealed steps (8, 10) with its own rank's files,
+    # and (peer copies) the other node's rank's copies of them.
     for node in range(2):
-        assert sorted(p.name for p in (tmp_path / f"memory-{node}").iterdir()) == ["step-10"]
+        held = sorted(p.name for p in (tmp_path / f"memory-{node}").iterdir())
+        assert held == [f"copy-{1 - node}", "step-10", "step-8"], held
         seal = json.loads((tmp_path / f"memory-{node}" / "step-10" / "COMPLETE.json").read_text())
         assert set(seal["ranks"]) == {str(node)} and seal["world_size"] == 2

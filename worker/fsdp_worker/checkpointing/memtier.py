@@ -16,9 +16,12 @@ loads from the claim. Same sharding, same bytes: the resume is as exact as from 
 The gang's offer is asked before the claim's step is verified, so that step's files are hashed
 (read whole: resume.choose) only when it is the one loaded.
 
-With `checkpoint.memory.peerCopy` each rank's files of a step are also kept by the same local
-rank of the next node (peercopy.py), sealed with the step as `copy-<rank>`: a rank whose node
-lost its memory (a new pod: a spare taking a lost node's place) gets them back from that peer.
+With `checkpoint.memory.peerCopy` each rank's files of a sealed step are also sent, in the
+background, to the same local rank of the next node (peercopy.py), which keeps them under
+`copy-<rank>/step-<N>` with a seal of their own: a rank whose node lost its memory (a new pod:
+a spare taking a lost node's place) gets them back from that peer. With copies a node keeps
+its two newest sealed steps, so that a failure while the newest one's copies travel finds the
+one before whole on every node or its peer.
 
 The claim stays the durable tier with its own interval (checkpoint.intervalSteps): memory does
 not survive a recreated gang, nor two neighbouring nodes lost. This module must not write the
@@ -28,11 +31,13 @@ claim.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -55,6 +60,8 @@ from fsdp_worker.telemetry import metrics
 log = logging.getLogger(__name__)
 
 PARTIAL_SUFFIX = ".partial"
+COPY_TIMEOUT = datetime.timedelta(minutes=10)
+"""A peer copy that has not arrived by then failed (the next save waits for it at most that)."""
 FORMAT: Final = 1
 
 
@@ -72,10 +79,9 @@ class Seal:
     ranks: dict[str, dict[str, int]]  # rank -> file name -> size, for this node's ranks
     time: float
     format: Literal[1] = FORMAT
-    copies: dict[str, dict[str, int]] | None = None  # the previous node's ranks' (peerCopy)
 
     def to_json(self) -> bytes:
-        return json.dumps(wire.to_doc(self, drop_none=("copies",)), sort_keys=True).encode()
+        return json.dumps(wire.to_doc(self), sort_keys=True).encode()
 
     @classmethod
     def parse(cls, raw: bytes) -> Seal:
@@ -115,14 +121,25 @@ class MemoryTier:
         meters: metrics.Metrics,
         peer_copy: bool = False,
         limit: int | None = None,
+        local_world: int | None = None,
     ) -> None:
+        """Collective when `peer_copy` (the copies' own process group is made here)."""
         self.root, self.identity, self.dist, self.meters = root, identity, dist_info, meters
         self.held: int | None = None  # the newest step the gang holds sealed in memory
-        self.local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        env_local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.local_world = local_world if local_world is not None else env_local
         # Copies need another node; torchrun gives a node's ranks consecutive numbers.
         self.peer_copy = peer_copy and dist_info.world_size > self.local_world
         self.limit = limit  # the volume's sizeLimit in bytes
         self._copies_refused = False
+        self._copying: threading.Thread | None = None
+        # The background copies talk on a group of their own: never beside a collective of
+        # the training thread on the same group.
+        self._copy_group: dist.ProcessGroup | None = None
+        if self.peer_copy:
+            group = dist.new_group(backend="gloo", timeout=COPY_TIMEOUT)
+            assert isinstance(group, dist.ProcessGroup)  # every rank is in it
+            self._copy_group = group
         os.makedirs(root, exist_ok=True)
 
     def _step_dir(self, step: int) -> str:
@@ -136,8 +153,11 @@ class MemoryTier:
         return os.path.join(step_dir, f"rank-{self.dist.rank}")
 
     def save(self, step: int, *, samples: int, make_state: Callable[[], dict[str, Any]]) -> float:
-        """Seal `make_state()` as `step` in memory; returns the seconds training waited."""
+        """Seal `make_state()` as `step` in memory, then (peer copies) send this rank's files
+        to its peer in the background; returns the seconds training waited (for the last
+        step's copies too, when they were still travelling)."""
         started = time.monotonic()
+        self.join_copies()
         partial = self._step_dir(step) + PARTIAL_SUFFIX
         mine = self._rank_dir(partial)
         shutil.rmtree(mine, ignore_errors=True)
@@ -151,8 +171,6 @@ class MemoryTier:
                     ),
                     no_dist=True,
                 )
-            if self.peer_copy:
-                self._copy_to_peer(mine, partial)
             dist.barrier(group=self.dist.ckpt_group)  # every rank's files are written
         except (Exception, CheckpointException) as exc:
             raise errors.CheckpointError(
@@ -161,33 +179,90 @@ class MemoryTier:
         if self.dist.local_rank == 0:
             self._seal(step, samples=samples, partial=partial)
         self.held = step
+        if self.peer_copy:
+            dist.barrier(group=self.dist.ckpt_group)  # every node sealed: its files stay put
+            self._copying = threading.Thread(
+                target=self._copy_to_peer, args=(step, samples), name="memory-copy", daemon=True
+            )
+            self._copying.start()
         seconds = time.monotonic() - started
         self.meters.memory_step.set(step)
         self.meters.memory_save_seconds.set(seconds)
         return seconds
 
-    def _copy_to_peer(self, mine: str, partial: str) -> None:
-        """Ring: send this rank's files to the next node's same local rank; keep the previous
-        node's in `partial/copy-<rank>`. Collective; skipped on every rank alike when a node's
-        volume would not hold them."""
-        own = sum(_files(mine).values())
-        g = self.dist.ckpt_group
-        if not peercopy.fits(own, local_world_size=self.local_world, limit=self.limit, group=g):
-            if self.dist.rank == 0 and not self._copies_refused:
-                log.warning(
-                    "memory tier: no peer copies: %d ranks per node of up to %d bytes, with "
-                    "copies and two steps, exceed checkpoint.memory.sizeLimit (%s bytes)",
-                    self.local_world,
-                    own,
-                    self.limit,
-                )
-            self._copies_refused = True
-            self.meters.memory_peer_bytes.set(0)
-            return
-        dst, src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)
-        got = peercopy.swap({dst: peercopy.pack(mine)}, [src], g)
-        held = peercopy.unpack(got[src], peercopy.copy_dir(partial, src))
-        self.meters.memory_peer_bytes.set(sum(held.values()))
+    def join_copies(self) -> None:
+        """Wait for the last save's copies (the next save may remove what they read)."""
+        if self._copying is not None:
+            self._copying.join()
+            self._copying = None
+
+    def _copy_home(self, src: int) -> str:
+        return os.path.join(self.root, f"{peercopy.COPY_PREFIX}{src}")
+
+    def copy_path(self, src: int, step: int) -> str:
+        """Where this rank keeps `src`'s files of `step`; their seal is `<path>.json`."""
+        return os.path.join(self._copy_home(src), f"step-{step}")
+
+    def _copy_to_peer(self, step: int, samples: int) -> None:
+        """The background half of a save: send this rank's files of sealed `step` to the next
+        node's same local rank and keep the previous node's, sealed. Collective on the copies'
+        group; skipped on every rank alike when a node's volume would not hold them. Never
+        raises: a copy that fails leaves the one before (the next restart loads the step every
+        rank or its peer holds)."""
+        g = self._copy_group
+        assert g is not None  # peer_copy
+        mine = self.rank_path(step)
+        try:
+            own = sum(_files(mine).values())
+            fits = peercopy.fits(own, local_world_size=self.local_world, limit=self.limit, group=g)
+            if not fits:
+                if self.dist.rank == 0 and not self._copies_refused:
+                    log.warning(
+                        "memory tier: no peer copies: %d ranks per node of up to %d bytes, "
+                        "%d times over with copies, exceed checkpoint.memory.sizeLimit "
+                        "(%s bytes)",
+                        self.local_world,
+                        peercopy.SHARES_HELD,
+                        own,
+                        self.limit,
+                    )
+                self._copies_refused = True
+                self.meters.memory_peer_bytes.set(0)
+                return
+            dst, src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)
+            blob = peercopy.pack(mine)
+            self._prune_copies(src, keep=1)  # room for the one coming
+            got = peercopy.swap({dst: blob}, [src], g)
+            where = self.copy_path(src, step)
+            files = peercopy.unpack(got[src], where)
+            seal = self._seal_of_files(step, samples=samples, ranks={str(src): files})
+            _write_atomically(where + ".json", seal.to_json())
+            self._prune_copies(src, keep=2)
+            self.meters.memory_peer_bytes.set(sum(files.values()))
+        except Exception:  # a background thread: say it; the save stands
+            log.warning("memory tier: step %d's peer copy failed", step, exc_info=True)
+
+    def _prune_copies(self, src: int, *, keep: int) -> None:
+        """Keep `src`'s `keep` newest sealed copies; remove the rest, unsealed ones included."""
+        home = self._copy_home(src)
+        with contextlib.suppress(FileNotFoundError):
+            entries = list(os.scandir(home))
+            sealed = sorted(
+                step
+                for e in entries
+                if e.name.endswith(".json")
+                and (step := _step_of(e.name.removesuffix(".json"))) is not None
+            )
+            kept = set(sealed[-keep:]) if keep else set()
+            for e in entries:
+                step = _step_of(e.name.removesuffix(".json"))
+                if step is None or step in kept:
+                    continue
+                if e.is_dir():
+                    shutil.rmtree(e.path, ignore_errors=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(e.path)
 
     def _seal(self, step: int, *, samples: int, partial: str) -> None:
         final = self._step_dir(step)
@@ -195,25 +270,36 @@ class MemoryTier:
         shutil.rmtree(final, ignore_errors=True)  # the same step again (after a resume)
         os.rename(partial, final)
         self._write_seal(final, seal)
-        for entry in os.scandir(self.root):  # older steps, sealed or not; newer partials stay
+        # Older steps, sealed or not (newer partials stay); with copies the newest before
+        # this one stays too, until the next seal.
+        sealed = sorted(
+            s
+            for e in os.scandir(self.root)
+            if (s := _step_of(e.name)) is not None and s < step and e.name == f"step-{s}"
+        )
+        keep = sealed[-1:] if self.peer_copy else []
+        for entry in os.scandir(self.root):
             other = _step_of(entry.name)
-            if other is not None and other < step:
+            if (
+                other is not None
+                and other < step
+                and not (other in keep and entry.name == f"step-{other}")
+            ):
                 shutil.rmtree(entry.path, ignore_errors=True)
 
     def _write_seal(self, final: str, seal: Seal) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=final)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(seal.to_json())
-        os.rename(tmp, os.path.join(final, catalog.MARKER_NAME))
+        _write_atomically(os.path.join(final, catalog.MARKER_NAME), seal.to_json())
 
     def _seal_for(self, step: int, *, samples: int, directory: str) -> Seal:
-        """The seal of `directory`'s ranks' files and copies, as written now."""
-        ranks, copies = {}, {}
-        for e in os.scandir(directory):
-            if e.is_dir() and e.name.startswith("rank-"):
-                ranks[e.name.removeprefix("rank-")] = _files(e.path)
-            elif e.is_dir() and e.name.startswith(peercopy.COPY_PREFIX):
-                copies[e.name.removeprefix(peercopy.COPY_PREFIX)] = _files(e.path)
+        """The seal of `directory`'s ranks' files, as written now."""
+        ranks = {
+            e.name.removeprefix("rank-"): _files(e.path)
+            for e in os.scandir(directory)
+            if e.is_dir() and e.name.startswith("rank-")
+        }
+        return self._seal_of_files(step, samples=samples, ranks=ranks)
+
+    def _seal_of_files(self, step: int, *, samples: int, ranks: dict[str, dict[str, int]]) -> Seal:
         return Seal(
             step=step,
             samples=samples,
@@ -224,36 +310,40 @@ class MemoryTier:
             attempt=self.identity.attempt,
             ranks=ranks,
             time=time.time(),
-            copies=copies or None,
         )
 
     def newest(self) -> tuple[int, int]:
         """(step, samples) of the newest step sealed here that this rank may load; (-1, -1)."""
-        return self._newest(self._loadable, quiet=False)
+        held = self.steps()
+        return held[0] if held else (-1, -1)
 
-    def newest_copy(self) -> int:
-        """The newest step sealed here holding a whole copy of the previous node's same local
-        rank (peer copies); -1: none."""
-        return self._newest(self._copy_loadable, quiet=True)[0]
+    def steps(self) -> list[tuple[int, int]]:
+        """(step, samples) of the steps sealed here that this rank may load, newest first."""
+        return self._sealed(self.root, self._loadable, quiet=False)
 
-    def _newest(self, check: Callable[[str, int], Seal | str], *, quiet: bool) -> tuple[int, int]:
-        best = (-1, -1)
+    def copy_steps(self) -> list[int]:
+        """The steps of which this rank holds a whole, sealed copy of the previous node's same
+        local rank (peer copies), newest first."""
+        src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)[1]
+        found = self._sealed(self._copy_home(src), self._copy_loadable, quiet=True)
+        return [step for step, _ in found]
+
+    def _sealed(
+        self, where: str, check: Callable[[str, int], Seal | str], *, quiet: bool
+    ) -> list[tuple[int, int]]:
+        found = []
         with contextlib.suppress(OSError):
-            for entry in os.scandir(self.root):
+            for entry in os.scandir(where):
                 step = _step_of(entry.name)
-                if step is None or entry.name.endswith(PARTIAL_SUFFIX) or step <= best[0]:
+                if step is None or entry.name != f"step-{step}" or not entry.is_dir():
                     continue
                 seal = check(entry.path, step)
                 if isinstance(seal, str):
                     if not quiet:
                         log.warning("memory tier: not loading %s: %s", entry.name, seal)
                 else:
-                    best = (step, seal.samples)
-        return best
-
-    def _seal_of(self, path: str) -> Seal:
-        with open(os.path.join(path, catalog.MARKER_NAME), "rb") as fh:
-            return Seal.parse(fh.read(1 << 20))
+                    found.append((step, seal.samples))
+        return sorted(found, reverse=True)
 
     def _refusal(self, path: str, step: int) -> str:
         """Why this rank may not load `path` (empty: it may)."""
@@ -262,26 +352,20 @@ class MemoryTier:
 
     def _loadable(self, path: str, step: int) -> Seal | str:
         """The seal of `path` when this rank may load it, else why not (read once)."""
-        return self._holds(path, step, str(self.dist.rank), self._rank_dir(path), lambda s: s.ranks)
+        marker = os.path.join(path, catalog.MARKER_NAME)
+        return self._holds(marker, step, self.dist.rank, self._rank_dir(path))
 
     def _copy_loadable(self, path: str, step: int) -> Seal | str:
-        """The seal of `path` when it holds a whole copy of the rank this one keeps copies of."""
+        """The seal of copy `path` when it holds all of the rank this one keeps copies of."""
         src = peercopy.ring(self.dist.rank, self.dist.world_size, self.local_world)[1]
-        where = peercopy.copy_dir(path, src)
-        return self._holds(path, step, str(src), where, lambda s: s.copies or {})
+        return self._holds(path + ".json", step, src, path)
 
-    def _holds(
-        self,
-        path: str,
-        step: int,
-        rank: str,
-        where: str,
-        files_of: Callable[[Seal], dict[str, dict[str, int]]],
-    ) -> Seal | str:
-        """The seal of `path` when it is this job's, attempt's, config's and world size's and
+    def _holds(self, marker: str, step: int, rank: int, where: str) -> Seal | str:
+        """The seal in `marker` when it is this job's, attempt's, config's and world size's and
         `where` holds `rank`'s files as it says, else why not."""
         try:
-            seal = self._seal_of(path)
+            with open(marker, "rb") as fh:
+                seal = Seal.parse(fh.read(1 << 20))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             return f"no valid {catalog.MARKER_NAME} ({type(exc).__name__}: {exc})"
         ident = self.identity
@@ -296,7 +380,7 @@ class MemoryTier:
         for what, (found, wanted) in expected.items():
             if found != wanted:
                 return f"written with {what} {found}, this rank has {wanted}"
-        files = files_of(seal).get(rank)
+        files = seal.ranks.get(str(rank))
         if not files:
             return f"rank {rank}'s state is not in it"
         try:
@@ -312,12 +396,13 @@ class MemoryTier:
         (peer copies) from the peer that holds its copy; the same answer on every rank, or
         None (a rank can load none, or ranks hold different steps). Asked before the claim's
         step is verified: when memory's step wins, the claim's data is never read."""
-        step, samples = self.newest()
+        held = self.steps()[:2]
         if faults.at_step("memory_wiped", self.dist.rank):  # a test's node whose pod is new
             self._wipe()
-            step, samples = -1, -1
+            held = []
         if faults.at_step("memory_lost", self.dist.rank):  # a test's rank without its memory
-            step, samples = -1, -1
+            held = []
+        step, samples = held[0] if held else (-1, -1)
         g, ws = self.dist.ckpt_group, self.dist.world_size
         if not self.peer_copy:
             mine = torch.tensor([step, -step, samples], dtype=torch.int64)
@@ -328,25 +413,31 @@ class MemoryTier:
                     log.info("memory tier: ranks hold steps %d..%d: loading the claim", low, high)
                 return None
             return Offer(high, int(mine[2]))
-        table = [torch.zeros(3, dtype=torch.int64) for _ in range(ws)]
-        said = torch.tensor([step, samples, self.newest_copy()], dtype=torch.int64)
-        dist.all_gather(table, said, group=g)
-        own, copies = [int(t[0]) for t in table], [int(t[2]) for t in table]
-        high = max(own)
-        if high < 0:
-            return None
-        missing = tuple(r for r in range(ws) if own[r] != high)
-        lost = [r for r in missing if copies[peercopy.holder(r, ws, self.local_world)] != high]
-        if lost:
-            if self.dist.rank == 0:
-                log.info(
-                    "memory tier: ranks %s hold step %d neither in their memory nor in a "
-                    "peer's copy: loading the claim",
-                    lost,
-                    high,
-                )
-            return None
-        return Offer(high, int(table[own.index(high)][1]), missing)
+        copies = self.copy_steps()[:2]
+        row = [v for pair in held for v in pair] + [-1, -1] * (2 - len(held))
+        row += copies + [-1] * (2 - len(copies))
+        table = [torch.zeros(6, dtype=torch.int64) for _ in range(ws)]
+        dist.all_gather(table, torch.tensor(row, dtype=torch.int64), group=g)
+        return self._offer_of([[int(v) for v in t] for t in table])
+
+    def _offer_of(self, table: list[list[int]]) -> Offer | None:
+        """The newest step every rank holds, or whose copy its peer holds (a row per rank:
+        two (step, samples) of its own, two steps of the copies it keeps)."""
+        ws = len(table)
+        own = [{row[0]: row[1], row[2]: row[3]} for row in table]
+        kept = [set(row[4:6]) for row in table]
+        for step in sorted({s for held in own for s in held if s >= 0}, reverse=True):
+            missing = tuple(r for r in range(ws) if step not in own[r])
+            if all(step in kept[peercopy.holder(r, ws, self.local_world)] for r in missing):
+                samples = next(held[step] for held in own if step in held)
+                return Offer(step, samples, missing)
+        if self.dist.rank == 0 and any(own):
+            log.info(
+                "memory tier: no step that every rank holds, in its memory or in a peer's "
+                "copy (%s): loading the claim",
+                ", ".join(f"rank {r}: {sorted(o)}/{sorted(kept[r])}" for r, o in enumerate(own)),
+            )
+        return None
 
     def _wipe(self) -> None:
         """A test's new pod: its node's memory volume empty (local rank 0 empties it)."""
@@ -387,7 +478,7 @@ class MemoryTier:
         outgoing: dict[int, torch.Tensor] = {}
         if mine_to in offer.from_peers:
             try:
-                outgoing[mine_to] = peercopy.pack(peercopy.copy_dir(final, mine_to))
+                outgoing[mine_to] = peercopy.pack(self.copy_path(mine_to, offer.step))
             except OSError as exc:
                 log.warning("memory tier: rank %d's copy unreadable: %s", mine_to, exc)
                 outgoing[mine_to] = torch.empty(0, dtype=torch.uint8)
@@ -428,6 +519,13 @@ class MemoryTier:
                 os.remove(os.path.join(self._step_dir(step), catalog.MARKER_NAME))
         self.held = None
         return False
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=os.path.dirname(path))
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.rename(tmp, path)
 
 
 def _garble(path: str) -> None:

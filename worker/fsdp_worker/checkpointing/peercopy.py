@@ -3,9 +3,9 @@
 A memory step lives on its node's memory volume only, so a lost node (a spare's pod taking its
 place, or any new pod) took its ranks' state with it and the whole gang loaded the claim. With
 `checkpoint.memory.peerCopy` (on by default; it needs a gang of two nodes or more), every rank,
-once its own files of a memory save are written, sends them to the same local rank of the next
-node in a ring (node n's to node n+1 mod N) over the checkpoint process group (gloo, on CPU),
-which keeps them in the step's `copy-<rank>` directory, sealed with the step. When a restart
+once a memory save is sealed, sends its files in the background to the same local rank of the
+next node in a ring (node n's to node n+1 mod N) over a gloo process group of their own,
+which keeps them as `copy-<rank>/step-<N>` with a seal of their own (memtier.py). When a restart
 in place finds a rank without the gang's step, the rank holding its copy sends the files back
 and the rank loads its own bytes: as exact as a resume from its own memory. A lost node is
 covered, or several when no two are neighbours in the ring; otherwise the claim is loaded.
@@ -26,6 +26,9 @@ import torch
 import torch.distributed as dist
 
 COPY_PREFIX = "copy-"
+SHARES_HELD = 5
+"""A rank's shares of state on its node's volume at most, with copies: its two newest sealed
+steps and the one being written, the newest copy it keeps and the one arriving."""
 _LENGTH = struct.Struct(">Q")
 _MAX_HEADER = 1 << 20
 
@@ -39,10 +42,6 @@ def ring(rank: int, world_size: int, local_world_size: int) -> tuple[int, int]:
 def holder(rank: int, world_size: int, local_world_size: int) -> int:
     """The rank that holds `rank`'s copy."""
     return ring(rank, world_size, local_world_size)[0]
-
-
-def copy_dir(step_dir: str, rank: int) -> str:
-    return os.path.join(step_dir, f"{COPY_PREFIX}{rank}")
 
 
 def pack(directory: str) -> torch.Tensor:
@@ -129,9 +128,8 @@ def _wait(works: list[dist.Work | None]) -> None:
 def fits(
     own_bytes: int, *, local_world_size: int, limit: int | None, group: dist.ProcessGroup
 ) -> bool:
-    """Collective: whether a node's volume holds its ranks' own files and their copies of the
-    previous node's, twice (the sealed step and the one being written), for the largest rank;
-    the same answer on every rank."""
+    """Collective: whether a node's volume holds, for the largest rank, SHARES_HELD shares
+    per local rank; the same answer on every rank."""
     largest = torch.tensor([own_bytes], dtype=torch.int64)
     dist.all_reduce(largest, op=dist.ReduceOp.MAX, group=group)
-    return limit is None or 4 * local_world_size * int(largest[0]) <= limit
+    return limit is None or SHARES_HELD * local_world_size * int(largest[0]) <= limit

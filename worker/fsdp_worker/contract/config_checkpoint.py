@@ -115,7 +115,7 @@ class MemoryTierConfig(ConfigModel):
         max_length=64,
         description="Size of each worker pod's memory volume (an emptyDir, medium Memory, "
         "mounted at /fsdp-memory). It holds the newest step of the pod's ranks and the one "
-        "being written: about twice their share of model and optimizer state, four times "
+        "being written: about twice their share of model and optimizer state, five times "
         "with peerCopy (when that does not fit, the copies are skipped and the ranks' log "
         "says so). It counts against the pod's memory. At least "
         f"{MEMORY_TIER_MIN}: below that no save fits, and a failed memory save ends the rank.",
@@ -131,11 +131,13 @@ class MemoryTierConfig(ConfigModel):
     peer_copy: bool = Field(
         True,
         description="Also keep each node's memory step on the next node (a ring over the "
-        "gang's nodes, sent over the checkpoint process group at every memory save), so a "
-        "pod that lost its memory (a node lost and a spare in its place, a pod recreated) "
-        "gets its ranks' state back from that peer instead of the whole gang loading the "
-        "claim. Costs a second share of memory per node and one transfer of each rank's "
-        "state per memory save; needs two nodes or more. false: each node holds its own only.",
+        "gang's nodes, sent in the background after every memory save), so a pod that lost "
+        "its memory (a node lost and a spare in its place, a pod recreated) gets its ranks' "
+        "state back from that peer instead of the whole gang loading the claim. Costs memory "
+        "(see sizeLimit: each node then keeps its two newest steps and the copies) and one "
+        "transfer of each rank's state per memory save, off the training path unless the next "
+        "save comes before it landed; needs two nodes or more. false: each node holds its own "
+        "newest step only.",
     )
 
     @pydantic.field_validator("size_limit")

@@ -515,5 +515,7 @@ def main(
         flight.finish(clear=code == contract.ExitCode.SUCCESS)
         if run is not None and run.manager is not None:
             run.manager.close(wait=code == contract.ExitCode.SUCCESS)
+        if run is not None and run.memory is not None and code == contract.ExitCode.SUCCESS:
+            run.memory.join_copies()  # the last save's copies land before the group goes
         distributed.destroy()
     return code
