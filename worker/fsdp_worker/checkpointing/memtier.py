@@ -190,11 +190,13 @@ class MemoryTier:
         self.meters.memory_save_seconds.set(seconds)
         return seconds
 
-    def join_copies(self) -> None:
-        """Wait for the last save's copies (the next save may remove what they read)."""
+    def join_copies(self, timeout: float | None = None) -> None:
+        """Wait for the last save's copies (the next save may remove what they read); at
+        most `timeout` seconds (a rank on its way out: its peer may be gone)."""
         if self._copying is not None:
-            self._copying.join()
-            self._copying = None
+            self._copying.join(timeout)
+            if not self._copying.is_alive():
+                self._copying = None
 
     def _copy_home(self, src: int) -> str:
         return os.path.join(self.root, f"{peercopy.COPY_PREFIX}{src}")
@@ -222,8 +224,8 @@ class MemoryTier:
                         "%d times over with copies, exceed checkpoint.memory.sizeLimit "
                         "(%s bytes)",
                         self.local_world,
-                        peercopy.SHARES_HELD,
                         own,
+                        peercopy.SHARES_HELD,
                         self.limit,
                     )
                 self._copies_refused = True
@@ -234,6 +236,8 @@ class MemoryTier:
             self._prune_copies(src, keep=1)  # room for the one coming
             got = peercopy.swap({dst: blob}, [src], g)
             where = self.copy_path(src, step)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(where + ".json")  # the same step again: unsealed while it is written
             files = peercopy.unpack(got[src], where)
             seal = self._seal_of_files(step, samples=samples, ranks={str(src): files})
             _write_atomically(where + ".json", seal.to_json())

@@ -57,6 +57,9 @@ from fsdp_worker.runtime.distributed import DistInfo
 from fsdp_worker.telemetry import flight, metrics, termination
 
 log = logging.getLogger("fsdp_worker")
+EXIT_COPY_WAIT = 10.0
+"""Seconds a failing rank waits for its last memory save's peer copies before it leaves (its
+peers, on their way out too, finish theirs; one that is gone never answers)."""
 
 # The failures a trainer raises to choose its exit code and class (docs/contract.md).
 WorkerError = errors.WorkerError
@@ -515,7 +518,7 @@ def main(
         flight.finish(clear=code == contract.ExitCode.SUCCESS)
         if run is not None and run.manager is not None:
             run.manager.close(wait=code == contract.ExitCode.SUCCESS)
-        if run is not None and run.memory is not None and code == contract.ExitCode.SUCCESS:
-            run.memory.join_copies()  # the last save's copies land before the group goes
+        if run is not None and run.memory is not None:  # the last save's copies land first
+            run.memory.join_copies(None if code == contract.ExitCode.SUCCESS else EXIT_COPY_WAIT)
         distributed.destroy()
     return code
