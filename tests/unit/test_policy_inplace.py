@@ -258,3 +258,18 @@ def test_a_restart_from_memory_is_kept_as_such_and_counts_as_progress() -> None:
     assert d.status.restarts.without_progress == 1
     # An in-place failure is a failure; only a recreated gang is a gang failure.
     assert (s.reliability.failures, s.reliability.gang_failures) == (1, 0)
+
+
+def test_a_failure_without_a_step_is_charged_the_steps_rank_0_counted_past_the_resume() -> None:
+    """A lost node's ranks say nothing (the record has no step): the steps trained again are
+    where the failed generation began plus the steps rank 0 counted in it, less the step the
+    next generation resumed from; rank 0's count is scraped, so this is a lower bound."""
+    before = running_status()
+    before.resumed_from_step = 20
+    before.history[-1].resumed_from_step = 20
+    before.history[-1].steps_run = 48  # generation 0 trained 20 -> 68 (as last scraped)
+    record = in_place_record(0, step=None, **{"class": contract.FailureClass.RUNTIME.value})
+    prog = in_place_progress(1, record, resumed_from=66)
+    d = decide.decide(observe(spec=in_place_spec(), status=before, progress=prog))
+    (restart,) = d.status.history[-1].restarts_in_place
+    assert (restart.steps_run, restart.resumed_from_step, restart.steps_lost) == (48, 66, 2)

@@ -41,6 +41,8 @@ def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> Non
         last.resumed_from_step = prog.resumed_from
         last.from_memory = prog.resumed_from_memory
         failed_at = last.failure.step
+        if failed_at is None and last.steps_run:  # a lost node says nothing: rank 0's count
+            failed_at = _generation_start(entry) + last.steps_run
         if failed_at is not None:
             last.steps_lost = max(0, failed_at - max(0, prog.resumed_from))
     since = last.failure.time or 0.0
@@ -51,6 +53,14 @@ def _in_place_report(entry: status.HistoryEntry, prog: observed.Progress) -> Non
     first = prog.milestones.get("first_step")
     if last.resumed is None and first is not None and first >= since:
         last.resumed = first
+
+
+def _generation_start(entry: status.HistoryEntry) -> int:
+    """The step the newest restart in place's failed generation began at: where the one
+    before it resumed, else where the attempt did (0: fresh)."""
+    done = entry.restarts_in_place
+    before = done[-2].resumed_from_step if len(done) > 1 else entry.resumed_from_step
+    return max(0, before or 0)
 
 
 def worker_report(d: decision.Draft, prog: observed.Progress, now: float) -> None:
