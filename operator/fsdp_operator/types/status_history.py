@@ -177,7 +177,12 @@ class InPlaceRestart(_Model):
         description="true: it loaded that step from the pods' memory (checkpoint.memory), "
         "false: from the claim; null: not reported yet.",
     )
-    steps_lost: int | None = Field(None, description="Steps trained again after it.")
+    steps_lost: int | None = Field(
+        None,
+        description="Steps trained again after it. For a failure with no step of its own (a "
+        "lost node's), from the steps rank 0 counted in the failed generation as last "
+        "scraped: at least that many.",
+    )
     steps_run: int = Field(0, description="Steps the failed generation completed (rank 0).")
     train_seconds: float = Field(0.0, description="Seconds those steps took.")
     blocked_seconds: float = Field(0.0, description="Seconds it was blocked on saves.")
