@@ -287,3 +287,29 @@ def namespace(e2e: E2E) -> Iterator[str]:
     e2e.claim(name)
     yield name
     e2e.kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def spare_job(
+    e2e: E2E, name: str, *, nproc: int, steps: int, **failure_policy: Any
+) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml as 2 pods of `nproc` real torch ranks and a warm spare, restarts
+    in place, a lost node seen in 4 s and the start of a gang of real torch ranks given its own
+    deadline; `failure_policy` adds to spec.failurePolicy."""
+    doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"].update(
+        image=e2e.worker_image,
+        nprocPerNode=nproc,
+        spares=1,
+        resources={"requests": {"cpu": "500m", "memory": "1Gi"}},
+    )
+    doc["spec"]["training"]["steps"] = steps
+    # progressDeadlineSeconds / 4 is the scrape period (15 s)
+    doc["spec"]["failurePolicy"].update(
+        nodeLossGraceSeconds=4,
+        progressDeadlineSeconds=60,
+        startupDeadlineSeconds=240,
+        inPlaceRestarts=2,
+        **failure_policy,
+    )
+    return doc

@@ -14,13 +14,12 @@ import re
 from typing import Any
 
 import pytest
-import yaml
 
 from fsdp_operator.types import names
 from fsdp_operator.types import status as st
 from harness import stack
 from localcluster import poll
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, spare_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 NPROC = 2
@@ -28,25 +27,11 @@ STEPS = 5000  # ~0.2 s each: never done before the takeover is seen (the job is 
 
 
 def _job(e2e: E2E, name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
-    doc["metadata"]["name"] = name
-    doc["spec"].update(
-        image=e2e.worker_image,
-        nprocPerNode=NPROC,
-        spares=1,
-        resources={"requests": {"cpu": "500m", "memory": "1Gi"}},
-    )
-    doc["spec"]["training"]["steps"] = STEPS
+    doc = spare_job(e2e, name, nproc=NPROC, steps=STEPS)
     # The claim every 50 steps, memory every 2 (peerCopy is on by default): a restart that
-    # loads the claim loses tens of steps, one from memory at most 2.
+    # loads the claim trains tens of steps again, one from memory a few.
     doc["spec"]["checkpoint"].update(
         intervalSteps=50, memory={"intervalSteps": 2, "sizeLimit": "256Mi"}
-    )
-    doc["spec"]["failurePolicy"].update(
-        nodeLossGraceSeconds=4,
-        progressDeadlineSeconds=60,
-        startupDeadlineSeconds=240,
-        inPlaceRestarts=2,
     )
     return doc
 

@@ -13,39 +13,16 @@ import time
 from typing import Any
 
 import pytest
-import yaml
 
 from fsdp_operator.types import names
 from harness import stack
 from localcluster import faults as local_faults
 from localcluster import poll
-from tests.e2e.conftest import E2E
+from tests.e2e.conftest import E2E, spare_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.torch, pytest.mark.timeout(900)]
 NPROC = 2
 STEPS = 5000  # ~0.2 s each: never done before the swap is seen (the job is deleted after)
-
-
-def _job(e2e: E2E, name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = yaml.safe_load((stack.ROOT / "examples" / "tiny-cpu.yaml").read_text())
-    doc["metadata"]["name"] = name
-    doc["spec"].update(
-        image=e2e.worker_image,
-        nprocPerNode=NPROC,
-        spares=1,
-        resources={"requests": {"cpu": "500m", "memory": "1Gi"}},
-    )
-    doc["spec"]["training"]["steps"] = STEPS
-    # progressDeadlineSeconds / 4 is the scrape period: status.slowRank follows rank 0's
-    # verdicts every 15 s; the start of a gang of real torch ranks gets its own deadline.
-    doc["spec"]["failurePolicy"].update(
-        nodeLossGraceSeconds=4,
-        progressDeadlineSeconds=60,
-        startupDeadlineSeconds=240,
-        inPlaceRestarts=2,
-        swapSlowNodes=True,
-    )
-    return doc
 
 
 def _rate(jobs: stack.Jobs, name: str, attempt: int, seconds: float = 30.0) -> float:
@@ -97,7 +74,8 @@ def test_a_throttled_pod_is_swapped_for_the_spares_node_at_a_save_with_no_step_l
             " are Docker containers"
         )
     jobs, name = stack.Jobs(e2e.kube, namespace), "straggler"
-    jobs.apply(_job(e2e, name))
+    # rank 0 names a slow rank from its 20-step windows; status.slowRank follows each scrape
+    jobs.apply(spare_job(e2e, name, nproc=NPROC, steps=STEPS, swapSlowNodes=True))
     trained = poll.until(
         "a gang training (step >= 30)",
         lambda: ((s := jobs.status(name)).get("step") or 0) >= 30 and s,

@@ -144,19 +144,7 @@ def test_a_seal_is_refused_for_another_world_size_attempt_job_or_missing_files(
     tmp_path: Path,
 ) -> None:
     """What a rank checks before it offers its memory (no collectives involved)."""
-    from fsdp_worker.checkpointing import checkpoint
-    from fsdp_worker.runtime.distributed import DistInfo
-    from fsdp_worker.telemetry import metrics
-
-    ident = checkpoint.Identity(
-        attempt=2, resumed_from_step=None, config_hash="h", global_batch_size=12, job_uid="u"
-    )
-    info = DistInfo(
-        rank=1, world_size=2, local_rank=0, device=torch.device("cpu"), mesh=None, ckpt_group=None
-    )  # type: ignore[arg-type]
-    tier = memtier.MemoryTier(
-        str(tmp_path), identity=ident, dist_info=info, meters=metrics.Metrics()
-    )
+    tier = _tier(tmp_path, rank=1, world_size=2, attempt=2)
     step_dir = tmp_path / "step-4"
     (step_dir / "rank-1").mkdir(parents=True)
     (step_dir / "rank-1" / "__0_0.distcp").write_bytes(b"x" * 10)
@@ -280,17 +268,29 @@ def test_the_gang_loads_the_newest_step_each_rank_or_its_peer_holds(
 ) -> None:
     """memtier.MemoryTier._offer_of: 2 nodes x 2 ranks; a row per rank: two (step, samples)
     of its own, two steps of the copies it keeps (rank r's copy is on rank r + 2 mod 4)."""
+    tier = _tier(tmp_path, rank=0, world_size=4, attempt=1, local_world=2)
+    assert tier._offer_of(rows) == offer
+
+
+def _tier(
+    root: Path, *, rank: int, world_size: int, attempt: int, local_world: int | None = None
+) -> memtier.MemoryTier:
+    """A rank's memory tier without a process group (nothing here is collective)."""
     from fsdp_worker.checkpointing import checkpoint
     from fsdp_worker.runtime.distributed import DistInfo
     from fsdp_worker.telemetry import metrics
 
     ident = checkpoint.Identity(
-        attempt=1, resumed_from_step=None, config_hash="h", global_batch_size=12, job_uid="u"
+        attempt=attempt, resumed_from_step=None, config_hash="h", global_batch_size=12, job_uid="u"
     )
     info = DistInfo(
-        rank=0, world_size=4, local_rank=0, device=torch.device("cpu"), mesh=None, ckpt_group=None
-    )  # type: ignore[arg-type]
-    tier = memtier.MemoryTier(
-        str(tmp_path), identity=ident, dist_info=info, meters=metrics.Metrics(), local_world=2
+        rank=rank,
+        world_size=world_size,
+        local_rank=0,
+        device=torch.device("cpu"),
+        mesh=None,  # type: ignore[arg-type]
+        ckpt_group=None,  # type: ignore[arg-type]
     )
-    assert tier._offer_of(rows) == offer
+    return memtier.MemoryTier(
+        str(root), identity=ident, dist_info=info, meters=metrics.Metrics(), local_world=local_world
+    )
