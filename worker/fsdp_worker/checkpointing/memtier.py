@@ -435,7 +435,7 @@ class MemoryTier:
             if all(step in kept[peercopy.holder(r, ws, self.local_world)] for r in missing):
                 samples = next(held[step] for held in own if step in held)
                 return Offer(step, samples, missing)
-        if self.dist.rank == 0 and any(own):
+        if self.dist.rank == 0 and any(s >= 0 for held in own for s in held):  # not fresh
             log.info(
                 "memory tier: no step that every rank holds, in its memory or in a peer's "
                 "copy (%s): loading the claim",
