@@ -126,6 +126,30 @@ def test_rank_0s_final_milestones_complete_a_time_to_resume_no_scrape_saw(in_pla
     assert "TrainingResumed" in [e.reason for e in d.events]
 
 
+@pytest.mark.parametrize(("loaded", "recorded"), [(30, 30), (-1, None)], ids=["step", "fresh"])
+def test_a_crashed_attempt_no_scrape_saw_load_keeps_the_step_its_rank_0_said(
+    loaded: int, recorded: int | None
+) -> None:
+    # Rank 0 crashed 3 s into its attempt, before any scrape; its final message says what it
+    # loaded (-1: nothing, so the history keeps null). The attempt is already closed.
+    sums = contract.sums(steps_run=2, train_seconds=0.4, blocked_seconds=0.0, resumed_from=loaded)
+    crashed = json.dumps(
+        {"class": "RuntimeError", "rank": 0, "step": 32, "exitCode": 1, "message": "boom"}
+        | {contract.SUMS: sums}
+    )
+    history = [
+        st.HistoryEntry(attempt=1, started=NOW - 20, ended=NOW - 1, world_size=4),
+        st.HistoryEntry(attempt=2, started=NOW, world_size=4),
+    ]
+    status = running_status(
+        attempt=2, phase=st.Phase.RESTARTING, pods_created=False, history=history
+    )
+    old = pods(attempt=1, r0={"phase": ob.PodPhase.FAILED, "message": crashed})
+    d = decide.decide(observe(status=status, pods=old))
+    assert d.status.history[0].resumed_from_step == recorded
+    assert d.status.history[1].resumed_from_step is None
+
+
 @pytest.mark.parametrize(
     "milestones",
     [None, "x", [], {"first_step": "5"}, {"first_step": True}, {"first_step": -1.0}],

@@ -172,6 +172,36 @@ def test_a_finished_job_shows_where_rank_0_finished_not_its_last_scrape() -> Non
     assert d.status.sealed_step == 300
 
 
+def test_an_attempt_no_scrape_saw_load_says_the_step_it_resumed_from_in_its_last_word() -> None:
+    # CI under load: a job created again with resumeFromPreviousJobs trained 20 steps in 9 s
+    # and ended before any scrape saw it load; its history said it resumed from nothing.
+    # Rank 0's completion report carries the step it loaded.
+    sums = contract.sums(
+        steps_run=20, train_seconds=4.0, blocked_seconds=0.0, resumed_from=120, from_memory=False
+    )
+    done = json.dumps(
+        {
+            "class": contract.RecordClass.COMPLETED,
+            "rank": 0,
+            "step": 140,
+            "exitCode": 0,
+            "message": contract.completion_message(sealed_step=140),
+            contract.SUMS: sums,
+        }
+    )
+    finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
+    finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
+    history = [st.HistoryEntry(attempt=1, started=NOW - 10, world_size=4)]
+    status = running_status(step=None, resume_path="auto", history=history)
+    obs = observe(status=status, pods=pods(**finished), checkpoint=None, progress=None)
+    obs = dataclasses.replace(obs, checkpoints_visible=False, checkpoint_dir="/ckpt/llama")
+    d = decide.decide(obs)
+    assert d.status.phase is st.Phase.SUCCEEDED and d.status.step == 140
+    assert d.status.resumed_from_step == 120 and d.status.history[-1].resumed_from_step == 120
+    said = [e.message for e in d.events if e.reason == "Resumed"]
+    assert said == ["attempt 1: its pods resumed from step 120"]
+
+
 def test_a_completion_report_that_does_not_parse_changes_nothing() -> None:
     finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
     finished["r0"]["message"] = '{"class": "Completed", "step": "x", "message": "{oops"}'

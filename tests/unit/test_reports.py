@@ -75,6 +75,15 @@ def test_rank_0s_final_message_carries_its_sums_milestones_and_sealed_step() -> 
     said = reports.termination(json.dumps(doc))
     assert said.sums == (50, 10.0, 0.5) and said.milestones == reached
     assert said.sealed_step == 60 and said.step == 60
+    assert (said.resumed_from, said.from_memory) == (None, False), "it did not say"
+    loaded = contract.sums(
+        steps_run=50, train_seconds=10.0, blocked_seconds=0.5, resumed_from=40, from_memory=True
+    )
+    said = reports.termination(json.dumps({**doc, contract.SUMS: loaded}))
+    assert (said.resumed_from, said.from_memory) == (40, True)
+    malformed = {**loaded, "resumedFrom": -7}
+    said = reports.termination(json.dumps({**doc, contract.SUMS: malformed}))
+    assert (said.resumed_from, said.sums) == (None, None), "a malformed report is advice"
     # only a completion report's message is its sealed step
     crashed = reports.termination(json.dumps({**doc, "class": "RuntimeError"}))
     assert crashed.sealed_step is None and crashed.sums == (50, 10.0, 0.5)

@@ -65,6 +65,7 @@ def test_a_kit_trainer_reports_its_end(plain_reference: Any) -> None:
     reached = contract.parse_milestones(done)
     assert list(reached) == [m.value for m in contract.Milestone], done
     assert reached["rendezvous"] <= reached["loaded"] <= reached["first_step"], reached
+    assert contract.parse_resumed(done) == (-1, False), done  # it loaded nothing: fresh
 
 
 def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(
@@ -95,6 +96,8 @@ def test_a_kit_trainer_resumes_exactly_after_a_crash_at_any_world_size(
         assert loss == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
     last = catalog.Marker.from_json((root / "step-12" / catalog.MARKER_NAME).read_bytes())
     assert (last.attempt, last.resumed_from_step, last.world_size) == (2, 6, 3)
+    # the step it loaded, in rank 0's last word too (for an attempt no scrape saw load)
+    assert contract.parse_resumed(resumed.termination()) == (6, False)
     assert last.samples_consumed == 12 * 12, "the data cursor of the kit's save"
 
 

@@ -54,6 +54,7 @@ def termination_of(doc: Mapping[str, Any]) -> observed.Termination:
     kind, step, code = doc.get("class"), doc.get("step"), doc.get("exitCode")
     words, phase = doc.get("message"), doc.get("phase")
     completed = kind == contract.RecordClass.COMPLETED
+    resumed_from, from_memory = contract.parse_resumed(dict(doc)) or (None, False)
     return observed.Termination(
         kind=kind if isinstance(kind, str) else None,
         # (a bool passes as an int here, as the worker's own checks let it)
@@ -66,6 +67,8 @@ def termination_of(doc: Mapping[str, Any]) -> observed.Termination:
         sums=contract.parse_sums(dict(doc)),
         milestones=contract.parse_milestones(dict(doc)),
         sealed_step=contract.completion_sealed_step(words) if completed else None,
+        resumed_from=resumed_from,
+        from_memory=from_memory,
     )
 
 

@@ -136,9 +136,14 @@ def final_sums(d: decision.Draft, obs: observed.Observed) -> None:
 def _final_milestones(entry: status.HistoryEntry, said: observed.Termination) -> None:
     """The attempt's resume milestones that no scrape saw, from rank 0's final message (an
     attempt of seconds on a busy machine: its time to resume had no first step). Its process
-    is the attempt's last generation, so only an attempt without restarts in place takes them."""
+    is the attempt's last generation, so only an attempt without restarts in place takes them;
+    with them, the step it loaded (the current attempt's is track.completion_report's)."""
+    if entry.restarts_in_place:
+        return
+    if entry.resumed_from_step is None and said.resumed_from is not None:
+        entry.resumed_from_step = said.resumed_from if said.resumed_from >= 0 else None
     tl = entry.timeline
-    if tl is None or entry.restarts_in_place:
+    if tl is None:
         return
     for name in MILESTONES:
         at = said.milestones.get(name)

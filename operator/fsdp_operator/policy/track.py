@@ -147,6 +147,12 @@ def completion_report(
     s = d.status
     if said.step is not None and (s.step is None or said.step > s.step):
         s.step = said.step
-    if said.sealed_step is not None:
-        final = observed.Progress(step=said.step, checkpoint_step=said.sealed_step)
+    if said.sealed_step is not None or said.resumed_from is not None:
+        # (an attempt of seconds on a busy machine: no scrape saw it load, its last word did)
+        final = observed.Progress(
+            step=said.step,
+            checkpoint_step=said.sealed_step,
+            resumed_from=said.resumed_from,
+            resumed_from_memory=said.from_memory,
+        )
         sealed_and_resumed(d, dataclasses.replace(obs, progress=final))

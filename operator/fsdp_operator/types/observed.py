@@ -41,6 +41,8 @@ class Termination:
     sums: tuple[int, float, float] | None = None  # rank 0's steps run, train and blocked seconds
     milestones: Mapping[str, float] = dataclasses.field(default_factory=dict)  # rank 0's final
     sealed_step: int | None = None  # a COMPLETED report's newest sealed step
+    resumed_from: int | None = None  # rank 0's final: the step it loaded (-1: none), once loaded
+    from_memory: bool = False  # ...and whether from the memory tier
 
 
 SCHEDULER_MESSAGE_LIMIT = 1024

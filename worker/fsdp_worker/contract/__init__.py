@@ -313,11 +313,14 @@ TERMINATION_KEYS = ("class", "rank", "step", "exitCode", "message")
 # exits (well or not) and in its live record, so the steps after the operator's last scrape
 # still count (goodput's `Other` had been up to a scrape interval an attempt). When it exits,
 # `sums` also holds `milestones` ({Milestone: unix time} this process reached), so an attempt
-# too short or too busy for the operator's scrapes still has its time to resume.
+# too short or too busy for the operator's scrapes still has its time to resume, and, once it
+# loaded, `resumedFrom` (the step it loaded; -1: it started fresh) and `fromMemory`, so such an
+# attempt still says which checkpoint it resumed from.
 TERMINATION_OPTIONAL_KEYS = ("phase", "memory", "ledger", "sums")
 SUMS = "sums"
 SUMS_KEYS = ("stepsRun", "trainSeconds", "blockedSeconds")
 SUMS_MILESTONES = "milestones"
+SUMS_FINAL_KEYS = (SUMS_MILESTONES, "resumedFrom", "fromMemory")  # the final message's only
 
 
 class TerminationMessage(_Record):
@@ -360,6 +363,10 @@ class RunSums(_Record):
     blocked_seconds: Seconds
     milestones: Annotated[dict[str, float] | None, pydantic.BeforeValidator(_reached)] = None
     """Only the final message's: the live record's fixed size has no room to spare."""
+    resumed_from: Annotated[int, pydantic.Field(ge=-1)] | None = None
+    """The final message's, once the process loaded: the step it loaded, -1: none."""
+    from_memory: bool | None = None
+    """The final message's with resumed_from: whether that step came from the memory tier."""
 
 
 def sums(
@@ -368,16 +375,21 @@ def sums(
     train_seconds: float,
     blocked_seconds: float,
     milestones: Mapping[str, float] | None = None,
+    resumed_from: int | None = None,
+    from_memory: bool = False,
 ) -> dict[str, object]:
-    """The `sums` object of a termination message or live record (`milestones`: only the
-    final message's; the live record's fixed size has no room to spare)."""
+    """The `sums` object of a termination message or live record (SUMS_FINAL_KEYS: only the
+    final message's; the live record's fixed size has no room to spare). `resumed_from`: the
+    step the process loaded (-1: it started fresh), None until it loaded."""
     record = RunSums(
         steps_run=steps_run,
         train_seconds=round(train_seconds, 3),
         blocked_seconds=round(blocked_seconds, 3),
         milestones={k: round(v, 3) for k, v in (milestones or {}).items()},
+        resumed_from=resumed_from,
+        from_memory=from_memory if resumed_from is not None else None,
     )
-    return wire.to_doc(record, drop_none={SUMS_MILESTONES})
+    return wire.to_doc(record, drop_none=set(SUMS_FINAL_KEYS))
 
 
 def totals(doc: dict[str, object]) -> dict[str, object]:
@@ -390,6 +402,15 @@ def parse_milestones(doc: object) -> dict[str, float]:
     report is advice, it never raises)."""
     found = doc.get(SUMS) if isinstance(doc, dict) else None
     return _reached(found.get(SUMS_MILESTONES) if isinstance(found, dict) else None) or {}
+
+
+def parse_resumed(doc: object) -> tuple[int, bool] | None:
+    """(the step loaded, -1: none; from memory) from a termination message's `sums`; None when
+    it did not say (it never loaded, an older release) or said it malformed."""
+    found = wire.validate_or_none(RunSums, doc.get(SUMS) if isinstance(doc, dict) else None)
+    if found is None or found.resumed_from is None:
+        return None
+    return found.resumed_from, bool(found.from_memory)
 
 
 def parse_sums(doc: object) -> tuple[int, float, float] | None:

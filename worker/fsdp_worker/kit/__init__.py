@@ -187,7 +187,6 @@ class Run:
             f", ranks {list(peers)} from peers' copies" if peers else "",
             claim.step if claim else "nothing",
         )
-        self.meters.resumed_from_memory.set(1)
         return ResumePoint(
             self.memory.rank_path(step),
             step,
@@ -241,7 +240,6 @@ class Run:
             point.step,
             failed or "another rank could not",
         )
-        self.meters.resumed_from_memory.set(0)
         fallback = self._claim(memory_step=None)
         if fallback is not None:
             with flight.during(flight.Phase.LOAD):
@@ -264,8 +262,9 @@ class Run:
         """Resume is done: report it, fence the directory for this attempt, start the save
         schedule. `resume` calls it; a trainer that loads by itself calls it after `choose`."""
         self.point = point
-        self.meters.resumed_from.set(point.step if point is not None else -1)
-        self.meters.reached(contract.Milestone.LOADED)
+        self.meters.loaded(
+            point.step if point is not None else None, memory=point is not None and point.memory
+        )
         self.manager = checkpoint.CheckpointManager(
             self.settings.cfg.checkpoint,
             identity=self.identity,

@@ -130,6 +130,7 @@ class Metrics:
         )
         restarts_in_place(self.registry)
         self.milestones: dict[str, float] = {}  # what `reached` set: for the final message too
+        self.loaded_from: tuple[int, bool] | None = None  # what `loaded` said: the final's too
 
     def sums(self) -> dict[str, object]:
         """This process's totals (contract.sums): rank 0 leaves them in its termination
@@ -139,7 +140,17 @@ class Metrics:
             train_seconds=self.step_seconds_sum.total,
             blocked_seconds=self.ckpt_blocked.total,
             milestones=self.milestones,
+            resumed_from=self.loaded_from[0] if self.loaded_from is not None else None,
+            from_memory=self.loaded_from is not None and self.loaded_from[1],
         )
+
+    def loaded(self, step: int | None, *, memory: bool) -> None:
+        """The process loaded `step` (None: it starts fresh), from the memory tier or not: the
+        LOADED milestone, in metrics and in rank 0's final message."""
+        self.loaded_from = (step if step is not None else -1, memory and step is not None)
+        self.resumed_from.set(self.loaded_from[0])
+        self.resumed_from_memory.set(1 if self.loaded_from[1] else 0)
+        self.reached(contract.Milestone.LOADED)
 
     def reached(self, milestone: contract.Milestone) -> None:
         now = time.time()

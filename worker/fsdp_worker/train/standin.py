@@ -274,6 +274,11 @@ class StandIn:
             train_seconds=self.ran * self.step_time,
             blocked_seconds=self.blocked_seconds,
             milestones=self.milestones,
+            resumed_from=(
+                (-1 if self.resumed_from is None else self.resumed_from)
+                if contract.Milestone.LOADED.value in self.milestones
+                else None
+            ),
         )
 
     def _injected(self, fault: str) -> bool:
