@@ -592,6 +592,7 @@ def test_pod_fault_is_charged_to_the_right_budget(
         pytest.param(0, 0, 0, id="rank-0s-pod-frozen"),
         pytest.param(2, 1, 0, id="in-place-node-1s-pod-frozen"),
         pytest.param(2, 1, 1, id="a-spare-takes-the-frozen-node-1s-place"),
+        pytest.param(2, 0, 1, id="a-spare-takes-the-frozen-coordinators-place"),
     ],
 )
 def test_hang_is_caught_by_the_progress_deadline(
@@ -603,7 +604,9 @@ def test_hang_is_caught_by_the_progress_deadline(
     with a warm spare standing by, the spare takes node rank 1's place in a restart in place
     (attempt 1 goes on, rank 0's pod stays, the frozen pod goes), and that long before the
     deadline (here 120 s): the keeper's silence and its node's Lease, renewed since, say the
-    pod is frozen (policy/frozen.py)."""
+    pod is frozen (policy/frozen.py). Node rank 0's pod frozen holds the coordinator itself,
+    which cannot name itself silent: it accepts the operator's asks and answers none, its node
+    renewing its Lease, and the spare becomes the coordinator, as early."""
     name = harness.unique("hang")
     policy = {
         "progressDeadlineSeconds": 120 if spares else 10,
@@ -634,10 +637,22 @@ def test_hang_is_caught_by_the_progress_deadline(
         failure = s["history"][0]["restartsInPlace"][0]["failure"]
         assert s["attempt"] == 1 and failure["cause"] == "Hang", s
         assert failure["pod"] == pod["metadata"]["name"], failure
-        assert "node rank 1's keeper silent for" in failure["message"], failure
+        said = (
+            "node rank 1's keeper silent for"
+            if frozen
+            else "node rank 0's keeper, the gang's coordinator, accepted asks and answered none"
+        )
+        assert said in failure["message"], failure
         assert "renewed its Lease" in failure["message"], failure  # before the deadline
         assert s["spares"]["takeovers"] == 1 and s["restarts"]["application"] == 1, s
         assert not s.get("excludedNodes"), s  # the frozen pod's node is not to blame
+        restart = s["history"][0]["restartsInPlace"][0]
+        seen = st.parse_rfc3339(failure["time"])  # the last step seen
+        print(
+            f"frozen node rank {frozen}: last step seen -> taken over "
+            f"{st.parse_rfc3339(restart['detected']) - seen:.2f}s, -> first step "
+            f"{st.parse_rfc3339(restart['resumed']) - seen:.2f}s"
+        )
         reasons = jobs.events(name)
         assert "SpareTakeover" in reasons and "Restarting" not in reasons, reasons
         poll.until(

@@ -232,3 +232,31 @@ def test_a_failure_report_to_a_frozen_coordinator_ends_at_the_operators_follow()
     finally:
         told.cancel()
         coordinator.server_close()
+
+
+def test_the_operator_counts_how_long_a_coordinator_has_accepted_and_not_answered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """run/keepers.gang_health over real sockets: a frozen coordinator's asks are late, counted
+    from the first in a row (policy/frozen.py's early verdict on node rank 0's pod); a refused
+    one is not late and ends the run, as an answer would."""
+    from fsdp_operator.io import gang as operator_gang
+    from fsdp_operator.run import keepers
+    from fsdp_operator.types import names
+
+    monkeypatch.setattr(keepers, "GANG_ASK_TIMEOUT", 0.2)
+    asker = keepers.Asker(operator_gang.GangClient(None), CREDS.job, CREDS.attempt)
+    lateness = keepers.Lateness()
+    with frozen_coordinator() as (host, port):
+        monkeypatch.setattr(names, "GANG_PORT", port)
+        first = keepers.gang_health(asker, host, lateness=lateness, now=100.0)
+        later = keepers.gang_health(asker, host, lateness=lateness, now=102.5)
+    assert not first.answered and "accepted" in first.error, first
+    assert (first.late_seconds, later.late_seconds) == (0.0, 2.5)
+    monkeypatch.setattr(names, "GANG_PORT", closed_port()[1])
+    refused = keepers.gang_health(asker, host, lateness=lateness, now=103.0)
+    assert not refused.answered and refused.late_seconds is None, refused
+    with frozen_coordinator() as (host, port):
+        monkeypatch.setattr(names, "GANG_PORT", port)
+        again = keepers.gang_health(asker, host, lateness=lateness, now=104.0)
+    assert again.late_seconds == 0.0, "a refusal between ends the run"

@@ -503,3 +503,63 @@ def test_no_early_suspect_while_a_promoted_spare_gathers_the_other_keepers() -> 
     obs = dataclasses.replace(_suspect_obs(None), gang=ob.GangHealth.of(quiet))
     d = decide.decide(obs)
     assert d.takeover is None and d.failure is None, (d.takeover, d.failure)
+
+
+def _late(seconds: float | None, **over: Any) -> ob.Observed:
+    """_suspect_obs, the coordinator (node rank 0's keeper, on node-0) accepting the operator's
+    asks and answering none for `seconds` in a row (None: it refused)."""
+    health = ob.GangHealth(
+        answered=False,
+        error="10.0.0.5:29501: accepted, then: timed out",
+        late_seconds=seconds,
+    )
+    over.setdefault("spares", [_spare(0, ip="10.0.0.9")])  # a coordinator needs an address
+    return dataclasses.replace(_suspect_obs(None, **over), gang=health, pods=_addressed())
+
+
+def test_a_frozen_node_rank_0_is_taken_over_seconds_after_its_coordinator_fell_silent() -> None:
+    """No step for 6 s; the coordinator has accepted asks and answered none for 2.5 s while
+    node-0 renewed its Lease 0.4 s ago: node rank 0's pod is frozen. The spare becomes the
+    coordinator now, not after the 10 s deadline and its graces."""
+    d = decide.decide(_late(2.5))
+    t = d.takeover
+    assert t is not None, d.failure
+    assert (t.spare, t.node_rank, t.lost, t.coordinator) == (
+        "job-a1-s0",
+        0,
+        "job-a1-0",
+        "10.0.0.9:29501",
+    )
+    assert t.failure["class"] == contract.FailureClass.HANG.value
+    message = t.failure["message"]
+    assert "no step progress for 6s" in message, message
+    said = "node rank 0's keeper, the gang's coordinator, accepted asks and answered none for 2s"
+    assert said in message and "node-0 renewed its Lease 0.4s ago" in message, message
+    assert message.count("gang's coordinator") == 1, message
+    assert d.launch is None and d.status.attempt == 1 and d.status.excluded_nodes == []
+
+
+@pytest.mark.parametrize(
+    ("late", "over"),
+    [
+        pytest.param(None, {}, id="refused-not-late"),
+        pytest.param(1.5, {"renewed": {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}}, id="late-once"),
+        pytest.param(2.5, {"renewed": {0: 3.0, 1: 0.4, 2: 0.4, 3: 0.4}}, id="node-may-be-lost"),
+        pytest.param(2.5, {"renewed": {}}, id="leases-unread"),
+        pytest.param(2.5, {"spares": []}, id="no-spare"),
+        pytest.param(
+            2.5, {"spares": [_spare(0, node="node-0", ip="10.0.0.9")]}, id="spare-on-its-node"
+        ),
+        pytest.param(2.5, {"stalled": 3.0}, id="the-gang-steps"),
+    ],
+)
+def test_no_early_suspect_of_the_coordinator_unless_its_pod_is_frozen_for_sure(
+    late: float | None, over: dict[str, Any]
+) -> None:
+    """A coordinator that refuses (its process is gone: a crash's path) or was late once (a
+    slow moment), a node that renewed nothing since the first late ask (maybe lost: the Lease
+    path's), Leases unread, no spare elsewhere, or a gang that steps: nothing before the
+    deadline."""
+    d = decide.decide(_late(late, **over))
+    assert d.takeover is None and d.failure is None, (d.takeover, d.failure)
+    assert d.launch is None and d.status.attempt == 1

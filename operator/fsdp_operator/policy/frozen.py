@@ -11,6 +11,11 @@ the node excluded). Acted on early only where acting is cheap and safe (a restar
 the suspect fenced: spares.take_over gives its node rank to a running spare); otherwise the
 progress deadline judges as before.
 
+The coordinator itself (node rank 0's keeper) cannot report its own silence: its pod is the
+suspect when it accepts the operator's asks (its kernel does, the process is there) and answers
+none for COORDINATOR_LATE_SECONDS while its node renews its Lease (run/keepers.Lateness keeps
+how long). One that refuses or cannot be reached is a crash or a lost node, not this rule's.
+
 Never a suspect: a gang that steps (a keeper silent under a training gang costs nothing yet), a
 slow save or step (the keepers keep asking: silence, not slowness, is the evidence), several
 keepers silent at once (a partition, the coordinator's own trouble), a node whose Lease the
@@ -29,6 +34,10 @@ from fsdp_operator.types import observed
 SUSPECT_SECONDS = observed.GANG_SILENT_SECONDS
 """No step seen for this long: the pass asks the gang's coordinator who is silent (each second
 while it lasts, deadlines.KEEPER_RECHECK_SECONDS), instead of waiting for the deadline."""
+COORDINATOR_LATE_SECONDS = 2.0
+"""The coordinator accepted the operator's asks (about one a second while watching, each given
+run/keepers.GANG_ASK_TIMEOUT) and answered none for this long: at least two asks in a row,
+about one of its keepers' heartbeats (coordinator.HOLD_SECONDS) past the first."""
 
 
 def watching(obs: observed.Observed) -> bool:
@@ -48,9 +57,15 @@ def watching(obs: observed.Observed) -> bool:
 
 def suspect(obs: observed.Observed) -> tuple[observed.PodView, str] | None:
     """The pod the coordinator reports frozen (its keeper alone silent, its node renewing its
-    Lease since), and words saying why; None when nothing is suspected (see the module)."""
+    Lease since), or the coordinator's own pod (it accepts asks and answers none, its node
+    renewing its Lease since), and words saying why; None when nothing is suspected (see the
+    module)."""
     gang = obs.gang
-    if not watching(obs) or gang is None or not gang.answered or gang.final or gang.gathering:
+    if not watching(obs) or gang is None:
+        return None
+    if not gang.answered:
+        return _coordinator_frozen(obs, gang)
+    if gang.final or gang.gathering:
         return None
     if len(gang.silent) != 1:
         return None
@@ -66,6 +81,33 @@ def suspect(obs: observed.Observed) -> tuple[observed.PodView, str] | None:
     words = (
         f"node rank {rank}'s keeper silent for {quiet:.0f}s while its node {node.name} renewed "
         f"its Lease {obs.now - node.lease_renewed:.1f}s ago: the pod is frozen"
+    )
+    return pod, words
+
+
+def _coordinator_frozen(
+    obs: observed.Observed, gang: observed.GangHealth
+) -> tuple[observed.PodView, str] | None:
+    """Node rank 0's pod, when its keeper (the coordinator, which cannot name itself silent)
+    has accepted the operator's asks and answered none for COORDINATOR_LATE_SECONDS while its
+    node renewed its Lease a whole period after the first such ask: the process is there and
+    says nothing, on a node that is alive. A coordinator that refuses or cannot be reached, or
+    was late only once, is left to the deadline (and a lost node to the Lease path)."""
+    late = gang.late_seconds
+    if late is None or late < COORDINATOR_LATE_SECONDS:
+        return None
+    pods = obs.attempt_pods(obs.status.attempt)
+    pod = next((p for p in pods if p.rank == 0), None)
+    node = obs.node(pod.node) if pod is not None and pod.node else None
+    if pod is None or pod.deleting or node is None or not _alive_since(node, obs.now - late):
+        return None
+    if not any(_standing_by(obs, p) and p.node != pod.node for p in obs.spares):
+        return None
+    assert node.lease_renewed is not None  # _alive_since
+    words = (
+        f"node rank 0's keeper, the gang's coordinator, accepted asks and answered none for "
+        f"{late:.0f}s while its node {node.name} renewed its Lease "
+        f"{obs.now - node.lease_renewed:.1f}s ago: the pod is frozen"
     )
     return pod, words
 

@@ -44,10 +44,10 @@ def _takeover_target(
         )
         if frozen is None:
             return None
-        why = (
-            f"Hang: {progress}; node rank 0's keeper, the gang's coordinator, did not answer "
-            f"({gang.error}; pod {frozen.name})"
-        )
+        coordinator = "node rank 0's keeper, the gang's coordinator,"
+        if coordinator in progress:  # suspected early (policy/frozen.py): its words say it
+            return frozen, contract.FailureClass.HANG, f"Hang: {progress} (pod {frozen.name})"
+        why = f"Hang: {progress}; {coordinator} did not answer ({gang.error}; pod {frozen.name})"
         return frozen, contract.FailureClass.HANG, why
     if len(gang.silent) != 1:
         return None

@@ -56,7 +56,8 @@ def _scrape(
 
 
 class Gatherer:
-    """Makes a pass's `Observed` (any thread; it keeps nothing between passes)."""
+    """Makes a pass's `Observed` (any thread; it keeps nothing between passes but how long each
+    gang coordinator has been late, keepers.Lateness)."""
 
     def __init__(
         self,
@@ -68,6 +69,7 @@ class Gatherer:
     ) -> None:
         self.kube = api_access
         self.gang_client = gang_client
+        self.lateness = keepers.Lateness()
         self.settings = config
         self._created_at = created_at
 
@@ -121,7 +123,8 @@ class Gatherer:
             resume_rules=reports.resume_rules(job_status.resume_rules),
             claim=self._claim(job, spec, _current(workers, job_status)),
         )
-        return _with_gang(obs, keepers.Asker(self.gang_client, job.uid, job_status.attempt))
+        asker = keepers.Asker(self.gang_client, job.uid, job_status.attempt)
+        return _with_gang(obs, asker, self.lateness)
 
     def _validated(
         self,
@@ -252,10 +255,13 @@ def _unparsed(
     )
 
 
-def _with_gang(obs: observed.Observed, asker: keepers.Asker) -> observed.Observed:
+def _with_gang(
+    obs: observed.Observed, asker: keepers.Asker, lateness: keepers.Lateness
+) -> observed.Observed:
     """The observation with the gang coordinator's answer, asked only when a hang's grace
     depends on it (deadlines.asks_the_gang): a pass does not talk to keepers otherwise."""
     coordinator = deadlines.asks_the_gang(obs)
     if coordinator is None:
         return obs
-    return dataclasses.replace(obs, gang=keepers.gang_health(asker, coordinator))
+    health = keepers.gang_health(asker, coordinator, lateness=lateness, now=obs.now)
+    return dataclasses.replace(obs, gang=health)

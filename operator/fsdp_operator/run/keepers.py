@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import threading
 from typing import Any
 
 from fsdp_operator.io import gang
@@ -35,15 +36,49 @@ class Asker:
         )
 
 
-def gang_health(asker: Asker, ip: str) -> observed.GangHealth:
+class Lateness:
+    """When each gang coordinator began to accept the operator's asks without answering, in a
+    run of such asks (policy/frozen.py: node rank 0's pod frozen whole); forgotten at its next
+    answer or any other outcome. Any thread."""
+
+    FORGET_SECONDS = 3600.0  # a run this old is a job gone long ago: dropped at the next note
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, int, str], float] = {}
+        self._lock = threading.Lock()
+
+    def note(self, key: tuple[str, int, str], *, late: bool, now: float) -> float | None:
+        """Seconds `key`'s coordinator has been late, counting this ask (0 at the first);
+        None when this ask was not late."""
+        with self._lock:
+            if not late:
+                self._since.pop(key, None)
+                return None
+            stale = [k for k, t in self._since.items() if now - t > self.FORGET_SECONDS]
+            for k in stale:
+                del self._since[k]
+            return now - self._since.setdefault(key, now)
+
+
+def gang_health(
+    asker: Asker, ip: str, *, lateness: Lateness | None = None, now: float = 0.0
+) -> observed.GangHealth:
     """Ask the in-place gang's coordinator whether its keepers are all there (a hang's grace
-    waits for their restart in place only then)."""
+    waits for their restart in place only then), and which fell silent; with `lateness`, for
+    how long in a row it has accepted asks without answering."""
+    key = (asker.job_uid, asker.attempt, ip)
     try:
         answer = asker.ask(
             f"{ip}:{names.GANG_PORT}", {"op": keeper.Op.STATE}, timeout=GANG_ASK_TIMEOUT
         )
     except (OSError, ValueError) as exc:
-        return observed.GangHealth(answered=False, error=f"{ip}:{names.GANG_PORT}: {exc}")
+        late = isinstance(exc, keeper.AnswerLate)
+        seconds = lateness.note(key, late=late, now=now) if lateness is not None else None
+        return observed.GangHealth(
+            answered=False, error=f"{ip}:{names.GANG_PORT}: {exc}", late_seconds=seconds
+        )
+    if lateness is not None:
+        lateness.note(key, late=False, now=now)
     return observed.GangHealth.of(answer)
 
 

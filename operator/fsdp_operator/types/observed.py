@@ -268,6 +268,10 @@ class GangHealth:
     final: bool = False  # a keeper gave up restarting in place
     silent: Mapping[int, float] = dataclasses.field(default_factory=dict)  # node -> seconds
     gathering: bool = False  # a promoted spare's coordinator waits for the others to rejoin
+    late_seconds: float | None = None
+    """Not answered: for how long, in a row, it has accepted the operator's asks and said nothing
+    (contract.keeper.AnswerLate: the process is there, slow or frozen); None when it answered or
+    could not be reached at all."""
 
     @classmethod
     def of(cls, answer: Mapping[str, Any]) -> GangHealth:
