@@ -209,6 +209,10 @@ def launch_keepers(
                 contract.ENV_RESUME: "",
             },
         )
+        # each pod's own temporary directory (telemetry/prior.py's pace file lives there)
+        own_tmp = tmp / f"tmp-{node}"
+        own_tmp.mkdir(exist_ok=True)
+        full["TMPDIR"] = str(own_tmp)
         full.update(env or {})
         full.update(node_env(node))
         (tmp / f"term-{node}").touch()
