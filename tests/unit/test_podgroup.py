@@ -270,3 +270,100 @@ def test_the_operator_may_make_and_remove_podgroups_and_nothing_more() -> None:
         assert [r for r in rules if group in r["apiGroups"]] == [rule]
     template = (CHART / "templates" / "rbac.yaml").read_text()
     assert '{{ .Files.Get "files/rbac-rules.yaml" }}' in template
+
+
+# --- another scheduler kind's groups, after an edit ------------------------------------------
+class FakeCustom:
+    """kube.Kube's custom-objects API over a dict of {plural.group: [objects]}; a group absent
+    from `served` answers 404, as where its CRD is not installed."""
+
+    def __init__(self, served: dict[str, list[dict[str, Any]]]) -> None:
+        self.served = served
+        self.deleted: list[tuple[str, str]] = []
+        self.created: list[dict[str, Any]] = []
+
+    def _items(self, group: str, plural: str) -> list[dict[str, Any]]:
+        from kubernetes.client.exceptions import ApiException
+
+        key = f"{plural}.{group}"
+        if key not in self.served:
+            raise ApiException(status=404)
+        return self.served[key]
+
+    def list_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, **kw: Any
+    ) -> Any:
+        import json
+        import types
+
+        return types.SimpleNamespace(data=json.dumps({"items": self._items(group, plural)}))
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, body: dict[str, Any], **kw: Any
+    ) -> None:
+        self._items(group, plural).append(body)
+        self.created.append(body)
+
+    def delete_namespaced_custom_object(
+        self, group: str, version: str, ns: str, plural: str, name: str, **kw: Any
+    ) -> None:
+        items = self._items(group, plural)
+        items[:] = [o for o in items if o["metadata"]["name"] != name]
+        self.deleted.append((f"{plural}.{group}", name))
+
+
+class FakeKube:
+    def __init__(self, custom: FakeCustom) -> None:
+        self.custom = custom
+
+    def write_timeout(self) -> float:
+        return 5.0
+
+
+def _group(kind: dict[str, Any], attempt: int, *, ours: bool) -> dict[str, Any]:
+    spec = gang_spec(kind)
+    gang = spec_gang.effective(spec, None)
+    assert gang is not None
+    body = podgroup.pod_group(TYPICAL_JOB, spec, gang=gang, attempt=attempt, members=4)
+    if not ours:
+        body["metadata"]["ownerReferences"][0]["uid"] = "someone-else"
+    return body
+
+
+@pytest.mark.parametrize("volcano_served", [True, False], ids=["volcano-served", "no-volcano"])
+def test_an_edit_to_another_scheduler_kind_leaves_none_of_the_old_kinds_groups(
+    volcano_served: bool,
+) -> None:
+    """The job ran under Volcano (attempts 1 and 2), then was edited to Coscheduling: attempt
+    3's launch makes its Coscheduling group and deletes the job's own Volcano groups (no pod of
+    it joins them, and a Volcano group keeps its minMember in that scheduler's books); a group
+    someone else controls stays, and a cluster without Volcano's CRD is no error."""
+    import concurrent.futures
+
+    from fsdp_operator.io import gang as gang_io
+    from fsdp_operator.run import objects, settings
+
+    volcano = "podgroups.scheduling.volcano.sh"
+    coscheduling = "podgroups.scheduling.x-k8s.io"
+    old = [_group(VOLCANO, 1, ours=True), _group(VOLCANO, 2, ours=True)]
+    stranger = _group(VOLCANO, 2, ours=False)
+    stranger["metadata"]["name"] = "someone-elses"
+    served = {coscheduling: []} | ({volcano: [*old, stranger]} if volcano_served else {})
+    custom = FakeCustom(served)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        writer = objects.ObjectWriter(
+            FakeKube(custom),  # type: ignore[arg-type]
+            settings.Settings(),
+            pool=pool,
+            gang_times=objects.GangTimes(lambda: 0.0),
+            gang_client=gang_io.GangClient(None),
+        )
+        writer._pod_group(TYPICAL_JOB, gang_spec(COSCHEDULING), launch(attempt=3), None)
+    assert [c["metadata"]["name"] for c in custom.created] == [GROUP_A3]
+    assert custom.created[0]["apiVersion"].startswith("scheduling.x-k8s.io/")
+    if volcano_served:
+        gone = [name for _, name in custom.deleted]
+        assert gone == [o["metadata"]["name"] for o in old], custom.deleted
+        assert [o["metadata"]["name"] for o in served[volcano]] == ["someone-elses"]
+    else:
+        assert custom.deleted == []

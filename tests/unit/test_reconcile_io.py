@@ -907,6 +907,7 @@ def test_every_pass_writes_its_status_in_one_patch(
 
 # --- spec.gangScheduling: the attempt's PodGroup ------------------------------------------------
 PODGROUPS = f"/apis/scheduling.x-k8s.io/v1alpha1/namespaces/{NS}/podgroups"
+VOLCANO_PODGROUPS = f"/apis/scheduling.volcano.sh/v1beta1/namespaces/{NS}/podgroups"
 
 
 @dataclasses.dataclass
@@ -935,6 +936,8 @@ def serve_podgroups(fake_api: fakeapi.FakeAPI, cluster: Cluster, *, served: bool
     fake_api[f"get {PODGROUPS}"] << listed
     fake_api[f"post {PODGROUPS}"] << create
     fake_api["delete", re.compile(f"{PODGROUPS}/[^/]+")] << delete
+    # the other kind's groups, which a launch deletes after an edit: no Volcano here
+    fake_api[f"get {VOLCANO_PODGROUPS}"] << (lambda: missing)
     return switch
 
 

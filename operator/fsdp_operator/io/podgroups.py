@@ -64,6 +64,18 @@ class PodGroups:
             raise (MissingApi(self._kind) if exc.status == 404 else exc) from None
         return list(json.loads(resp.data).get("items") or [])
 
+    def of_job_if_served(self, job: names.JobRef) -> list[dict[str, Any]]:
+        """`of_job`, or none where the cluster does not serve this kind's CRD or the operator
+        may not read it (a kind the job does not use: nothing of the operator's is there)."""
+        try:
+            return self.of_job(job)
+        except MissingApi:
+            return []
+        except ApiException as exc:
+            if exc.status == 403:
+                return []
+            raise
+
     def create(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """None when created; on a 409, the object that holds the name ({} if gone since)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]

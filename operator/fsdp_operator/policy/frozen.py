@@ -70,19 +70,7 @@ def suspect(obs: observed.Observed) -> tuple[observed.PodView, str] | None:
     if len(gang.silent) != 1:
         return None
     ((rank, quiet),) = gang.silent.items()
-    pods = obs.attempt_pods(obs.status.attempt)
-    pod = next((p for p in pods if p.rank == rank), None)
-    node = obs.node(pod.node) if pod is not None and pod.node else None
-    if pod is None or pod.deleting or node is None or not _alive_since(node, obs.now - quiet):
-        return None
-    if not any(_standing_by(obs, p) and p.node != pod.node for p in obs.spares):
-        return None
-    assert node.lease_renewed is not None  # _alive_since
-    words = (
-        f"node rank {rank}'s keeper silent for {quiet:.0f}s while its node {node.name} renewed "
-        f"its Lease {obs.now - node.lease_renewed:.1f}s ago: the pod is frozen"
-    )
-    return pod, words
+    return _frozen_pod(obs, rank, quiet, f"node rank {rank}'s keeper silent for {quiet:.0f}s")
 
 
 def _coordinator_frozen(
@@ -96,20 +84,28 @@ def _coordinator_frozen(
     late = gang.late_seconds
     if late is None or late < COORDINATOR_LATE_SECONDS:
         return None
+    said = "node rank 0's keeper, the gang's coordinator, accepted asks and answered none"
+    return _frozen_pod(obs, 0, late, f"{said} for {late:.0f}s")
+
+
+def _frozen_pod(
+    obs: observed.Observed, rank: int, quiet: float, silent: str
+) -> tuple[observed.PodView, str] | None:
+    """Node rank `rank`'s pod, silent for `quiet` seconds (as `silent` says), when its node
+    renewed its Lease a whole period since and a spare stands by on another node."""
     pods = obs.attempt_pods(obs.status.attempt)
-    pod = next((p for p in pods if p.rank == 0), None)
+    pod = next((p for p in pods if p.rank == rank), None)
     node = obs.node(pod.node) if pod is not None and pod.node else None
-    if pod is None or pod.deleting or node is None or not _alive_since(node, obs.now - late):
+    if pod is None or pod.deleting or node is None or not _alive_since(node, obs.now - quiet):
         return None
     if not any(_standing_by(obs, p) and p.node != pod.node for p in obs.spares):
         return None
     assert node.lease_renewed is not None  # _alive_since
-    words = (
-        f"node rank 0's keeper, the gang's coordinator, accepted asks and answered none for "
-        f"{late:.0f}s while its node {node.name} renewed its Lease "
-        f"{obs.now - node.lease_renewed:.1f}s ago: the pod is frozen"
+    ago = obs.now - node.lease_renewed
+    return (
+        pod,
+        f"{silent} while its node {node.name} renewed its Lease {ago:.1f}s ago: the pod is frozen",
     )
-    return pod, words
 
 
 def _alive_since(node: observed.NodeView, silent_since: float) -> bool:

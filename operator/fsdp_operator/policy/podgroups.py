@@ -6,7 +6,9 @@ not placed), and the PodGroups of the job's earlier attempts go: their pods were
 this gang, and a PodGroup left behind would keep a shrunk gang's old minMember in the
 scheduler's books. One of the job's own of the same name whose spec differs (a pass cut short
 between a delete and a create, another scheduler kind after an edit) is replaced, never
-patched: minMember is what the scheduler counted when it last looked. A name held by an object
+patched: minMember is what the scheduler counted when it last looked. The job's own groups of
+another scheduler kind (an edit of the job, or of its profile, changed the kind) go too: no
+pod of the new attempt joins them (`leftovers`). A name held by an object
 the job does not control is a conflict: no gang is created beside someone else's group.
 
 Pure: no I/O, no clock, no kopf. run/objects.py reads what exists and carries the plan out.
@@ -54,3 +56,9 @@ def plan(*, name: str, spec: Mapping[str, Any], existing: Sequence[Existing]) ->
     keep = any(_same(e.spec, spec) for e in held)
     stale = tuple(e for e in existing if e.ours and not (keep and e.name == name))
     return Plan(create=not keep, delete=stale)
+
+
+def leftovers(existing: Sequence[Existing]) -> tuple[Existing, ...]:
+    """Of the PodGroups of a scheduler kind the job no longer uses (`existing`), the ones to
+    delete: the job's own. Another's group is left alone."""
+    return tuple(e for e in existing if e.ours)

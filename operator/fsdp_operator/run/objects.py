@@ -187,6 +187,9 @@ class ObjectWriter:
         gang = spec_gang.effective(spec, profile)
         if gang is None:
             return
+        for kind in spec_gang.GangKind:
+            if kind != gang.kind:
+                self._drop_pod_groups(job, kind)
         wanted = podgroup.pod_group(
             job, spec, gang=gang, attempt=launch.attempt, members=launch.replicas
         )
@@ -204,6 +207,16 @@ class ObjectWriter:
         held = groups.create(wanted)
         if held and not observe.owned_by(held, job):
             raise PodGroupConflict(job, held)
+
+    def _drop_pod_groups(self, job: names.JobRef, kind: spec_gang.GangKind) -> None:
+        """The job's own PodGroups of a scheduler `kind` it no longer uses, deleted. A cluster
+        that does not serve that kind's CRD, or does not let the operator read it, has none of
+        the operator's."""
+        groups = podgroups.PodGroups(self.kube, kind)
+        found = groups.of_job_if_served(job)
+        for stale in podgroup_plan.leftovers([_existing(obj, job) for obj in found]):
+            log.info("%s: deleting PodGroup %s of %s, no more its scheduler", job, stale.name, kind)
+            groups.delete(job.namespace, stale.name)
 
     def _spares(self, job: names.JobRef, obs: observed.Observed, d: decide.Decision) -> None:
         """spec.spares' new pods (a name someone else holds is skipped: the next pass makes
