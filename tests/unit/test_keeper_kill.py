@@ -38,8 +38,13 @@ def test_an_orphaned_rank_is_killed_by_the_keepers_token() -> None:
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     spared = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=env)
     try:
-        found = processes.launched_by(token)  # /proc's order: by pid, which can wrap
-        assert sorted(found) == sorted([rank, spared.pid]), (found, rank, spared.pid)
+        # /proc's order is by pid, which can wrap. Popen returns once the child's exec began,
+        # before the kernel has laid out its new environment: on a loaded machine (seen in CI)
+        # /proc/<pid>/environ is still empty for a moment, so the wait is for it to show.
+        wanted, deadline = sorted([rank, spared.pid]), time.monotonic() + 10
+        while (found := sorted(processes.launched_by(token))) != wanted:
+            assert time.monotonic() < deadline, (found, rank, spared.pid)
+            time.sleep(0.05)
         killed = processes.kill_launched(token, roots=[launcher.pid], spare={spared.pid})
         assert rank in killed and other.pid not in killed and spared.pid not in killed
         deadline = time.monotonic() + 10
