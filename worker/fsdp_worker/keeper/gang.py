@@ -33,6 +33,10 @@ from fsdp_worker.keeper.coordinator import DOWN_TIMEOUT_SECONDS, Coordinator
 from fsdp_worker.keeper.silence import NoAnswer
 from fsdp_worker.keeper.watch import LOST_AFTER_SECONDS, POLL_SECONDS, SLOW_LOST_AFTER_SECONDS
 
+SYMPTOM_GRACE_SECONDS = 1.5
+"""How long a node whose ranks failed only because a peer is gone waits for that peer's own
+report before reporting its ranks' failure as the generation's cause."""
+
 log = logging.getLogger("fsdp_worker.keeper.gang")
 
 
@@ -98,8 +102,10 @@ class Keeper:
             outcome = self._settle(outcome, code, generation)
             if outcome == "done":
                 return 0
+            failure = self._failure(code, started) if outcome == "exited" else {}
+            if outcome == "exited" and self._a_peers_cause_follows(failure, generation):
+                outcome = "moved"
             if outcome == "exited":  # this node's ranks failed first
-                failure = self._failure(code, started)
                 final = generation >= self.gang.restarts or not self._retryable(failure)
                 self._report(
                     {"op": Op.FAIL, "generation": generation, "failure": failure, "final": final}
@@ -264,6 +270,22 @@ class Keeper:
 
     def _rejoin(self, generation: int) -> tuple[int, list[dict[str, Any]]] | None:
         return takeover.rejoin(self, generation)
+
+    def _a_peers_cause_follows(self, failure: dict[str, Any], generation: int) -> bool:
+        """This node's ranks failed only because a peer is gone (a socket reset): the peer's
+        own failure may be a moment behind on a loaded node (its launcher has yet to see its
+        rank die; seen in CI: the survivor's words reported first and blamed). Wait up to
+        SYMPTOM_GRACE_SECONDS for the gang to move on before this is reported as the cause."""
+        said = contract.symptom_of(str(failure.get("message") or ""))
+        if said is not contract.Symptom.PEER_GONE:
+            return False
+        deadline = time.monotonic() + SYMPTOM_GRACE_SECONDS
+        while time.monotonic() < deadline and not self.stopping:
+            time.sleep(POLL_SECONDS)
+            if self._moved_on(generation):
+                log.info("a peer's failure was reported first: this node's ranks' is its symptom")
+                return True
+        return False
 
     def _moved_on(self, generation: int) -> bool | None:
         """Whether the gang moved past `generation`; None when a spare holds this node now."""
