@@ -293,3 +293,18 @@ def typical_pod(spec: api.FSDPJobSpec | None = None, **kwargs: Any) -> dict[str,
     return templates.worker_pod(
         TYPICAL_JOB, spec or typical_spec(), decide.Launch(**launch), node_rank=rank, **kwargs
     )
+
+
+def completed(step: int, *, sums: dict[str, object] | None = None) -> str:
+    """Rank 0's termination message on success: trained to `step`, `step` sealed, with its
+    `sums` (contract.sums) when given."""
+    doc: dict[str, object] = {
+        "class": contract.RecordClass.COMPLETED,
+        "rank": 0,
+        "step": step,
+        "exitCode": 0,
+        "message": contract.completion_message(sealed_step=step),
+    }
+    if sums is not None:
+        doc[contract.SUMS] = sums
+    return json.dumps(doc)

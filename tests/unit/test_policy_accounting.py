@@ -17,6 +17,7 @@ from fsdp_worker import contract
 from tests.builders import (
     CRASHED,
     NOW,
+    completed,
     make_spec,
     observe,
     pods,
@@ -41,16 +42,7 @@ def test_rank_0s_final_sums_count_the_steps_after_the_last_scrape() -> None:
     # The last scrape saw 40 steps in 8 s; rank 0 ran 50 in 10 s before it exited: goodput
     # counts all 50 (an attempt's last seconds were "Other" before).
     sums = contract.sums(steps_run=50, train_seconds=10.0, blocked_seconds=0.75)
-    done = json.dumps(
-        {
-            "class": contract.RecordClass.COMPLETED,
-            "rank": 0,
-            "step": 60,
-            "exitCode": 0,
-            "message": contract.completion_message(sealed_step=60),
-            contract.SUMS: sums,
-        }
-    )
+    done = completed(60, sums=sums)
     history = [
         st.HistoryEntry(
             attempt=1,
@@ -83,16 +75,7 @@ def test_rank_0s_final_milestones_complete_a_time_to_resume_no_scrape_saw(in_pla
     )
     assert contract.parse_milestones({contract.SUMS: sums}) == reached
     assert "milestones" not in contract.totals(sums)
-    done = json.dumps(
-        {
-            "class": contract.RecordClass.COMPLETED,
-            "rank": 0,
-            "step": 60,
-            "exitCode": 0,
-            "message": contract.completion_message(sealed_step=60),
-            contract.SUMS: sums,
-        }
-    )
+    done = completed(60, sums=sums)
     tl = st.Timeline(
         cause=st.Cause.CRASH,
         failed=t0 - 2,

@@ -7,7 +7,6 @@ No cluster and no clock: each row is an observation and the decision a user woul
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -20,6 +19,7 @@ from fsdp_worker import contract
 from tests.builders import (
     NOW,
     ckpt,
+    completed,
     make_spec,
     observe,
     pods,
@@ -148,15 +148,7 @@ def test_checkpoints_the_pods_set_aside_are_kept_and_said_once() -> None:
 def test_a_finished_job_shows_where_rank_0_finished_not_its_last_scrape() -> None:
     # The last scrape saw step 199 of 300; the operator reads no claim. Rank 0's completion
     # report is the only word on the end (seen on the chart's default install).
-    done = json.dumps(
-        {
-            "class": contract.RecordClass.COMPLETED,
-            "rank": 0,
-            "step": 300,
-            "exitCode": 0,
-            "message": contract.completion_message(sealed_step=300),
-        }
-    )
+    done = completed(300)
     finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
     finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
     status = running_status(step=199, resume_path="auto")
@@ -179,16 +171,7 @@ def test_an_attempt_no_scrape_saw_load_says_the_step_it_resumed_from_in_its_last
     sums = contract.sums(
         steps_run=20, train_seconds=4.0, blocked_seconds=0.0, resumed_from=120, from_memory=False
     )
-    done = json.dumps(
-        {
-            "class": contract.RecordClass.COMPLETED,
-            "rank": 0,
-            "step": 140,
-            "exitCode": 0,
-            "message": contract.completion_message(sealed_step=140),
-            contract.SUMS: sums,
-        }
-    )
+    done = completed(140, sums=sums)
     finished = {f"r{r}": {"phase": ob.PodPhase.SUCCEEDED} for r in range(4)}
     finished["r0"] = {"phase": ob.PodPhase.SUCCEEDED, "message": done}
     history = [st.HistoryEntry(attempt=1, started=NOW - 10, world_size=4)]
